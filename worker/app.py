@@ -1,0 +1,331 @@
+"""The user-facing registry: tasks, periodic jobs, pollers, initializers and services.
+
+Every background duty declares its cardinality here and the framework enforces it::
+
+    from worker import App
+
+    app = App("shop")
+
+    @app.task(timeout_s=30)
+    async def send_receipt(ctx, order_id: int) -> None: ...
+
+    @app.periodic(cron="* * * * *", tz="Asia/Shanghai")   # enqueued once per tick by the leader
+    async def order_expire(ctx) -> None: ...
+
+    cards = app.poller("cards", task="poll_card", shards=4)  # leader dispatches due items
+
+    @app.initializer(version="2026-11-01", poller="cards")   # once per cluster per version
+    async def load_cards(ctx, cursor):
+        yield "next-cursor", {"card-1": 0.0}
+
+    @app.service(cardinality="singleton")                    # long-running loop, one cluster-wide
+    async def imap_idle(ctx, stop) -> None: ...
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import inspect
+import re
+import zlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+from worker.errors import ConfigError
+from worker.schedule import Schedule, make_schedule
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from worker.context import Context, JobContext
+
+F = TypeVar("F", bound=Callable[..., Any])
+TaskFn = Callable[..., Awaitable[Any]]
+CatchUp = Literal["skip", "latest", "all"]
+Cardinality = Literal["singleton", "per_process"]
+InitBatch = tuple[str, Mapping[str, float] | None]
+InitFn = Callable[["Context", str | None], AsyncGenerator[InitBatch, None]]
+ServiceFn = Callable[["Context", "asyncio.Event"], Awaitable[None]]
+Hook = Callable[["Context"], Awaitable[None]]
+
+_NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise ConfigError(f"{kind} name {name!r}: use letters, digits, '_', '.', '-'")
+    return name
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    """A job function consumers run. ``timeout_s``/``max_tries``/``keep_result_s`` override the
+    process defaults when set."""
+
+    name: str
+    fn: TaskFn
+    timeout_s: float | None = None
+    max_tries: int | None = None
+    keep_result_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PeriodicDef:
+    """A job the leader enqueues once per tick; any consumer runs it.
+
+    ``catch_up`` decides what a new leader does with ticks nobody enqueued (leader down, a
+    failover): ``all`` enqueues each, oldest first, at most ``catch_up_limit`` of the most
+    recent; ``latest`` enqueues only the newest missed tick; ``skip`` enqueues none.
+    """
+
+    name: str
+    fn: TaskFn
+    schedule: Schedule
+    catch_up: CatchUp = "all"
+    catch_up_limit: int = 10
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PollerDef:
+    """Due items in ``shards`` sorted sets; the leader enqueues one ``task(item)`` job per item.
+
+    An item is never in flight twice: while its job exists, the item waits in its shard.
+    """
+
+    name: str
+    task: str
+    shards: int = 1
+    batch_size: int = 500
+    interval_s: float = 1.0
+    busy_defer_s: float = 1.0
+
+    def shard_of(self, item: str) -> int:
+        """Stable shard of an item (crc32 of its UTF-8 bytes), the same in every process."""
+        return zlib.crc32(item.encode()) % self.shards
+
+
+@dataclass(frozen=True)
+class InitializerDef:
+    """Runs once per cluster per ``version`` on the leader, resumable from its checkpoint.
+
+    The function is an async generator ``fn(ctx, cursor)`` starting after ``cursor`` (``None``
+    on a fresh run) and yielding ``(next_cursor, items)``: ``items`` maps poll items to due
+    times (epoch seconds) for ``poller``, or is ``None`` when the batch did its own
+    (idempotent) writes. Each batch and its checkpoint are written atomically.
+    """
+
+    name: str
+    fn: InitFn
+    version: str
+    poller: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceDef:
+    """A long-running loop ``fn(ctx, stop)``; ``singleton`` runs on the leader only,
+    ``per_process`` in every process."""
+
+    name: str
+    fn: ServiceFn
+    cardinality: Cardinality = "singleton"
+
+
+@dataclass
+class App:
+    """A set of background duties. Pass it as ``--app package.module:attribute``."""
+
+    name: str = "app"
+    tasks: dict[str, TaskDef] = field(default_factory=dict)
+    periodics: dict[str, PeriodicDef] = field(default_factory=dict)
+    pollers: dict[str, PollerDef] = field(default_factory=dict)
+    initializers: dict[str, InitializerDef] = field(default_factory=dict)
+    services: dict[str, ServiceDef] = field(default_factory=dict)
+    startup_hooks: list[Hook] = field(default_factory=list)
+    shutdown_hooks: list[Hook] = field(default_factory=list)
+
+    # -- registration -------------------------------------------------------------------------
+    @overload
+    def task(self, fn: F) -> F: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        timeout_s: float | None = None,
+        max_tries: int | None = None,
+        keep_result_s: float | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        *,
+        name: str | None = None,
+        timeout_s: float | None = None,
+        max_tries: int | None = None,
+        keep_result_s: float | None = None,
+    ) -> Any:
+        """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run."""
+
+        def register(f: F) -> F:
+            self._require_async("task", f)
+            n = _check_name("task", name or f.__name__)
+            self._unique_name(n)
+            self.tasks[n] = TaskDef(n, f, timeout_s, max_tries, keep_result_s)
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | dt.timedelta | None = None,
+        tz: str = "UTC",
+        name: str | None = None,
+        catch_up: CatchUp = "all",
+        catch_up_limit: int = 10,
+        timeout_s: float | None = None,
+    ) -> Callable[[F], F]:
+        """Register ``async def fn(ctx)`` to run once per tick of ``cron`` or ``every``."""
+        schedule = make_schedule(cron, every, tz)
+        if catch_up not in ("skip", "latest", "all"):
+            raise ConfigError(f"periodic catch_up={catch_up!r}: use 'skip', 'latest' or 'all'")
+        if catch_up_limit < 1:
+            raise ConfigError("periodic catch_up_limit must be at least 1")
+
+        def register(f: F) -> F:
+            self._require_async("periodic", f)
+            n = _check_name("periodic", name or f.__name__)
+            self._unique_name(n)
+            self.periodics[n] = PeriodicDef(n, f, schedule, catch_up, catch_up_limit, timeout_s)
+            return f
+
+        return register
+
+    def poller(
+        self,
+        name: str,
+        *,
+        task: str,
+        shards: int = 1,
+        batch_size: int = 500,
+        interval_s: float = 1.0,
+        busy_defer_s: float = 1.0,
+    ) -> PollerDef:
+        """Declare a poller whose due items are dispatched to ``task`` (one job per item)."""
+        _check_name("poller", name)
+        if name in self.pollers:
+            raise ConfigError(f"poller {name!r} is registered twice")
+        if not 1 <= shards <= 1024:
+            raise ConfigError(f"poller {name!r}: shards must be 1..1024")
+        if batch_size < 1 or interval_s <= 0 or busy_defer_s <= 0:
+            raise ConfigError(f"poller {name!r}: batch_size, interval_s, busy_defer_s must be > 0")
+        p = PollerDef(name, task, shards, batch_size, interval_s, busy_defer_s)
+        self.pollers[name] = p
+        return p
+
+    def initializer(
+        self, *, version: str, name: str | None = None, poller: str | None = None
+    ) -> Callable[[F], F]:
+        """Register an async generator run once per cluster per ``version`` (see
+        :class:`InitializerDef`)."""
+
+        def register(f: F) -> F:
+            if not inspect.isasyncgenfunction(f):
+                raise ConfigError(
+                    f"initializer {f.__name__!r} must be an async generator "
+                    "(async def ... yield cursor, items)"
+                )
+            n = _check_name("initializer", name or f.__name__)
+            if n in self.initializers:
+                raise ConfigError(f"initializer {n!r} is registered twice")
+            self.initializers[n] = InitializerDef(n, f, str(version), poller)
+            return f
+
+        return register
+
+    def service(
+        self, *, cardinality: Cardinality = "singleton", name: str | None = None
+    ) -> Callable[[F], F]:
+        """Register ``async def fn(ctx, stop)``, a loop that runs until ``stop`` is set."""
+        if cardinality not in ("singleton", "per_process"):
+            raise ConfigError(
+                f"service cardinality={cardinality!r}: use 'singleton' or 'per_process'"
+            )
+
+        def register(f: F) -> F:
+            self._require_async("service", f)
+            n = _check_name("service", name or f.__name__)
+            if n in self.services:
+                raise ConfigError(f"service {n!r} is registered twice")
+            self.services[n] = ServiceDef(n, f, cardinality)
+            return f
+
+        return register
+
+    def on_startup(self, fn: Hook) -> Hook:
+        """Run ``async def fn(ctx)`` once per process before any component starts."""
+        self.startup_hooks.append(fn)
+        return fn
+
+    def on_shutdown(self, fn: Hook) -> Hook:
+        """Run ``async def fn(ctx)`` once per process after every component stopped."""
+        self.shutdown_hooks.append(fn)
+        return fn
+
+    # -- checks -------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Cross-checks that need the whole app (raise :class:`ConfigError`)."""
+        for p in self.pollers.values():
+            if p.task not in self.tasks:
+                raise ConfigError(f"poller {p.name!r}: task {p.task!r} is not registered")
+        for i in self.initializers.values():
+            if i.poller is not None and i.poller not in self.pollers:
+                raise ConfigError(f"initializer {i.name!r}: poller {i.poller!r} is not declared")
+
+    def _unique_name(self, name: str) -> None:
+        if name in self.tasks or name in self.periodics:
+            raise ConfigError(f"job name {name!r} is registered twice")
+
+    @staticmethod
+    def _require_async(kind: str, f: Callable[..., Any]) -> None:
+        if not inspect.iscoroutinefunction(f):
+            raise ConfigError(f"{kind} {getattr(f, '__name__', f)!r} must be an async function")
+
+
+def load_app(spec: str) -> App:
+    """Import ``package.module:attribute`` and return the :class:`App` it names.
+
+    Raises :class:`ConfigError` (one line) if it cannot be imported or is not an ``App``.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"WORKER_APP: {spec!r} is not of the form package.module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except ImportError as exc:
+        raise ConfigError(f"WORKER_APP: cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(
+            f"WORKER_APP: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise ConfigError(f"WORKER_APP: module {module_name!r} has no attribute {attr!r}")
+    if callable(obj) and not isinstance(obj, App):
+        obj = obj()
+    if not isinstance(obj, App):
+        raise ConfigError(f"WORKER_APP: {spec!r} is a {type(obj).__name__}, not a worker.App")
+    obj.validate()
+    return obj
+
+
+JobFn = Callable[["JobContext"], Awaitable[Any]]

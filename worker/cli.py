@@ -1,0 +1,178 @@
+"""Command line: ``python -m worker [run|plan|status|health]`` (also the ``worker`` script).
+
+Bad input exits with code 2 and one line on stderr naming the variable and what is accepted;
+no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import structlog
+
+from worker.app import App, load_app
+from worker.errors import ConfigError
+from worker.settings import Settings, load_settings, mask_url
+
+T = TypeVar("T")
+EXIT_CONFIG = 2
+
+log = structlog.get_logger("worker.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="worker",
+        description="Role-split background worker on arq. Commands: run (default), plan, "
+        "status, health.",
+    )
+    p.add_argument(
+        "command", nargs="?", default="run", help="run | plan | status | health (default: run)"
+    )
+    p.add_argument("--role", help="all | leader | consumer (env WORKER_ROLE, default all)")
+    p.add_argument("--instance-name", help="name in logs and status (env WORKER_INSTANCE_NAME)")
+    p.add_argument("--app", help="package.module:attribute of the App (env WORKER_APP)")
+    p.add_argument("--redis-url", help="redis://, rediss:// or unix:// (env WORKER_REDIS_URL)")
+    p.add_argument("--json", action="store_true", help="status: print JSON")
+    return p
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"worker: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_CONFIG)
+
+
+def _run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop when it is installed, else the default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on CPython/Linux
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m worker`` and the ``worker`` console script."""
+    args = _parser().parse_args(argv)
+    commands = {"run": cmd_run, "plan": cmd_plan, "status": cmd_status, "health": cmd_health}
+    if args.command not in commands:
+        _fail(f"unknown command {args.command!r}; use one of: {', '.join(commands)}")
+    try:
+        settings = load_settings(
+            role=args.role, instance_name=args.instance_name, app=args.app, redis_url=args.redis_url
+        )
+        code = commands[args.command](settings, args)
+    except ConfigError as exc:
+        _fail(str(exc))
+    raise SystemExit(code)
+
+
+def _setup_logging(settings: Settings) -> None:
+    from worker.logs import configure_logging
+
+    configure_logging(
+        settings.log_level, settings.log_format, role=settings.role, instance=settings.instance_name
+    )
+    logging.captureWarnings(True)
+
+
+def cmd_plan(settings: Settings, _: argparse.Namespace) -> int:
+    """Print which components the role enables and disables; no Redis needed."""
+    from worker.runtime import plan
+
+    app = load_app(settings.app)
+    p = plan(settings.role, app, settings)
+    print(f"instance: {settings.instance_name}")
+    print(f"app: {settings.app}")
+    print("\n".join(p.lines()))
+    return 0
+
+
+def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
+    """Run a worker process in its role until SIGTERM/SIGINT."""
+    from worker.runtime import Runtime
+
+    _setup_logging(settings)
+    app = load_app(settings.app)
+    embedded = None
+    url = settings.redis_url
+    if url is None:
+        if settings.role != "all":
+            raise ConfigError(
+                f"WORKER_REDIS_URL is required for role {settings.role!r}: a private embedded "
+                "server cannot be shared between processes (only --role all runs one)"
+            )
+        from worker.embedded import EmbeddedServer
+
+        embedded = EmbeddedServer()
+        url = embedded.start()
+        log.warning(
+            "NO WORKER_REDIS_URL: STARTED A PRIVATE EMBEDDED REDIS SERVER for this process "
+            "only; its data is deleted on exit. Set WORKER_REDIS_URL for anything real.",
+            redis=url,
+        )
+    try:
+        return _run_async(Runtime(settings, app, redis_url=url).run())
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the cluster's state from Redis."""
+    if settings.redis_url is None:
+        raise ConfigError("WORKER_REDIS_URL is required for status (which Redis to read?)")
+    app: App = load_app(settings.app)
+    return _run_async(_status(settings, app, as_json=args.json or not sys.stdout.isatty()))
+
+
+async def _status(settings: Settings, app: App, *, as_json: bool) -> int:
+    from worker import keys as K
+    from worker import status
+    from worker.client import connect_redis
+    from worker.serializer import get_serializer
+
+    keys = K.Keys(settings.key_prefix)
+    ser, de = get_serializer("msgpack")  # status reads no payloads
+    assert settings.redis_url is not None
+    redis = connect_redis(settings.redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    try:
+        try:
+            data = await status.collect(redis, keys, app)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot read status from {mask_url(settings.redis_url)}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+    finally:
+        await redis.aclose(close_connection_pool=True)
+    print(json.dumps(data, indent=2) if as_json else status.render(data))
+    return 0
+
+
+def cmd_health(settings: Settings, _: argparse.Namespace) -> int:
+    """Exit 0 if this host's worker answers ``/healthz`` with 200, else 1."""
+    if not settings.health_port:
+        print("health server disabled (WORKER_HEALTH_PORT=0)", file=sys.stderr)
+        return 1
+    host = "127.0.0.1" if settings.health_host in ("0.0.0.0", "", "::") else settings.health_host
+    url = f"http://{host}:{settings.health_port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            print(resp.read().decode())
+            return 0 if resp.status == 200 else 1
+    except urllib.error.HTTPError as exc:
+        print(exc.read().decode() or str(exc), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"unhealthy: {url}: {exc}", file=sys.stderr)
+        return 1

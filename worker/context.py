@@ -1,0 +1,133 @@
+"""What user code receives: the process :class:`Context` and the per-job :class:`JobContext`.
+
+Both offer the cross-replica helpers, so users never hand-roll locks:
+
+- ``ctx.enqueue(fn, *args, unique_key=...)`` – enqueue once per key while queued/in flight.
+- ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly resets, seed 002 §6.3).
+- ``ctx.once(key, ttl)`` – side-effect dedup (seed 000's reminder ``dedup_key``).
+- ``ctx.poller(name)`` – schedule items on a poller's shard queues.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from uuid import uuid4
+
+from arq.connections import ArqRedis
+
+from worker import keys as K
+from worker.client import BoundPoller, Client
+from worker.clock import Clock, ms
+
+if TYPE_CHECKING:
+    from worker.app import App
+    from worker.settings import Settings
+
+
+@dataclass
+class Context:
+    """Process-wide dependencies, built once by the runtime and shared by every component.
+
+    ``state`` is yours: fill it in an ``@app.on_startup`` hook (database pools, HTTP
+    clients) and read it from tasks as ``ctx.state``.
+    """
+
+    app: App
+    settings: Settings
+    redis: ArqRedis
+    client: Client
+    clock: Clock
+    instance_id: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> K.Keys:
+        return self.client.keys
+
+    async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
+        """See :meth:`worker.client.Client.enqueue`."""
+        return await self.client.enqueue(function, *args, **kwargs)
+
+    def poller(self, name: str) -> BoundPoller:
+        return self.client.poller(name)
+
+    @asynccontextmanager
+    async def mutex(self, key: str, ttl: float) -> AsyncIterator[bool]:
+        """Try to take a cluster-wide mutex for at most ``ttl`` seconds.
+
+        Yields ``True`` if this caller holds it (released on exit), ``False`` if another holds
+        it: skip the work then. Never blocks. Pick ``ttl`` longer than the guarded work; a
+        holder that dies frees it after ``ttl``.
+        """
+        token = uuid4().hex
+        name = self.keys.mutex(key)
+        acquired = bool(await self.redis.set(name, token, nx=True, px=ms(ttl)))
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                await self.redis.eval(K.MUTEX_RELEASE, 1, name, token)
+
+    async def once(self, key: str, ttl: float) -> bool:
+        """``True`` the first time ``key`` is seen within ``ttl`` seconds, cluster-wide.
+
+        Use it to make a side effect outside Redis happen once even if the job runs twice
+        (retries, a duplicate tick, manual re-runs). It marks before you act: if the side
+        effect then fails and must be retried, call :meth:`forget`.
+        """
+        return bool(await self.redis.set(self.keys.once(key), b"1", nx=True, px=ms(ttl)))
+
+    async def forget(self, key: str) -> None:
+        """Undo :meth:`once` for ``key`` (e.g. the side effect failed)."""
+        await self.redis.delete(self.keys.once(key))
+
+
+class JobContext(dict[str, Any]):
+    """The ``ctx`` a task receives: arq's ctx dict (``ctx["job_id"]``, ``ctx["redis"]`` …) plus
+    attributes and the :class:`Context` helpers."""
+
+    def __init__(self, arq_ctx: dict[str, Any], context: Context, **extra: Any) -> None:
+        super().__init__(arq_ctx)
+        self.update(extra)
+        self.context = context
+
+    @property
+    def job_id(self) -> str:
+        return str(self["job_id"])
+
+    @property
+    def job_try(self) -> int:
+        return int(self.get("job_try", 1))
+
+    @property
+    def tick(self) -> dt.datetime | None:
+        """For periodic jobs: the scheduled instant this run belongs to (UTC)."""
+        tick_ms = self.get("tick_ms")
+        return None if tick_ms is None else dt.datetime.fromtimestamp(tick_ms / 1000, dt.UTC)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.context.state
+
+    @property
+    def redis(self) -> ArqRedis:
+        return self.context.redis
+
+    async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
+        return await self.context.enqueue(function, *args, **kwargs)
+
+    def poller(self, name: str) -> BoundPoller:
+        return self.context.poller(name)
+
+    def mutex(self, key: str, ttl: float) -> Any:
+        return self.context.mutex(key, ttl)
+
+    async def once(self, key: str, ttl: float) -> bool:
+        return await self.context.once(key, ttl)
+
+    async def forget(self, key: str) -> None:
+        await self.context.forget(key)

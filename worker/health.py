@@ -1,0 +1,114 @@
+"""HTTP probes and metrics: ``/healthz``, ``/readyz``, ``/metrics``, ``/status`` (aiohttp).
+
+- ``/healthz`` is liveness: the event loop answers and every running component completed an
+  iteration within its SLA ("process alive" is not "work progressing", seed 003). It stays
+  200 during a graceful shutdown so the kubelet does not kill a draining pod (seed 004).
+- ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives.
+- ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from worker.clock import Clock
+from worker.component import Component
+
+if TYPE_CHECKING:
+    from worker.runtime import Runtime
+
+log = structlog.get_logger("worker.health")
+
+#: Event-loop lag above which the process is reported not live.
+MAX_LOOP_LAG_S = 5.0
+
+
+class HealthServer(Component):
+    """Serves the probes; measures event-loop lag once a second."""
+
+    name = "health-server"
+    sla_s = 30.0
+
+    def __init__(
+        self, runtime: Runtime, *, host: str, port: int, clock: Clock | None = None
+    ) -> None:
+        super().__init__(clock)
+        self.runtime = runtime
+        self.host = host
+        self.port = port
+        self.loop_lag_s = 0.0
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/status", self.status)
+        return app
+
+    async def run(self, stop: asyncio.Event) -> None:
+        runner = web.AppRunner(self.build_app(), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+            await site.start()
+            log.info("health server listening", host=self.host, port=self.port)
+            while not stop.is_set():
+                before = time.perf_counter()
+                await asyncio.sleep(1.0)
+                self.loop_lag_s = max(0.0, time.perf_counter() - before - 1.0)
+                self.health.ok(self.clock.monotonic())
+        finally:
+            await runner.cleanup()
+
+    # -- handlers -----------------------------------------------------------------------------
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        components = self.runtime.component_health()
+        overdue = sorted(n for n, h in components.items() if h["overdue"])
+        live = not overdue and self.loop_lag_s < MAX_LOOP_LAG_S
+        return live, {
+            "status": "ok" if live else "failing",
+            "overdue": overdue,
+            "loop_lag_s": round(self.loop_lag_s, 4),
+        }
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        live, body = self.liveness()
+        return web.json_response(body, status=200 if live else 503)
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        ready = self.runtime.ready
+        body = {"ready": ready, "shutting_down": self.runtime.shutting_down}
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        m = self.runtime.metrics
+        now = self.clock.monotonic()
+        for c in self.runtime.components:
+            if c.health.last_ok is not None:
+                m.since_ok.labels(c.name).set(now - c.health.last_ok)
+        body = generate_latest(m.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def status(self, _: web.Request) -> web.Response:
+        rt = self.runtime
+        live, probe = self.liveness()
+        return web.json_response(
+            {
+                "instance_id": rt.instance_id,
+                "instance_name": rt.settings.instance_name,
+                "role": rt.settings.role,
+                "live": live,
+                "probe": probe,
+                **rt.describe(),
+                "plan": {"enabled": rt.plan.enabled, "disabled": rt.plan.disabled},
+                "components": rt.component_health(),
+                "settings": rt.settings.redacted(),
+            }
+        )

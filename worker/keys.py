@@ -1,0 +1,433 @@
+"""Every Redis key the framework uses and every Lua script it runs, in one place.
+
+All keys live under one configurable prefix (``WORKER_KEY_PREFIX``, default ``worker:``) so
+several apps can share a Redis. The only exceptions are arq's own per-job keys
+(``arq:job:<id>``, ``arq:in-progress:<id>``, ``arq:result:<id>``, ``arq:retry:<id>``), whose
+prefixes arq fixes; the job ids the framework generates carry the prefix, so they do not clash.
+
+Each script opens with a ``KEYS[n] ->`` / ``ARGV[n] ->`` / ``Returns:`` header. Scripts marked
+*fenced* begin by comparing the leader lock with the caller's lock value and answer with the
+error ``FENCED ...`` when it differs; Redis runs a script atomically, so a leader that lost its
+lease (paused, partitioned, replaced) can never write through one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arq.constants import (
+    in_progress_key_prefix,
+    job_key_prefix,
+    result_key_prefix,
+    retry_key_prefix,
+)
+
+__all__ = [
+    "ACQUIRE",
+    "CHECKPOINT",
+    "CLAIM_STATIC",
+    "DISPATCH",
+    "ENQUEUE_TICKS",
+    "FENCE_ERROR",
+    "INIT_BEGIN",
+    "MUTEX_RELEASE",
+    "REAP",
+    "RELEASE",
+    "RENEW",
+    "UNIQUE_ENQUEUE",
+    "Keys",
+]
+
+ARQ_JOB = job_key_prefix
+ARQ_RESULT = result_key_prefix
+ARQ_IN_PROGRESS = in_progress_key_prefix
+ARQ_RETRY = retry_key_prefix
+
+#: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
+FENCE_ERROR = "FENCED"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix. Pure functions of their arguments; no Redis access."""
+
+    prefix: str = "worker:"
+
+    # -- queue (arq's sorted set of job ids scored by due time in ms) --------------------------
+    @property
+    def queue(self) -> str:
+        return f"{self.prefix}queue"
+
+    # -- leadership --------------------------------------------------------------------------
+    @property
+    def leader(self) -> str:
+        """The lease: value ``<epoch>:<token>``, PX = leader TTL."""
+        return f"{self.prefix}leader"
+
+    @property
+    def leader_epoch(self) -> str:
+        """Counter INCRed on every acquisition; never decreases while Redis keeps its data."""
+        return f"{self.prefix}leader:epoch"
+
+    @property
+    def leader_channel(self) -> str:
+        """Pub/sub channel a releasing leader publishes on so standbys campaign at once."""
+        return f"{self.prefix}leader:released"
+
+    # -- periodic jobs ------------------------------------------------------------------------
+    @property
+    def periodic_state(self) -> str:
+        """Hash: periodic job name -> last enqueued tick (epoch ms)."""
+        return f"{self.prefix}periodic:last"
+
+    def periodic_job_id(self, name: str, tick_ms: int) -> str:
+        return f"{self.prefix}periodic:{name}:{tick_ms}"
+
+    # -- pollers ------------------------------------------------------------------------------
+    def poll_shard(self, poller: str, shard: int) -> str:
+        """Sorted set of items due for polling, scored by due time (epoch ms).
+
+        The poller name is a Redis Cluster hash tag so one poller's shards, its in-flight hash
+        and a dispatch script's keys could share a slot; spreading pollers across a cluster
+        would give each shard its own tag (see README, "Scale").
+        """
+        return f"{self.prefix}poll:{{{poller}}}:{shard}"
+
+    def poll_inflight(self, poller: str) -> str:
+        """Hash: item -> id of the arq job currently carrying it."""
+        return f"{self.prefix}poll:{{{poller}}}:inflight"
+
+    def poll_job_id(self, poller: str, item: str, due_ms: int) -> str:
+        return f"{self.prefix}poll:{poller}:{item}:{due_ms}"
+
+    # -- initializers -------------------------------------------------------------------------
+    def init_state(self, name: str) -> str:
+        """Hash: version, cursor, batches, items, done, started_ms, finished_ms, epoch."""
+        return f"{self.prefix}init:{name}"
+
+    # -- instance registry --------------------------------------------------------------------
+    @property
+    def instances(self) -> str:
+        """Sorted set: instance id -> last heartbeat (epoch ms). Outlives the instance hash."""
+        return f"{self.prefix}instances"
+
+    def instance(self, instance_id: str) -> str:
+        """Hash describing one live process; expires at about twice the heartbeat interval."""
+        return f"{self.prefix}instance:{instance_id}"
+
+    def holds(self, instance_id: str) -> str:
+        """Set of arq job ids the instance is running (for orphan recovery)."""
+        return f"{self.prefix}instance:{instance_id}:jobs"
+
+    def arq_health(self, instance_id: str) -> str:
+        """arq's health-check key, one per instance (arq issue #291)."""
+        return f"{self.prefix}arq-health:{instance_id}"
+
+    # -- job helpers --------------------------------------------------------------------------
+    def mutex(self, name: str) -> str:
+        return f"{self.prefix}mutex:{name}"
+
+    def once(self, name: str) -> str:
+        return f"{self.prefix}once:{name}"
+
+    def unique_job_id(self, unique_key: str) -> str:
+        return f"{self.prefix}unique:{unique_key}"
+
+    # -- dead letters -------------------------------------------------------------------------
+    @property
+    def dead(self) -> str:
+        """Sorted set: job id -> time it was set aside (epoch ms)."""
+        return f"{self.prefix}dead"
+
+    @property
+    def dead_jobs(self) -> str:
+        """Hash: job id -> JSON record {reason, payload (base64), at}."""
+        return f"{self.prefix}dead:jobs"
+
+
+# ---------------------------------------------------------------------------------------------
+# Leadership
+# ---------------------------------------------------------------------------------------------
+
+ACQUIRE = """
+-- Acquire the leader lease if nobody holds it; a new epoch for every acquisition.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> epoch counter
+-- ARGV[1] -> random token of the campaigning process
+-- ARGV[2] -> lease TTL in ms
+-- Returns: the new lock value "<epoch>:<token>", or false if the lock is held.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return false
+end
+local epoch = redis.call('INCR', KEYS[2])
+local value = epoch .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+return value
+"""
+
+RENEW = """
+-- Renew the lease: compare the whole value, then *replace* the TTL (never add to it).
+-- KEYS[1] -> leader lock
+-- ARGV[1] -> lock value held by the caller
+-- ARGV[2] -> lease TTL in ms
+-- Returns: 1 if renewed, 0 if the lock is not (or no longer) the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+RELEASE = """
+-- Release the lease if it is the caller's and tell standbys at once.
+-- KEYS[1] -> leader lock
+-- ARGV[1] -> lock value held by the caller
+-- ARGV[2] -> pub/sub channel standbys listen on
+-- Returns: 1 if released, 0 if the lock was not the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+CLAIM_STATIC = """
+-- Always-leader mode (single node, tests): take the lock unconditionally, without expiry,
+-- so fenced scripts work unchanged.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> epoch counter
+-- ARGV[1] -> random token
+-- Returns: the lock value "<epoch>:<token>".
+local epoch = redis.call('INCR', KEYS[2])
+local value = epoch .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], value)
+return value
+"""
+
+_FENCE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED leader lock is not held by this process')
+end
+"""
+
+# ---------------------------------------------------------------------------------------------
+# Fenced singleton writes
+# ---------------------------------------------------------------------------------------------
+
+ENQUEUE_TICKS = (
+    """
+-- Fenced. Enqueue periodic ticks as arq jobs with deterministic ids and record the last tick.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> periodic state hash (name -> last tick ms)
+-- KEYS[3] -> arq queue (sorted set)
+-- ARGV[1] -> caller's lock value
+-- ARGV[2] -> periodic job name
+-- ARGV[3] -> arq job key prefix ("arq:job:")
+-- ARGV[4] -> arq result key prefix ("arq:result:")
+-- ARGV[5] -> job key TTL in ms
+-- ARGV[6] -> newest due tick: recorded as last even if the policy skipped it
+-- ARGV[7..] -> triples: tick ms, job id, serialized arq job; ascending ticks
+-- Returns: {enqueued, deduplicated (id existed), skipped (tick <= recorded last tick)}
+"""
+    + _FENCE
+    + """
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '-1')
+local enqueued, dup, skipped = 0, 0, 0
+local recorded = last
+for i = 7, #ARGV, 3 do
+  local tick = tonumber(ARGV[i])
+  local id = ARGV[i + 1]
+  if tick <= last then
+    skipped = skipped + 1
+  elseif redis.call('EXISTS', ARGV[3] .. id, ARGV[4] .. id) > 0 then
+    dup = dup + 1
+  else
+    redis.call('SET', ARGV[3] .. id, ARGV[i + 2], 'PX', ARGV[5])
+    redis.call('ZADD', KEYS[3], tick, id)
+    enqueued = enqueued + 1
+  end
+end
+local advance = tonumber(ARGV[6])
+if advance > recorded then
+  redis.call('HSET', KEYS[2], ARGV[2], string.format('%d', advance))
+end
+return {enqueued, dup, skipped}
+"""
+)
+
+DISPATCH = (
+    """
+-- Fenced. Move due items of one poller shard into the arq queue, one job per item; an item
+-- whose previous job still exists (queued or running) is left in the shard, pushed back by
+-- ARGV[6] ms, so it is never in flight twice.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> poller in-flight hash (item -> job id)
+-- KEYS[3] -> arq queue
+-- KEYS[4] -> shard sorted set (item -> due ms)
+-- ARGV[1] -> caller's lock value
+-- ARGV[2] -> arq job key prefix
+-- ARGV[3] -> arq result key prefix
+-- ARGV[4] -> job key TTL in ms
+-- ARGV[5] -> now in ms (items scored above it are not due)
+-- ARGV[6] -> push-back delay in ms for items still in flight
+-- ARGV[7..] -> triples: item, job id, serialized arq job
+-- Returns: {dispatched, still_in_flight, duplicate_ids, no_longer_due}
+"""
+    + _FENCE
+    + """
+local now = tonumber(ARGV[5])
+local sent, busy, dup, gone = 0, 0, 0, 0
+for i = 7, #ARGV, 3 do
+  local item, id = ARGV[i], ARGV[i + 1]
+  local score = redis.call('ZSCORE', KEYS[4], item)
+  if (not score) or tonumber(score) > now then
+    gone = gone + 1
+  else
+    local current = redis.call('HGET', KEYS[2], item)
+    if current and redis.call('EXISTS', ARGV[2] .. current) == 1 then
+      redis.call('ZADD', KEYS[4], now + tonumber(ARGV[6]), item)
+      busy = busy + 1
+    elseif redis.call('EXISTS', ARGV[2] .. id, ARGV[3] .. id) > 0 then
+      redis.call('ZREM', KEYS[4], item)
+      dup = dup + 1
+    else
+      redis.call('ZREM', KEYS[4], item)
+      redis.call('SET', ARGV[2] .. id, ARGV[i + 2], 'PX', ARGV[4])
+      redis.call('ZADD', KEYS[3], now, id)
+      redis.call('HSET', KEYS[2], item, id)
+      sent = sent + 1
+    end
+  end
+end
+return {sent, busy, dup, gone}
+"""
+)
+
+INIT_BEGIN = (
+    """
+-- Fenced. Start (or resume) an initializer run for a version; a different stored version is
+-- discarded so the new version runs from the start.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> initializer state hash
+-- ARGV[1] -> caller's lock value
+-- ARGV[2] -> version
+-- ARGV[3] -> now ms
+-- ARGV[4] -> leader epoch
+-- Returns: {done ("1"/"0"), cursor ("" = from the start), batches, items}
+"""
+    + _FENCE
+    + """
+if redis.call('HGET', KEYS[2], 'version') ~= ARGV[2] then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'version', ARGV[2], 'cursor', '', 'batches', 0, 'items', 0,
+             'done', 0, 'started_ms', ARGV[3])
+end
+redis.call('HSET', KEYS[2], 'epoch', ARGV[4], 'resumed_ms', ARGV[3])
+local s = redis.call('HMGET', KEYS[2], 'done', 'cursor', 'batches', 'items')
+return {s[1] or '0', s[2] or '', s[3] or '0', s[4] or '0'}
+"""
+)
+
+CHECKPOINT = (
+    """
+-- Fenced. Write one initializer batch (items into poller shards) and its checkpoint
+-- atomically: a leader that dies after this never redoes the batch, and one that dies before
+-- it left nothing half-written.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> initializer state hash
+-- KEYS[3..] -> poller shard sorted sets the batch writes to
+-- ARGV[1] -> caller's lock value
+-- ARGV[2] -> version
+-- ARGV[3] -> cursor the batch started from (compare-and-set guard)
+-- ARGV[4] -> cursor after this batch
+-- ARGV[5] -> "1" if this is the last batch
+-- ARGV[6] -> now ms
+-- ARGV[7..] -> triples: shard index into KEYS (3-based), due ms, item
+-- Returns: {items added, batches so far}; error "CURSOR" if the stored cursor moved.
+"""
+    + _FENCE
+    + """
+if redis.call('HGET', KEYS[2], 'version') ~= ARGV[2]
+   or redis.call('HGET', KEYS[2], 'cursor') ~= ARGV[3] then
+  return redis.error_reply('CURSOR initializer checkpoint moved underneath this run')
+end
+local added = 0
+for i = 7, #ARGV, 3 do
+  added = added + redis.call('ZADD', KEYS[tonumber(ARGV[i])], 'NX', ARGV[i + 1], ARGV[i + 2])
+end
+redis.call('HSET', KEYS[2], 'cursor', ARGV[4], 'updated_ms', ARGV[6])
+redis.call('HINCRBY', KEYS[2], 'items', added)
+local batches = redis.call('HINCRBY', KEYS[2], 'batches', 1)
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[2], 'done', 1, 'finished_ms', ARGV[6])
+end
+return {added, batches}
+"""
+)
+
+REAP = (
+    """
+-- Fenced. Make the jobs of a dead instance available again: drop arq's in-progress marker of
+-- each job that is still queued, then forget the instance.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> arq queue
+-- KEYS[3] -> the dead instance's holds set
+-- KEYS[4] -> instances sorted set
+-- ARGV[1] -> caller's lock value
+-- ARGV[2] -> arq in-progress key prefix
+-- ARGV[3] -> instance id
+-- ARGV[4] -> heartbeat score the caller judged stale (guard against a late heartbeat)
+-- Returns: number of jobs released, or -1 if the instance heartbeated meanwhile.
+"""
+    + _FENCE
+    + """
+local score = redis.call('ZSCORE', KEYS[4], ARGV[3])
+if score and tonumber(score) > tonumber(ARGV[4]) then
+  return -1
+end
+local released = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  if redis.call('ZSCORE', KEYS[2], id) then
+    released = released + redis.call('DEL', ARGV[2] .. id)
+  end
+end
+redis.call('DEL', KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[3])
+return released
+"""
+)
+
+# ---------------------------------------------------------------------------------------------
+# Unfenced helpers (any process)
+# ---------------------------------------------------------------------------------------------
+
+UNIQUE_ENQUEUE = """
+-- Enqueue an arq job unless a job or result with the same id exists (what arq's enqueue_job
+-- does with WATCH/MULTI, in one round trip).
+-- KEYS[1] -> arq queue
+-- ARGV[1] -> job id
+-- ARGV[2] -> arq job key prefix
+-- ARGV[3] -> arq result key prefix
+-- ARGV[4] -> job key TTL in ms
+-- ARGV[5] -> score (due time, ms)
+-- ARGV[6] -> serialized arq job
+-- Returns: 1 if enqueued, 0 if the id exists.
+if redis.call('EXISTS', ARGV[2] .. ARGV[1], ARGV[3] .. ARGV[1]) > 0 then
+  return 0
+end
+redis.call('SET', ARGV[2] .. ARGV[1], ARGV[6], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[1], ARGV[5], ARGV[1])
+return 1
+"""
+
+MUTEX_RELEASE = """
+-- Release a mutex only if it still holds the caller's token.
+-- KEYS[1] -> mutex key
+-- ARGV[1] -> token
+-- Returns: 1 if released, 0 otherwise.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""

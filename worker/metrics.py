@@ -1,0 +1,77 @@
+"""Prometheus metrics of one process, in a registry of its own (served on ``/metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """Every metric the framework exports. Names are prefixed ``worker_``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.info = Gauge(
+            "worker_info",
+            "Process identity (value 1).",
+            ["role", "instance", "version"],
+            registry=r,
+        )
+        self.is_leader = Gauge("worker_leader", "1 while this process holds the lease.", registry=r)
+        self.leader_epoch = Gauge(
+            "worker_leader_epoch", "Epoch of the lease held (0 when not leading).", registry=r
+        )
+        self.leader_transitions = Counter(
+            "worker_leader_transitions",
+            "Leadership acquisitions and losses.",
+            ["event"],
+            registry=r,
+        )
+        self.ticks = Counter(
+            "worker_periodic_ticks",
+            "Periodic ticks by outcome: enqueued, deduplicated, caught_up, skipped.",
+            ["job", "outcome"],
+            registry=r,
+        )
+        self.dispatched = Counter(
+            "worker_poll_items",
+            "Poll items by outcome: dispatched, in_flight (deferred), duplicate.",
+            ["poller", "outcome"],
+            registry=r,
+        )
+        self.init_items = Counter(
+            "worker_initializer_items",
+            "Items written by initializers.",
+            ["initializer"],
+            registry=r,
+        )
+        self.jobs = Counter(
+            "worker_jobs", "Jobs run by this consumer, by outcome.", ["task", "outcome"], registry=r
+        )
+        self.job_seconds = Histogram(
+            "worker_job_duration_seconds",
+            "Job run time.",
+            ["task"],
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.dead = Counter(
+            "worker_jobs_dead", "Jobs set aside in the dead-letter set.", ["reason"], registry=r
+        )
+        self.restarts = Counter(
+            "worker_component_restarts",
+            "Component restarts after errors.",
+            ["component"],
+            registry=r,
+        )
+        self.since_ok = Gauge(
+            "worker_component_seconds_since_ok",
+            "Seconds since the component last completed an iteration.",
+            ["component"],
+            registry=r,
+        )
+        self.orphans = Counter(
+            "worker_orphan_jobs_released",
+            "Jobs of dead consumers made available again.",
+            registry=r,
+        )
+        self.ready = Gauge("worker_ready", "1 while /readyz answers 200.", registry=r)

@@ -1,0 +1,117 @@
+"""Periodic schedules as pure functions of time: cron expressions and fixed intervals.
+
+A *tick* is the scheduled instant of one run, in epoch milliseconds. Schedules answer "which
+ticks fall in (after, until]?" so the enqueuer can catch up missed ticks after a failover
+without holding any state in memory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from worker.errors import ConfigError
+
+
+class Schedule(Protocol):
+    """When a periodic job is due."""
+
+    def ticks(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        """Ticks ``t`` with ``after_ms < t <= until_ms``, ascending; only the last ``limit``."""
+
+    def latest(self, until_ms: int) -> int:
+        """The last tick at or before ``until_ms``."""
+
+    def next(self, after_ms: int) -> int:
+        """The first tick strictly after ``after_ms``."""
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Every:
+    """Every ``period_ms``, aligned to the epoch plus ``offset_ms`` (so every replica agrees)."""
+
+    period_ms: int
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.period_ms < 1000:
+            raise ConfigError(f"periodic every={self.period_ms / 1000}s: must be at least 1 s")
+
+    def latest(self, until_ms: int) -> int:
+        return until_ms - ((until_ms - self.offset_ms) % self.period_ms)
+
+    def next(self, after_ms: int) -> int:
+        return self.latest(after_ms) + self.period_ms
+
+    def ticks(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        if limit <= 0 or until_ms <= after_ms:
+            return []
+        last = self.latest(until_ms)
+        first = max(self.next(after_ms), last - (limit - 1) * self.period_ms)
+        return list(range(first, last + 1, self.period_ms)) if first <= last else []
+
+    def describe(self) -> str:
+        return f"every {self.period_ms / 1000:g}s"
+
+
+class Cron:
+    """A five-field cron expression evaluated in a time zone (DST-aware, via croniter)."""
+
+    def __init__(self, expr: str, tz: str = "UTC") -> None:
+        if not croniter.is_valid(expr) or len(expr.split()) != 5:
+            raise ConfigError(
+                f"periodic cron={expr!r}: not a valid 5-field cron expression "
+                "(minute hour day-of-month month day-of-week)"
+            )
+        try:
+            self.tz = ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(f"periodic tz={tz!r}: unknown time zone") from None
+        self.expr = expr
+        self.tz_name = tz
+
+    def _at(self, ms: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp(ms / 1000, tz=self.tz)
+
+    def latest(self, until_ms: int) -> int:
+        # croniter's get_prev is strict: step 1 ms past `until` so a tick exactly on it counts.
+        it = croniter(self.expr, self._at(until_ms + 1))
+        return int(it.get_prev(float) * 1000)
+
+    def next(self, after_ms: int) -> int:
+        it = croniter(self.expr, self._at(after_ms))
+        return int(it.get_next(float) * 1000)
+
+    def ticks(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        if limit <= 0 or until_ms <= after_ms:
+            return []
+        it = croniter(self.expr, self._at(until_ms + 1))
+        out: list[int] = []
+        while len(out) < limit:
+            t = int(it.get_prev(float) * 1000)
+            if t <= after_ms:
+                break
+            out.append(t)
+        out.reverse()
+        return out
+
+    def describe(self) -> str:
+        return f"cron {self.expr!r} {self.tz_name}"
+
+
+def make_schedule(
+    cron: str | None, every: float | dt.timedelta | None, tz: str = "UTC"
+) -> Schedule:
+    """Build a schedule from exactly one of ``cron`` and ``every`` (seconds or timedelta)."""
+    if (cron is None) == (every is None):
+        raise ConfigError("periodic: give exactly one of cron=... or every=...")
+    if cron is not None:
+        return Cron(cron, tz)
+    seconds = every.total_seconds() if isinstance(every, dt.timedelta) else float(every or 0)
+    return Every(round(seconds * 1000))

@@ -1,0 +1,211 @@
+"""``python -m worker status``: the cluster as Redis sees it, as a table or JSON.
+
+Instances with role and heartbeat age, the leader with epoch and lease, queue depth,
+periodic last/next tick, poller backlog per shard, initializer state and dead letters. No
+secrets: the Redis URL is masked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from arq.connections import ArqRedis
+
+from worker import keys as K
+from worker.app import App
+from worker.client import BoundPoller
+from worker.clock import Clock, SystemClock, ms
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _iso(tick_ms: int | None) -> str | None:
+    if tick_ms is None:
+        return None
+    return dt.datetime.fromtimestamp(tick_ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+async def collect(
+    redis: ArqRedis, keys: K.Keys, app: App, clock: Clock | None = None
+) -> dict[str, Any]:
+    """Read the cluster's state from Redis (read-only)."""
+    clock = clock or SystemClock()
+    now = ms(clock.time())
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zrange(keys.instances, 0, -1, withscores=True)
+        pipe.get(keys.leader)
+        pipe.pttl(keys.leader)
+        pipe.zcard(keys.queue)
+        pipe.zcount(keys.queue, "-inf", now)
+        pipe.hgetall(keys.periodic_state)
+        pipe.zcard(keys.dead)
+        members, lock, pttl, depth, due, periodic, dead = await pipe.execute()
+
+    ids = [_s(m) for m, _ in members]
+    records = await redis.mget([keys.instance(i) for i in ids]) if ids else []
+    instances = []
+    for (raw_id, score), rec in zip(members, records, strict=True):
+        info: dict[str, Any] = json.loads(rec) if rec else {"id": _s(raw_id)}
+        info["heartbeat_age_s"] = round((now - score) / 1000, 1)
+        info["alive"] = rec is not None
+        instances.append(info)
+    instances.sort(key=lambda i: (i.get("role", ""), i.get("name", "")))
+
+    leader: dict[str, Any] = {"held": lock is not None}
+    if lock is not None:
+        value = _s(lock)
+        leader["epoch"] = int(value.split(":", 1)[0])
+        leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl and pttl > 0 else None
+        holder = next(
+            (i for i in instances if i.get("is_leader") and i.get("epoch") == leader["epoch"]), None
+        )
+        leader["instance"] = holder.get("name") if holder else None
+        leader["lease_age_s"] = holder.get("lease_age_s") if holder else None
+
+    last = {_s(k): int(v) for k, v in periodic.items()}
+    periodics = [
+        {
+            "name": p.name,
+            "schedule": p.schedule.describe(),
+            "last_tick": _iso(last.get(p.name)),
+            "next_tick": _iso(p.schedule.next(now)),
+        }
+        for p in app.periodics.values()
+    ]
+    pollers = []
+    for p in app.pollers.values():
+        shards = await BoundPoller(p, redis, keys, clock).backlog()
+        pollers.append(
+            {
+                "name": p.name,
+                "task": p.task,
+                "in_flight": int(await redis.hlen(keys.poll_inflight(p.name))),
+                "waiting": sum(s["waiting"] for s in shards),
+                "due": sum(s["due"] for s in shards),
+                "shards": shards,
+            }
+        )
+    initializers = []
+    for i in app.initializers.values():
+        st = {_s(k): _s(v) for k, v in (await redis.hgetall(keys.init_state(i.name))).items()}
+        initializers.append(
+            {
+                "name": i.name,
+                "version": i.version,
+                "stored_version": st.get("version"),
+                "done": st.get("done") == "1" and st.get("version") == i.version,
+                "batches": int(st.get("batches", 0)),
+                "items": int(st.get("items", 0)),
+                "cursor": st.get("cursor") or None,
+            }
+        )
+    return {
+        "at": _iso(now),
+        "instances": instances,
+        "leader": leader,
+        "queue": {"name": keys.queue, "depth": int(depth), "due": int(due)},
+        "periodic": periodics,
+        "pollers": pollers,
+        "initializers": initializers,
+        "dead_letters": int(dead),
+    }
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    cells = [[("-" if c is None else str(c)) for c in r] for r in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
+    ]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [
+        fmt.format(*headers),
+        fmt.format(*("-" * w for w in widths)),
+        *(fmt.format(*r) for r in cells),
+    ]
+
+
+def render(status: dict[str, Any]) -> str:
+    """A readable multi-table view of :func:`collect`'s result."""
+    out: list[str] = [f"cluster status at {status['at']}", ""]
+    ld = status["leader"]
+    if ld["held"]:
+        out.append(
+            f"leader: {ld.get('instance') or '?'}  epoch {ld['epoch']}  "
+            f"lease age {ld.get('lease_age_s')}s  ttl {ld.get('ttl_remaining_s')}s"
+        )
+    else:
+        out.append("leader: none")
+    q = status["queue"]
+    out += [
+        f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)  "
+        f"dead letters: {status['dead_letters']}",
+        "",
+    ]
+    out += _table(
+        ["INSTANCE", "ROLE", "LEADER", "IN FLIGHT", "HEARTBEAT", "HOST", "PID", "VERSION"],
+        [
+            [
+                i.get("name", i.get("id")),
+                i.get("role"),
+                f"yes (epoch {i.get('epoch')})" if i.get("is_leader") else "",
+                i.get("in_flight"),
+                f"{i['heartbeat_age_s']}s ago" + ("" if i["alive"] else " STALE"),
+                i.get("host"),
+                i.get("pid"),
+                i.get("version"),
+            ]
+            for i in status["instances"]
+        ],
+    )
+    if status["periodic"]:
+        out += [
+            "",
+            *_table(
+                ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK"],
+                [
+                    [p["name"], p["schedule"], p["last_tick"], p["next_tick"]]
+                    for p in status["periodic"]
+                ],
+            ),
+        ]
+    if status["pollers"]:
+        out += [
+            "",
+            *_table(
+                ["POLLER", "TASK", "WAITING", "DUE", "IN FLIGHT", "PER SHARD (due)"],
+                [
+                    [
+                        p["name"],
+                        p["task"],
+                        p["waiting"],
+                        p["due"],
+                        p["in_flight"],
+                        " ".join(str(s["due"]) for s in p["shards"]),
+                    ]
+                    for p in status["pollers"]
+                ],
+            ),
+        ]
+    if status["initializers"]:
+        out += [
+            "",
+            *_table(
+                ["INITIALIZER", "VERSION", "DONE", "BATCHES", "ITEMS", "CURSOR"],
+                [
+                    [
+                        i["name"],
+                        i["version"],
+                        "yes" if i["done"] else "no",
+                        i["batches"],
+                        i["items"],
+                        i["cursor"],
+                    ]
+                    for i in status["initializers"]
+                ],
+            ),
+        ]
+    return "\n".join(out)
