@@ -7,7 +7,7 @@ import time
 
 import pytest
 import redis
-from realredis import RealRedis  # tests/ is on sys.path (rootdir-less test dir, no __init__)
+from tests.realredis import RealRedis
 
 from worker.embedded import EmbeddedServer, find_server_binary, free_port
 from worker.errors import ConfigError

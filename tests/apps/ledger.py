@@ -1,0 +1,79 @@
+"""A test app that records what it did in Redis ledgers, so tests assert on data, not logs.
+
+- ``tick`` (every 1 s): HINCRBY ``<prefix>ledger:ticks`` <tick ms> 1, so a tick executed twice
+  shows as 2 and a missing tick as absent.
+- poller ``items`` -> ``handle_item``: HINCRBY ``<prefix>ledger:items`` <item> 1; reschedules
+  the item after ``LEDGER_RESCHEDULE_S`` when set.
+- initializer ``seed`` (version ``LEDGER_INIT_VERSION``): ``LEDGER_INIT_ITEMS`` items in batches
+  of ``LEDGER_INIT_BATCH``, sleeping ``LEDGER_INIT_SLEEP_S`` per batch, recording each batch it
+  *produced* in ``<prefix>ledger:init-batches`` (HINCRBY cursor 1).
+- ``slow_job(seconds)``: sleeps, then records its run count per job id.
+- ``crashy`` service (per_process, only when ``LEDGER_CRASHY=1``): raises at once, always.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+
+from worker import App, Context, JobContext
+
+app = App("ledger")
+
+items = app.poller("items", task="handle_item", shards=3, batch_size=200, interval_s=0.2)
+
+
+def _k(ctx: Context | JobContext, name: str) -> str:
+    context = ctx.context if isinstance(ctx, JobContext) else ctx
+    return f"{context.keys.prefix}ledger:{name}"
+
+
+@app.periodic(every=1, catch_up="all", catch_up_limit=100)
+async def tick(ctx: JobContext) -> None:
+    assert ctx.tick is not None
+    await ctx.redis.hincrby(_k(ctx, "ticks"), str(int(ctx.tick.timestamp() * 1000)), 1)
+
+
+@app.task
+async def handle_item(ctx: JobContext, item: str) -> None:
+    await ctx.redis.hincrby(_k(ctx, "items"), item, 1)
+    again = float(os.environ.get("LEDGER_RESCHEDULE_S", "0"))
+    if again:
+        await ctx.poller("items").schedule(item, delay=again)
+
+
+@app.task
+async def slow_job(ctx: JobContext, seconds: float) -> str:
+    await ctx.redis.hincrby(_k(ctx, "slow-started"), ctx.job_id, 1)
+    await asyncio.sleep(seconds)
+    await ctx.redis.hincrby(_k(ctx, "slow-done"), ctx.job_id, 1)
+    return "done"
+
+
+@app.task
+async def record(ctx: JobContext, key: str) -> None:
+    await ctx.redis.hincrby(_k(ctx, "records"), key, 1)
+
+
+@app.initializer(version=os.environ.get("LEDGER_INIT_VERSION", "v1"), poller="items")
+async def seed(ctx: Context, cursor: str | None) -> AsyncIterator[tuple[str, Mapping[str, float]]]:
+    total = int(os.environ.get("LEDGER_INIT_ITEMS", "0"))
+    batch = int(os.environ.get("LEDGER_INIT_BATCH", "100"))
+    pause = float(os.environ.get("LEDGER_INIT_SLEEP_S", "0"))
+    start = int(cursor) if cursor else 0
+    for first in range(start, total, batch):
+        if pause:
+            await asyncio.sleep(pause)
+        last = min(first + batch, total)
+        await ctx.redis.hincrby(_k(ctx, "init-batches"), str(last), 1)
+        # due far in the future: the test counts items in the shard queues
+        yield str(last), {f"seed-{n:07d}": 4_000_000_000.0 for n in range(first, last)}
+
+
+if os.environ.get("LEDGER_CRASHY") == "1":
+
+    @app.service(cardinality="per_process")
+    async def crashy(ctx: Context, stop: asyncio.Event) -> None:
+        await ctx.redis.incr(_k(ctx, "crashy-starts"))
+        raise RuntimeError("crashy service always fails")

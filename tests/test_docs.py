@@ -1,0 +1,37 @@
+"""Docs stay true: every setting is in the README's table and in config/worker.toml with its
+real default, and the README's two quickstart commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from worker.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    rows = set(re.findall(r"^\| `(WORKER_[A-Z_]+)` \|", README, flags=re.M))
+    expected = {f"WORKER_{name.upper()}" for name in Settings.model_fields} | {"WORKER_CONFIG_FILE"}
+    assert expected - rows == set(), "settings missing from README"
+    assert rows - expected == set(), "README documents settings that do not exist"
+
+
+def test_config_file_lists_every_default(monkeypatch: object) -> None:
+    data = tomllib.loads((ROOT / "config" / "worker.toml").read_text())
+    defaults = Settings.model_construct()  # defaults without reading the environment
+    missing = set(Settings.model_fields) - set(data) - {"instance_name", "redis_url"}
+    assert not missing, f"config/worker.toml lacks {missing}"
+    for name, value in data.items():
+        assert getattr(defaults, name) == value, f"{name}: file says {value!r}"
+
+
+def test_quickstart_commands_match_ci() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install -e '.[embedded]' && python -m worker --role all" in README
+    assert "pip install -e '.[test]' && python -m pytest" in README
+    assert "python -m pip install --quiet -e '.[test]'" in ci
+    assert "\npython -m pytest\n" in ci
