@@ -221,14 +221,11 @@ def cli() -> CliRun:
     """Run ``python -m worker ARGS`` to completion: ``cli("plan", "--role", "leader", env={})``.
 
     The environment is this one minus every ``WORKER_*`` variable, plus ``env``; stdout and
-    stderr are captured separately (text). ``stdout`` may be a file descriptor (e.g. a pty).
+    stderr are captured separately (text).
     """
 
     def run(
-        *args: str,
-        env: dict[str, str] | None = None,
-        timeout: float = 60.0,
-        stdout: Any = subprocess.PIPE,
+        *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
         full = {
             **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
@@ -240,8 +237,7 @@ def cli() -> CliRun:
             env=full,
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             text=True,
             timeout=timeout,
         )

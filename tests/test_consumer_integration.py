@@ -1,0 +1,198 @@
+"""The consumer against a real server and real processes: dead letters, plain-arq producers
+and arq's own per-instance health check."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from typing import Any
+
+import msgpack
+import pytest
+import redis as redis_sync
+from arq.connections import RedisSettings, create_pool
+from arq.jobs import JobStatus
+from arq.worker import async_check_health
+
+from tests.apps.ledger import app as ledger_app
+from tests.conftest import Spawn, WorkerProc, wait_until
+from worker import keys as K
+from worker.client import Client
+from worker.clock import ms
+from worker.serializer import get_serializer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def ledger(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in r.hgetall(f"{prefix}ledger:{name}").items()}
+
+
+def dead_record(r: redis_sync.Redis, prefix: str, job_id: str) -> dict[str, Any] | None:
+    keys = K.Keys(prefix)
+    if r.zscore(keys.dead, job_id) is None:
+        return None
+    raw = r.hget(keys.dead_jobs, job_id)
+    return json.loads(raw) if raw else None
+
+
+def enqueue(url: str, prefix: str, function: str, *args: Any, **kwargs: Any) -> str:
+    async def go() -> str | None:
+        client = await Client.connect(url, app=ledger_app, key_prefix=prefix)
+        try:
+            return await client.enqueue(function, *args, **kwargs)
+        finally:
+            await client.close()
+
+    job_id = asyncio.run(go())
+    assert job_id is not None
+    return job_id
+
+
+def start_consumer(spawn: Spawn, rsync: redis_sync.Redis, name: str = "c1") -> WorkerProc:
+    proc = spawn("consumer", name=name)
+    keys = K.Keys(spawn.prefix)  # type: ignore[attr-defined]
+    wait_until(
+        lambda: any(m.decode().startswith(f"{name}-") for m in rsync.zrange(keys.instances, 0, -1)),
+        30,
+        what=f"{name} to register",
+    )
+    return proc
+
+
+@pytest.mark.slow
+def test_malformed_payloads_dead_lettered_and_consumer_goes_on(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    keys = K.Keys(prefix)
+    consumer = start_consumer(spawn, rsync)
+    enqueue(redis_url, prefix, "record", "before")
+
+    garbage = {
+        f"{prefix}garbage-bytes": b"\xc1\xff not msgpack at all \x00",
+        f"{prefix}garbage-list": msgpack.packb([1, 2, 3]),  # valid msgpack, not a job record
+    }
+    now = ms(time.time())
+    for job_id, raw in garbage.items():
+        rsync.set(K.ARQ_JOB + job_id, raw, px=600_000)
+        rsync.zadd(keys.queue, {job_id: now})
+    enqueue(redis_url, prefix, "record", "after")
+
+    for job_id, raw in garbage.items():
+        rec = wait_until(
+            lambda j=job_id: dead_record(rsync, prefix, j), 30, what=f"{job_id} dead-lettered"
+        )
+        assert rec["job_id"] == job_id
+        assert base64.b64decode(rec["payload_b64"]) == raw
+        assert "malformed" in rec["reason"], rec
+        assert rec["instance"].startswith("c1-")
+        # arq let go of it: no longer queued or stored as a job
+        assert rsync.zscore(keys.queue, job_id) is None
+        assert not rsync.exists(K.ARQ_JOB + job_id)
+
+    wait_until(
+        lambda: ledger(rsync, prefix, "records") == {"before": 1, "after": 1},
+        30,
+        what="the jobs around the garbage to run",
+    )
+    enqueue(redis_url, prefix, "record", "later")
+    wait_until(
+        lambda: ledger(rsync, prefix, "records").get("later") == 1,
+        30,
+        what="a job after the garbage to run",
+    )
+    assert rsync.zcard(keys.dead) == len(garbage)
+    assert consumer.alive()
+
+
+@pytest.mark.slow
+def test_unknown_function_dead_lettered(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    consumer = start_consumer(spawn, rsync)
+    job_id = enqueue(redis_url, prefix, "no_such_function", 7, flag="x")
+    enqueue(redis_url, prefix, "record", "after-unknown")
+
+    rec = wait_until(lambda: dead_record(rsync, prefix, job_id), 30, what="dead-lettering")
+    assert "no_such_function" in rec["reason"], rec
+    payload = msgpack.unpackb(base64.b64decode(rec["payload_b64"]), raw=False)
+    assert payload["f"] == "no_such_function"
+    assert payload["a"] == [7]
+    assert payload["k"] == {"flag": "x"}
+    wait_until(
+        lambda: ledger(rsync, prefix, "records").get("after-unknown") == 1,
+        30,
+        what="the next job to run",
+    )
+    assert consumer.alive()
+
+
+@pytest.mark.slow
+async def test_plain_arq_client_enqueues_work(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    start_consumer(spawn, rsync)
+    ser, de = get_serializer("msgpack")
+    pool = await create_pool(
+        RedisSettings.from_dsn(redis_url),
+        default_queue_name=f"{prefix}queue",
+        job_serializer=ser,
+        job_deserializer=de,
+    )
+    try:
+        job = await pool.enqueue_job("slow_job", 0.1)
+        assert job is not None
+        assert await job.result(timeout=30, poll_delay=0.1) == "done"
+        assert await job.status() == JobStatus.complete
+        info = await job.result_info()
+        assert info is not None and info.success and list(info.args) == [0.1]
+        assert ledger(rsync, prefix, "slow-done") == {job.job_id: 1}
+
+        kw = await pool.enqueue_job("record", key="plain-kwargs", _job_id="plain-1")
+        assert kw is not None
+        assert await pool.enqueue_job("record", key="plain-kwargs", _job_id="plain-1") is None
+        await kw.result(timeout=30, poll_delay=0.1)
+
+        deferred = await pool.enqueue_job("record", "plain-deferred", _defer_by=1.5)
+        assert deferred is not None
+        enqueued_at = time.monotonic()
+        await deferred.result(timeout=30, poll_delay=0.05)
+        assert time.monotonic() - enqueued_at >= 1.2
+    finally:
+        await pool.aclose()
+    assert ledger(rsync, prefix, "records") == {"plain-kwargs": 1, "plain-deferred": 1}
+
+
+@pytest.mark.slow
+# arq's async_check_health closes its pool with redis-py's deprecated close()
+@pytest.mark.filterwarnings("ignore:Call to deprecated close:DeprecationWarning")
+async def test_arq_health_check_is_per_instance(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    keys = K.Keys(prefix)
+    c1 = start_consumer(spawn, rsync, "c1")
+    c2 = start_consumer(spawn, rsync, "c2")
+    ids = {m.decode() for m in rsync.zrange(keys.instances, 0, -1)}
+    id1 = next(i for i in ids if i.startswith("c1-"))
+    id2 = next(i for i in ids if i.startswith("c2-"))
+    settings = RedisSettings.from_dsn(redis_url)
+
+    async def check(instance_id: str) -> int:
+        return await async_check_health(settings, health_check_key=keys.arq_health(instance_id))
+
+    for instance_id in (id1, id2):
+        deadline = time.monotonic() + 20
+        while await check(instance_id) != 0:
+            assert time.monotonic() < deadline, f"arq health check of {instance_id} failed"
+            await asyncio.sleep(0.2)
+
+    assert c1.terminate() == 0
+    assert await check(id2) == 0, "stopping one consumer failed the other's health check"
+    assert await check(id1) == 1, "a stopped consumer still passes its health check"
+    assert c2.alive()

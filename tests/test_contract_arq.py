@@ -1,0 +1,211 @@
+"""Contract with arq: arq's own ``Worker`` (not ours) consumes what our Lua scripts write.
+
+The poller's DISPATCH script and the periodic enqueuer's ENQUEUE_TICKS script build arq job
+records by hand; if arq changes its record format, these tests fail before production does.
+Also pins the arq version range declared in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import arq
+import pytest
+from arq.connections import ArqRedis
+from arq.jobs import Job, JobStatus
+from arq.worker import Worker, func
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from tests.conftest import ROOT
+from worker import keys as K
+from worker.app import App
+from worker.client import BoundPoller, Client, connect_redis
+from worker.clock import SystemClock, ms
+from worker.periodic import PeriodicEnqueuer
+from worker.poller import PollingScheduler
+from worker.serializer import get_serializer
+
+pytestmark = pytest.mark.timeout(60)
+
+SUPPORTED_ARQ = ">=0.26,<0.29"
+LOCK_VALUE = "1:contract-test-token"
+
+
+def test_arq_version_is_pinned_and_supported() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = [d for d in project["dependencies"] if re.match(r"arq\b", d)]
+    assert len(pins) == 1, pins
+    spec = SpecifierSet(pins[0].removeprefix("arq").strip())
+    assert spec == SpecifierSet(SUPPORTED_ARQ), (
+        f"pyproject pins {pins[0]!r}; widen it only together with this contract test"
+    )
+    assert Version(arq.VERSION) in spec, f"arq {arq.VERSION} is outside {SUPPORTED_ARQ}"
+
+
+@pytest.fixture
+async def contract(redis_url: str) -> AsyncIterator[tuple[ArqRedis, K.Keys]]:
+    """An ArqRedis with our msgpack serializer, a fresh prefix, and a leader lock we hold."""
+    keys = K.Keys(f"c{uuid.uuid4().hex[:6]}:")
+    ser, de = get_serializer("msgpack")
+    redis = connect_redis(redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    await redis.set(keys.leader, LOCK_VALUE)  # the fenced scripts check this value
+    yield redis, keys
+    await redis.aclose(close_connection_pool=True)
+
+
+async def run_arq_worker(
+    redis_url: str, keys: K.Keys, functions: list[Any], expected_jobs: int
+) -> Worker:
+    """arq's own Worker, burst mode, on its own pool: runs every queued job and returns."""
+    ser, de = get_serializer("msgpack")
+    pool = connect_redis(redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    worker = Worker(
+        functions=functions,
+        redis_pool=pool,
+        queue_name=keys.queue,
+        burst=True,
+        poll_delay=0.05,
+        handle_signals=False,
+        job_serializer=ser,
+        job_deserializer=de,
+        keep_result=60,
+    )
+    try:
+        await worker.main()
+    finally:
+        # not worker.close(): it calls redis-py's deprecated close(); same effect here
+        await pool.aclose(close_connection_pool=True)
+    assert worker.jobs_failed == 0
+    assert worker.jobs_complete == expected_jobs
+    return worker
+
+
+async def test_arq_worker_consumes_poller_dispatch(
+    contract: tuple[ArqRedis, K.Keys], redis_url: str
+) -> None:
+    redis, keys = contract
+    ser, de = get_serializer("msgpack")
+    app = App("contract")
+    poller = app.poller("cards", task="poll_card", shards=3, batch_size=50)
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any], int]] = []
+
+    async def poll_card(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> str:
+        calls.append((ctx["job_id"], args, kwargs, ctx["job_try"]))
+        return f"polled {args[0]}"
+
+    now = ms(SystemClock().time())
+    items = {f"card-{n}": (now - 5000 + n) / 1000 for n in range(12)}
+    await BoundPoller(poller, redis, keys, SystemClock()).schedule_many(items)
+    future = "card-future"
+    await BoundPoller(poller, redis, keys, SystemClock()).schedule(future, delay=3600)
+
+    scheduler = PollingScheduler(
+        poller=poller,
+        redis=redis,
+        keys=keys,
+        lock_value=lambda: LOCK_VALUE,
+        serialize=ser,
+    )
+    await scheduler.tick()
+    assert scheduler.dispatched_total == len(items)
+
+    # arq's own view of the queue reads the records the script wrote
+    queued = {jd.job_id: jd for jd in await redis.queued_jobs()}
+    assert len(queued) == len(items)
+    expected_ids = {}
+    for item, due_s in items.items():
+        job_id = keys.poll_job_id("cards", item, round(due_s * 1000))
+        expected_ids[job_id] = item
+        jd = queued[job_id]
+        assert jd.function == "poll_card"
+        assert list(jd.args) == [item]
+        assert jd.kwargs == {}
+        assert jd.job_try is None
+        assert abs(ms(jd.enqueue_time.timestamp()) - now) < 10_000
+        assert (
+            await Job(job_id, redis, _queue_name=keys.queue, _deserializer=de).status()
+            == JobStatus.queued
+        )
+
+    await run_arq_worker(redis_url, keys, [func(poll_card, name="poll_card")], len(items))
+
+    assert {c[0]: c[1] for c in calls} == {j: (i,) for j, i in expected_ids.items()}
+    assert all(kwargs == {} and job_try == 1 for _, _, kwargs, job_try in calls)
+    for job_id, item in expected_ids.items():
+        job = Job(job_id, redis, _queue_name=keys.queue, _deserializer=de)
+        assert await job.status() == JobStatus.complete
+        assert await job.result(timeout=1) == f"polled {item}"
+    assert await redis.zcard(keys.queue) == 0
+    # the future item was left alone
+    assert await redis.zscore(keys.poll_shard("cards", poller.shard_of(future)), future)
+
+
+async def test_arq_worker_consumes_periodic_ticks(
+    contract: tuple[ArqRedis, K.Keys], redis_url: str
+) -> None:
+    redis, keys = contract
+    ser, _ = get_serializer("msgpack")
+    app = App("contract")
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    async def heartbeat_job(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> int:
+        calls.append((ctx["job_id"], args, kwargs))
+        return len(calls)
+
+    app.periodic(every=1, catch_up="all", catch_up_limit=5)(heartbeat_job)
+    job = app.periodics["heartbeat_job"]
+
+    now = ms(SystemClock().time())
+    last = job.schedule.latest(now) - 4000  # four ticks were missed since this one
+    await redis.hset(keys.periodic_state, "heartbeat_job", last)
+    enqueuer = PeriodicEnqueuer(
+        jobs=[job], redis=redis, keys=keys, lock_value=lambda: LOCK_VALUE, serialize=ser
+    )
+    await enqueuer.tick()
+
+    queued = {jd.job_id: jd for jd in await redis.queued_jobs()}
+    ticks = sorted(int(j.rsplit(":", 1)[1]) for j in queued)
+    assert len(ticks) >= 4, queued
+    assert ticks == list(range(last + 1000, ticks[-1] + 1, 1000))
+    for t in ticks:
+        jd = queued[keys.periodic_job_id("heartbeat_job", t)]
+        assert jd.function == "heartbeat_job"
+        assert list(jd.args) == [] and jd.kwargs == {}
+        assert jd.score == t
+
+    # a second leader (or a paused one waking up) cannot enqueue the same ticks again
+    await redis.hset(keys.periodic_state, "heartbeat_job", last)
+    await enqueuer.tick()
+    assert await redis.zcard(keys.queue) == len(ticks)
+
+    await run_arq_worker(redis_url, keys, [func(heartbeat_job, name="heartbeat_job")], len(ticks))
+    assert sorted(c[0] for c in calls) == sorted(
+        keys.periodic_job_id("heartbeat_job", t) for t in ticks
+    )
+    assert all(args == () and kwargs == {} for _, args, kwargs in calls)
+
+
+async def test_arq_worker_consumes_client_enqueue(
+    contract: tuple[ArqRedis, K.Keys], redis_url: str
+) -> None:
+    """The UNIQUE_ENQUEUE script (Client.enqueue) writes records arq runs, args and kwargs."""
+    redis, keys = contract
+    ser, _ = get_serializer("msgpack")
+    client = Client(redis, keys=keys, serialize=ser)
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    async def send(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        calls.append((args, kwargs))
+
+    first = await client.enqueue("send", 1, "two", flag=True, unique_key="send:1")
+    assert first == keys.unique_job_id("send:1")
+    assert await client.enqueue("send", 1, "two", flag=True, unique_key="send:1") is None
+    await client.enqueue("send", 3)
+
+    await run_arq_worker(redis_url, keys, [func(send, name="send")], 2)
+    assert sorted(calls, key=repr) == sorted([((1, "two"), {"flag": True}), ((3,), {})], key=repr)
