@@ -312,10 +312,12 @@ def load_app(spec: str) -> App:
     except ConfigError:
         raise
     except ImportError as exc:
-        raise ConfigError(f"WORKER_APP: cannot import module {module_name!r}: {exc}") from None
+        raise ConfigError(
+            f"WORKER_APP: cannot import module {module_name!r}: {_one_line(exc)}"
+        ) from None
     except Exception as exc:
         raise ConfigError(
-            f"WORKER_APP: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+            f"WORKER_APP: importing {module_name!r} raised {type(exc).__name__}: {_one_line(exc)}"
         ) from None
     obj = getattr(module, attr, None)
     if obj is None:
@@ -326,6 +328,11 @@ def load_app(spec: str) -> App:
         raise ConfigError(f"WORKER_APP: {spec!r} is a {type(obj).__name__}, not a worker.App")
     obj.validate()
     return obj
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's message with newlines collapsed (ConfigError messages are one line)."""
+    return " ".join(str(exc).split())
 
 
 JobFn = Callable[["JobContext"], Awaitable[Any]]

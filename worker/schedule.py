@@ -75,18 +75,35 @@ class Cron:
             raise ConfigError(f"periodic tz={tz!r}: unknown time zone") from None
         self.expr = expr
         self.tz_name = tz
+        # Like cron(8): a job at a fixed hour and minute runs once when a DST fall-back repeats
+        # its wall-clock time; one with a wildcard minute or hour keeps running in real time.
+        minute, hour = expr.split()[:2]
+        self._wildcard = minute.startswith("*") or hour.startswith("*")
 
     def _at(self, ms: int) -> dt.datetime:
         return dt.datetime.fromtimestamp(ms / 1000, tz=self.tz)
 
+    def _repeat(self, ms: int) -> bool:
+        """True for the second pass through a wall-clock time a DST fall-back repeats."""
+        if self._wildcard:
+            return False
+        t = self._at(ms)
+        return t.fold == 1 and t.replace(fold=0).utcoffset() != t.utcoffset()
+
     def latest(self, until_ms: int) -> int:
         # croniter's get_prev is strict: step 1 ms past `until` so a tick exactly on it counts.
         it = croniter(self.expr, self._at(until_ms + 1))
-        return int(it.get_prev(float) * 1000)
+        t = int(it.get_prev(float) * 1000)
+        while self._repeat(t):
+            t = int(it.get_prev(float) * 1000)
+        return t
 
     def next(self, after_ms: int) -> int:
         it = croniter(self.expr, self._at(after_ms))
-        return int(it.get_next(float) * 1000)
+        t = int(it.get_next(float) * 1000)
+        while self._repeat(t):
+            t = int(it.get_next(float) * 1000)
+        return t
 
     def ticks(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
         if limit <= 0 or until_ms <= after_ms:
@@ -97,7 +114,8 @@ class Cron:
             t = int(it.get_prev(float) * 1000)
             if t <= after_ms:
                 break
-            out.append(t)
+            if not self._repeat(t):
+                out.append(t)
         out.reverse()
         return out
 

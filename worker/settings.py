@@ -11,7 +11,7 @@ import os
 import re
 import socket
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -40,16 +40,21 @@ def mask_url(url: str | None) -> str:
         return ""
     try:
         parts = urlsplit(url)
+        password = parts.password
     except ValueError:
         return "<unparseable url>"
-    if parts.password is None:
+    netloc = parts.netloc
+    if password is not None:
+        # keep the host part verbatim (IPv6 brackets, port) and mask only the userinfo
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    # redis-py also accepts the password as a query argument (?password=...)
+    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+    if netloc == parts.netloc and query == parts.query:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    if parts.netloc or url.startswith(f"{parts.scheme}://"):
+        netloc = f"//{netloc}"  # urlunsplit would drop the empty authority of unix:///path
+    tail = (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
+    return f"{parts.scheme}:{netloc}{parts.path}{tail}"
 
 
 class Settings(BaseSettings):

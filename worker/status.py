@@ -83,7 +83,7 @@ async def collect(
             {
                 "name": p.name,
                 "task": p.task,
-                "in_flight": int(await redis.hlen(keys.poll_inflight(p.name))),
+                "in_flight": await _in_flight(redis, keys, p.name),
                 "waiting": sum(s["waiting"] for s in shards),
                 "due": sum(s["due"] for s in shards),
                 "shards": shards,
@@ -113,6 +113,16 @@ async def collect(
         "initializers": initializers,
         "dead_letters": int(dead),
     }
+
+
+async def _in_flight(redis: ArqRedis, keys: K.Keys, poller: str) -> int:
+    """Items whose dispatched job still exists. The in-flight hash keeps an item's last job id
+    after that job finished, so its length counts every item ever dispatched."""
+    ids = [K.ARQ_JOB + _s(v) for v in await redis.hvals(keys.poll_inflight(poller))]
+    live = 0
+    for i in range(0, len(ids), 1000):
+        live += int(await redis.exists(*ids[i : i + 1000]))
+    return live
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:

@@ -1,0 +1,252 @@
+"""No-op job throughput: our consumer (framework defaults) vs plain arq ``Worker``.
+
+OURS: a real ``python -m worker run --role consumer`` process with the framework defaults
+(concurrency 100, poll_delay 0.05 s, msgpack, uvloop, INFO logging, heartbeat and holds
+tracking on) running ``bench.apps:noop_app`` (one no-op task).
+
+BASELINES: a child process running plain ``arq.worker.Worker`` on the default asyncio loop
+with arq's own defaults (max_jobs 10, poll_delay 0.5 s, pickle), tuned arq (max_jobs 100,
+poll_delay 0.05 s) and tuned arq on uvloop (to separate the loop from the rest). arq's logger
+is left unconfigured (no per-job lines), which favours the baseline.
+
+Each run: fresh keyspace, start the worker and wait until it polls, pre-fill N jobs due at a
+moment T0 a little ahead (so start-up and filling are not timed), then time T0 -> queue empty
+(arq removes a job from the queue when it finishes). Commands per job come from commandstats
+between T0 and the end (the harness's own ZCARD polls subtracted); CPU per job from the
+worker process (psutil) and the server (INFO cpu). Rounds are interleaved, order rotating.
+
+    python bench/consumer.py            # 20k jobs (arq defaults: 4k), 3 rounds (~4 min)
+    python bench/consumer.py --quick    # 4k jobs (arq defaults: 1k), 2 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil
+import redis as redis_sync
+
+from bench._common import (
+    child_env,
+    commandstats,
+    delta,
+    fmt_breakdown,
+    machine,
+    median,
+    print_machine,
+    python,
+    server_cpu,
+    spawn,
+    start_server,
+    table,
+    wait_until,
+)
+
+PREFIX = "bench:"
+OUR_QUEUE = f"{PREFIX}queue"
+ARQ_QUEUE = "arq:queue"
+
+# name -> (label, kind, max_jobs, poll_delay, loop)
+VARIANTS: dict[str, tuple[str, str, int, float, str]] = {
+    "ours": ("ours: consumer role, defaults (100 / 0.05 s, uvloop)", "ours", 100, 0.05, "uvloop"),
+    "arq-default": ("arq Worker, defaults (max_jobs 10, poll 0.5 s)", "arq", 10, 0.5, "asyncio"),
+    "arq-tuned": ("arq Worker, tuned (max_jobs 100, poll 0.05 s)", "arq", 100, 0.05, "asyncio"),
+    "arq-tuned-uvloop": ("arq Worker, tuned, on uvloop", "arq", 100, 0.05, "uvloop"),
+}
+
+
+# -- child: plain arq worker -------------------------------------------------------------------
+async def _noop(ctx: dict[str, Any], *args: Any) -> None:
+    return None
+
+
+def child_arq(url: str, max_jobs: int, poll_delay: float, loop: str) -> None:
+    from arq.connections import RedisSettings
+    from arq.worker import Worker, func
+
+    async def main() -> None:
+        w = Worker(
+            functions=[func(_noop, name="noop")],  # type: ignore[arg-type]
+            redis_settings=RedisSettings.from_dsn(url),
+            max_jobs=max_jobs,
+            poll_delay=poll_delay,
+        )
+        await w.async_run()
+
+    if loop == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+    else:
+        asyncio.run(main())
+
+
+# -- parent ------------------------------------------------------------------------------------
+def start_worker(name: str, url: str, logdir: Path, rnd: int) -> subprocess.Popen[bytes]:
+    _, kind, max_jobs, poll_delay, loop = VARIANTS[name]
+    log = logdir / f"{name}-{rnd}.log"
+    if kind == "ours":
+        env = child_env(
+            WORKER_REDIS_URL=url,
+            WORKER_APP="bench.apps:noop_app",
+            WORKER_KEY_PREFIX=PREFIX,
+            WORKER_HEALTH_PORT="0",
+            WORKER_DRAIN_DELAY_S="0",
+            WORKER_LOG_FORMAT="json",
+        )
+        return spawn([python(), "-m", "worker", "run", "--role", "consumer"], env, log)
+    args = [python(), __file__, "--child-arq", url, str(max_jobs), str(poll_delay), loop]
+    return spawn(args, child_env(), log)
+
+
+def health_key_exists(r: redis_sync.Redis, kind: str) -> bool:
+    if kind == "ours":
+        return any(True for _ in r.scan_iter(f"{PREFIX}arq-health:*"))
+    return bool(r.exists(f"{ARQ_QUEUE}:health-check"))
+
+
+def fill(r: redis_sync.Redis, kind: str, n: int, due_ms: int) -> None:
+    from arq.constants import expires_extra_ms, job_key_prefix
+    from arq.jobs import serialize_job
+
+    from worker.serializer import get_serializer, job_payload
+
+    ser, _ = get_serializer("msgpack")
+    queue = OUR_QUEUE if kind == "ours" else ARQ_QUEUE
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        job_id = f"j{i:07d}"
+        if kind == "ours":
+            payload = job_payload("noop", (i,), {}, due_ms, ser)
+        else:
+            payload = serialize_job("noop", (i,), {}, None, due_ms, serializer=None)
+        pipe.set(job_key_prefix + job_id, payload, px=expires_extra_ms)
+        pipe.zadd(queue, {job_id: due_ms})
+        if i % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+
+
+def run_once(name: str, url: str, n: int, logdir: Path, rnd: int) -> dict[str, Any]:
+    kind = VARIANTS[name][1]
+    queue = OUR_QUEUE if kind == "ours" else ARQ_QUEUE
+    r = redis_sync.Redis.from_url(url)
+    r.flushall()
+    proc = start_worker(name, url, logdir, rnd)
+    try:
+        wait_until(lambda: health_key_exists(r, kind), 30, f"{name} to start polling")
+        time.sleep(0.5)
+        t0_wall = time.time() + 1.0 + n / 40_000  # filling must finish before T0
+        due_ms = int(t0_wall * 1000)
+        fill(r, kind, n, due_ms)
+        if time.time() >= t0_wall:
+            raise RuntimeError("filling took longer than the lead time; raise it")
+        ps = psutil.Process(proc.pid)
+        time.sleep(max(0.0, t0_wall - time.time()))
+        before, scpu0 = commandstats(r), server_cpu(r)
+        wcpu0 = sum(ps.cpu_times()[:2])
+        t0 = time.perf_counter()
+        polls = 0
+        while r.zcard(queue):
+            polls += 1
+            time.sleep(0.01)
+            if time.perf_counter() - t0 > 600:
+                raise TimeoutError(f"{name}: queue not drained in 600 s")
+        secs = time.perf_counter() - t0
+        after, scpu1 = commandstats(r), server_cpu(r)
+        wcpu1 = sum(ps.cpu_times()[:2])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    done = sum(1 for _ in r.scan_iter("arq:result:*", count=5000))
+    r.close()
+    if done != n:
+        raise AssertionError(f"{name}: {done} results for {n} jobs (see {logdir})")
+    d = delta(after, before)
+    d["zcard"] = d.get("zcard", 0) - (polls + 1)
+    d = {k: v for k, v in d.items() if v > 0}
+    return {
+        "rate": n / secs,
+        "secs": secs,
+        "n": n,
+        "cmds": sum(d.values()) / n,
+        "worker_ms": (wcpu1 - wcpu0) / n * 1000,
+        "server_us": (scpu1 - scpu0) / n * 1e6,
+        "breakdown": d,
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child-arq":
+        _, _, url, max_jobs, poll_delay, loop = sys.argv
+        child_arq(url, int(max_jobs), float(poll_delay), loop)
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--n", type=int, help="jobs per run (20k; quick 4k)")
+    ap.add_argument("--n-default", type=int, help="jobs for arq defaults (4k; quick 1k)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (3; quick 2)")
+    args = ap.parse_args()
+    n = args.n or (4_000 if args.quick else 20_000)
+    n_default = args.n_default or (1_000 if args.quick else 4_000)
+    rounds = args.rounds or (2 if args.quick else 3)
+
+    server, url = start_server()
+    logdir = Path(tempfile.mkdtemp(prefix="bench-consumer-"))
+    try:
+        print_machine(machine(url))
+        print(f"{n} jobs per run ({n_default} for arq defaults, timer-bound), {rounds} rounds; "
+              f"logs in {logdir}")  # fmt: skip
+        results: dict[str, list[dict[str, Any]]] = {k: [] for k in VARIANTS}
+        names = list(VARIANTS)
+        for rnd in range(rounds):
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]
+            for name in order:
+                res = run_once(name, url, n_default if name == "arq-default" else n, logdir, rnd)
+                results[name].append(res)
+                print(f"round {rnd + 1} {name:16s} {res['n']:6d} jobs in {res['secs']:6.2f} s = "
+                      f"{res['rate']:7.0f} jobs/s, {res['cmds']:.1f} cmds/job, "
+                      f"worker CPU {res['worker_ms']:.3f} ms/job", flush=True)  # fmt: skip
+
+        print()
+        print("## No-op job throughput (median of rounds)")
+        ours = median([x["rate"] for x in results["ours"]])
+        rows = []
+        for name, (label, *_rest) in VARIANTS.items():
+            rs = results[name]
+            rate = median([x["rate"] for x in rs])
+            rows.append([
+                label, f"{rate:,.0f}", "1x" if name == "ours" else f"{ours / rate:.2f}x",
+                f"{median([x['cmds'] for x in rs]):.1f}",
+                f"{median([x['worker_ms'] for x in rs]):.3f}",
+                f"{median([x['server_us'] for x in rs]):.0f}",
+            ])  # fmt: skip
+        print(table(
+            ["variant", "jobs/s", "ours is", "Redis commands/job", "worker CPU ms/job",
+             "server CPU us/job"],
+            rows,
+        ))  # fmt: skip
+        for name in VARIANTS:
+            last = results[name][-1]
+            print(f"commands/job {name}: {fmt_breakdown(last['breakdown'], last['n'])}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

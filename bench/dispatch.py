@@ -1,0 +1,265 @@
+"""Poll dispatch: moving due items from a poller's shards into the arq queue.
+
+OURS: ``worker.poller.PollingScheduler.dispatch_shard`` in a loop until every shard is empty
+(one read + one fenced DISPATCH script per batch of ``batch_size`` items), with a static lock
+value set so the fence passes.
+
+BASELINE: what a naive poller would do with plain arq (a pool from ``arq.create_pool``), per
+item: ``ArqRedis.enqueue_job`` with the same job id and serializer, then ``ZREM`` the item from
+its shard, (a) one item at a time and (b) gathered 100 at a time. The naive poller reads due
+items in the same batches.
+
+All variants run in this one process on the same event loop (uvloop, as ``python -m worker``
+does; ``--loop asyncio`` to change), against a fresh keyspace each run, and rounds are
+interleaved (the order rotates) so machine drift hits all of them. The naive baselines get a
+smaller N per round because they are slow; their rate does not depend on N.
+
+    python bench/dispatch.py            # ours 200k items, baselines 20k, 3 rounds (~1.5 min)
+    python bench/dispatch.py --quick    # ours 20k, baselines 4k, 2 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis as redis_sync
+from arq.connections import ArqRedis, RedisSettings, create_pool
+
+from bench._common import (
+    commandstats,
+    delta,
+    fmt_breakdown,
+    machine,
+    median,
+    print_machine,
+    run_async,
+    server_cpu,
+    start_server,
+    table,
+)
+from worker import keys as K
+from worker.app import PollerDef
+from worker.client import connect_redis
+from worker.clock import ms
+from worker.poller import PollingScheduler
+from worker.serializer import get_serializer
+
+KEYS = K.Keys("bench:")
+LOCK_VALUE = "1:bench-static-lock"
+SERIALIZE, DESERIALIZE = get_serializer("msgpack")
+#: Commands a client sends on our path; everything else in the delta ran inside DISPATCH.
+OUR_REQUESTS = {"zrangebyscore", "evalsha", "eval", "script|load"}
+
+
+def fill(r: redis_sync.Redis, poller: PollerDef, n: int) -> None:
+    """Put n items due a second ago into the poller's shards (untimed)."""
+    r.flushall()
+    due = ms(time.time()) - 1000
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        item = f"item-{i:07d}"
+        pipe.zadd(KEYS.poll_shard(poller.name, poller.shard_of(item)), {item: due})
+        if i % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+    r.set(KEYS.leader, LOCK_VALUE)
+
+
+async def drain_ours(redis: ArqRedis, poller: PollerDef) -> None:
+    sched = PollingScheduler(
+        poller=poller, redis=redis, keys=KEYS, lock_value=lambda: LOCK_VALUE, serialize=SERIALIZE
+    )
+    for shard in range(poller.shards):
+        while await sched.dispatch_shard(shard):
+            pass
+
+
+async def drain_naive(redis: ArqRedis, poller: PollerDef, concurrency: int) -> None:
+    """Per item: arq's enqueue_job with a deterministic id, then ZREM from the shard."""
+
+    async def one(shard_key: str, item: str, score: float) -> None:
+        job_id = KEYS.poll_job_id(poller.name, item, int(score))
+        await redis.enqueue_job(poller.task, item, _job_id=job_id, _queue_name=KEYS.queue)
+        await redis.zrem(shard_key, item)
+
+    for shard in range(poller.shards):
+        key = KEYS.poll_shard(poller.name, shard)
+        while True:
+            now = ms(time.time())
+            due = await redis.zrangebyscore(
+                key, "-inf", now, start=0, num=poller.batch_size, withscores=True
+            )
+            if not due:
+                break
+            pairs = [(raw.decode(), score) for raw, score in due]
+            if concurrency == 1:
+                for item, score in pairs:
+                    await one(key, item, score)
+            else:
+                for i in range(0, len(pairs), concurrency):
+                    chunk = pairs[i : i + concurrency]
+                    await asyncio.gather(*(one(key, it, sc) for it, sc in chunk))
+
+
+VARIANTS: dict[str, tuple[str, Callable[[ArqRedis, PollerDef], Awaitable[None]]]] = {
+    "ours": ("ours: PollingScheduler.dispatch_shard (DISPATCH script per batch)", drain_ours),
+    "seq": (
+        "baseline: enqueue_job + ZREM, sequential",
+        lambda r, p: drain_naive(r, p, 1),
+    ),
+    "gather": (
+        "baseline: enqueue_job + ZREM, gathered x100",
+        lambda r, p: drain_naive(r, p, 100),
+    ),
+}
+
+
+async def run_variant(url: str, name: str, poller: PollerDef, n: int) -> dict[str, object]:
+    r = redis_sync.Redis.from_url(url)
+    fill(r, poller, n)
+    if name == "ours":  # the client the runtime builds
+        redis = connect_redis(
+            url, queue_name=KEYS.queue, serialize=SERIALIZE, deserialize=DESERIALIZE
+        )
+    else:  # what a naive poller on plain arq would use
+        redis = await create_pool(
+            RedisSettings.from_dsn(url),
+            job_serializer=SERIALIZE,
+            job_deserializer=DESERIALIZE,
+            default_queue_name=KEYS.queue,
+        )
+    await redis.ping()
+    before, scpu0 = commandstats(r), server_cpu(r)
+    c0, t0 = time.process_time(), time.perf_counter()
+    await VARIANTS[name][1](redis, poller)
+    secs, ccpu = time.perf_counter() - t0, time.process_time() - c0
+    after, scpu1 = commandstats(r), server_cpu(r)
+    queued = r.zcard(KEYS.queue)
+    left = sum(r.zcard(KEYS.poll_shard(poller.name, s)) for s in range(poller.shards))
+    inflight_key = KEYS.poll_inflight(poller.name)
+    inflight = (r.hlen(inflight_key), r.memory_usage(inflight_key) or 0)
+    await redis.aclose(close_connection_pool=True)
+    r.close()
+    if queued != n or left:
+        raise AssertionError(f"{name}: {queued} jobs queued, {left} items left (expected {n}, 0)")
+    d = delta(after, before)
+    mine = {k: v for k, v in d.items() if k in OUR_REQUESTS}
+    requests = sum(mine.values()) if name == "ours" else sum(d.values())
+    return {
+        "rate": n / secs,
+        "secs": secs,
+        "n": n,
+        "cmds": sum(d.values()) / n,
+        "reqs": requests / n,
+        "client_us": ccpu / n * 1e6,
+        "server_us": (scpu1 - scpu0) / n * 1e6,
+        "breakdown": d,
+        "inflight": inflight,
+    }
+
+
+async def _noop(ctx: dict[str, object], *args: object) -> None:
+    return None
+
+
+async def inflight_after_jobs_finish(url: str, n: int = 1000) -> str:
+    """Dispatch n items, let a plain arq worker run every job, then look at the in-flight hash."""
+    from arq.worker import Worker, func
+
+    poller = PollerDef("leakcheck", task="noop", shards=2)
+    r = redis_sync.Redis.from_url(url)
+    fill(r, poller, n)
+    redis = connect_redis(url, queue_name=KEYS.queue, serialize=SERIALIZE, deserialize=DESERIALIZE)
+    await drain_ours(redis, poller)
+    w = Worker(
+        functions=[func(_noop, name="noop")],  # type: ignore[arg-type]
+        redis_pool=redis, queue_name=KEYS.queue, burst=True, poll_delay=0.01,
+        handle_signals=False, job_serializer=SERIALIZE, job_deserializer=DESERIALIZE,
+    )  # fmt: skip
+    await w.async_run()
+    await w.close()
+    key = KEYS.poll_inflight(poller.name)
+    out = (
+        f"in-flight check: dispatched {n} items, {w.jobs_complete} jobs ran to completion "
+        f"(queue {r.zcard(KEYS.queue)}, job keys {sum(1 for _ in r.scan_iter('arq:job:*'))}); "
+        f"in-flight hash still holds {r.hlen(key)} entries ({r.memory_usage(key) or 0} bytes)"
+    )
+    r.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--n", type=int, help="items for our path per round (200k; quick 20k)")
+    ap.add_argument("--n-baseline", type=int, help="items for each baseline (20k; quick 4k)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (3; quick 2)")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=500, help="poller batch_size (default 500)")
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    args = ap.parse_args()
+    n = args.n or (20_000 if args.quick else 200_000)
+    nb = args.n_baseline or (4_000 if args.quick else 20_000)
+    rounds = args.rounds or (2 if args.quick else 3)
+    poller = PollerDef("bench", task="noop", shards=args.shards, batch_size=args.batch)
+
+    server, url = start_server()
+    try:
+        print_machine(machine(url))
+        print(f"poller: {args.shards} shards, batch_size {args.batch}; loop {args.loop}; "
+              f"ours {n} items/round, baselines {nb} items/round, {rounds} rounds")  # fmt: skip
+        results: dict[str, list[dict[str, object]]] = {k: [] for k in VARIANTS}
+        names = list(VARIANTS)
+        for rnd in range(rounds):
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]
+            for name in order:
+                res = run_async(
+                    run_variant(url, name, poller, n if name == "ours" else nb), args.loop
+                )
+                results[name].append(res)
+                print(f"round {rnd + 1} {name:6s} {res['n']:7d} items in {res['secs']:6.2f} s "
+                      f"= {res['rate']:9.0f} items/s", flush=True)  # fmt: skip
+
+        print()
+        print("## Poll dispatch (median of rounds)")
+        ours_rate = median([float(x["rate"]) for x in results["ours"]])  # type: ignore[arg-type]
+        rows = []
+        for name, (label, _) in VARIANTS.items():
+            rs = results[name]
+            rate = median([float(x["rate"]) for x in rs])  # type: ignore[arg-type]
+            rows.append([
+                label, f"{rate:,.0f}", f"{ours_rate / rate:.1f}x" if name != "ours" else "1x",
+                f"{median([float(x['reqs']) for x in rs]):.3f}",  # type: ignore[arg-type]
+                f"{median([float(x['cmds']) for x in rs]):.2f}",  # type: ignore[arg-type]
+                f"{median([float(x['client_us']) for x in rs]):.0f}",  # type: ignore[arg-type]
+                f"{median([float(x['server_us']) for x in rs]):.0f}",  # type: ignore[arg-type]
+            ])  # fmt: skip
+        print(table(
+            ["variant", "items/s", "ours is", "requests/item", "commands/item (incl. Lua)",
+             "client CPU us/item", "server CPU us/item"],
+            rows,
+        ))  # fmt: skip
+        gather = median([float(x["rate"]) for x in results["gather"]])  # type: ignore[arg-type]
+        print(f"target: >= 50,000 items/s and >= 10x gathered enqueue_job -> "
+              f"{ours_rate:,.0f}/s, {ours_rate / gather:.1f}x")  # fmt: skip
+        for name in VARIANTS:
+            last = results[name][-1]
+            print(f"commands/item {name}: "
+                  f"{fmt_breakdown(last['breakdown'], float(last['n']))}")  # type: ignore[arg-type]  # fmt: skip
+        hlen, mem = results["ours"][-1]["inflight"]  # type: ignore[misc]
+        print(f"after our last round (jobs still queued): in-flight hash holds {hlen} entries "
+              f"({mem / 1e6:.1f} MB)")  # fmt: skip
+        print(run_async(inflight_after_jobs_finish(url), args.loop))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

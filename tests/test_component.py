@@ -1,0 +1,353 @@
+"""Supervision with capped backoff, groups, loop components, and the health SLA."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from worker.clock import FakeClock
+from worker.component import (
+    Backoff,
+    Component,
+    Group,
+    Health,
+    LoopComponent,
+    supervise,
+    wait_for_event,
+)
+from worker.errors import LeadershipLost
+
+
+class RecordingBackoff(Backoff):
+    """A real Backoff that records every delay and ceiling it hands out."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.delays: list[float] = []
+        self.ceilings: list[float] = []
+
+    def next_delay(self) -> float:
+        self.ceilings.append(min(self.cap_s, self.base_s * 2**self.attempt))
+        d = super().next_delay()
+        self.delays.append(d)
+        return d
+
+
+class Flaky(Component):
+    """Fails ``failures`` times, then either finishes or waits for stop."""
+
+    name = "flaky"
+
+    def __init__(self, failures: int, then: str = "finish", clock: Any = None) -> None:
+        super().__init__(clock)
+        self.failures = failures
+        self.then = then
+        self.runs = 0
+        self.advance_per_run = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.sleep(0)  # yield, so a supervisor that loops forever fails by timeout
+        self.runs += 1
+        if self.advance_per_run:
+            self.clock.advance(self.advance_per_run)  # type: ignore[attr-defined]
+        if self.runs <= self.failures:
+            raise RuntimeError(f"boom {self.runs}")
+        if self.then == "lost":
+            raise LeadershipLost("FENCED lock moved")
+        if self.then == "wait":
+            await stop.wait()
+
+
+def test_backoff_grows_and_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = Backoff(base_s=0.01, cap_s=0.04)
+    seen: list[tuple[float, float]] = []
+    monkeypatch.setattr(
+        "worker.component.random.uniform", lambda lo, hi: seen.append((lo, hi)) or hi
+    )
+    assert [b.next_delay() for _ in range(5)] == [0.01, 0.02, 0.04, 0.04, 0.04]
+    # full jitter in [ceiling/2, ceiling]
+    assert seen[0] == (0.005, 0.01) and seen[-1] == (0.02, 0.04)
+
+
+def test_backoff_jitter_stays_in_range() -> None:
+    b = Backoff(base_s=1, cap_s=8)
+    for attempt in range(10):
+        ceiling = min(8, 2**attempt)
+        assert ceiling / 2 <= b.next_delay() <= ceiling
+
+
+async def test_supervise_restarts_with_growing_capped_backoff() -> None:
+    c = Flaky(failures=5)
+    bo = RecordingBackoff(base_s=0.001, cap_s=0.004)
+    restarts: list[tuple[Component, BaseException]] = []
+    await asyncio.wait_for(
+        supervise(
+            c, asyncio.Event(), backoff=bo, on_restart=lambda comp, e: restarts.append((comp, e))
+        ),
+        timeout=5,
+    )
+    assert c.runs == 6
+    assert bo.ceilings == [0.001, 0.002, 0.004, 0.004, 0.004]
+    assert all(ceil / 2 <= d <= ceil for d, ceil in zip(bo.delays, bo.ceilings, strict=True))
+    assert [str(e) for _, e in restarts] == [f"boom {i}" for i in range(1, 6)]
+    assert all(comp is c for comp, _ in restarts)
+    assert c.health.restarts == 5
+    assert c.health.last_error == "RuntimeError: boom 5"
+    assert c.health.state == "finished"  # returned normally after the failures
+
+
+async def test_supervise_resets_backoff_after_a_long_healthy_run() -> None:
+    clock = FakeClock()
+    c = Flaky(failures=4, clock=clock)
+    c.advance_per_run = 120.0  # each run lasted two minutes before failing
+    bo = RecordingBackoff(base_s=0.001, cap_s=0.004, reset_after_s=60)
+    await asyncio.wait_for(supervise(c, asyncio.Event(), backoff=bo), timeout=5)
+    assert bo.ceilings == [0.001] * 4
+
+
+async def test_finished_component_is_not_restarted() -> None:
+    c = Flaky(failures=0)
+    await asyncio.wait_for(supervise(c, asyncio.Event(), backoff=Backoff(0.001, 0.001)), 5)
+    assert c.runs == 1
+    assert c.health.state == "finished"
+    assert c.health.restarts == 0
+
+
+async def test_leadership_lost_is_reported_not_retried() -> None:
+    c = Flaky(failures=1, then="lost")
+    lost: list[tuple[Component, LeadershipLost]] = []
+    await asyncio.wait_for(
+        supervise(
+            c,
+            asyncio.Event(),
+            backoff=Backoff(0.001, 0.001),
+            on_leadership_lost=lambda comp, e: lost.append((comp, e)),
+        ),
+        5,
+    )
+    assert c.runs == 2  # one ordinary failure (restarted), then fenced: stop
+    assert len(lost) == 1 and lost[0][0] is c and "FENCED" in str(lost[0][1])
+    assert c.health.state == "fenced"
+    assert "FENCED" in (c.health.last_error or "")
+
+
+async def test_supervise_stops_when_asked() -> None:
+    c = Flaky(failures=0, then="wait")
+    stop = asyncio.Event()
+    task = asyncio.create_task(supervise(c, stop))
+    await asyncio.sleep(0)
+    assert c.health.state == "running"
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert c.health.state == "stopped"
+    assert c.runs == 1
+
+
+async def test_stop_during_backoff_ends_supervision_promptly() -> None:
+    c = Flaky(failures=100)
+    stop = asyncio.Event()
+    task = asyncio.create_task(supervise(c, stop, backoff=Backoff(base_s=30, cap_s=30)))
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if c.health.state == "backoff":
+            break
+    assert c.health.state == "backoff"
+    stop.set()
+    await asyncio.wait_for(task, 2)  # did not sleep out the 15-30 s backoff
+    assert c.runs == 1
+
+
+async def test_cancellation_propagates() -> None:
+    c = Flaky(failures=0, then="wait")
+    task = asyncio.create_task(supervise(c, asyncio.Event()))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert c.health.state == "stopped"
+
+
+# ---------------------------------------------------------------------------------------------
+# Group
+# ---------------------------------------------------------------------------------------------
+
+
+class Waiter(Component):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__()
+        self.started = asyncio.Event()
+        self.cleaned_up = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.started.set()
+        try:
+            await stop.wait()
+        finally:
+            self.cleaned_up = True
+
+
+class Stubborn(Component):
+    """Ignores stop and swallows cancellation until released (e.g. a shielded call)."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.cancels = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not self.release.is_set():
+            try:
+                await asyncio.shield(self.release.wait())
+            except asyncio.CancelledError:
+                self.cancels += 1
+
+
+async def test_group_start_and_stop() -> None:
+    a, b = Waiter("a"), Waiter("b")
+    g = Group("singletons", [a, b])
+    assert not g.running
+    g.start()
+    tasks = list(g._tasks)
+    g.start()  # idempotent while running
+    assert g._tasks == tasks
+    await asyncio.wait_for(asyncio.gather(a.started.wait(), b.started.wait()), 5)
+    assert g.running
+    assert {t.get_name() for t in tasks} == {"singletons:a", "singletons:b"}
+    assert await g.stop(grace_s=2) is True
+    assert not g.running
+    assert a.cleaned_up and b.cleaned_up
+    assert a.health.state == b.health.state == "stopped"
+
+    # restartable after a stop
+    a.started.clear()
+    g.start()
+    await asyncio.wait_for(a.started.wait(), 5)
+    assert await g.stop(grace_s=2) is True
+
+
+async def test_group_stop_reports_component_ignoring_cancellation() -> None:
+    s, w = Stubborn(), Waiter("w")
+    g = Group("g", [s, w])
+    g.start()
+    await asyncio.wait_for(w.started.wait(), 5)
+    assert await g.stop(grace_s=0.05) is False
+    assert s.cancels >= 1  # it was cancelled, and ignored it
+    assert w.cleaned_up
+    assert g.running
+    s.release.set()
+    await asyncio.wait_for(g.wait(), 5)
+    assert not g.running
+
+
+async def test_group_forwards_leadership_lost() -> None:
+    lost: list[str] = []
+    c = Flaky(failures=0, then="lost")
+    g = Group("g", [c], on_leadership_lost=lambda comp, e: lost.append(comp.name))
+    g.start()
+    await asyncio.wait_for(g.wait(), 5)
+    assert lost == ["flaky"]
+    assert await g.stop(1) is True
+
+
+# ---------------------------------------------------------------------------------------------
+# LoopComponent and helpers
+# ---------------------------------------------------------------------------------------------
+
+
+class Counter(LoopComponent):
+    name = "counter"
+
+    def __init__(self, stop_after: int, fail_at: int | None = None) -> None:
+        super().__init__(FakeClock())
+        self.stop_after = stop_after
+        self.fail_at = fail_at
+        self.calls: list[str] = []
+        self.stop: asyncio.Event | None = None
+
+    async def setup(self) -> None:
+        self.calls.append("setup")
+
+    async def teardown(self) -> None:
+        self.calls.append("teardown")
+
+    async def tick(self) -> float:
+        n = sum(1 for c in self.calls if c == "tick") + 1
+        self.calls.append("tick")
+        if n == self.fail_at:
+            raise RuntimeError("tick failed")
+        if n >= self.stop_after and self.stop is not None:
+            self.stop.set()
+        return 0.0
+
+
+async def test_loop_component_ticks_until_stop() -> None:
+    c = Counter(stop_after=3)
+    c.stop = asyncio.Event()
+    await asyncio.wait_for(c.run(c.stop), 5)
+    assert c.calls == ["setup", "tick", "tick", "tick", "teardown"]
+    assert c.health.iterations == 3
+    assert c.health.last_ok == c.clock.monotonic()
+
+
+async def test_loop_component_teardown_runs_on_error() -> None:
+    c = Counter(stop_after=10, fail_at=2)
+    with pytest.raises(RuntimeError):
+        await c.run(asyncio.Event())
+    assert c.calls == ["setup", "tick", "tick", "teardown"]
+    assert c.health.iterations == 1
+
+
+async def test_wait_for_event() -> None:
+    e = asyncio.Event()
+    assert await wait_for_event(e, 0.01) is False
+    assert await wait_for_event(e, -1) is False
+    e.set()
+    assert await wait_for_event(e, 100) is True
+
+
+# ---------------------------------------------------------------------------------------------
+# Health
+# ---------------------------------------------------------------------------------------------
+
+
+def test_health_overdue() -> None:
+    assert Health("x").overdue(1e9) is False  # no SLA: never overdue
+    h = Health("x", sla_s=10)
+    h.started = 100.0
+    assert h.overdue(200) is False  # idle components are not judged
+    h.state = "running"
+    assert h.overdue(110) is False
+    assert h.overdue(110.5) is True  # no iteration at all since start
+    h.ok(108)
+    assert h.iterations == 1
+    assert h.overdue(118) is False
+    assert h.overdue(118.01) is True
+    for state in ("backoff", "stopped", "finished", "fenced"):
+        h.state = state
+        assert h.overdue(1e9) is False
+    h.state = "running"
+    h.started = h.last_ok = None
+    assert h.overdue(1e9) is False
+
+
+def test_health_snapshot() -> None:
+    h = Health("x", sla_s=5, state="running", started=0.0)
+    h.extra["dispatched"] = 7
+    h.ok(2.0)
+    snap = h.snapshot(8.0)
+    assert snap == {
+        "state": "running",
+        "iterations": 1,
+        "restarts": 0,
+        "seconds_since_ok": 6.0,
+        "sla_s": 5,
+        "overdue": True,
+        "last_error": None,
+        "dispatched": 7,
+    }
+    assert Health("y").snapshot(1.0)["seconds_since_ok"] is None

@@ -1,0 +1,204 @@
+"""Job helpers: ctx.mutex, ctx.once/forget, Client.enqueue (unique keys, deferral)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis.asyncio as aioredis
+from arq.constants import expires_extra_ms
+from arq.jobs import deserialize_job
+
+from worker import keys as K
+from worker.app import App
+from worker.client import Client
+from worker.clock import FakeClock
+from worker.context import Context, JobContext
+from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.settings import Settings
+
+KEYS = K.Keys("t:")
+NOW_S = 1_700_000_000.0
+NOW = int(NOW_S * 1000)
+
+
+@pytest.fixture(params=["fake", "real"])
+async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "fake":
+        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    else:
+        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(NOW_S)
+
+
+@pytest.fixture
+def ctx(r: Any, clock: FakeClock) -> Context:
+    app = App("t")
+    app.poller("cards", task="poll")
+    return Context(
+        app=app,
+        settings=Settings.model_construct(),
+        redis=r,
+        client=Client(r, keys=KEYS, serialize=msgpack_dumps, app=app, clock=clock),
+        clock=clock,
+        instance_id="i-1",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# mutex
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_mutex_second_holder_gets_false(ctx: Context, r: Any) -> None:
+    name = KEYS.mutex("daily-reset")
+    async with ctx.mutex("daily-reset", ttl=30) as first:
+        assert first is True
+        assert 0 < await r.pttl(name) <= 30_000
+        async with ctx.mutex("daily-reset", ttl=30) as second:
+            assert second is False
+        # the loser leaving does not free the winner's mutex
+        assert await r.exists(name) == 1
+        async with ctx.mutex("monthly-reset", ttl=30) as other:
+            assert other is True  # independent keys
+    assert await r.exists(name) == 0  # released on exit
+    async with ctx.mutex("daily-reset", ttl=30) as again:
+        assert again is True
+
+
+async def test_mutex_released_when_body_raises(ctx: Context, r: Any) -> None:
+    with pytest.raises(RuntimeError):
+        async with ctx.mutex("m", ttl=30) as held:
+            assert held
+            raise RuntimeError("work failed")
+    assert await r.exists(KEYS.mutex("m")) == 0
+
+
+async def test_mutex_only_owner_releases(ctx: Context, r: Any) -> None:
+    name = KEYS.mutex("m")
+    async with ctx.mutex("m", ttl=30) as held:
+        assert held
+        # our TTL ran out and another worker took the mutex while we were still busy
+        await r.set(name, "someone-else", px=30_000)
+    assert await r.get(name) == b"someone-else"
+
+
+async def test_mutex_via_job_context(ctx: Context, r: Any) -> None:
+    job = JobContext({"job_id": "j1"}, ctx)
+    async with job.mutex("m", 5) as a, ctx.mutex("m", 5) as b:
+        assert (a, b) == (True, False)
+
+
+# ---------------------------------------------------------------------------------------------
+# once / forget
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_once_and_forget(ctx: Context, r: Any) -> None:
+    assert await ctx.once("remind:42:2024-05-01", ttl=3600) is True
+    assert 0 < await r.pttl(KEYS.once("remind:42:2024-05-01")) <= 3_600_000
+    assert await ctx.once("remind:42:2024-05-01", ttl=3600) is False
+    assert await ctx.once("remind:43:2024-05-01", ttl=3600) is True
+    await ctx.forget("remind:42:2024-05-01")
+    assert await ctx.once("remind:42:2024-05-01", ttl=3600) is True
+    job = JobContext({"job_id": "j"}, ctx)
+    assert await job.once("remind:42:2024-05-01", 3600) is False
+    await job.forget("remind:42:2024-05-01")
+    assert await job.once("remind:42:2024-05-01", 3600) is True
+
+
+# ---------------------------------------------------------------------------------------------
+# enqueue
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_enqueue_unique_key_dedups_while_job_exists(ctx: Context, r: Any) -> None:
+    jid = await ctx.enqueue("activate", 7, unique_key="activate:7")
+    assert jid == KEYS.unique_job_id("activate:7") == "t:unique:activate:7"
+    assert await ctx.enqueue("activate", 7, unique_key="activate:7") is None
+    assert await ctx.client.enqueue("activate", 8, unique_key="activate:7") is None
+    assert await r.zrange(KEYS.queue, 0, -1) == [jid.encode()]
+    job = deserialize_job(await r.get(K.ARQ_JOB + jid), deserializer=msgpack_loads)
+    assert list(job.args) == [7]  # the first payload is kept
+
+    # running: arq keeps the job key; finished: job key gone, result kept -> still deduped
+    await r.delete(K.ARQ_JOB + jid)
+    await r.zrem(KEYS.queue, jid)
+    await r.set(K.ARQ_RESULT + jid, b"result", px=60_000)
+    assert await ctx.enqueue("activate", 7, unique_key="activate:7") is None
+    # result expired: the key is free again
+    await r.delete(K.ARQ_RESULT + jid)
+    assert await ctx.enqueue("activate", 7, unique_key="activate:7") == jid
+
+
+async def test_enqueue_ids(ctx: Context, r: Any) -> None:
+    a = await ctx.enqueue("f")
+    b = await ctx.enqueue("f")
+    assert a and b and a != b and len(a) == 32
+    assert await ctx.enqueue("f", job_id="mine") == "mine"
+    assert await ctx.enqueue("f", job_id="mine") is None
+    with pytest.raises(ValueError, match="not both"):
+        await ctx.enqueue("f", unique_key="u", job_id="j")
+    assert await r.zcard(KEYS.queue) == 3
+
+
+async def test_enqueue_payload_is_arq_record(ctx: Context, r: Any) -> None:
+    jid = await ctx.enqueue("send", 1, "two", flag=True)
+    assert jid is not None
+    job = deserialize_job(await r.get(K.ARQ_JOB + jid), deserializer=msgpack_loads)
+    assert (job.function, list(job.args), job.kwargs, job.job_try) == (
+        "send",
+        [1, "two"],
+        {"flag": True},
+        None,
+    )
+    assert int(job.enqueue_time.timestamp() * 1000) == NOW
+    assert await r.zscore(KEYS.queue, jid) == NOW
+    assert 0 < await r.pttl(K.ARQ_JOB + jid) <= expires_extra_ms
+
+
+async def test_enqueue_defer_by_and_until(ctx: Context, r: Any, clock: FakeClock) -> None:
+    jid = await ctx.enqueue("later", defer_by=90)
+    assert jid is not None
+    assert await r.zscore(KEYS.queue, jid) == NOW + 90_000
+    # the job record outlives the deferral (arq: expires_extra_ms after the due time)
+    assert expires_extra_ms < await r.pttl(K.ARQ_JOB + jid) <= expires_extra_ms + 90_000
+
+    at = dt.datetime.fromtimestamp(NOW_S + 3600, dt.UTC)
+    jid2 = await ctx.enqueue("later", defer_until=at)
+    assert jid2 is not None
+    assert await r.zscore(KEYS.queue, jid2) == NOW + 3_600_000
+
+    clock.advance(5)
+    jid3 = await ctx.enqueue("now")
+    assert await r.zscore(KEYS.queue, jid3) == NOW + 5000
+
+
+# ---------------------------------------------------------------------------------------------
+# JobContext
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_job_context_attributes(ctx: Context, r: Any) -> None:
+    job = JobContext({"job_id": "j1", "job_try": 3, "redis": "arq"}, ctx, tick_ms=NOW)
+    assert job.job_id == "j1" and job.job_try == 3
+    assert job["redis"] == "arq"  # arq's ctx is still a dict
+    assert job.redis is r
+    assert job.tick == dt.datetime.fromtimestamp(NOW_S, dt.UTC)
+    assert job.state is ctx.state
+    ctx.state["db"] = "pool"
+    assert job.state["db"] == "pool"
+    plain = JobContext({"job_id": "j2"}, ctx)
+    assert plain.job_try == 1 and plain.tick is None
+    assert job.poller("cards").name == "cards"
+    jid = await job.enqueue("f", unique_key="k")
+    assert jid == KEYS.unique_job_id("k")

@@ -1,0 +1,257 @@
+"""PeriodicEnqueuer: the catch-up plan (pure) and fenced, deduplicated tick enqueueing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis.asyncio as aioredis
+from arq.jobs import deserialize_job
+
+from worker import keys as K
+from worker.app import PeriodicDef
+from worker.clock import FakeClock
+from worker.errors import LeadershipLost
+from worker.metrics import Metrics
+from worker.periodic import FIRST_RUN_LOOKBACK_MS, MAX_SLEEP_S, ON_TIME_MS, PeriodicEnqueuer
+from worker.schedule import Every
+from worker.serializer import msgpack_dumps, msgpack_loads
+
+MIN = 60_000
+T0 = 28_333_334 * MIN  # 2023-11-14T22:34:00Z, on the minute grid
+KEYS = K.Keys("t:")
+LOCK = "3:mine"
+
+
+async def job_fn(ctx: Any) -> None:
+    return None
+
+
+def pdef(catch_up: Any = "all", limit: int = 10, name: str = "job", period: int = MIN) -> Any:
+    return PeriodicDef(name, job_fn, Every(period), catch_up, limit)
+
+
+@pytest.fixture(params=["fake", "real"])
+async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "fake":
+        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    else:
+        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
+    yield client
+    await client.aclose()
+
+
+async def snapshot(r: Any) -> dict[bytes, Any]:
+    out: dict[bytes, Any] = {}
+    for k in sorted(await r.keys("*")):
+        t = (await r.type(k)).decode()
+        v = {
+            "string": lambda k: r.get(k),
+            "hash": lambda k: r.hgetall(k),
+            "zset": lambda k: r.zrange(k, 0, -1, withscores=True),
+        }[t](k)
+        out[k] = (t, await v)
+    return out
+
+
+def enqueuer(
+    r: Any,
+    jobs: list[Any],
+    clock: FakeClock,
+    lock: str | None = LOCK,
+    metrics: Metrics | None = None,
+) -> PeriodicEnqueuer:
+    return PeriodicEnqueuer(
+        jobs=jobs,
+        redis=r,
+        keys=KEYS,
+        lock_value=lambda: lock,
+        serialize=msgpack_dumps,
+        metrics=metrics,
+        clock=clock,
+    )
+
+
+def clock_at(ms: int) -> FakeClock:
+    return FakeClock(start=ms / 1000)
+
+
+async def queued(r: Any) -> list[str]:
+    return [m.decode() for m in await r.zrange(KEYS.queue, 0, -1)]
+
+
+def ids(name: str, *ticks: int) -> list[str]:
+    return [KEYS.periodic_job_id(name, t) for t in ticks]
+
+
+# ---------------------------------------------------------------------------------------------
+# plan(): pure
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def planner() -> PeriodicEnqueuer:
+    return enqueuer(fakeredis.FakeAsyncRedis(), [], FakeClock())
+
+
+def test_plan_first_run_ever(planner: PeriodicEnqueuer) -> None:
+    job = pdef()
+    assert planner.plan(job, None, T0) == ([T0], T0)
+    assert planner.plan(job, None, T0 + FIRST_RUN_LOOKBACK_MS) == ([T0], T0)
+    # a tick long past is not "just due": start from now, enqueue nothing, record it
+    assert planner.plan(job, None, T0 + FIRST_RUN_LOOKBACK_MS + 1) == ([], T0)
+    assert planner.plan(job, None, T0 + 59_999) == ([], T0)
+
+
+def test_plan_up_to_date(planner: PeriodicEnqueuer) -> None:
+    for policy in ("all", "latest", "skip"):
+        assert planner.plan(pdef(policy), T0, T0 + 59_999) == ([], T0)
+        assert planner.plan(pdef(policy), T0 + MIN, T0 + 59_999) == ([], T0 + MIN)
+
+
+def test_plan_next_tick_on_time(planner: PeriodicEnqueuer) -> None:
+    for policy in ("all", "latest", "skip"):
+        assert planner.plan(pdef(policy), T0, T0 + MIN + 10) == ([T0 + MIN], T0 + MIN)
+
+
+def test_plan_catch_up_all(planner: PeriodicEnqueuer) -> None:
+    now = T0 + 5 * MIN + 10_000
+    expected = [T0 + i * MIN for i in range(1, 6)]
+    assert planner.plan(pdef("all"), T0, now) == (expected, T0 + 5 * MIN)
+
+
+def test_plan_catch_up_all_limit_keeps_most_recent(planner: PeriodicEnqueuer) -> None:
+    now = T0 + 100 * MIN
+    ticks, advance = planner.plan(pdef("all", limit=3), T0, now)
+    assert ticks == [T0 + 98 * MIN, T0 + 99 * MIN, T0 + 100 * MIN]
+    assert advance == T0 + 100 * MIN
+
+
+def test_plan_catch_up_latest(planner: PeriodicEnqueuer) -> None:
+    now = T0 + 5 * MIN + 50_000
+    assert planner.plan(pdef("latest"), T0, now) == ([T0 + 5 * MIN], T0 + 5 * MIN)
+
+
+def test_plan_catch_up_skip(planner: PeriodicEnqueuer) -> None:
+    latest = T0 + 5 * MIN
+    assert planner.plan(pdef("skip"), T0, latest + ON_TIME_MS) == ([latest], latest)
+    # too late for the newest tick: nothing enqueued, but it is recorded as handled
+    assert planner.plan(pdef("skip"), T0, latest + ON_TIME_MS + 1) == ([], latest)
+
+
+# ---------------------------------------------------------------------------------------------
+# tick(): fenced writes, each tick once
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_tick_enqueues_each_tick_once_across_repeated_calls(r: Any) -> None:
+    await r.set(KEYS.leader, LOCK)
+    clock = clock_at(T0 + 200)
+    e = enqueuer(r, [pdef()], clock)
+    await e.tick()
+    await e.tick()
+    assert await queued(r) == ids("job", T0)
+    assert await r.hget(KEYS.periodic_state, "job") == str(T0).encode()
+
+    payload = await r.get(K.ARQ_JOB + KEYS.periodic_job_id("job", T0))
+    assert await r.pttl(K.ARQ_JOB + KEYS.periodic_job_id("job", T0)) > 0
+    record = deserialize_job(payload, deserializer=msgpack_loads)
+    assert (record.function, list(record.args), record.kwargs) == ("job", [], {})
+    assert int(record.enqueue_time.timestamp() * 1000) == T0 + 200
+
+    for _ in range(3):
+        clock.advance(15)  # within the same minute: nothing new
+        await e.tick()
+    assert await queued(r) == ids("job", T0)
+
+    clock.advance(3 * 60 - 45)  # three ticks due (leader was busy/paused): caught up in order
+    await e.tick()
+    await e.tick()
+    assert await queued(r) == ids("job", T0, T0 + MIN, T0 + 2 * MIN, T0 + 3 * MIN)
+    assert await r.hget(KEYS.periodic_state, "job") == str(T0 + 3 * MIN).encode()
+
+
+async def test_tick_several_jobs_and_policies(r: Any) -> None:
+    await r.set(KEYS.leader, LOCK)
+    await r.hset(KEYS.periodic_state, mapping={"a": T0, "l": T0, "s": T0})
+    clock = clock_at(T0 + 4 * MIN + 30_000)
+    e = enqueuer(r, [pdef("all", 2, "a"), pdef("latest", 10, "l"), pdef("skip", 10, "s")], clock)
+    await e.tick()
+    assert sorted(await queued(r)) == sorted(
+        ids("a", T0 + 3 * MIN, T0 + 4 * MIN) + ids("l", T0 + 4 * MIN)
+    )
+    # every job advanced, including the skipped one, so no tick is revisited later
+    assert await r.hgetall(KEYS.periodic_state) == {
+        n.encode(): str(T0 + 4 * MIN).encode() for n in ("a", "l", "s")
+    }
+
+
+async def test_two_enqueuers_split_brain_never_duplicate(r: Any) -> None:
+    """Two leaders overlapping with the same lock value (a paused leader waking up)."""
+    await r.set(KEYS.leader, LOCK)
+    m_a, m_b = Metrics(), Metrics()
+    ca, cb = clock_at(T0 + 100), clock_at(T0 + 900)  # their clocks disagree a little
+    a = enqueuer(r, [pdef(limit=100)], ca, metrics=m_a)
+    b = enqueuer(r, [pdef(limit=100)], cb, metrics=m_b)
+    for _ in range(10):
+        await a.tick()
+        await b.tick()
+        ca.advance(37)
+        cb.advance(41)
+        await b.tick()
+        await a.tick()
+    ticks = sorted(int(i.rsplit(":", 1)[1]) for i in await queued(r))
+    assert ticks == list(range(T0, ticks[-1] + 1, MIN))  # each tick exactly once, no gaps
+    assert len(ticks) >= 6
+
+    # B wakes with a stale view and replays ticks A already enqueued: refused by the script
+    await b._enqueue(pdef(), ticks, ticks[-1], ticks[-1])
+    # even with the schedule state lost, the job keys still dedupe
+    await r.delete(KEYS.periodic_state)
+    await b._enqueue(pdef(), ticks, ticks[-1], ticks[-1])
+    assert sorted(int(i.rsplit(":", 1)[1]) for i in await queued(r)) == ticks
+
+    def count(m: Metrics, outcome: str) -> float:
+        return (
+            m.registry.get_sample_value(
+                "worker_periodic_ticks_total", {"job": "job", "outcome": outcome}
+            )
+            or 0.0
+        )
+
+    assert count(m_a, "enqueued") + count(m_b, "enqueued") == len(ticks)
+    assert count(m_b, "skipped") >= len(ticks)
+    assert count(m_b, "deduplicated") >= len(ticks)
+
+
+@pytest.mark.parametrize("lock_in_redis", [None, "3:other", "4:mine"])
+async def test_wrong_lock_raises_and_writes_nothing(r: Any, lock_in_redis: str | None) -> None:
+    if lock_in_redis is not None:
+        await r.set(KEYS.leader, lock_in_redis)
+    await r.hset(KEYS.periodic_state, "job", T0 - 10 * MIN)
+    e = enqueuer(r, [pdef()], clock_at(T0 + 100))
+    before = await snapshot(r)
+    with pytest.raises(LeadershipLost, match="FENCED"):
+        await e.tick()
+    assert await snapshot(r) == before
+
+
+async def test_not_leading_raises_before_touching_redis(r: Any) -> None:
+    e = enqueuer(r, [pdef()], clock_at(T0 + 100), lock=None)
+    with pytest.raises(LeadershipLost):
+        await e.tick()
+    assert await r.keys("*") == []
+
+
+async def test_tick_returns_time_to_next_due_tick_capped() -> None:
+    r = fakeredis.FakeAsyncRedis()
+    await r.set(KEYS.leader, LOCK)
+    clock = clock_at(T0 + 200)
+    e = enqueuer(r, [pdef(period=1000)], clock)
+    assert await e.tick() == pytest.approx(0.8)
+    e = enqueuer(r, [pdef(name="slow", period=MIN)], clock)
+    assert await e.tick() == MAX_SLEEP_S
+    assert await enqueuer(r, [], clock).tick() == 60.0
+    await r.aclose()

@@ -1,0 +1,585 @@
+"""Every Lua script in worker/keys.py, against fakeredis AND the real server.
+
+Each test runs twice (``r`` is parametrized): fakeredis's Lua emulation and the real engine must
+agree, because unit tests of the components run on fakeredis while production runs the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import fakeredis
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from worker import keys as K
+
+KEYS = K.Keys("t:")
+MINE = "7:mine"
+T = 1_700_000_000_000  # a realistic epoch-ms value (exercises integer formatting in Lua)
+JOB_TTL = 60_000
+
+
+@pytest.fixture(params=["fake", "real"])
+async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "fake":
+        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    else:
+        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
+    yield client
+    await client.aclose()
+
+
+async def run(r: Any, script: str, keys: list[str], args: list[Any]) -> Any:
+    return await r.eval(script, len(keys), *keys, *args)
+
+
+async def snapshot(r: Any) -> dict[bytes, Any]:
+    """Every key with its type, full content and whether it has an expiry."""
+    out: dict[bytes, Any] = {}
+    for k in sorted(await r.keys("*")):
+        t = (await r.type(k)).decode()
+        if t == "string":
+            v: Any = await r.get(k)
+        elif t == "hash":
+            v = await r.hgetall(k)
+        elif t == "zset":
+            v = await r.zrange(k, 0, -1, withscores=True)
+        elif t == "set":
+            v = sorted(await r.smembers(k))
+        elif t == "list":
+            v = await r.lrange(k, 0, -1)
+        else:  # pragma: no cover - scripts only use the types above
+            raise AssertionError(f"unexpected type {t}")
+        out[k] = (t, v, await r.pttl(k) > 0)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Leadership scripts
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_acquire_increments_epoch_and_sets_ttl(r: Any) -> None:
+    v = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokA", 5000])
+    assert v == b"1:tokA"
+    assert await r.get(KEYS.leader) == b"1:tokA"
+    assert 0 < await r.pttl(KEYS.leader) <= 5000
+    assert await r.get(KEYS.leader_epoch) == b"1"
+
+    await r.delete(KEYS.leader)
+    v2 = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokB", 5000])
+    assert v2 == b"2:tokB"
+
+
+async def test_acquire_refuses_held_lock_without_touching_it(r: Any) -> None:
+    await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokA", 5000])
+    before = await snapshot(r)
+    v = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokB", 5000])
+    assert v is None
+    assert await snapshot(r) == before  # lock kept, epoch NOT incremented by a failed campaign
+    assert await r.get(KEYS.leader_epoch) == b"1"
+
+
+async def test_renew_replaces_ttl_not_adds(r: Any) -> None:
+    await r.set(KEYS.leader, MINE, px=5000)
+    assert await run(r, K.RENEW, [KEYS.leader], [MINE, 3000]) == 1
+    # adding would give ~8000 ms; replacing gives at most 3000
+    assert 0 < await r.pttl(KEYS.leader) <= 3000
+    assert await run(r, K.RENEW, [KEYS.leader], [MINE, 20_000]) == 1
+    assert 10_000 < await r.pttl(KEYS.leader) <= 20_000
+
+
+@pytest.mark.parametrize("caller", ["7:other", "8:mine", "7:min", "7:mine "])
+async def test_renew_refuses_any_other_value(r: Any, caller: str) -> None:
+    await r.set(KEYS.leader, MINE, px=5000)
+    assert await run(r, K.RENEW, [KEYS.leader], [caller, 60_000]) == 0
+    assert await r.get(KEYS.leader) == MINE.encode()
+    assert 0 < await r.pttl(KEYS.leader) <= 5000  # TTL untouched
+
+
+async def test_renew_of_absent_lock_creates_nothing(r: Any) -> None:
+    assert await run(r, K.RENEW, [KEYS.leader], [MINE, 5000]) == 0
+    assert await r.exists(KEYS.leader) == 0
+
+
+async def _subscribe(r: Any) -> Any:
+    p = r.pubsub(ignore_subscribe_messages=True)
+    await p.subscribe(KEYS.leader_channel)
+    # consume the subscribe confirmation so the next message is a published one
+    for _ in range(50):
+        if await r.pubsub_numsub(KEYS.leader_channel) == [(KEYS.leader_channel.encode(), 1)]:
+            break
+        await asyncio.sleep(0.01)
+    return p
+
+
+async def _next_message(p: Any, within: float) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        msg = await p.get_message(ignore_subscribe_messages=True, timeout=0.05)
+        if msg is not None:
+            return msg
+    return None
+
+
+async def test_release_compares_whole_value_and_publishes(r: Any) -> None:
+    await r.set(KEYS.leader, MINE, px=5000)
+    p = await _subscribe(r)
+    try:
+        for wrong in ("7:other", "8:mine", "7:min"):
+            assert await run(r, K.RELEASE, [KEYS.leader], [wrong, KEYS.leader_channel]) == 0
+        assert await r.get(KEYS.leader) == MINE.encode()
+        assert await _next_message(p, 0.2) is None  # a refused release announces nothing
+
+        assert await run(r, K.RELEASE, [KEYS.leader], [MINE, KEYS.leader_channel]) == 1
+        assert await r.exists(KEYS.leader) == 0
+        msg = await _next_message(p, 5.0)
+        assert msg is not None
+        assert msg["type"] == "message"
+        assert msg["channel"] == KEYS.leader_channel.encode()
+        assert msg["data"] == MINE.encode()
+    finally:
+        await p.aclose()
+
+
+async def test_claim_static_takes_lock_unconditionally_without_expiry(r: Any) -> None:
+    await r.set(KEYS.leader, "3:someone", px=5000)
+    await r.set(KEYS.leader_epoch, 3)
+    v = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok"])
+    assert v == b"4:tok"
+    assert await r.get(KEYS.leader) == b"4:tok"
+    assert await r.pttl(KEYS.leader) == -1
+    v2 = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok"])
+    assert v2 == b"5:tok"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fencing: every fenced script refuses and writes nothing when the lock is not the caller's
+# ---------------------------------------------------------------------------------------------
+
+Setup = Callable[[Any], Awaitable[None]]
+
+
+async def _seed_nothing(r: Any) -> None:
+    return None
+
+
+async def _seed_dispatch(r: Any) -> None:
+    await r.zadd(KEYS.poll_shard("p", 0), {"a": T - 1})
+
+
+async def _seed_checkpoint(r: Any) -> None:
+    await r.hset(
+        KEYS.init_state("i"),
+        mapping={"version": "v1", "cursor": "", "batches": 0, "items": 0, "done": 0},
+    )
+
+
+async def _seed_reap(r: Any) -> None:
+    await r.zadd(KEYS.queue, {"j1": T})
+    await r.sadd(KEYS.holds("dead"), "j1")
+    await r.set(K.ARQ_IN_PROGRESS + "j1", b"1", px=JOB_TTL)
+    await r.zadd(KEYS.instances, {"dead": 1000})
+
+
+FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
+    "ENQUEUE_TICKS": (
+        K.ENQUEUE_TICKS,
+        _seed_nothing,
+        [KEYS.leader, KEYS.periodic_state, KEYS.queue],
+        ["job", K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, T, KEYS.periodic_job_id("job", T), b"p"],
+    ),
+    "DISPATCH": (
+        K.DISPATCH,
+        _seed_dispatch,
+        [KEYS.leader, KEYS.poll_inflight("p"), KEYS.queue, KEYS.poll_shard("p", 0)],
+        [K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, 1000, "a", "id-a", b"p"],
+    ),
+    "INIT_BEGIN": (
+        K.INIT_BEGIN,
+        _seed_nothing,
+        [KEYS.leader, KEYS.init_state("i")],
+        ["v1", T, 7],
+    ),
+    "CHECKPOINT": (
+        K.CHECKPOINT,
+        _seed_checkpoint,
+        [KEYS.leader, KEYS.init_state("i"), KEYS.poll_shard("p", 0)],
+        ["v1", "", "c1", "1", T, 3, T, "a"],
+    ),
+    "REAP": (
+        K.REAP,
+        _seed_reap,
+        [KEYS.leader, KEYS.queue, KEYS.holds("dead"), KEYS.instances],
+        [K.ARQ_IN_PROGRESS, "dead", 1000],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FENCED))
+async def test_fenced_script_writes_with_the_right_lock(r: Any, name: str) -> None:
+    """Positive control: the same call the refusal tests make does write when allowed."""
+    script, seed, keys, args = FENCED[name]
+    await seed(r)
+    await r.set(KEYS.leader, MINE)
+    before = await snapshot(r)
+    await run(r, script, keys, [MINE, *args])
+    assert await snapshot(r) != before
+
+
+@pytest.mark.parametrize("name", sorted(FENCED))
+@pytest.mark.parametrize("lock", [None, "7:other", "8:mine", "7:mine-longer", "7:min"])
+async def test_fenced_script_refuses_and_writes_nothing(
+    r: Any, name: str, lock: str | None
+) -> None:
+    script, seed, keys, args = FENCED[name]
+    await seed(r)
+    if lock is not None:
+        await r.set(KEYS.leader, lock)
+    before = await snapshot(r)
+    with pytest.raises(ResponseError, match=rf"^{K.FENCE_ERROR}\b"):
+        await run(r, script, keys, [MINE, *args])
+    assert await snapshot(r) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# ENQUEUE_TICKS
+# ---------------------------------------------------------------------------------------------
+
+
+def _ticks_args(name: str, advance: int, ticks: list[int]) -> list[Any]:
+    args: list[Any] = [MINE, name, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, advance]
+    for t in ticks:
+        args += [t, KEYS.periodic_job_id(name, t), f"payload-{t}".encode()]
+    return args
+
+
+async def _enqueue_ticks(r: Any, name: str, advance: int, ticks: list[int]) -> list[int]:
+    keys = [KEYS.leader, KEYS.periodic_state, KEYS.queue]
+    return list(await run(r, K.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks)))
+
+
+async def test_enqueue_ticks_writes_jobs_queue_and_state(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    ticks = [T, T + 60_000, T + 120_000]
+    assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [3, 0, 0]
+    for t in ticks:
+        jid = KEYS.periodic_job_id("job", t)
+        assert await r.get(K.ARQ_JOB + jid) == f"payload-{t}".encode()
+        assert 0 < await r.pttl(K.ARQ_JOB + jid) <= JOB_TTL
+        assert await r.zscore(KEYS.queue, jid) == t
+    assert await r.zcard(KEYS.queue) == 3
+    assert await r.hget(KEYS.periodic_state, "job") == str(ticks[-1]).encode()
+
+
+async def test_enqueue_ticks_skips_ticks_at_or_before_last(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    ticks = [T, T + 60_000]
+    await _enqueue_ticks(r, "job", ticks[-1], ticks)
+    await r.delete(*(K.ARQ_JOB + KEYS.periodic_job_id("job", t) for t in ticks))
+    await r.delete(KEYS.queue)
+    # the jobs are gone (ran and expired), but the recorded last tick still refuses them
+    assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [0, 0, 2]
+    assert await r.zcard(KEYS.queue) == 0
+    # a later tick still goes through; the earlier ones count as skipped
+    later = [*ticks, T + 120_000]
+    assert await _enqueue_ticks(r, "job", later[-1], later) == [1, 0, 2]
+
+
+async def test_enqueue_ticks_dedups_when_job_or_result_exists(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    t1, t2, t3 = T, T + 60_000, T + 120_000
+    await r.set(K.ARQ_JOB + KEYS.periodic_job_id("job", t1), b"theirs")
+    await r.set(K.ARQ_RESULT + KEYS.periodic_job_id("job", t2), b"done")
+    assert await _enqueue_ticks(r, "job", t3, [t1, t2, t3]) == [1, 2, 0]
+    assert await r.get(K.ARQ_JOB + KEYS.periodic_job_id("job", t1)) == b"theirs"  # untouched
+    assert await r.exists(K.ARQ_JOB + KEYS.periodic_job_id("job", t2)) == 0
+    assert await r.zrange(KEYS.queue, 0, -1) == [KEYS.periodic_job_id("job", t3).encode()]
+    assert await r.hget(KEYS.periodic_state, "job") == str(t3).encode()
+
+
+async def test_enqueue_ticks_records_advance_even_without_ticks(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    assert await _enqueue_ticks(r, "job", T, []) == [0, 0, 0]
+    assert await r.hget(KEYS.periodic_state, "job") == str(T).encode()
+    assert await r.zcard(KEYS.queue) == 0
+    # never moves backwards
+    assert await _enqueue_ticks(r, "job", T - 60_000, []) == [0, 0, 0]
+    assert await r.hget(KEYS.periodic_state, "job") == str(T).encode()
+    # other jobs have their own entry
+    await _enqueue_ticks(r, "other", T - 5, [])
+    assert await r.hgetall(KEYS.periodic_state) == {
+        b"job": str(T).encode(),
+        b"other": str(T - 5).encode(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# DISPATCH
+# ---------------------------------------------------------------------------------------------
+
+SHARD = KEYS.poll_shard("p", 0)
+INFLIGHT = KEYS.poll_inflight("p")
+
+
+async def _dispatch(r: Any, now: int, items: list[tuple[str, str]], defer: int = 1000) -> list[int]:
+    keys = [KEYS.leader, INFLIGHT, KEYS.queue, SHARD]
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer]
+    for item, jid in items:
+        args += [item, jid, f"job-for-{item}".encode()]
+    return list(await run(r, K.DISPATCH, keys, args))
+
+
+async def test_dispatch_moves_due_items_and_counts_gone(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    await r.zadd(SHARD, {"a": T - 1000, "b": T, "c": T + 1})
+    res = await _dispatch(r, T, [("a", "id-a"), ("b", "id-b"), ("c", "id-c"), ("d", "id-d")])
+    assert res == [2, 0, 0, 2]  # c not due, d no longer in the shard
+    assert await r.zrange(SHARD, 0, -1) == [b"c"]
+    for item in ("a", "b"):
+        assert await r.get(K.ARQ_JOB + f"id-{item}") == f"job-for-{item}".encode()
+        assert 0 < await r.pttl(K.ARQ_JOB + f"id-{item}") <= JOB_TTL
+        assert await r.zscore(KEYS.queue, f"id-{item}") == T
+    assert await r.exists(K.ARQ_JOB + "id-c", K.ARQ_JOB + "id-d") == 0
+    assert await r.hgetall(INFLIGHT) == {b"a": b"id-a", b"b": b"id-b"}
+
+
+async def test_dispatch_pushes_back_item_still_in_flight(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    await r.zadd(SHARD, {"a": T})
+    await r.hset(INFLIGHT, "a", "id-old")
+    await r.set(K.ARQ_JOB + "id-old", b"running")
+    assert await _dispatch(r, T, [("a", "id-new")], defer=2500) == [0, 1, 0, 0]
+    assert await r.zscore(SHARD, "a") == T + 2500
+    assert await r.exists(K.ARQ_JOB + "id-new") == 0
+    assert await r.zcard(KEYS.queue) == 0
+    assert await r.hget(INFLIGHT, "a") == b"id-old"
+
+    # once the previous job is gone (finished), the item is dispatched again
+    await r.delete(K.ARQ_JOB + "id-old")
+    assert await _dispatch(r, T + 2500, [("a", "id-new")]) == [1, 0, 0, 0]
+    assert await r.hget(INFLIGHT, "a") == b"id-new"
+    assert await r.zcard(SHARD) == 0
+
+
+@pytest.mark.parametrize("existing", [K.ARQ_JOB, K.ARQ_RESULT])
+async def test_dispatch_duplicate_id_is_not_enqueued_again(r: Any, existing: str) -> None:
+    await r.set(KEYS.leader, MINE)
+    await r.zadd(SHARD, {"a": T})
+    await r.set(existing + "id-a", b"theirs")
+    assert await _dispatch(r, T, [("a", "id-a")]) == [0, 0, 1, 0]
+    assert await r.get(existing + "id-a") == b"theirs"
+    assert await r.zcard(KEYS.queue) == 0
+    assert await r.zcard(SHARD) == 0  # consumed: that due instance was already enqueued
+
+
+# ---------------------------------------------------------------------------------------------
+# INIT_BEGIN / CHECKPOINT
+# ---------------------------------------------------------------------------------------------
+
+STATE = KEYS.init_state("i")
+
+
+async def _begin(r: Any, version: str, now: int = T, epoch: int = 7) -> list[bytes]:
+    return list(await run(r, K.INIT_BEGIN, [KEYS.leader, STATE], [MINE, version, now, epoch]))
+
+
+async def _checkpoint(
+    r: Any,
+    version: str,
+    cursor: str,
+    nxt: str,
+    items: list[tuple[int, int, str]],
+    *,
+    last: bool = False,
+    shards: int = 2,
+) -> list[int]:
+    keys = [KEYS.leader, STATE, *(KEYS.poll_shard("p", s) for s in range(shards))]
+    args: list[Any] = [MINE, version, cursor, nxt, "1" if last else "0", T + 5]
+    for shard, due, item in items:
+        args += [shard + 3, due, item]
+    return list(await run(r, K.CHECKPOINT, keys, args))
+
+
+async def test_init_begin_fresh_then_resume_same_version(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    assert await _begin(r, "v1") == [b"0", b"", b"0", b"0"]
+    st = await r.hgetall(STATE)
+    assert st[b"version"] == b"v1"
+    assert st[b"started_ms"] == str(T).encode()
+    assert st[b"epoch"] == b"7"
+
+    assert await _checkpoint(r, "v1", "", "c1", [(0, 10, "x"), (1, 20, "y")]) == [2, 1]
+    assert await _begin(r, "v1", now=T + 99, epoch=8) == [b"0", b"c1", b"1", b"2"]
+    st = await r.hgetall(STATE)
+    assert st[b"started_ms"] == str(T).encode()  # a resume is not a restart
+    assert st[b"resumed_ms"] == str(T + 99).encode()
+    assert st[b"epoch"] == b"8"
+
+
+async def test_init_begin_new_version_resets_state(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    await _begin(r, "v1")
+    await _checkpoint(r, "v1", "", "c1", [(0, 10, "x")], last=True)
+    assert await _begin(r, "v1") == [b"1", b"c1", b"1", b"1"]
+
+    assert await _begin(r, "v2", now=T + 1) == [b"0", b"", b"0", b"0"]
+    st = await r.hgetall(STATE)
+    assert st[b"version"] == b"v2"
+    assert st[b"started_ms"] == str(T + 1).encode()
+    assert b"finished_ms" not in st
+    assert b"updated_ms" not in st
+
+
+async def test_checkpoint_zadd_nx_counts_and_done_flag(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    await _begin(r, "v1")
+    await r.zadd(KEYS.poll_shard("p", 0), {"x": 999})  # already scheduled elsewhere
+    assert await _checkpoint(r, "v1", "", "c1", [(0, 10, "x"), (0, 11, "y"), (1, 12, "z")]) == [
+        2,
+        1,
+    ]
+    assert await r.zscore(KEYS.poll_shard("p", 0), "x") == 999  # NX: existing score kept
+    assert await r.zscore(KEYS.poll_shard("p", 0), "y") == 11
+    assert await r.zscore(KEYS.poll_shard("p", 1), "z") == 12
+    st = await r.hgetall(STATE)
+    assert (st[b"cursor"], st[b"items"], st[b"batches"], st[b"done"]) == (b"c1", b"2", b"1", b"0")
+
+    assert await _checkpoint(r, "v1", "c1", "c2", [(1, 13, "w")], last=True) == [1, 2]
+    st = await r.hgetall(STATE)
+    assert (st[b"cursor"], st[b"items"], st[b"batches"], st[b"done"]) == (b"c2", b"3", b"2", b"1")
+    assert st[b"finished_ms"] == str(T + 5).encode()
+
+
+@pytest.mark.parametrize(("version", "cursor"), [("v1", "stale"), ("v1", ""), ("v0", "c1")])
+async def test_checkpoint_cursor_compare_and_set(r: Any, version: str, cursor: str) -> None:
+    await r.set(KEYS.leader, MINE)
+    await _begin(r, "v1")
+    await _checkpoint(r, "v1", "", "c1", [(0, 10, "x")])
+    before = await snapshot(r)
+    with pytest.raises(ResponseError, match=r"^CURSOR\b"):
+        await _checkpoint(r, version, cursor, "c2", [(0, 10, "new")])
+    assert await snapshot(r) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# REAP
+# ---------------------------------------------------------------------------------------------
+
+
+async def _reap(r: Any, instance: str, judged: int) -> int:
+    keys = [KEYS.leader, KEYS.queue, KEYS.holds(instance), KEYS.instances]
+    return int(await run(r, K.REAP, keys, [MINE, K.ARQ_IN_PROGRESS, instance, judged]))
+
+
+async def test_reap_releases_only_jobs_still_queued(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    await r.zadd(KEYS.queue, {"queued-1": T, "queued-2": T})
+    await r.sadd(KEYS.holds("dead"), "queued-1", "queued-2", "finished")
+    for jid in ("queued-1", "queued-2", "finished", "someone-elses"):
+        await r.set(K.ARQ_IN_PROGRESS + jid, b"1", px=JOB_TTL)
+    await r.zadd(KEYS.instances, {"dead": 1000, "alive": 5000})
+    await r.sadd(KEYS.holds("alive"), "someone-elses")
+
+    assert await _reap(r, "dead", 1000) == 2
+    assert await r.exists(K.ARQ_IN_PROGRESS + "queued-1", K.ARQ_IN_PROGRESS + "queued-2") == 0
+    # a job no longer in the queue (finished/being finished) keeps its marker
+    assert await r.exists(K.ARQ_IN_PROGRESS + "finished") == 1
+    assert await r.exists(K.ARQ_IN_PROGRESS + "someone-elses") == 1
+    assert await r.exists(KEYS.holds("dead")) == 0
+    assert await r.zrange(KEYS.instances, 0, -1) == [b"alive"]
+    assert await r.smembers(KEYS.holds("alive")) == {b"someone-elses"}
+    assert await r.zcard(KEYS.queue) == 2  # jobs stay queued; only the marker goes
+
+
+async def test_reap_refuses_when_heartbeat_is_newer(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    await _seed_reap(r)
+    await r.zadd(KEYS.instances, {"dead": 2000})  # heartbeated after the caller looked
+    before = await snapshot(r)
+    assert await _reap(r, "dead", 1000) == -1
+    assert await snapshot(r) == before
+
+
+async def test_reap_of_instance_missing_from_registry(r: Any) -> None:
+    await r.set(KEYS.leader, MINE)
+    await _seed_reap(r)
+    await r.zrem(KEYS.instances, "dead")
+    assert await _reap(r, "dead", 1000) == 1
+    assert await r.exists(KEYS.holds("dead")) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Unfenced helpers
+# ---------------------------------------------------------------------------------------------
+
+
+async def _unique(r: Any, jid: str, score: int, payload: bytes) -> int:
+    return int(
+        await run(
+            r,
+            K.UNIQUE_ENQUEUE,
+            [KEYS.queue],
+            [jid, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, score, payload],
+        )
+    )
+
+
+async def test_unique_enqueue(r: Any) -> None:
+    assert await _unique(r, "j", T, b"first") == 1
+    assert await r.get(K.ARQ_JOB + "j") == b"first"
+    assert 0 < await r.pttl(K.ARQ_JOB + "j") <= JOB_TTL
+    assert await r.zscore(KEYS.queue, "j") == T
+    assert await _unique(r, "j", T + 5, b"second") == 0
+    assert await r.get(K.ARQ_JOB + "j") == b"first"
+    assert await r.zscore(KEYS.queue, "j") == T
+
+    await r.set(K.ARQ_RESULT + "k", b"result")
+    assert await _unique(r, "k", T, b"x") == 0
+    assert await r.exists(K.ARQ_JOB + "k") == 0
+    assert await r.zscore(KEYS.queue, "k") is None
+
+
+async def test_mutex_release_only_by_owner(r: Any) -> None:
+    name = KEYS.mutex("m")
+    assert await run(r, K.MUTEX_RELEASE, [name], ["tok"]) == 0  # absent
+    await r.set(name, "tok", px=5000)
+    assert await run(r, K.MUTEX_RELEASE, [name], ["other"]) == 0
+    assert await run(r, K.MUTEX_RELEASE, [name], ["to"]) == 0
+    assert await r.get(name) == b"tok"
+    assert await run(r, K.MUTEX_RELEASE, [name], ["tok"]) == 1
+    assert await r.exists(name) == 0
+
+
+def test_keys_live_under_the_prefix() -> None:
+    k = K.Keys("app1:")
+    names = [
+        k.queue,
+        k.leader,
+        k.leader_epoch,
+        k.leader_channel,
+        k.periodic_state,
+        k.periodic_job_id("j", 1),
+        k.poll_shard("p", 0),
+        k.poll_inflight("p"),
+        k.poll_job_id("p", "i", 1),
+        k.init_state("i"),
+        k.instances,
+        k.instance("x"),
+        k.holds("x"),
+        k.arq_health("x"),
+        k.mutex("m"),
+        k.once("o"),
+        k.unique_job_id("u"),
+        k.dead,
+        k.dead_jobs,
+    ]
+    assert all(n.startswith("app1:") for n in names)
+    assert len(set(names)) == len(names)
+    # one poller's keys share a Redis Cluster hash tag
+    assert "{p}" in k.poll_shard("p", 3) and "{p}" in k.poll_inflight("p")

@@ -1,0 +1,156 @@
+"""Serializers keep arq's job record format; msgpack is the default, pickle warns."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from arq.jobs import deserialize_job, deserialize_result, serialize_job, serialize_result
+
+from worker.serializer import (
+    PickleWarning,
+    get_serializer,
+    job_payload,
+    json_loads,
+    msgpack_dumps,
+    msgpack_loads,
+)
+
+ET = 1_700_000_000_123
+AWARE = dt.datetime(2024, 5, 1, 12, 30, 45, 123456, tzinfo=dt.UTC)
+SHANGHAI = dt.datetime(2024, 5, 1, 20, 30, tzinfo=dt.timezone(dt.timedelta(hours=8)))
+NAIVE = dt.datetime(2024, 5, 1, 12, 30)
+
+
+@pytest.mark.parametrize("name", ["msgpack", "json"])
+def test_job_record_round_trip(name: Any) -> None:
+    ser, de = get_serializer(name)
+    args = (1, "two", [3, 4], {"five": 6.5}, None, True)
+    kwargs = {"x": "y", "nested": {"a": [1, 2]}}
+    raw = serialize_job("send_receipt", args, kwargs, 2, ET, serializer=ser)
+    job = deserialize_job(raw, deserializer=de)
+    assert job.function == "send_receipt"
+    assert tuple(job.args) == args
+    assert job.kwargs == kwargs
+    assert job.job_try == 2
+    assert int(job.enqueue_time.timestamp() * 1000) == ET
+
+
+def test_msgpack_keeps_datetimes_and_dates_exactly() -> None:
+    ser, de = get_serializer("msgpack")
+    values = [AWARE, SHANGHAI, NAIVE, dt.date(2024, 2, 29)]
+    raw = serialize_job("f", tuple(values), {"at": AWARE}, None, ET, serializer=ser)
+    job = deserialize_job(raw, deserializer=de)
+    assert list(job.args) == values
+    assert job.args[1].utcoffset() == dt.timedelta(hours=8)
+    assert job.args[2].tzinfo is None
+    assert type(job.args[3]) is dt.date
+    assert job.kwargs == {"at": AWARE}
+
+
+def test_json_turns_datetimes_into_iso_strings() -> None:
+    ser, de = get_serializer("json")
+    raw = serialize_job("f", (AWARE, dt.date(2024, 2, 29)), {}, None, ET, serializer=ser)
+    job = deserialize_job(raw, deserializer=de)
+    assert list(job.args) == [AWARE.isoformat(), "2024-02-29"]
+    assert dt.datetime.fromisoformat(job.args[0]) == AWARE
+
+
+@pytest.mark.parametrize("name", ["msgpack", "json"])
+def test_common_result_values(name: Any) -> None:
+    ser, de = get_serializer(name)
+    u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    data = {"u": u, "d": Decimal("1.10"), "s": {3}, "t": (1, 2), "td": dt.timedelta(minutes=1)}
+    assert de(ser(data)) == {"u": str(u), "d": "1.10", "s": [3], "t": [1, 2], "td": 60.0}
+
+
+@pytest.mark.parametrize("name", ["msgpack", "json"])
+def test_exception_result_round_trips_through_arq(name: Any) -> None:
+    ser, de = get_serializer(name)
+    raw = serialize_result(
+        "f",
+        (1,),
+        {},
+        3,
+        ET,
+        False,
+        ValueError("boom"),
+        ET + 10,
+        ET + 20,
+        "ref",
+        "q",
+        "jid",
+        serializer=ser,
+    )
+    assert raw is not None
+    res = deserialize_result(raw, deserializer=de)
+    assert res.success is False
+    assert res.result == {"error": "ValueError", "message": "boom"}
+    assert (res.function, res.job_try, res.job_id, res.queue_name) == ("f", 3, "jid", "q")
+
+
+@pytest.mark.parametrize("name", ["msgpack", "json"])
+def test_unserializable_value_raises_type_error(name: Any) -> None:
+    ser, _ = get_serializer(name)
+    with pytest.raises(TypeError, match="object"):
+        ser({"x": object()})
+
+
+def test_deserializers_reject_non_maps() -> None:
+    with pytest.raises(ValueError):
+        msgpack_loads(b"\x93\x01\x02\x03")  # msgpack [1, 2, 3]
+    with pytest.raises(ValueError):
+        json_loads(b"[1, 2, 3]")
+
+
+def test_unknown_msgpack_ext_type_is_kept_opaque() -> None:
+    import msgpack
+
+    raw = msgpack.packb({"x": msgpack.ExtType(42, b"zz")})
+    assert msgpack_loads(raw) == {"x": msgpack.ExtType(42, b"zz")}
+
+
+def test_pickle_is_opt_in_and_warns() -> None:
+    with pytest.warns(PickleWarning, match="runs code"):
+        ser, de = get_serializer("pickle")
+    raw = serialize_job("f", (AWARE, ValueError("x")), {}, 1, ET, serializer=ser)
+    job = deserialize_job(raw, deserializer=de)
+    assert job.args[0] == AWARE
+    assert isinstance(job.args[1], ValueError)
+
+
+def test_msgpack_and_json_do_not_warn() -> None:
+    # filterwarnings=error turns any warning into a failure here
+    get_serializer("msgpack")
+    get_serializer("json")
+
+
+def test_unknown_serializer() -> None:
+    with pytest.raises(ValueError, match="yaml"):
+        get_serializer("yaml")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["msgpack", "json"])
+@pytest.mark.parametrize("job_try", [None, 4])
+def test_job_payload_matches_arq_layout(name: Any, job_try: int | None) -> None:
+    ser, de = get_serializer(name)
+    args = ("card-1", 2, AWARE) if name == "msgpack" else ("card-1", 2)
+    ours = job_payload("poll_card", args, {"k": 1}, ET, ser, job_try=job_try)
+    theirs = serialize_job("poll_card", args, {"k": 1}, job_try, ET, serializer=ser)
+    assert ours == theirs  # byte for byte: same keys, same order
+    assert de(ours) == {"t": job_try, "f": "poll_card", "a": list(args), "k": {"k": 1}, "et": ET}
+    job = deserialize_job(ours, deserializer=de)
+    assert (job.function, tuple(job.args), job.kwargs, job.job_try) == (
+        "poll_card",
+        args,
+        {"k": 1},
+        job_try,
+    )
+    assert int(job.enqueue_time.timestamp() * 1000) == ET
+
+
+def test_job_payload_accepts_list_args() -> None:
+    assert msgpack_loads(job_payload("f", [1, 2], {}, ET, msgpack_dumps))["a"] == [1, 2]

@@ -1,0 +1,243 @@
+"""Settings: defaults, precedence (CLI > env > TOML file > defaults), one-line errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from worker.errors import ConfigError
+from worker.settings import DEMO_APP, Settings, load_settings, mask_url
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("WORKER_"):
+            monkeypatch.delenv(name)
+
+
+def config_error(**overrides: object) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_settings(**overrides)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.strip() == msg, f"not one line: {msg!r}"
+    return msg
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert s.role == "all"
+    assert s.redis_url is None
+    assert s.app == DEMO_APP
+    assert s.key_prefix == "worker:"
+    assert s.queue_name == "worker:queue"
+    assert s.serializer == "msgpack"  # not pickle
+    assert s.log_level == "INFO"
+    assert s.log_format == "auto"
+    assert s.leader_election == "redis"
+    assert (
+        s.leader_ttl_s,
+        s.leader_renew_interval_s,
+        s.leader_renew_deadline_s,
+        s.leader_poll_interval_s,
+    ) == (10.0, 2.0, 6.0, 1.0)
+    assert (s.heartbeat_interval_s, s.orphan_stale_s) == (2.0, 10.0)
+    assert s.instance_name == f"{socket.gethostname()}-{os.getpid()}"
+
+
+def test_env_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_ROLE", "consumer")
+    monkeypatch.setenv("WORKER_INSTANCE_NAME", "c-1")
+    monkeypatch.setenv("WORKER_LEADER_TTL_S", "20")
+    monkeypatch.setenv("WORKER_CONCURRENCY", "7")
+    monkeypatch.setenv("WORKER_REDIS_URL", "redis://r:6379/1")
+    s = load_settings()
+    assert (s.role, s.instance_name, s.leader_ttl_s, s.concurrency) == ("consumer", "c-1", 20.0, 7)
+    assert s.redis_url == "redis://r:6379/1"
+
+
+def test_cli_overrides_beat_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_ROLE", "consumer")
+    monkeypatch.setenv("WORKER_INSTANCE_NAME", "from-env")
+    s = load_settings(role="leader", instance_name="from-cli")
+    assert (s.role, s.instance_name) == ("leader", "from-cli")
+    # an absent flag (None) does not mask the environment
+    s = load_settings(role=None, instance_name=None)
+    assert (s.role, s.instance_name) == ("consumer", "from-env")
+
+
+def test_empty_redis_url_means_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_REDIS_URL", "")
+    assert load_settings().redis_url is None
+
+
+def test_toml_file_sits_below_env_and_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text('role = "leader"\nconcurrency = 7\nkey_prefix = "file:"\nlog_level = "DEBUG"\n')
+    monkeypatch.setenv("WORKER_CONFIG_FILE", str(cfg))
+    s = load_settings()
+    assert (s.role, s.concurrency, s.key_prefix, s.log_level) == ("leader", 7, "file:", "DEBUG")
+
+    monkeypatch.setenv("WORKER_ROLE", "consumer")
+    monkeypatch.setenv("WORKER_CONCURRENCY", "9")
+    s = load_settings()
+    assert (s.role, s.concurrency, s.key_prefix) == ("consumer", 9, "file:")
+
+    s = load_settings(role="all")
+    assert (s.role, s.concurrency) == ("all", 9)
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "must_contain"),
+    [
+        ("WORKER_ROLE", "boss", ["WORKER_ROLE", "'all'", "'leader'", "'consumer'"]),
+        ("WORKER_LOG_LEVEL", "TRACE", ["WORKER_LOG_LEVEL", "'DEBUG'", "'INFO'", "'ERROR'"]),
+        ("WORKER_LOG_FORMAT", "xml", ["WORKER_LOG_FORMAT", "'json'", "'console'"]),
+        ("WORKER_SERIALIZER", "yaml", ["WORKER_SERIALIZER", "'msgpack'", "'json'", "'pickle'"]),
+        ("WORKER_LEADER_ELECTION", "zk", ["WORKER_LEADER_ELECTION", "'redis'", "'static'"]),
+        ("WORKER_CONCURRENCY", "-1", ["WORKER_CONCURRENCY", "greater than or equal to 1"]),
+        ("WORKER_CONCURRENCY", "abc", ["WORKER_CONCURRENCY", "integer"]),
+        ("WORKER_LEADER_TTL_S", "-5", ["WORKER_LEADER_TTL_S", "greater than 0"]),
+        ("WORKER_SHUTDOWN_TIMEOUT_S", "-1", ["WORKER_SHUTDOWN_TIMEOUT_S", "greater than"]),
+        ("WORKER_HEALTH_PORT", "70000", ["WORKER_HEALTH_PORT", "65535"]),
+        ("WORKER_KEY_PREFIX", "", ["WORKER_KEY_PREFIX", "at least 1"]),
+        (
+            "WORKER_REDIS_URL",
+            "http://h:1/0",
+            ["WORKER_REDIS_URL", "redis://", "rediss://", "unix://"],
+        ),
+        ("WORKER_REDIS_URL", "localhost:6379", ["WORKER_REDIS_URL", "redis://"]),
+        ("WORKER_APP", "nocolon", ["WORKER_APP", "package.module:attribute"]),
+        ("WORKER_APP", "pkg.mod:", ["WORKER_APP", "package.module:attribute"]),
+        ("WORKER_APP", "a b:c", ["WORKER_APP", "package.module:attribute"]),
+    ],
+)
+def test_bad_env_value_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, must_contain: list[str]
+) -> None:
+    monkeypatch.setenv(env, value)
+    msg = config_error()
+    for fragment in must_contain:
+        assert fragment in msg, (fragment, msg)
+
+
+@pytest.mark.parametrize(
+    ("env", "bad"),
+    [
+        # renew >= deadline
+        ({"WORKER_LEADER_RENEW_INTERVAL_S": "6"}, True),
+        # deadline >= ttl
+        ({"WORKER_LEADER_RENEW_DEADLINE_S": "10"}, True),
+        ({"WORKER_LEADER_RENEW_DEADLINE_S": "20"}, True),
+        # ttl below deadline
+        ({"WORKER_LEADER_TTL_S": "5"}, True),
+        (
+            {
+                "WORKER_LEADER_TTL_S": "3",
+                "WORKER_LEADER_RENEW_DEADLINE_S": "2.5",
+                "WORKER_LEADER_RENEW_INTERVAL_S": "0.5",
+            },
+            False,
+        ),
+    ],
+)
+def test_timing_relation_renew_lt_deadline_lt_ttl(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], bad: bool
+) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if not bad:
+        load_settings()
+        return
+    msg = config_error()
+    for name in (
+        "WORKER_LEADER_RENEW_INTERVAL_S",
+        "WORKER_LEADER_RENEW_DEADLINE_S",
+        "WORKER_LEADER_TTL_S",
+    ):
+        assert name in msg
+
+
+def test_orphan_stale_must_be_twice_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_HEARTBEAT_INTERVAL_S", "2")
+    monkeypatch.setenv("WORKER_ORPHAN_STALE_S", "3.9")
+    msg = config_error()
+    assert "WORKER_ORPHAN_STALE_S" in msg and "WORKER_HEARTBEAT_INTERVAL_S" in msg
+    monkeypatch.setenv("WORKER_ORPHAN_STALE_S", "4")
+    assert load_settings().orphan_stale_s == 4.0
+
+
+def test_cli_override_error_names_flag_and_variable() -> None:
+    msg = config_error(role="boss")
+    assert "--role" in msg and "WORKER_ROLE" in msg and "'consumer'" in msg
+
+
+def test_bad_redis_url_error_masks_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_REDIS_URL", "http://user:s3cr3t@h:6379/0")
+    msg = config_error()
+    assert "s3cr3t" not in msg
+    assert "WORKER_REDIS_URL" in msg
+
+
+def test_missing_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WORKER_CONFIG_FILE", str(tmp_path / "nope.toml"))
+    msg = config_error()
+    assert "WORKER_CONFIG_FILE" in msg and "nope.toml" in msg
+
+
+@pytest.mark.parametrize("text", ["role = \n", "[unclosed\n", "a = 1\na = 2\n", "x = 'a\nb'\n"])
+def test_bad_toml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    monkeypatch.setenv("WORKER_CONFIG_FILE", str(cfg))
+    msg = config_error()
+    assert msg.startswith("WORKER_CONFIG_FILE")
+
+
+def test_bad_value_inside_toml_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('serializer = "yaml"\n')
+    monkeypatch.setenv("WORKER_CONFIG_FILE", str(cfg))
+    msg = config_error()
+    assert "WORKER_SERIALIZER" in msg and "'msgpack'" in msg
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://user:s3cr3t@host:6379/0", "redis://user:***@host:6379/0"),
+        ("redis://:s3cr3t@host/0", "redis://:***@host/0"),
+        ("rediss://u:p%40ss@host:6380/2", "rediss://u:***@host:6380/2"),
+        ("redis://host:6379/0", "redis://host:6379/0"),
+        ("unix:///run/redis.sock?db=0", "unix:///run/redis.sock?db=0"),
+        ("redis://:s3cr3t@[::1]:6379/0", "redis://:***@[::1]:6379/0"),
+        ("redis://host:6379/0?password=s3cr3t", "redis://host:6379/0?password=***"),
+        ("unix:///run/r.sock?db=1&password=s3cr3t", "unix:///run/r.sock?db=1&password=***"),
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_mask_url(url: str | None, expected: str) -> None:
+    masked = mask_url(url)
+    assert masked == expected
+    assert "s3cr3t" not in masked and "p%40ss" not in masked
+
+
+def test_redacted_has_no_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_REDIS_URL", "redis://admin:s3cr3t@redis:6379/0")
+    s = load_settings()
+    assert s.redis_url == "redis://admin:s3cr3t@redis:6379/0"  # the real value is kept
+    red = s.redacted()
+    assert "s3cr3t" not in repr(red)
+    assert red["redis_url"] == "redis://admin:***@redis:6379/0"
+    assert red["role"] == "all"
+
+
+def test_settings_class_validates_without_load_settings() -> None:
+    with pytest.raises(ValueError, match="WORKER_APP"):
+        Settings(app="no-colon")
