@@ -182,6 +182,9 @@ async def test_enqueue_defer_by_and_until(ctx: Context, r: Any, clock: FakeClock
     jid3 = await ctx.enqueue("now")
     assert await r.zscore(KEYS.queue, jid3) == NOW + 5000
 
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await ctx.enqueue("later", defer_until=dt.datetime(2030, 1, 1))  # noqa: DTZ001
+
 
 # ---------------------------------------------------------------------------------------------
 # JobContext

@@ -197,6 +197,10 @@ def test_items_handled_exactly_once(spawn: Spawn, rsync: redis_sync.Redis, redis
     assert {k: v for k, v in counts.items() if v != 1} == {}, "an item was handled twice"
     for key in shard_keys(prefix):
         assert rsync.zcard(key) == 0, f"{key} still holds items"
+    # Finished jobs leave nothing behind in the poller's in-flight hash.
+    wait_until(
+        lambda: rsync.hlen(keys.poll_inflight("items")) == 0, 10, what="the in-flight hash to empty"
+    )
 
 
 @pytest.mark.slow

@@ -583,3 +583,31 @@ def test_keys_live_under_the_prefix() -> None:
     assert len(set(names)) == len(names)
     # one poller's keys share a Redis Cluster hash tag
     assert "{p}" in k.poll_shard("p", 3) and "{p}" in k.poll_inflight("p")
+
+
+async def test_acquire_replaces_own_orphaned_lock_with_a_new_epoch(r: Any) -> None:
+    # An acquisition whose reply the caller never saw (client timeout) left our token behind.
+    await r.set(KEYS.leader, "4:tok", px=10_000)
+    await r.set(KEYS.leader_epoch, 4)
+    value = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tok", 5_000])
+    assert value == b"5:tok"
+    assert await r.get(KEYS.leader) == b"5:tok"
+    assert 0 < await r.pttl(KEYS.leader) <= 5_000
+    # ...but a token that merely ends the same way is someone else's lock.
+    await r.set(KEYS.leader, "6:other-tok", px=10_000)
+    assert await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tok", 5_000]) is None
+    assert await r.get(KEYS.leader) == b"6:other-tok"
+
+
+async def test_inflight_clear_by_job_id_and_by_missing_job(r: Any) -> None:
+    inflight = KEYS.poll_inflight("p")
+    await r.hset(inflight, mapping={"a": "job-a", "b": "job-b", "c": "job-c"})
+    await r.set(K.ARQ_JOB + "job-c", b"x")
+    # The ended job's id must match the entry (a newer dispatch is left alone).
+    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["a", "job-old", K.ARQ_JOB]) == 0
+    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["a", "job-a", K.ARQ_JOB]) == 1
+    # Without a job id: cleared only when the recorded job no longer exists.
+    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["b", "", K.ARQ_JOB]) == 1
+    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["c", "", K.ARQ_JOB]) == 0
+    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["zz", "", K.ARQ_JOB]) == 0
+    assert await r.hgetall(inflight) == {b"c": b"job-c"}

@@ -66,7 +66,7 @@ def _to_ms(at: dt.datetime | float | None, delay: float, clock: Clock) -> int:
         return ms(clock.time() + delay)
     if isinstance(at, dt.datetime):
         if at.tzinfo is None:
-            raise ValueError("schedule(at=...) needs a timezone-aware datetime")
+            raise ValueError("a datetime for scheduling must be timezone-aware")
         return ms(at.timestamp())
     return ms(float(at))
 
@@ -119,7 +119,11 @@ class BoundPoller:
 
     async def remove(self, item: str) -> bool:
         """Stop polling ``item`` (a job already in flight still runs)."""
-        return bool(await self.redis.zrem(self.shard_key(item), item))
+        removed = bool(await self.redis.zrem(self.shard_key(item), item))
+        await self.redis.eval(
+            K.INFLIGHT_CLEAR, 1, self.keys.poll_inflight(self.name), item, "", K.ARQ_JOB
+        )
+        return removed
 
     async def backlog(self) -> list[dict[str, int]]:
         """Per shard: items waiting and items due now."""
@@ -201,7 +205,7 @@ class Client:
             self.keys.unique_job_id(unique_key) if unique_key is not None else uuid4().hex
         )
         now = ms(self.clock.time())
-        score = ms(defer_until.timestamp()) if defer_until else now + ms(defer_by)
+        score = _to_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
         payload = job_payload(function, args, kwargs, now, self._serialize)
         ok = await self._unique(
             keys=[self.keys.queue],

@@ -41,11 +41,15 @@ HOLDS_FLUSH_S = 0.25
 def build_functions(app: App, context: Context, metrics: Metrics | None = None) -> list[Function]:
     """arq ``Function`` objects for every task and periodic job, wrapped to get a JobContext."""
     keys = context.keys
+    poller_tasks = {p.task for p in app.pollers.values()}
+    clear = _InflightClear(app, context) if poller_tasks else None
     functions: list[Function] = []
     for t in app.tasks.values():
         functions.append(
             func(
-                _wrap(t.name, t.fn, context, metrics, None),  # type: ignore[arg-type]
+                _wrap(
+                    t.name, t.fn, context, metrics, None, clear if t.name in poller_tasks else None
+                ),  # type: ignore[arg-type]
                 name=t.name,
                 timeout=t.timeout_s,
                 max_tries=t.max_tries,
@@ -56,12 +60,35 @@ def build_functions(app: App, context: Context, metrics: Metrics | None = None) 
         prefix = keys.periodic_job_id(p.name, 0)[:-1]
         functions.append(
             func(
-                _wrap(p.name, p.fn, context, metrics, prefix),  # type: ignore[arg-type]
+                _wrap(p.name, p.fn, context, metrics, prefix, None),  # type: ignore[arg-type]
                 name=p.name,
                 timeout=p.timeout_s,
             )
         )
     return functions
+
+
+class _InflightClear:
+    """Forgets a poll item's in-flight job id when that job ends (see keys.INFLIGHT_CLEAR)."""
+
+    def __init__(self, app: App, context: Context) -> None:
+        self.app = app
+        self.keys = context.keys
+        self.prefix = f"{context.keys.prefix}poll:"
+        self._script = context.redis.register_script(K.INFLIGHT_CLEAR)
+
+    async def __call__(self, job_id: str, args: tuple[Any, ...]) -> None:
+        if not job_id.startswith(self.prefix) or not args:
+            return  # enqueued directly, not by a poller
+        poller = job_id[len(self.prefix) :].split(":", 1)[0]
+        if poller not in self.app.pollers:
+            return
+        try:
+            await self._script(
+                keys=[self.keys.poll_inflight(poller)], args=[str(args[0]), job_id, K.ARQ_JOB]
+            )
+        except Exception as exc:  # the next dispatch of the item overwrites the entry anyway
+            log.warning("could not clear in-flight entry", job_id=job_id, error=str(exc))
 
 
 def _wrap(
@@ -70,6 +97,7 @@ def _wrap(
     context: Context,
     metrics: Metrics | None,
     tick_prefix: str | None,
+    on_end: _InflightClear | None,
 ) -> Callable[..., Awaitable[Any]]:
     async def run(arq_ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         extra: dict[str, Any] = {}
@@ -93,6 +121,8 @@ def _wrap(
             if metrics is not None:
                 metrics.jobs.labels(name, outcome).inc()
                 metrics.job_seconds.labels(name).observe(time.perf_counter() - started)
+            if on_end is not None and outcome != "retry":
+                await on_end(job_id, args)
 
     run.__qualname__ = run.__name__ = name
     return run
@@ -106,8 +136,19 @@ class _ArqWorker(Worker):
         self._consumer = consumer
 
     async def _poll_iteration(self) -> None:
+        started = self._jobs_started()
         await super()._poll_iteration()
         await self._consumer._after_poll(self)
+        # An empty poll backs off (doubling, up to idle_poll_max_s) so an idle process costs a
+        # few Redis commands per second instead of 1 / poll_delay; any new job resets it.
+        c = self._consumer
+        if self._jobs_started() != started or not self.allow_pick_jobs:
+            c._idle_extra_s = 0.0
+        elif c.idle_poll_max_s > self.poll_delay_s:
+            c._idle_extra_s = min(
+                max(c._idle_extra_s * 2, self.poll_delay_s), c.idle_poll_max_s - self.poll_delay_s
+            )
+            await asyncio.sleep(c._idle_extra_s)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         await self._consumer._dead_letter(self, job_id, result_data)
@@ -132,6 +173,7 @@ class Consumer(Component):
         deserialize: Deserialize,
         concurrency: int,
         poll_delay_s: float,
+        idle_poll_max_s: float,
         job_timeout_s: float,
         max_tries: int,
         keep_result_s: float,
@@ -150,6 +192,8 @@ class Consumer(Component):
         self.deserialize = deserialize
         self.concurrency = concurrency
         self.poll_delay_s = poll_delay_s
+        self.idle_poll_max_s = idle_poll_max_s
+        self._idle_extra_s = 0.0
         self.job_timeout_s = job_timeout_s
         self.max_tries = max_tries
         self.keep_result_s = keep_result_s

@@ -29,6 +29,7 @@ __all__ = [
     "DISPATCH",
     "ENQUEUE_TICKS",
     "FENCE_ERROR",
+    "INFLIGHT_CLEAR",
     "INIT_BEGIN",
     "MUTEX_RELEASE",
     "REAP",
@@ -150,13 +151,16 @@ class Keys:
 # ---------------------------------------------------------------------------------------------
 
 ACQUIRE = """
--- Acquire the leader lease if nobody holds it; a new epoch for every acquisition.
+-- Acquire the leader lease if nobody holds it; a new epoch for every acquisition. A lock
+-- holding the caller's own token is an acquisition whose reply the caller never got (client
+-- timeout): it is replaced by a fresh one, so the caller's deadline is measured from this call.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
 -- ARGV[1] -> random token of the campaigning process
 -- ARGV[2] -> lease TTL in ms
--- Returns: the new lock value "<epoch>:<token>", or false if the lock is held.
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- Returns: the new lock value "<epoch>:<token>", or false if another process holds the lock.
+local current = redis.call('GET', KEYS[1])
+if current and string.sub(current, -(#ARGV[1] + 1)) ~= ':' .. ARGV[1] then
   return false
 end
 local epoch = redis.call('INCR', KEYS[2])
@@ -419,6 +423,25 @@ end
 redis.call('SET', ARGV[2] .. ARGV[1], ARGV[6], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[5], ARGV[1])
 return 1
+"""
+
+INFLIGHT_CLEAR = """
+-- Forget a poll item's in-flight job id once that job has ended, so the hash holds only
+-- items whose job may still exist.
+-- KEYS[1] -> poller in-flight hash
+-- ARGV[1] -> item
+-- ARGV[2] -> the job id that ended, or "" to clear only if the recorded job no longer exists
+-- ARGV[3] -> arq job key prefix
+-- Returns: 1 if the entry was removed, 0 otherwise.
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if not current then
+  return 0
+end
+if (ARGV[2] ~= '' and current == ARGV[2])
+   or (ARGV[2] == '' and redis.call('EXISTS', ARGV[3] .. current) == 0) then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
 """
 
 MUTEX_RELEASE = """

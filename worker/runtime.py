@@ -164,6 +164,7 @@ class Runtime:
             deserialize=deserialize,
             concurrency=s.concurrency,
             poll_delay_s=s.poll_delay_s,
+            idle_poll_max_s=s.idle_poll_max_s,
             job_timeout_s=s.job_timeout_s,
             max_tries=s.max_tries,
             keep_result_s=s.keep_result_s,
@@ -410,8 +411,10 @@ class Runtime:
         if self.singletons is not None and not await self.singletons.stop(s.stop_grace_s):
             log.error("singleton components ignored cancellation")
         if self.leadership is not None:
-            await self.leadership.release()
+            # Stop campaigning/renewing first, then release: a renew or campaign racing the
+            # release could otherwise win the lease back for a dying process.
             await self.groups["leadership"].stop(2.0)
+            await self.leadership.release()
         await self.groups["work"].stop(s.shutdown_timeout_s + 5)
         if self.heartbeat is not None:
             try:

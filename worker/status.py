@@ -116,8 +116,8 @@ async def collect(
 
 
 async def _in_flight(redis: ArqRedis, keys: K.Keys, poller: str) -> int:
-    """Items whose dispatched job still exists. The in-flight hash keeps an item's last job id
-    after that job finished, so its length counts every item ever dispatched."""
+    """Items whose dispatched job still exists. Consumers clear an entry when its job ends, but
+    an entry can outlive a job arq gave up on (retries exhausted), so check each job."""
     ids = [K.ARQ_JOB + _s(v) for v in await redis.hvals(keys.poll_inflight(poller))]
     live = 0
     for i in range(0, len(ids), 1000):
