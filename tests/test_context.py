@@ -183,7 +183,7 @@ async def test_enqueue_defer_by_and_until(ctx: Context, r: Any, clock: FakeClock
     assert await r.zscore(KEYS.queue, jid3) == NOW + 5000
 
     with pytest.raises(ValueError, match="timezone-aware"):
-        await ctx.enqueue("later", defer_until=dt.datetime(2030, 1, 1))  # noqa: DTZ001
+        await ctx.enqueue("later", defer_until=dt.datetime(2030, 1, 1))
 
 
 # ---------------------------------------------------------------------------------------------

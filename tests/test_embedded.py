@@ -7,8 +7,8 @@ import time
 
 import pytest
 import redis
-from tests.realredis import RealRedis
 
+from tests.realredis import RealRedis
 from worker.embedded import EmbeddedServer, find_server_binary, free_port
 from worker.errors import ConfigError
 
