@@ -196,3 +196,32 @@ async def test_arq_health_check_is_per_instance(
     assert await check(id2) == 0, "stopping one consumer failed the other's health check"
     assert await check(id1) == 1, "a stopped consumer still passes its health check"
     assert c2.alive()
+
+
+def _queue_polls(r: redis_sync.Redis) -> int:
+    return int(r.info("commandstats").get("cmdstat_zrangebyscore", {}).get("calls", 0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("idle_max", ["0.05", "0.5"])
+def test_idle_consumer_backs_off_its_queue_poll_and_still_picks_up_work(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str, idle_max: str
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    proc = spawn("consumer", name="idle", env={"WORKER_IDLE_POLL_MAX_S": idle_max})
+    keys = K.Keys(prefix)
+    wait_until(lambda: rsync.zcard(keys.instances) == 1, 30, what="the consumer to register")
+    time.sleep(2)  # let the backoff settle
+    before, t0 = _queue_polls(rsync), time.monotonic()
+    time.sleep(4)
+    rate = (_queue_polls(rsync) - before) / (time.monotonic() - t0)
+    if idle_max == "0.05":  # no backoff: one poll per poll_delay (0.05 s)
+        assert rate > 10, rate
+    else:  # backed off to ~one poll per 0.5 s
+        assert rate < 4, rate
+
+    sent = time.monotonic()
+    enqueue(redis_url, prefix, "record", "wake")
+    wait_until(lambda: ledger(rsync, prefix, "records").get("wake") == 1, 10, what="the job")
+    assert time.monotonic() - sent < float(idle_max) + 1.5
+    assert proc.alive()
