@@ -17,6 +17,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis as redis_sync
+import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 
 from tests.realredis import RealRedis
@@ -91,6 +92,18 @@ async def real_arq(redis_url: str) -> Any:
     client = ArqRedis.from_url(redis_url)
     client.job_serializer, client.job_deserializer = ser, de
     client.default_queue_name = "worker:queue"
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=["fake", "real"])
+async def r(request: pytest.FixtureRequest) -> Any:
+    """An async client on fakeredis (with Lua) AND, as a second run, on the real server: unit
+    tests of components run on both, so the fake's Lua emulation must agree with the engine."""
+    if request.param == "fake":
+        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    else:
+        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
     yield client
     await client.aclose()
 

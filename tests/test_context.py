@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
-import fakeredis
 import pytest
-import redis.asyncio as aioredis
 from arq.constants import expires_extra_ms
 from arq.jobs import deserialize_job
 
@@ -23,16 +20,6 @@ from worker.settings import Settings
 KEYS = K.Keys("t:")
 NOW_S = 1_700_000_000.0
 NOW = int(NOW_S * 1000)
-
-
-@pytest.fixture(params=["fake", "real"])
-async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "fake":
-        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
-    else:
-        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import fakeredis
 import pytest
-import redis.asyncio as aioredis
 
 from worker import keys as K
 from worker.app import App, InitializerDef
@@ -26,15 +24,11 @@ NOW_S = 1_700_000_000.0
 DUE_S = 1_800_000_000.0
 
 
-@pytest.fixture(params=["fake", "real"])
-async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "fake":
-        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
-    else:
-        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
-    await client.set(KEYS.leader, LOCK)
-    yield client
-    await client.aclose()
+@pytest.fixture
+async def r(r: Any) -> Any:
+    """The shared fake/real client (conftest), with this test's process holding the lock."""
+    await r.set(KEYS.leader, LOCK)
+    return r
 
 
 class Source:

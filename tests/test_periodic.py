@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import fakeredis
 import pytest
-import redis.asyncio as aioredis
 from arq.jobs import deserialize_job
 
 from worker import keys as K
@@ -31,16 +29,6 @@ async def job_fn(ctx: Any) -> None:
 
 def pdef(catch_up: Any = "all", limit: int = 10, name: str = "job", period: int = MIN) -> Any:
     return PeriodicDef(name, job_fn, Every(period), catch_up, limit)
-
-
-@pytest.fixture(params=["fake", "real"])
-async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "fake":
-        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
-    else:
-        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield client
-    await client.aclose()
 
 
 async def snapshot(r: Any) -> dict[bytes, Any]:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
-import fakeredis
 import pytest
-import redis.asyncio as aioredis
 from arq.jobs import deserialize_job
 
 from worker import keys as K
@@ -23,16 +20,6 @@ from worker.serializer import msgpack_dumps, msgpack_loads
 KEYS = K.Keys("t:")
 LOCK = "5:mine"
 NOW = 1_700_000_000_000
-
-
-@pytest.fixture(params=["fake", "real"])
-async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "fake":
-        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
-    else:
-        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield client
-    await client.aclose()
 
 
 async def snapshot(r: Any) -> dict[bytes, Any]:

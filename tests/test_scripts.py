@@ -7,12 +7,10 @@ agree, because unit tests of the components run on fakeredis while production ru
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import fakeredis
 import pytest
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from worker import keys as K
@@ -21,16 +19,6 @@ KEYS = K.Keys("t:")
 MINE = "7:mine"
 T = 1_700_000_000_000  # a realistic epoch-ms value (exercises integer formatting in Lua)
 JOB_TTL = 60_000
-
-
-@pytest.fixture(params=["fake", "real"])
-async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "fake":
-        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
-    else:
-        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield client
-    await client.aclose()
 
 
 async def run(r: Any, script: str, keys: list[str], args: list[Any]) -> Any:

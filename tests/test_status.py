@@ -6,7 +6,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import fakeredis
 import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
@@ -23,16 +22,6 @@ KEYS = K.Keys("t:")
 NOW_S = 1_700_000_030.0  # 2023-11-14T22:13:50Z
 NOW = int(NOW_S * 1000)
 SECRET = "s3cr3t-pw"
-
-
-@pytest.fixture(params=["fake", "real"])
-async def r(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "fake":
-        client: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
-    else:
-        client = aioredis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield client
-    await client.aclose()
 
 
 def make_app() -> App:
