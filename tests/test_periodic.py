@@ -117,6 +117,18 @@ def test_plan_catch_up_all_limit_keeps_most_recent(planner: PeriodicEnqueuer) ->
     assert advance == T0 + 100 * MIN
 
 
+def test_plan_catch_up_window_drops_old_missed_ticks(planner: PeriodicEnqueuer) -> None:
+    now = T0 + 5 * MIN + 10_000
+    windowed = PeriodicDef("job", job_fn, Every(MIN), "all", 10, None, 2.5 * 60)
+    # only ticks within the last 2.5 minutes are still worth running
+    expected = [T0 + 3 * MIN, T0 + 4 * MIN, T0 + 5 * MIN]
+    assert planner.plan(windowed, T0, now) == (expected, T0 + 5 * MIN)
+    # a window shorter than "on time" never drops the tick that is just due
+    tiny = PeriodicDef("job", job_fn, Every(MIN), "latest", 10, None, 0.001)
+    assert planner.plan(tiny, T0 + 4 * MIN, T0 + 5 * MIN + 1000) == ([T0 + 5 * MIN], T0 + 5 * MIN)
+    assert planner.plan(tiny, T0, now + 60_000)[0] == []
+
+
 def test_plan_catch_up_latest(planner: PeriodicEnqueuer) -> None:
     now = T0 + 5 * MIN + 50_000
     assert planner.plan(pdef("latest"), T0, now) == ([T0 + 5 * MIN], T0 + 5 * MIN)

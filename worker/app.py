@@ -78,6 +78,8 @@ class PeriodicDef:
     ``catch_up`` decides what a new leader does with ticks nobody enqueued (leader down, a
     failover): ``all`` enqueues each, oldest first, at most ``catch_up_limit`` of the most
     recent; ``latest`` enqueues only the newest missed tick; ``skip`` enqueues none.
+    ``catch_up_window_s`` (optional) additionally drops missed ticks older than that many
+    seconds, whatever the policy.
     """
 
     name: str
@@ -86,6 +88,7 @@ class PeriodicDef:
     catch_up: CatchUp = "all"
     catch_up_limit: int = 10
     timeout_s: float | None = None
+    catch_up_window_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -190,20 +193,33 @@ class App:
         name: str | None = None,
         catch_up: CatchUp = "all",
         catch_up_limit: int = 10,
+        catch_up_window: float | dt.timedelta | None = None,
         timeout_s: float | None = None,
     ) -> Callable[[F], F]:
-        """Register ``async def fn(ctx)`` to run once per tick of ``cron`` or ``every``."""
+        """Register ``async def fn(ctx)`` to run once per tick of ``cron`` or ``every``.
+
+        See :class:`PeriodicDef` for the catch-up policy after a failover.
+        """
         schedule = make_schedule(cron, every, tz)
         if catch_up not in ("skip", "latest", "all"):
             raise ConfigError(f"periodic catch_up={catch_up!r}: use 'skip', 'latest' or 'all'")
         if catch_up_limit < 1:
             raise ConfigError("periodic catch_up_limit must be at least 1")
+        window = (
+            catch_up_window.total_seconds()
+            if isinstance(catch_up_window, dt.timedelta)
+            else catch_up_window
+        )
+        if window is not None and window <= 0:
+            raise ConfigError("periodic catch_up_window must be positive")
 
         def register(f: F) -> F:
             self._require_async("periodic", f)
             n = _check_name("periodic", name or f.__name__)
             self._unique_name(n)
-            self.periodics[n] = PeriodicDef(n, f, schedule, catch_up, catch_up_limit, timeout_s)
+            self.periodics[n] = PeriodicDef(
+                n, f, schedule, catch_up, catch_up_limit, timeout_s, window
+            )
             return f
 
         return register

@@ -79,8 +79,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _setup_logging(settings: Settings) -> None:
     from worker.logs import configure_logging
 
+    # Lines from the main task say component=runtime; each component's task rebinds its name.
     configure_logging(
-        settings.log_level, settings.log_format, role=settings.role, instance=settings.instance_name
+        settings.log_level,
+        settings.log_format,
+        role=settings.role,
+        instance=settings.instance_name,
+        component="runtime",
     )
     logging.captureWarnings(True)
 

@@ -76,6 +76,9 @@ class PeriodicEnqueuer(LoopComponent):
             ticks = [latest]
         else:  # skip: only a tick that is on time
             ticks = [latest] if now_ms - latest <= ON_TIME_MS else []
+        if job.catch_up_window_s is not None:
+            oldest = now_ms - max(ms(job.catch_up_window_s), ON_TIME_MS)
+            ticks = [t for t in ticks if t >= oldest]
         return ticks, latest
 
     async def tick(self) -> float:

@@ -9,6 +9,7 @@
   *produced* in ``<prefix>ledger:init-batches`` (HINCRBY cursor 1).
 - ``slow_job(seconds)``: sleeps, then records its run count per job id.
 - ``crashy`` service (per_process, only when ``LEDGER_CRASHY=1``): raises at once, always.
+- ``stubborn`` service (singleton, only when ``LEDGER_STUBBORN=1``): ignores stop and cancellation.
 """
 
 from __future__ import annotations
@@ -77,3 +78,16 @@ if os.environ.get("LEDGER_CRASHY") == "1":
     async def crashy(ctx: Context, stop: asyncio.Event) -> None:
         await ctx.redis.incr(_k(ctx, "crashy-starts"))
         raise RuntimeError("crashy service always fails")
+
+
+if os.environ.get("LEDGER_STUBBORN") == "1":
+
+    @app.service(cardinality="singleton")
+    async def stubborn(ctx: Context, stop: asyncio.Event) -> None:
+        """A singleton that ignores both its stop event and cancellation (a buggy user loop)."""
+        await ctx.redis.incr(_k(ctx, "stubborn-starts"))
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue
