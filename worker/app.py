@@ -29,7 +29,7 @@ import importlib
 import inspect
 import re
 import zlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
@@ -37,17 +37,18 @@ from worker.errors import ConfigError
 from worker.schedule import Schedule, make_schedule
 
 if TYPE_CHECKING:
-    import asyncio
-
     from worker.context import Context, JobContext
 
 F = TypeVar("F", bound=Callable[..., Any])
 TaskFn = Callable[..., Awaitable[Any]]
 CatchUp = Literal["skip", "latest", "all"]
-Cardinality = Literal["singleton", "per_process"]
+Cardinality = Literal["singleton", "per_process", "per_key"]
 InitBatch = tuple[str, Mapping[str, float] | None]
 InitFn = Callable[["Context", str | None], AsyncGenerator[InitBatch, None]]
-ServiceFn = Callable[["Context", "asyncio.Event"], Awaitable[None]]
+ServiceFn = Callable[..., Awaitable[None]]
+#: Keys of a per_key service: a fixed collection, or ``(ctx) -> keys`` (sync or async),
+#: re-read every round so keys can come and go (e.g. mailboxes configured in a database).
+ServiceKeys = Iterable[str] | Callable[["Context"], Any]
 Hook = Callable[["Context"], Awaitable[None]]
 
 _NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
@@ -128,12 +129,14 @@ class InitializerDef:
 
 @dataclass(frozen=True)
 class ServiceDef:
-    """A long-running loop ``fn(ctx, stop)``; ``singleton`` runs on the leader only,
-    ``per_process`` in every process."""
+    """A long-running loop. ``singleton``: ``fn(ctx, stop)`` on the leader only;
+    ``per_process``: ``fn(ctx, stop)`` in every process; ``per_key``: ``fn(ctx, stop, key)``
+    once per key cluster-wide, keys spread across all processes (see :mod:`worker.keyed`)."""
 
     name: str
     fn: ServiceFn
     cardinality: Cardinality = "singleton"
+    keys: ServiceKeys | None = None
 
 
 @dataclass
@@ -267,20 +270,28 @@ class App:
         return register
 
     def service(
-        self, *, cardinality: Cardinality = "singleton", name: str | None = None
+        self,
+        *,
+        cardinality: Cardinality = "singleton",
+        name: str | None = None,
+        keys: ServiceKeys | None = None,
     ) -> Callable[[F], F]:
-        """Register ``async def fn(ctx, stop)``, a loop that runs until ``stop`` is set."""
-        if cardinality not in ("singleton", "per_process"):
+        """Register a loop that runs until ``stop`` is set: ``async def fn(ctx, stop)``, or for
+        ``cardinality="per_key"`` ``async def fn(ctx, stop, key)`` with ``keys=`` a collection
+        or a ``(ctx) -> keys`` callable."""
+        if cardinality not in ("singleton", "per_process", "per_key"):
             raise ConfigError(
-                f"service cardinality={cardinality!r}: use 'singleton' or 'per_process'"
+                f"service cardinality={cardinality!r}: use 'singleton', 'per_process' or 'per_key'"
             )
+        if (cardinality == "per_key") != (keys is not None):
+            raise ConfigError("service keys=... is required for per_key services and only for them")
 
         def register(f: F) -> F:
             self._require_async("service", f)
             n = _check_name("service", name or f.__name__)
             if n in self.services:
                 raise ConfigError(f"service {n!r} is registered twice")
-            self.services[n] = ServiceDef(n, f, cardinality)
+            self.services[n] = ServiceDef(n, f, cardinality, keys)
             return f
 
         return register

@@ -124,6 +124,15 @@ class Keys:
         """arq's health-check key, one per instance (arq issue #291)."""
         return f"{self.prefix}arq-health:{instance_id}"
 
+    # -- per_key services ---------------------------------------------------------------------
+    def service_members(self, service: str) -> str:
+        """Sorted set: instance id -> last round (epoch ms) of processes running the service."""
+        return f"{self.prefix}svc:{service}:members"
+
+    def service_lease(self, service: str, key: str) -> str:
+        """Lease of one key of a per_key service: value = owning instance id, PX = lease TTL."""
+        return f"{self.prefix}svc:{service}:lease:{key}"
+
     # -- job helpers --------------------------------------------------------------------------
     def mutex(self, name: str) -> str:
         return f"{self.prefix}mutex:{name}"

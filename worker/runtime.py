@@ -31,6 +31,7 @@ from worker.consumer import Consumer
 from worker.context import Context
 from worker.errors import ConfigError, LeadershipLost
 from worker.initializer import Initializer
+from worker.keyed import KeyedService
 from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
 from worker.metrics import Metrics
 from worker.periodic import PeriodicEnqueuer
@@ -67,7 +68,11 @@ def plan(role: str, app: App, settings: Settings) -> Plan:
     every = ["consumer", "heartbeat"]
     if settings.health_port:
         every.append("health-server")
-    every += [f"service:{s.name}" for s in app.services.values() if s.cardinality == "per_process"]
+    every += [
+        f"service:{s.name}"
+        for s in app.services.values()
+        if s.cardinality in ("per_process", "per_key")
+    ]
     singletons = ["leader-election"]
     singletons += [f"initializer:{n}" for n in app.initializers]
     singletons += [f"poller:{n}" for n in app.pollers]
@@ -184,11 +189,24 @@ class Runtime:
             clock=self.clock,
         )
         work: list[Component] = [self.consumer]
-        work += [
-            Service(sv, self.context, self.clock)
-            for sv in self.app.services.values()
-            if sv.cardinality == "per_process"
-        ]
+        for sv in self.app.services.values():
+            if sv.cardinality == "per_process":
+                work.append(Service(sv, self.context, self.clock))
+            elif sv.cardinality == "per_key":
+                work.append(
+                    KeyedService(
+                        service=sv,
+                        context=self.context,
+                        redis=redis,
+                        keys=self.keys,
+                        instance_id=self.instance_id,
+                        lease_ttl_s=s.leader_ttl_s,
+                        renew_interval_s=s.leader_renew_interval_s,
+                        renew_deadline_s=s.leader_renew_deadline_s,
+                        stop_grace_s=s.stop_grace_s,
+                        clock=self.clock,
+                    )
+                )
         infra: list[Component] = [self.heartbeat]
         if s.health_port:
             from worker.health import HealthServer

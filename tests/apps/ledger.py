@@ -10,6 +10,7 @@
 - ``slow_job(seconds)``: sleeps, then records its run count per job id.
 - ``crashy`` service (per_process, only when ``LEDGER_CRASHY=1``): raises at once, always.
 - ``stubborn`` service (singleton, only when ``LEDGER_STUBBORN=1``): ignores stop and cancellation.
+- ``mailbox`` per_key service (keys from ``LEDGER_MAILBOXES``): flags two loops on one key.
 """
 
 from __future__ import annotations
@@ -91,3 +92,28 @@ if os.environ.get("LEDGER_STUBBORN") == "1":
                 await asyncio.sleep(3600)
             except asyncio.CancelledError:
                 continue
+
+
+if os.environ.get("LEDGER_MAILBOXES"):
+
+    @app.service(
+        cardinality="per_key",
+        keys=lambda ctx: os.environ["LEDGER_MAILBOXES"].split(","),
+    )
+    async def mailbox(ctx: Context, stop: asyncio.Event, key: str) -> None:
+        """Claims an owner marker for its key (short TTL, refreshed while running): finding
+        the marker taken at start means two loops ran the same key at once."""
+        marker = _k(ctx, f"mailbox-owner:{key}")
+        if not await ctx.redis.set(marker, os.getpid(), nx=True, px=1500):
+            await ctx.redis.hincrby(_k(ctx, "mailbox-overlaps"), key, 1)
+        await ctx.redis.hincrby(_k(ctx, "mailbox-starts"), key, 1)
+        try:
+            while not stop.is_set():
+                await ctx.redis.set(marker, os.getpid(), px=1500)
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.3)
+                except TimeoutError:
+                    pass
+        finally:
+            if await ctx.redis.get(marker) == str(os.getpid()).encode():
+                await ctx.redis.delete(marker)

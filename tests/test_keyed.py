@@ -1,0 +1,196 @@
+"""per_key services: keys spread over processes, never one key in two loops, rebalanced when a
+process leaves, leases released only after the loop stopped."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from worker import keys as K
+from worker.app import App
+from worker.component import wait_for_event
+from worker.context import Context
+from worker.errors import ConfigError
+from worker.keyed import KeyedService, owner
+
+KEYS = K.Keys("t:")
+MAILBOXES = [f"box-{i}" for i in range(8)]
+
+
+def test_owner_is_stable_and_spreads() -> None:
+    members = ["a", "b", "c"]
+    owners = Counter(owner(f"k{i}", members) for i in range(300))
+    assert set(owners) == set(members)
+    assert min(owners.values()) > 50  # roughly even
+    # removing a member moves only that member's keys
+    before = {f"k{i}": owner(f"k{i}", members) for i in range(300)}
+    after = {k: owner(k, ["a", "b"]) for k in before}
+    assert all(after[k] == o for k, o in before.items() if o != "c")
+    assert owner("x", []) is None
+
+
+def test_per_key_needs_keys_and_only_it() -> None:
+    app = App()
+    with pytest.raises(ConfigError, match="keys"):
+        app.service(cardinality="per_key")
+    with pytest.raises(ConfigError, match="keys"):
+        app.service(cardinality="singleton", keys=["a"])
+
+
+class Tracker:
+    """Records which process runs which key; fails on any overlap."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, str] = {}
+        self.overlaps: list[str] = []
+        self.starts: Counter[str] = Counter()
+
+    def service(self, app: App, who: dict[int, str]) -> None:
+        @app.service(cardinality="per_key", keys=lambda ctx: MAILBOXES)
+        async def mailbox(ctx: Any, stop: asyncio.Event, key: str) -> None:
+            me = who[id(ctx)]
+            if key in self.running:
+                self.overlaps.append(f"{key}: {self.running[key]} and {me}")
+            self.running[key] = me
+            self.starts[key] += 1
+            try:
+                await wait_for_event(stop, 3600)
+            finally:
+                if self.running.get(key) == me:
+                    del self.running[key]
+
+
+def keyed(r: Any, app: App, iid: str, who: dict[int, str]) -> KeyedService:
+    ctx = Context.__new__(Context)  # only identity matters to the test service
+    who[id(ctx)] = iid
+    return KeyedService(
+        service=app.services["mailbox"],
+        context=ctx,
+        redis=r,
+        keys=KEYS,
+        instance_id=iid,
+        lease_ttl_s=1.0,
+        renew_interval_s=0.1,
+        renew_deadline_s=0.5,
+        stop_grace_s=0.5,
+    )
+
+
+async def eventually(pred: Any, within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_keys_spread_disjoint_and_move_when_a_process_leaves(r: Any) -> None:
+    app, who, tracker = App(), {}, Tracker()
+    tracker.service(app, who)
+    a, b = keyed(r, app, "proc-a", who), keyed(r, app, "proc-b", who)
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    ta = asyncio.create_task(a.run(stop_a))
+    tb = asyncio.create_task(b.run(stop_b))
+    try:
+        await eventually(lambda: set(tracker.running) == set(MAILBOXES))
+        await asyncio.sleep(0.5)  # several rounds: stable, no churn
+        assert set(a.running).isdisjoint(b.running)
+        assert set(a.running) | set(b.running) == set(MAILBOXES)
+        assert a.running and b.running, "both processes got a share"
+        for key in MAILBOXES:
+            holder = "proc-a" if key in a.running else "proc-b"
+            assert await r.get(KEYS.service_lease("mailbox", key)) == holder.encode()
+        assert max(tracker.starts.values()) == 1
+
+        stop_b.set()  # b leaves cleanly: its loops stop, leases released, a takes over
+        await tb
+        await eventually(lambda: set(a.running) == set(MAILBOXES))
+        await eventually(lambda: set(tracker.running) == set(MAILBOXES))
+        assert all(v == "proc-a" for v in tracker.running.values())
+    finally:
+        stop_a.set()
+        stop_b.set()
+        await asyncio.gather(ta, tb)
+    assert tracker.overlaps == []
+    assert tracker.running == {}
+    assert await r.keys(KEYS.service_lease("mailbox", "*")) == []
+
+
+async def test_a_crashed_process_keys_wait_for_its_leases(r: Any) -> None:
+    app, who, tracker = App(), {}, Tracker()
+    tracker.service(app, who)
+    a = keyed(r, app, "proc-a", who)
+    # a dead process still holds box-0's lease (it was killed, nothing was released)
+    await r.set(KEYS.service_lease("mailbox", "box-0"), "dead-proc", px=800)
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop))
+    try:
+        await eventually(lambda: set(a.running) == set(MAILBOXES) - {"box-0"})
+        assert "box-0" not in tracker.running
+        await eventually(lambda: "box-0" in a.running, within=3)  # after the lease expired
+    finally:
+        stop.set()
+        await task
+    assert tracker.overlaps == []
+
+
+async def test_a_lost_lease_stops_the_loop(r: Any) -> None:
+    app, who, tracker = App(), {}, Tracker()
+    tracker.service(app, who)
+    a = keyed(r, app, "proc-a", who)
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop))
+    try:
+        await eventually(lambda: "box-1" in a.running)
+        await r.set(KEYS.service_lease("mailbox", "box-1"), "intruder", px=60_000)
+        await eventually(lambda: "box-1" not in tracker.running)
+        assert await r.get(KEYS.service_lease("mailbox", "box-1")) == b"intruder"
+    finally:
+        stop.set()
+        await task
+
+
+# ---------------------------------------------------------------------------------------------
+# Real processes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_per_key_across_processes_with_sigkill_and_sigterm(spawn: Any, rsync: Any) -> None:
+    from tests.conftest import wait_until
+
+    prefix = spawn.prefix
+    boxes = [f"mbx{i}" for i in range(30)]  # P(a process gets none) = 3 * (2/3)^30 < 1e-5
+    env = {"LEDGER_MAILBOXES": ",".join(boxes)}
+    procs = [spawn("consumer", name=f"c{i}", env=env) for i in range(3)]
+
+    def owners() -> dict[str, int]:
+        raw = rsync.mget([f"{prefix}ledger:mailbox-owner:{b}" for b in boxes])
+        return {b: int(v) for b, v in zip(boxes, raw, strict=True) if v}
+
+    # The first process to start takes every key, then hands the others' shares over as they
+    # join (stop the loop, release the lease, the new owner acquires it).
+    wait_until(
+        lambda: len(owners()) == len(boxes) and len(set(owners().values())) == 3,
+        30,
+        what="every mailbox running, spread over the three processes",
+    )
+
+    victim = procs[0]
+    victim.kill()
+    wait_until(
+        lambda: len(owners()) == len(boxes) and victim.pid not in owners().values(),
+        20,
+        what="the killed process's mailboxes to move",
+    )
+    leaving = procs[1]
+    leaving.signal(15)
+    assert leaving.proc.wait(30) == 0
+    wait_until(
+        lambda: set(owners().values()) == {procs[2].pid} and len(owners()) == len(boxes),
+        20,
+        what="every mailbox on the last process",
+    )
+    assert rsync.hgetall(f"{prefix}ledger:mailbox-overlaps") == {}

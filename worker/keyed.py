@@ -1,0 +1,197 @@
+"""``per_key`` services: a long-running loop per key, each key in exactly one process at a time.
+
+Seed 001's mailboxes are the model: one IMAP IDLE loop per mailbox, spread across replicas,
+never two loops on the same mailbox. Every process that runs the service
+
+1. announces itself in the service's member set (refreshed each round, stale members drop out),
+2. computes which keys it should own by rendezvous hashing over the live members (so adding or
+   removing a process moves only that process's share of keys),
+3. runs a key only while it holds that key's lease in Redis (``SET NX PX``, renewed by
+   compare-and-``PEXPIRE``, released by compare-and-``DEL`` only after its loop stopped).
+
+The lease is what guarantees exclusivity; hashing only spreads the work. A process that cannot
+renew its leases for the renew deadline stops its loops before the leases can expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import structlog
+from arq.connections import ArqRedis
+
+from worker import keys as K
+from worker.app import ServiceDef
+from worker.clock import Clock, ms
+from worker.component import Backoff, Component, supervise, wait_for_event
+from worker.context import Context
+
+log = structlog.get_logger("worker.keyed")
+T = TypeVar("T")
+
+
+def owner(key: str, members: Iterable[str]) -> str | None:
+    """The member that owns ``key`` under rendezvous (highest-random-weight) hashing."""
+
+    def weight(member: str) -> int:
+        digest = hashlib.blake2b(f"{member}\x00{key}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big")
+
+    return max(members, key=weight, default=None)
+
+
+class _KeyLoop(Component):
+    """One key's loop: ``fn(ctx, stop, key)`` under the usual supervision."""
+
+    def __init__(self, service: ServiceDef, key: str, context: Context, clock: Clock) -> None:
+        self.name = f"service:{service.name}[{key}]"
+        super().__init__(clock)
+        self.service = service
+        self.key = key
+        self.context = context
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.health.ok(self.clock.monotonic())
+        await self.service.fn(self.context, stop, self.key)
+
+
+@dataclass
+class _Running:
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+class KeyedService(Component):
+    """Runs a ``per_key`` service for the keys this process owns (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        service: ServiceDef,
+        context: Context,
+        redis: ArqRedis,
+        keys: K.Keys,
+        instance_id: str,
+        lease_ttl_s: float,
+        renew_interval_s: float,
+        renew_deadline_s: float,
+        stop_grace_s: float,
+        backoff: type[Backoff] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = f"service:{service.name}"
+        self.sla_s = max(30.0, renew_interval_s * 10)
+        super().__init__(clock)
+        self.service = service
+        self.context = context
+        self.redis = redis
+        self.keys = keys
+        self.instance_id = instance_id
+        self.lease_ttl_s = lease_ttl_s
+        self.renew_interval_s = renew_interval_s
+        self.renew_deadline_s = renew_deadline_s
+        self.stop_grace_s = stop_grace_s
+        self._backoff = backoff or Backoff
+        self._renew = redis.register_script(K.RENEW)
+        self._release = redis.register_script(K.MUTEX_RELEASE)
+        self.running: dict[str, _Running] = {}
+        self._last_renewed: float | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                started = self.clock.monotonic()
+                try:
+                    await self.rebalance()
+                    self._last_renewed = started
+                except Exception as exc:
+                    log.warning("per-key rebalance failed", error=f"{type(exc).__name__}: {exc}")
+                    if (
+                        self._last_renewed is None
+                        or self.clock.monotonic() - self._last_renewed >= self.renew_deadline_s
+                    ):
+                        await self._stop_all(release=False)
+                else:
+                    self.health.ok(self.clock.monotonic())
+                self.health.extra["keys"] = sorted(self.running)
+                await wait_for_event(stop, self.renew_interval_s)
+        finally:
+            await self._stop_all(release=True)
+            with contextlib.suppress(Exception):
+                await self.redis.zrem(
+                    self.keys.service_members(self.service.name), self.instance_id
+                )
+
+    async def _wanted_keys(self) -> set[str]:
+        source = self.service.keys
+        if callable(source):
+            result = source(self.context)
+            if inspect.isawaitable(result):
+                result = await result
+            return {str(k) for k in result}
+        return {str(k) for k in source or ()}
+
+    async def rebalance(self) -> None:
+        """One round: announce, compute ownership, renew/release/acquire leases."""
+        name = self.service.name
+        members_key = self.keys.service_members(name)
+        now = ms(self.clock.time())
+        stale_before = now - ms(self.lease_ttl_s)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(members_key, {self.instance_id: now})
+            pipe.zremrangebyscore(members_key, "-inf", stale_before)
+            pipe.zrange(members_key, 0, -1)
+            _, _, raw_members = await self._io(pipe.execute())
+        members = [m.decode() for m in raw_members]
+        mine = {k for k in await self._wanted_keys() if owner(k, members) == self.instance_id}
+
+        ttl = ms(self.lease_ttl_s)
+        for key in list(self.running):
+            lease = self.keys.service_lease(name, key)
+            if key not in mine:
+                await self._stop_key(key, release=True)
+            elif not await self._io(self._renew(keys=[lease], args=[self.instance_id, ttl])):
+                log.warning("per-key lease lost; stopping its loop", key=key)
+                await self._stop_key(key, release=False)
+        for key in sorted(mine - set(self.running)):
+            lease = self.keys.service_lease(name, key)
+            if await self._io(self.redis.set(lease, self.instance_id, nx=True, px=ttl)):
+                self._start_key(key)
+
+    async def _io(self, call: Awaitable[T]) -> T:
+        """A Redis call bounded by the renew deadline (a hung call must not outlast a lease)."""
+        return await asyncio.wait_for(call, timeout=self.renew_deadline_s)
+
+    def _start_key(self, key: str) -> None:
+        loop = _KeyLoop(self.service, key, self.context, self.clock)
+        stop = asyncio.Event()
+        task = asyncio.create_task(supervise(loop, stop, backoff=self._backoff()), name=loop.name)
+        self.running[key] = _Running(stop, task)
+        log.info("per-key loop started", key=key)
+
+    async def _stop_key(self, key: str, *, release: bool) -> None:
+        run = self.running.pop(key)
+        run.stop.set()
+        _, pending = await asyncio.wait({run.task}, timeout=self.stop_grace_s)
+        if pending:
+            run.task.cancel()
+            await asyncio.wait({run.task}, timeout=self.stop_grace_s)
+        if release and run.task.done():
+            # only once the loop is really gone may another process start the key
+            await self._release(
+                keys=[self.keys.service_lease(self.service.name, key)], args=[self.instance_id]
+            )
+        log.info("per-key loop stopped", key=key, released=release and run.task.done())
+
+    async def _stop_all(self, *, release: bool) -> None:
+        for key in list(self.running):
+            try:
+                await self._stop_key(key, release=release)
+            except Exception as exc:
+                log.warning("stopping per-key loop failed", key=key, error=str(exc))
