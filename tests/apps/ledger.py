@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping
 
@@ -110,10 +111,8 @@ if os.environ.get("LEDGER_MAILBOXES"):
         try:
             while not stop.is_set():
                 await ctx.redis.set(marker, os.getpid(), px=1500)
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.3)
-                except TimeoutError:
-                    pass
         finally:
             if await ctx.redis.get(marker) == str(os.getpid()).encode():
                 await ctx.redis.delete(marker)
