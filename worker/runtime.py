@@ -105,6 +105,7 @@ class Runtime:
         self.keys = K.Keys(settings.key_prefix)
         self.instance_id = f"{settings.instance_name}-{uuid4().hex[:6]}"
         self.metrics = Metrics()
+        self.serializers = get_serializer(settings.serializer)  # once: pickle warns
         self.plan = plan(settings.role, app, settings)
         self.ready = False
         self.shutting_down = False
@@ -298,10 +299,6 @@ class Runtime:
         ]
         self.singletons = self._group("singletons", singles)
         self.components += [self.leadership, *singles]
-
-    @property
-    def serializers(self) -> Any:
-        return get_serializer(self.settings.serializer)
 
     def _group(self, name: str, components: list[Component]) -> Group:
         s = self.settings
