@@ -225,3 +225,20 @@ def test_idle_consumer_backs_off_its_queue_poll_and_still_picks_up_work(
     wait_until(lambda: ledger(rsync, prefix, "records").get("wake") == 1, 10, what="the job")
     assert time.monotonic() - sent < float(idle_max) + 1.5
     assert proc.alive()
+
+
+@pytest.mark.slow
+def test_no_per_job_log_lines_at_info(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    proc = spawn("consumer", name="quiet")
+    wait_until(lambda: rsync.zcard(K.Keys(prefix).instances) == 1, 30, what="registration")
+    for n in range(20):
+        enqueue(redis_url, prefix, "record", f"k{n}")
+    wait_until(lambda: len(ledger(rsync, prefix, "records")) == 20, 30, what="20 jobs")
+    proc.terminate()
+    events = proc.events()
+    # arq's two INFO lines per job are DEBUG here: nothing per job at INFO
+    assert not [e for e in events if e.get("logger", "").startswith("arq")]
+    assert len(events) < 20, [e.get("event") for e in events]

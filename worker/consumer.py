@@ -36,6 +36,7 @@ from worker.serializer import Deserialize, Serialize
 log = structlog.get_logger("worker.consumer")
 
 HOLDS_FLUSH_S = 0.25
+SUMMARY_EVERY_S = 60.0
 
 
 def build_functions(app: App, context: Context, metrics: Metrics | None = None) -> list[Function]:
@@ -203,6 +204,8 @@ class Consumer(Component):
         self.worker: _ArqWorker | None = None
         self._flushed: frozenset[str] = frozenset()
         self._last_flush = 0.0
+        self._last_summary = self.clock.monotonic()
+        self._summary_totals = (0, 0, 0)
         self._draining = False
 
     @property
@@ -235,6 +238,7 @@ class Consumer(Component):
 
     async def run(self, stop: asyncio.Event) -> None:
         worker = self.worker = self._build()
+        self._summary_totals = (0, 0, 0)  # a new arq Worker counts from zero
         self._draining = False
         main = asyncio.create_task(worker.main(), name="consumer:arq")
         stopper = asyncio.create_task(stop.wait())
@@ -286,6 +290,24 @@ class Consumer(Component):
         if held != self._flushed and now - self._last_flush >= HOLDS_FLUSH_S:
             await self._flush_holds(held)
             self._last_flush = now
+        if now - self._last_summary >= SUMMARY_EVERY_S:
+            self._summarize(worker, now)
+
+    def _summarize(self, worker: _ArqWorker, now: float) -> None:
+        """One INFO line per minute with what the consumer did (per-job lines are DEBUG)."""
+        totals = (worker.jobs_complete, worker.jobs_failed, worker.jobs_retried)
+        done, failed, retried = (a - b for a, b in zip(totals, self._summary_totals, strict=True))
+        if done or failed or retried:
+            log.info(
+                "consumer summary",
+                window_s=round(now - self._last_summary),
+                complete=done,
+                failed=failed,
+                retried=retried,
+                in_flight=self.in_flight,
+            )
+        self._summary_totals = totals
+        self._last_summary = now
 
     async def _flush_holds(self, held: frozenset[str]) -> None:
         key = self.keys.holds(self.instance_id)
