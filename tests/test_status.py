@@ -237,3 +237,24 @@ async def test_status_command_never_prints_the_password(
     assert "cannot read status" in str(info.value)
     assert SECRET not in str(info.value)
     assert "\n" not in str(info.value)
+
+
+async def test_per_key_service_owners(r: Any) -> None:
+    app = await seed(r)
+
+    @app.service(cardinality="per_key", keys=["box-1", "box-2", "box-3"])
+    async def mailbox(ctx: Any, stop: Any, key: str) -> None: ...
+
+    await r.zadd(KEYS.service_members("mailbox"), {"leader-1-aaa": NOW, "consumer-1-bbb": NOW})
+    await r.set(KEYS.service_lease("mailbox", "box-1"), "leader-1-aaa", px=10_000)
+    await r.set(KEYS.service_lease("mailbox", "box-2"), "consumer-1-bbb", px=10_000)
+    data = await status.collect(r, KEYS, app, FakeClock(NOW_S))
+    (svc,) = data["per_key_services"]
+    assert svc == {
+        "name": "mailbox",
+        "processes": 2,
+        "keys": {"box-1": "leader-1", "box-2": "consumer-1"},  # box-3: not running anywhere
+    }
+    text = status.render(data)
+    assert "per_key service mailbox: 2 keys running on 2 processes" in text
+    assert "box-2" in text and "consumer-1" in text

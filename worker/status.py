@@ -89,6 +89,25 @@ async def collect(
                 "shards": shards,
             }
         )
+    services = []
+    names = {i.get("id"): i.get("name") for i in instances}
+    for sv in app.services.values():
+        if sv.cardinality != "per_key":
+            continue
+        lease_keys = [k async for k in redis.scan_iter(match=keys.service_lease(sv.name, "*"))]
+        owners = await redis.mget(lease_keys) if lease_keys else []
+        prefix_len = len(keys.service_lease(sv.name, ""))
+        services.append(
+            {
+                "name": sv.name,
+                "processes": int(await redis.zcard(keys.service_members(sv.name))),
+                "keys": {
+                    _s(k)[prefix_len:]: names.get(_s(o), _s(o))
+                    for k, o in sorted(zip(lease_keys, owners, strict=True))
+                    if o is not None
+                },
+            }
+        )
     initializers = []
     for i in app.initializers.values():
         st = {_s(k): _s(v) for k, v in (await redis.hgetall(keys.init_state(i.name))).items()}
@@ -111,6 +130,7 @@ async def collect(
         "periodic": periodics,
         "pollers": pollers,
         "initializers": initializers,
+        "per_key_services": services,
         "dead_letters": int(dead),
     }
 
@@ -217,5 +237,12 @@ def render(status: dict[str, Any]) -> str:
                     for i in status["initializers"]
                 ],
             ),
+        ]
+    for sv in status.get("per_key_services", []):
+        out += [
+            "",
+            f"per_key service {sv['name']}: {len(sv['keys'])} keys running "
+            f"on {sv['processes']} processes",
+            *_table(["KEY", "INSTANCE"], [[k, o] for k, o in sv["keys"].items()]),
         ]
     return "\n".join(out)
