@@ -18,42 +18,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from worker.settings import env_names
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 ROLES = ROOT / "roles"
 K8S_VERSION = "1.30"
 
-# Mirrors worker/settings.py (env prefix WORKER_): the documented settings that deployment
-# profiles may set. Keep in sync: settings.py ignores unknown WORKER_* names silently, so a
-# typo in roles/*.env would otherwise go unnoticed.
-ALLOWED_SETTINGS = frozenset(
-    {
-        "WORKER_ROLE",
-        "WORKER_INSTANCE_NAME",
-        "WORKER_REDIS_URL",
-        "WORKER_APP",
-        "WORKER_KEY_PREFIX",
-        "WORKER_LOG_FORMAT",
-        "WORKER_LOG_LEVEL",
-        "WORKER_CONCURRENCY",
-        "WORKER_POLL_DELAY_S",
-        "WORKER_JOB_TIMEOUT_S",
-        "WORKER_MAX_TRIES",
-        "WORKER_SERIALIZER",
-        "WORKER_SHUTDOWN_TIMEOUT_S",
-        "WORKER_DRAIN_DELAY_S",
-        "WORKER_HEALTH_HOST",
-        "WORKER_HEALTH_PORT",
-        "WORKER_LEADER_TTL_S",
-        "WORKER_LEADER_RENEW_INTERVAL_S",
-        "WORKER_LEADER_RENEW_DEADLINE_S",
-        "WORKER_LEADER_POLL_INTERVAL_S",
-        "WORKER_HEARTBEAT_INTERVAL_S",
-        "WORKER_ORPHAN_STALE_S",
-        "WORKER_CONFIG_FILE",
-    }
-)
+# Every WORKER_* variable the settings read: a typo in roles/*.env would otherwise be ignored.
+ALLOWED_SETTINGS = frozenset(env_names())
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_DRAIN_DELAY_S = 5.0
 ROLE_NAMES = ("all", "leader", "consumer")

@@ -241,3 +241,20 @@ def test_redacted_has_no_password(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_settings_class_validates_without_load_settings() -> None:
     with pytest.raises(ValueError, match="WORKER_APP"):
         Settings(app="no-colon")
+
+
+def test_likely_typos_are_reported_but_kubernetes_service_variables_are_not() -> None:
+    from worker.settings import likely_typos
+
+    env = {
+        "WORKER_CONCURENCY": "5",  # typo
+        "worker_log_levl": "DEBUG",  # typo, lower case
+        "WORKER_SERVICE_HOST": "10.0.0.1",  # injected by Kubernetes for a Service "worker"
+        "WORKER_PORT_8080_TCP": "tcp://10.0.0.1:8080",
+        "WORKER_CONCURRENCY": "5",  # a real setting
+        "HOME": "/root",
+    }
+    assert likely_typos(env) == [
+        "WORKER_CONCURENCY is not a setting; did you mean WORKER_CONCURRENCY?",
+        "worker_log_levl is not a setting; did you mean WORKER_LOG_LEVEL?",
+    ]

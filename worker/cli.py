@@ -20,7 +20,7 @@ import structlog
 
 from worker.app import App, load_app
 from worker.errors import ConfigError
-from worker.settings import Settings, load_settings, mask_url
+from worker.settings import Settings, likely_typos, load_settings, mask_url
 
 T = TypeVar("T")
 EXIT_CONFIG = 2
@@ -107,6 +107,8 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.runtime import Runtime
 
     _setup_logging(settings)
+    for warning in likely_typos():
+        log.warning(warning)
     app = load_app(settings.app)
     embedded = None
     url = settings.redis_url

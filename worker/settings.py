@@ -7,9 +7,11 @@ that names the variable and the accepted values; the CLI prints it and exits wit
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import socket
+from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -183,6 +185,28 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(_one_line(exc, clean)) from None
     except ValueError as exc:  # e.g. TOML syntax errors
         raise ConfigError(f"WORKER_CONFIG_FILE: {exc}") from None
+
+
+def env_names() -> set[str]:
+    """Every environment variable the settings read (``WORKER_<FIELD>`` + the config file)."""
+    return {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields} | {
+        f"{ENV_PREFIX}CONFIG_FILE"
+    }
+
+
+def likely_typos(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``WORKER_*`` variables that are not settings but look like one (a typo is otherwise
+    silently ignored). Only close matches are reported: Kubernetes injects unrelated
+    ``WORKER_SERVICE_HOST``-style variables for a Service named ``worker``."""
+    known = env_names()
+    out = []
+    for name in sorted(environ if environ is not None else os.environ):
+        upper = name.upper()
+        if upper.startswith(ENV_PREFIX) and upper not in known:
+            match = difflib.get_close_matches(upper, known, n=1, cutoff=0.85)
+            if match:
+                out.append(f"{name} is not a setting; did you mean {match[0]}?")
+    return out
 
 
 def _one_line(exc: ValidationError, overrides: dict[str, Any]) -> str:
