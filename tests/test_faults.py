@@ -80,7 +80,14 @@ def test_three_leaders_two_consumers_every_tick_once_for_60_ticks(
     spawn: Spawn, rsync: redis_sync.Redis
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    leaders = [spawn("leader", name=f"leader-{i}") for i in range(3)]
+    # No fault is injected here, so use roomier lease timings than FAST_ENV: a CPU-starved CI
+    # machine must not turn a slow renew into a (correct, but here unexpected) handover.
+    calm = {
+        "WORKER_LEADER_TTL_S": "10",
+        "WORKER_LEADER_RENEW_INTERVAL_S": "1",
+        "WORKER_LEADER_RENEW_DEADLINE_S": "6",
+    }
+    leaders = [spawn("leader", name=f"leader-{i}", env=calm) for i in range(3)]
     consumers = [spawn("consumer", name=f"consumer-{i}") for i in range(2)]
     wait_until(lambda: tick_ledger(rsync, prefix), timeout=30, what="first tick")
     first = min(tick_ledger(rsync, prefix))
