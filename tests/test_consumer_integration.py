@@ -242,3 +242,29 @@ def test_no_per_job_log_lines_at_info(
     # arq's two INFO lines per job are DEBUG here: nothing per job at INFO
     assert not [e for e in events if e.get("logger", "").startswith("arq")]
     assert len(events) < 20, [e.get("event") for e in events]
+
+
+@pytest.mark.slow
+def test_dead_letters_listed_and_requeued_after_the_fix(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str, cli: Any
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix}
+    # An old deployment that does not know `record` yet sets the job aside...
+    old = spawn("consumer", name="old", app="tests.apps.minimal:app")
+    job_id = enqueue(redis_url, prefix, "record", "late")
+    wait_until(lambda: dead_record(rsync, prefix, job_id), 30, what="dead-lettering")
+    old.terminate()
+    listed = json.loads(cli("dead", "--json", env=env).stdout)
+    assert [r["job_id"] for r in listed] == [job_id]
+    assert "payload_b64" not in listed[0] and "record" in listed[0]["reason"]
+
+    # ...the fixed deployment runs it once re-queued, with the same id and arguments.
+    spawn("consumer", name="new")
+    done = cli("dead", "--retry", job_id, env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"{job_id}: requeued" in done.stdout
+    wait_until(lambda: ledger(rsync, prefix, "records").get("late") == 1, 30, what="the re-run")
+    assert json.loads(cli("dead", "--json", env=env).stdout) == []
+    again = cli("dead", "--retry", job_id, env=env)
+    assert again.returncode == 1 and f"{job_id}: missing" in again.stdout

@@ -599,3 +599,24 @@ async def test_inflight_clear_by_job_id_and_by_missing_job(r: Any) -> None:
     assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["c", "", K.ARQ_JOB]) == 0
     assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["zz", "", K.ARQ_JOB]) == 0
     assert await r.hgetall(inflight) == {b"c": b"job-c"}
+
+
+async def test_dead_retry_requeues_once_and_refuses_live_ids(r: Any) -> None:
+    jid = "t:job-1"
+    await r.zadd(KEYS.dead, {jid: T})
+    await r.hset(KEYS.dead_jobs, jid, "{}")
+    await r.set(K.ARQ_RESULT + jid, b"failed")
+    await r.set(K.ARQ_RETRY + jid, 5)
+    args = [jid, b"payload", K.ARQ_JOB, K.ARQ_RESULT, K.ARQ_RETRY, JOB_TTL, T + 1]
+    keys = [KEYS.queue, KEYS.dead, KEYS.dead_jobs]
+    await r.set(K.ARQ_JOB + jid, b"still queued")
+    assert await run(r, K.DEAD_RETRY, keys, args) == 0  # an id in use is never overwritten
+    assert await r.get(K.ARQ_JOB + jid) == b"still queued"
+    await r.delete(K.ARQ_JOB + jid)
+    assert await run(r, K.DEAD_RETRY, keys, args) == 1
+    assert await r.get(K.ARQ_JOB + jid) == b"payload"
+    assert 0 < await r.pttl(K.ARQ_JOB + jid) <= JOB_TTL
+    assert await r.zscore(KEYS.queue, jid) == T + 1
+    assert not await r.exists(K.ARQ_RESULT + jid, K.ARQ_RETRY + jid)  # tries start over
+    assert await r.zcard(KEYS.dead) == 0 and await r.hlen(KEYS.dead_jobs) == 0
+    assert await run(r, K.DEAD_RETRY, keys, args) == -1

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="worker",
         description="Role-split background worker on arq. Commands: run (default), plan, "
-        "status, health.",
+        "status, health, dead.",
     )
     p.add_argument(
         "command", nargs="?", default="run", help="run | plan | status | health (default: run)"
@@ -41,7 +41,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-name", help="name in logs and status (env WORKER_INSTANCE_NAME)")
     p.add_argument("--app", help="package.module:attribute of the App (env WORKER_APP)")
     p.add_argument("--redis-url", help="redis://, rediss:// or unix:// (env WORKER_REDIS_URL)")
-    p.add_argument("--json", action="store_true", help="status: print JSON")
+    p.add_argument("--json", action="store_true", help="status, dead: print JSON")
+    p.add_argument(
+        "--retry",
+        action="append",
+        metavar="JOB_ID",
+        help="dead: re-queue this dead-lettered job (repeatable)",
+    )
+    p.add_argument("--retry-all", action="store_true", help="dead: re-queue every one")
+    p.add_argument("--purge", action="store_true", help="dead: forget every one")
     return p
 
 
@@ -63,7 +71,13 @@ def _run_async(coro: Coroutine[Any, Any, T]) -> T:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m worker`` and the ``worker`` console script."""
     args = _parser().parse_args(argv)
-    commands = {"run": cmd_run, "plan": cmd_plan, "status": cmd_status, "health": cmd_health}
+    commands = {
+        "run": cmd_run,
+        "plan": cmd_plan,
+        "status": cmd_status,
+        "health": cmd_health,
+        "dead": cmd_dead,
+    }
     if args.command not in commands:
         _fail(f"unknown command {args.command!r}; use one of: {', '.join(commands)}")
     try:
@@ -164,6 +178,52 @@ async def _status(settings: Settings, app: App, *, as_json: bool) -> int:
         await redis.aclose(close_connection_pool=True)
     print(json.dumps(data, indent=2) if as_json else status.render(data))
     return 0
+
+
+def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
+    """List, re-queue or purge dead-lettered jobs."""
+    if settings.redis_url is None:
+        raise ConfigError("WORKER_REDIS_URL is required for dead (which Redis to read?)")
+    return _run_async(_dead(settings, args))
+
+
+async def _dead(settings: Settings, args: argparse.Namespace) -> int:
+    from worker import dead
+    from worker import keys as K
+    from worker.client import connect_redis
+    from worker.serializer import get_serializer
+
+    keys = K.Keys(settings.key_prefix)
+    ser, de = get_serializer("msgpack")  # payloads are copied as raw bytes
+    assert settings.redis_url is not None
+    redis = connect_redis(settings.redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    try:
+        if args.purge:
+            print(f"purged {await dead.purge_dead(redis, keys)} dead-lettered jobs")
+            return 0
+        ids = list(args.retry or [])
+        if args.retry_all:
+            ids += [r["job_id"] for r in await dead.list_dead(redis, keys, limit=1_000_000)]
+        if ids:
+            outcomes = {i: await dead.retry_dead(redis, keys, i) for i in ids}
+            for job_id, outcome in outcomes.items():
+                print(f"{job_id}: {outcome}")
+            return 0 if all(o == "requeued" for o in outcomes.values()) else 1
+        records = await dead.list_dead(redis, keys)
+        if args.json or not sys.stdout.isatty():
+            print(json.dumps(records, indent=2))
+        else:
+            for r in records:
+                print(f"{r.get('job_id')}  {r.get('reason')}  (instance {r.get('instance')})")
+            print(f"{len(records)} dead-lettered jobs shown")
+        return 0
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read dead letters from {mask_url(settings.redis_url)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        await redis.aclose(close_connection_pool=True)
 
 
 def cmd_health(settings: Settings, _: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ __all__ = [
     "ACQUIRE",
     "CHECKPOINT",
     "CLAIM_STATIC",
+    "DEAD_RETRY",
     "DISPATCH",
     "ENQUEUE_TICKS",
     "FENCE_ERROR",
@@ -451,6 +452,34 @@ if (ARGV[2] ~= '' and current == ARGV[2])
   return redis.call('HDEL', KEYS[1], ARGV[1])
 end
 return 0
+"""
+
+DEAD_RETRY = """
+-- Put a dead-lettered job back on the queue with its original payload and id; its tries start
+-- over. Refused while a job with that id exists (queued or running).
+-- KEYS[1] -> arq queue
+-- KEYS[2] -> dead-letter sorted set
+-- KEYS[3] -> dead-letter records hash
+-- ARGV[1] -> job id
+-- ARGV[2] -> raw payload (decoded from the record by the caller)
+-- ARGV[3] -> arq job key prefix
+-- ARGV[4] -> arq result key prefix
+-- ARGV[5] -> arq retry key prefix
+-- ARGV[6] -> job key TTL in ms
+-- ARGV[7] -> score (now, ms)
+-- Returns: 1 if re-queued, 0 if the id is live, -1 if it is not in the dead-letter set.
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  return -1
+end
+if redis.call('EXISTS', ARGV[3] .. ARGV[1]) == 1 then
+  return 0
+end
+redis.call('DEL', ARGV[4] .. ARGV[1], ARGV[5] .. ARGV[1])
+redis.call('SET', ARGV[3] .. ARGV[1], ARGV[2], 'PX', ARGV[6])
+redis.call('ZADD', KEYS[1], ARGV[7], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
 """
 
 MUTEX_RELEASE = """
