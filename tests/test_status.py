@@ -234,7 +234,7 @@ async def test_status_command_never_prints_the_password(
         await cli._status(
             Settings.model_construct(redis_url=wrong, key_prefix="t:"), app, as_json=True
         )
-    assert "cannot read status" in str(info.value)
+    assert "status: cannot use Redis" in str(info.value)
     assert SECRET not in str(info.value)
     assert "\n" not in str(info.value)
 

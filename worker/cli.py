@@ -13,7 +13,8 @@ import logging
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn, TypeVar
 
 import structlog
@@ -152,52 +153,53 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """Print the cluster's state from Redis."""
     if settings.redis_url is None:
         raise ConfigError("WORKER_REDIS_URL is required for status (which Redis to read?)")
-    app: App = load_app(settings.app)
+    app = load_app(settings.app)
     return _run_async(_status(settings, app, as_json=args.json or not sys.stdout.isatty()))
 
 
-async def _status(settings: Settings, app: App, *, as_json: bool) -> int:
+@asynccontextmanager
+async def _admin_redis(settings: Settings, what: str) -> AsyncIterator[tuple[Any, Any]]:
+    """A short-lived client for an admin command; Redis errors become one-line ConfigErrors."""
     from worker import keys as K
-    from worker import status
     from worker.client import connect_redis
     from worker.serializer import get_serializer
 
+    if settings.redis_url is None:
+        raise ConfigError(f"WORKER_REDIS_URL is required for {what} (which Redis to read?)")
     keys = K.Keys(settings.key_prefix)
-    ser, de = get_serializer("msgpack")  # status reads no payloads
-    assert settings.redis_url is not None
+    ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
     redis = connect_redis(settings.redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
     try:
-        try:
-            data = await status.collect(redis, keys, app)
-        except Exception as exc:
-            raise ConfigError(
-                f"cannot read status from {mask_url(settings.redis_url)}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+        yield redis, keys
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"{what}: cannot use Redis at {mask_url(settings.redis_url)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
     finally:
         await redis.aclose(close_connection_pool=True)
+
+
+async def _status(settings: Settings, app: App, *, as_json: bool) -> int:
+    from worker import status
+
+    async with _admin_redis(settings, "status") as (redis, keys):
+        data = await status.collect(redis, keys, app)
     print(json.dumps(data, indent=2) if as_json else status.render(data))
     return 0
 
 
 def cmd_dead(settings: Settings, args: argparse.Namespace) -> int:
     """List, re-queue or purge dead-lettered jobs."""
-    if settings.redis_url is None:
-        raise ConfigError("WORKER_REDIS_URL is required for dead (which Redis to read?)")
     return _run_async(_dead(settings, args))
 
 
 async def _dead(settings: Settings, args: argparse.Namespace) -> int:
     from worker import dead
-    from worker import keys as K
-    from worker.client import connect_redis
-    from worker.serializer import get_serializer
 
-    keys = K.Keys(settings.key_prefix)
-    ser, de = get_serializer("msgpack")  # payloads are copied as raw bytes
-    assert settings.redis_url is not None
-    redis = connect_redis(settings.redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
-    try:
+    async with _admin_redis(settings, "dead") as (redis, keys):
         if args.purge:
             print(f"purged {await dead.purge_dead(redis, keys)} dead-lettered jobs")
             return 0
@@ -210,20 +212,13 @@ async def _dead(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"{job_id}: {outcome}")
             return 0 if all(o == "requeued" for o in outcomes.values()) else 1
         records = await dead.list_dead(redis, keys)
-        if args.json or not sys.stdout.isatty():
-            print(json.dumps(records, indent=2))
-        else:
-            for r in records:
-                print(f"{r.get('job_id')}  {r.get('reason')}  (instance {r.get('instance')})")
-            print(f"{len(records)} dead-lettered jobs shown")
-        return 0
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot read dead letters from {mask_url(settings.redis_url)}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
-    finally:
-        await redis.aclose(close_connection_pool=True)
+    if args.json or not sys.stdout.isatty():
+        print(json.dumps(records, indent=2))
+    else:
+        for r in records:
+            print(f"{r.get('job_id')}  {r.get('reason')}  (instance {r.get('instance')})")
+        print(f"{len(records)} dead-lettered jobs shown")
+    return 0
 
 
 def cmd_health(settings: Settings, _: argparse.Namespace) -> int:
