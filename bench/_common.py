@@ -111,6 +111,12 @@ def pct(values: list[float], q: float) -> float:
     return s[k]
 
 
+def rotated(names: list[str], rnd: int) -> list[str]:
+    """Round ``rnd``'s run order: each variant goes first in turn, so drift hits all alike."""
+    k = rnd % len(names)
+    return names[k:] + names[:k]
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -45,6 +45,7 @@ from bench._common import (
     median,
     print_machine,
     python,
+    rotated,
     server_cpu,
     spawn,
     start_server,
@@ -215,7 +216,7 @@ def main() -> None:
         results: dict[str, list[dict[str, Any]]] = {k: [] for k in VARIANTS}
         names = list(VARIANTS)
         for rnd in range(rounds):
-            order = names[rnd % len(names) :] + names[: rnd % len(names)]
+            order = rotated(names, rnd)
             for name in order:
                 res = run_once(name, url, n_default if name == "arq-default" else n, logdir, rnd)
                 results[name].append(res)

@@ -42,6 +42,7 @@ from bench._common import (
     median,
     print_machine,
     python,
+    rotated,
     run_async,
     server_cpu,
     start_server,
@@ -181,7 +182,7 @@ def main() -> None:
         results: dict[str, list[dict[str, Any]]] = {k: [] for k in VARIANTS}
         names = list(VARIANTS)
         for rnd in range(rounds):
-            order = names[rnd % len(names) :] + names[: rnd % len(names)]
+            order = rotated(names, rnd)
             for kind in order:
                 size = n // 5 if kind == "ours-fifth" else n
                 res = run_once(kind, url, size, args.batch, args.shards)
