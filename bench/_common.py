@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import redis as redis_sync
 
 from worker.embedded import EmbeddedServer, find_server_binary, free_port
+from worker.ids import LockValue
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -181,3 +182,16 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: flo
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+class FixedLease:
+    """A LeaderView holding a fixed lock value (benchmarks run singleton components directly)."""
+
+    def __init__(self, value: str) -> None:
+        self.lock = LockValue.parse(value)
+
+    def is_leading(self) -> bool:
+        return self.lock is not None
+
+    def lost(self, reason: str) -> None:
+        raise RuntimeError(f"benchmark lost its fixed lease: {reason}")

@@ -33,6 +33,7 @@ import redis as redis_sync
 from arq.connections import ArqRedis, RedisSettings, create_pool
 
 from bench._common import (
+    FixedLease,
     commandstats,
     delta,
     fmt_breakdown,
@@ -46,11 +47,12 @@ from bench._common import (
     table,
 )
 from worker import keys as K
-from worker.app import PollerDef
 from worker.client import connect_redis
-from worker.clock import ms
-from worker.poller import PollingScheduler
+from worker.clock import SystemClock, ms
+from worker.ids import JobIds
+from worker.poller import PollerDef, PollingScheduler
 from worker.serializer import get_serializer
+from worker.store import FencedStore, Store
 
 KEYS = K.Keys("bench:")
 LOCK_VALUE = "1:bench-static-lock"
@@ -74,9 +76,8 @@ def fill(r: redis_sync.Redis, poller: PollerDef, n: int) -> None:
 
 
 async def drain_ours(redis: ArqRedis, poller: PollerDef) -> None:
-    sched = PollingScheduler(
-        poller=poller, redis=redis, keys=KEYS, lock_value=lambda: LOCK_VALUE, serialize=SERIALIZE
-    )
+    fenced = FencedStore(Store(redis, KEYS), FixedLease(LOCK_VALUE))
+    sched = PollingScheduler(poller, fenced, SERIALIZE, SystemClock())
     for shard in range(poller.shards):
         while await sched.dispatch_shard(shard):
             pass
@@ -86,7 +87,7 @@ async def drain_naive(redis: ArqRedis, poller: PollerDef, concurrency: int) -> N
     """Per item: arq's enqueue_job with a deterministic id, then ZREM from the shard."""
 
     async def one(shard_key: str, item: str, score: float) -> None:
-        job_id = KEYS.poll_job_id(poller.name, item, int(score))
+        job_id = JobIds(KEYS.prefix).poll(poller.name, item, int(score))
         await redis.enqueue_job(poller.task, item, _job_id=job_id, _queue_name=KEYS.queue)
         await redis.zrem(shard_key, item)
 
@@ -176,6 +177,7 @@ async def inflight_after_jobs_finish(url: str, n: int = 1000) -> str:
     from worker.clock import SystemClock
     from worker.consumer import build_functions
     from worker.context import Context, JobContext
+    from worker.poller import InflightHook
     from worker.settings import Settings
 
     app = App("leakcheck")
@@ -190,9 +192,10 @@ async def inflight_after_jobs_finish(url: str, n: int = 1000) -> str:
     redis = connect_redis(url, queue_name=KEYS.queue, serialize=SERIALIZE, deserialize=DESERIALIZE)
     await drain_ours(redis, poller)
     client = Client(redis, keys=KEYS, serialize=SERIALIZE, app=app)
-    context = Context(app, Settings.model_construct(), redis, client, SystemClock(), "bench")
+    context = Context(Settings.model_construct(), redis, client, SystemClock(), "bench")
+    hooks = [InflightHook(client.store, app.pollers)]
     w = Worker(
-        functions=build_functions(app, context),
+        functions=build_functions(app.jobs(), hooks, context),
         redis_pool=redis, queue_name=KEYS.queue, burst=True, poll_delay=0.01,
         handle_signals=False, job_serializer=SERIALIZE, job_deserializer=DESERIALIZE,
     )  # fmt: skip

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis as redis_sync
 
 from bench._common import (
+    FixedLease,
     child_env,
     commandstats,
     delta,
@@ -49,13 +50,15 @@ from bench._common import (
     table,
 )
 from worker import keys as K
-from worker.app import App, InitializerDef, PollerDef
+from worker.app import App
 from worker.client import Client, connect_redis
 from worker.clock import SystemClock, ms
 from worker.context import Context
-from worker.initializer import Initializer
+from worker.initializer import Initializer, InitializerDef
+from worker.poller import PollerDef
 from worker.serializer import get_serializer
 from worker.settings import Settings
+from worker.store import FencedStore, Store
 
 KEYS = K.Keys("bench:")
 LOCK_VALUE = "1:bench-static-lock"
@@ -89,15 +92,13 @@ async def child(kind: str, url: str, n: int, batch: int, shards: int) -> dict[st
     ser, de = get_serializer("msgpack")
     redis = connect_redis(url, queue_name=KEYS.queue, serialize=ser, deserialize=de)
     client = Client(redis, keys=KEYS, serialize=ser, app=app)
-    ctx = Context(app, Settings(), redis, client, SystemClock(), "bench")
+    ctx = Context(Settings(), redis, client, SystemClock(), "bench")
     await redis.ping()
     rss0 = rss_mb()
     t0 = time.perf_counter()
     if kind == "ours":
-        init = Initializer(
-            initializer=idef, poller=poller, context=ctx, redis=redis, keys=KEYS,
-            lock_value=lambda: LOCK_VALUE, epoch=lambda: 1,
-        )  # fmt: skip
+        fenced = FencedStore(Store(redis, KEYS), FixedLease(LOCK_VALUE))
+        init = Initializer(idef, poller, ctx, fenced, SystemClock())
         await init.run(asyncio.Event())
     else:
         pipe = redis.pipeline(transaction=False)

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 
 from tests.realredis import RealRedis
+from worker.ids import LockValue
 from worker.serializer import get_serializer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,25 @@ FAST_ENV = {
     "WORKER_LOG_FORMAT": "json",
     "WORKER_LOG_LEVEL": "INFO",
 }
+
+
+class FixedLease:
+    """A :class:`worker.views.LeaderView` with a fixed lock value: components under test
+    "lead" with it; refusals reported through :meth:`lost` are recorded."""
+
+    def __init__(self, value: str | None) -> None:
+        self.value = value
+        self.losses: list[str] = []
+
+    @property
+    def lock(self) -> LockValue | None:
+        return LockValue.parse(self.value)
+
+    def is_leading(self) -> bool:
+        return self.lock is not None
+
+    def lost(self, reason: str) -> None:
+        self.losses.append(reason)
 
 
 def wait_until(

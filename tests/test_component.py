@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from worker.clock import FakeClock
+from worker.clock import FakeClock, SystemClock
 from worker.component import (
     Backoff,
     Component,
@@ -15,7 +15,6 @@ from worker.component import (
     Health,
     LoopComponent,
     supervise,
-    wait_for_event,
 )
 from worker.errors import LeadershipLost
 
@@ -38,10 +37,8 @@ class RecordingBackoff(Backoff):
 class Flaky(Component):
     """Fails ``failures`` times, then either finishes or waits for stop."""
 
-    name = "flaky"
-
     def __init__(self, failures: int, then: str = "finish", clock: Any = None) -> None:
-        super().__init__(clock)
+        super().__init__("flaky", clock or SystemClock())
         self.failures = failures
         self.then = then
         self.runs = 0
@@ -103,7 +100,12 @@ async def test_supervise_resets_backoff_after_a_long_healthy_run() -> None:
     c = Flaky(failures=4, clock=clock)
     c.advance_per_run = 120.0  # each run lasted two minutes before failing
     bo = RecordingBackoff(base_s=0.001, cap_s=0.004, reset_after_s=60)
-    await asyncio.wait_for(supervise(c, asyncio.Event(), backoff=bo), timeout=5)
+    task = asyncio.create_task(supervise(c, asyncio.Event(), backoff=bo))
+    for _ in range(1000):  # the backoff waits on the fake clock: drive it
+        if task.done():
+            break
+        await clock.run_for(0.01, step=0.001)
+    await asyncio.wait_for(task, timeout=5)
     assert bo.ceilings == [0.001] * 4
 
 
@@ -115,20 +117,20 @@ async def test_finished_component_is_not_restarted() -> None:
     assert c.health.restarts == 0
 
 
-async def test_leadership_lost_is_reported_not_retried() -> None:
+async def test_leadership_lost_ends_the_component_without_restart() -> None:
     c = Flaky(failures=1, then="lost")
-    lost: list[tuple[Component, LeadershipLost]] = []
+    restarts: list[BaseException] = []
     await asyncio.wait_for(
         supervise(
             c,
             asyncio.Event(),
             backoff=Backoff(0.001, 0.001),
-            on_leadership_lost=lambda comp, e: lost.append((comp, e)),
+            on_restart=lambda comp, e: restarts.append(e),
         ),
         5,
     )
     assert c.runs == 2  # one ordinary failure (restarted), then fenced: stop
-    assert len(lost) == 1 and lost[0][0] is c and "FENCED" in str(lost[0][1])
+    assert [str(e) for e in restarts] == ["boom 1"]  # the fenced refusal is no restart
     assert c.health.state == "fenced"
     assert "FENCED" in (c.health.last_error or "")
 
@@ -176,8 +178,7 @@ async def test_cancellation_propagates() -> None:
 
 class Waiter(Component):
     def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__()
+        super().__init__(name, SystemClock())
         self.started = asyncio.Event()
         self.cleaned_up = False
 
@@ -192,10 +193,8 @@ class Waiter(Component):
 class Stubborn(Component):
     """Ignores stop and swallows cancellation until released (e.g. a shielded call)."""
 
-    name = "stubborn"
-
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__("stubborn", SystemClock())
         self.release = asyncio.Event()
         self.cancels = 0
 
@@ -240,17 +239,19 @@ async def test_group_stop_reports_component_ignoring_cancellation() -> None:
     assert w.cleaned_up
     assert g.running
     s.release.set()
-    await asyncio.wait_for(g.wait(), 5)
+    await asyncio.wait_for(asyncio.gather(*g._tasks), 5)
     assert not g.running
 
 
-async def test_group_forwards_leadership_lost() -> None:
-    lost: list[str] = []
-    c = Flaky(failures=0, then="lost")
-    g = Group("g", [c], on_leadership_lost=lambda comp, e: lost.append(comp.name))
+async def test_group_member_fenced_out_ends_and_others_keep_running() -> None:
+    c, w = Flaky(failures=0, then="lost"), Waiter("w")
+    g = Group("g", [c, w])
     g.start()
-    await asyncio.wait_for(g.wait(), 5)
-    assert lost == ["flaky"]
+    await asyncio.wait_for(w.started.wait(), 5)
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert c.health.state == "fenced" and c.runs == 1
+    assert w.health.state == "running"
     assert await g.stop(1) is True
 
 
@@ -260,10 +261,8 @@ async def test_group_forwards_leadership_lost() -> None:
 
 
 class Counter(LoopComponent):
-    name = "counter"
-
     def __init__(self, stop_after: int, fail_at: int | None = None) -> None:
-        super().__init__(FakeClock())
+        super().__init__("counter", FakeClock())
         self.stop_after = stop_after
         self.fail_at = fail_at
         self.calls: list[str] = []
@@ -302,12 +301,51 @@ async def test_loop_component_teardown_runs_on_error() -> None:
     assert c.health.iterations == 1
 
 
-async def test_wait_for_event() -> None:
-    e = asyncio.Event()
-    assert await wait_for_event(e, 0.01) is False
-    assert await wait_for_event(e, -1) is False
+async def test_system_clock_waits() -> None:
+    clock = SystemClock()
+    e, f = asyncio.Event(), asyncio.Event()
+    assert await clock.wait(e, 0.01) is False
+    assert await clock.wait(e, -1) is False
+    assert await clock.wait((e, f), 0.01) is False
+    f.set()
+    assert await clock.wait((e, f), 100) is True
     e.set()
-    assert await wait_for_event(e, 100) is True
+    assert await clock.wait(e, 100) is True
+    with pytest.raises(TimeoutError):
+        await clock.wait_for(asyncio.sleep(10), 0.01)
+    assert await clock.wait_for(asyncio.sleep(0, "x"), 1) == "x"
+
+
+async def test_fake_clock_wakes_sleepers_only_when_advanced() -> None:
+    clock = FakeClock()
+    e = asyncio.Event()
+    woke: list[str] = []
+
+    async def sleeper(name: str, seconds: float) -> None:
+        await clock.sleep(seconds)
+        woke.append(name)
+
+    tasks = [asyncio.create_task(sleeper("a", 5)), asyncio.create_task(sleeper("b", 2))]
+    waiter = asyncio.create_task(clock.wait(e, 3))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert woke == [] and not waiter.done()  # real time passes, fake time does not
+    await clock.run_for(2.5, step=0.5)
+    assert woke == ["b"] and not waiter.done()
+    await clock.run_for(1)
+    assert waiter.done() and waiter.result() is False
+    e2 = asyncio.Event()
+    waiter2 = asyncio.create_task(clock.wait(e2, 100))
+    await asyncio.sleep(0)
+    e2.set()
+    assert await asyncio.wait_for(waiter2, 1) is True
+    await clock.run_for(2)
+    assert woke == ["b", "a"]
+    await asyncio.gather(*tasks)
+    slow = asyncio.create_task(clock.wait_for(asyncio.sleep(3600), 1))
+    await clock.run_for(1.5)
+    with pytest.raises(TimeoutError):
+        await slow
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +365,7 @@ def test_health_overdue() -> None:
     assert h.iterations == 1
     assert h.overdue(118) is False
     assert h.overdue(118.01) is True
-    for state in ("backoff", "stopped", "finished", "fenced"):
+    for state in ("stopped", "finished", "fenced"):
         h.state = state
         assert h.overdue(1e9) is False
     h.state = "running"
@@ -347,7 +385,29 @@ def test_health_snapshot() -> None:
         "seconds_since_ok": 6.0,
         "sla_s": 5,
         "overdue": True,
+        "crash_looping": False,
         "last_error": None,
         "dispatched": 7,
     }
     assert Health("y").snapshot(1.0)["seconds_since_ok"] is None
+
+
+def test_health_backoff_past_sla_and_crash_loops_are_overdue() -> None:
+    h = Health("x", sla_s=10, state="backoff")
+    h.failed(100.0, "RuntimeError: db down")
+    assert h.overdue(105) is False  # failing, but not yet for longer than the SLA
+    assert h.overdue(110.5) is True
+    h.ok(111)  # a successful iteration ends the streak
+    assert h.failing_since is None and h.overdue(500) is False
+
+    c = Health("y", state="running")  # no SLA at all: only a crash loop makes it overdue
+    for t in range(4):
+        c.failed(float(t), "boom")
+    assert not c.crash_looping(4.0) and not c.overdue(4.0)
+    c.failed(4.0, "boom")
+    assert c.crash_looping(5.0) and c.overdue(5.0)
+    assert not c.crash_looping(4.0 + 301)  # the five restarts left the window
+    assert c.snapshot(5.0, errors=False)["last_error"] == "boom"
+    c.failed(6.0, "RuntimeError: secret job data")
+    assert c.snapshot(7.0, errors=False)["last_error"] == "RuntimeError"
+    assert c.snapshot(7.0)["last_error"] == "RuntimeError: secret job data"

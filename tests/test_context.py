@@ -14,10 +14,12 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
 from worker.context import Context, JobContext
+from worker.ids import JobIds
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 
 KEYS = K.Keys("t:")
+KEYS_ids = JobIds("t:")
 NOW_S = 1_700_000_000.0
 NOW = int(NOW_S * 1000)
 
@@ -32,7 +34,6 @@ def ctx(r: Any, clock: FakeClock) -> Context:
     app = App("t")
     app.poller("cards", task="poll")
     return Context(
-        app=app,
         settings=Settings.model_construct(),
         redis=r,
         client=Client(r, keys=KEYS, serialize=msgpack_dumps, app=app, clock=clock),
@@ -110,7 +111,7 @@ async def test_once_and_forget(ctx: Context, r: Any) -> None:
 
 async def test_enqueue_unique_key_dedups_while_job_exists(ctx: Context, r: Any) -> None:
     jid = await ctx.enqueue("activate", 7, unique_key="activate:7")
-    assert jid == KEYS.unique_job_id("activate:7") == "t:unique:activate:7"
+    assert jid == KEYS_ids.unique("activate:7") == "t:unique:activate:7"
     assert await ctx.enqueue("activate", 7, unique_key="activate:7") is None
     assert await ctx.client.enqueue("activate", 8, unique_key="activate:7") is None
     assert await r.zrange(KEYS.queue, 0, -1) == [jid.encode()]
@@ -191,4 +192,4 @@ async def test_job_context_attributes(ctx: Context, r: Any) -> None:
     assert plain.job_try == 1 and plain.tick is None
     assert job.poller("cards").name == "cards"
     jid = await job.enqueue("f", unique_key="k")
-    assert jid == KEYS.unique_job_id("k")
+    assert jid == KEYS_ids.unique("k")

@@ -21,14 +21,16 @@ from arq.worker import Worker, func
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, FixedLease
 from worker import keys as K
 from worker.app import App
-from worker.client import BoundPoller, Client, connect_redis
+from worker.client import Client, connect_redis
 from worker.clock import SystemClock, ms
+from worker.ids import JobIds
 from worker.periodic import PeriodicEnqueuer
-from worker.poller import PollingScheduler
+from worker.poller import BoundPoller, PollingScheduler
 from worker.serializer import get_serializer
+from worker.store import FencedStore, Store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,17 +102,14 @@ async def test_arq_worker_consumes_poller_dispatch(
 
     now = ms(SystemClock().time())
     items = {f"card-{n}": (now - 5000 + n) / 1000 for n in range(12)}
-    await BoundPoller(poller, redis, keys, SystemClock()).schedule_many(items)
+    store = Store(redis, keys)
+    keys_ids = JobIds(keys.prefix)
+    await BoundPoller(poller, store, SystemClock()).schedule_many(items)
     future = "card-future"
-    await BoundPoller(poller, redis, keys, SystemClock()).schedule(future, delay=3600)
+    await BoundPoller(poller, store, SystemClock()).schedule(future, delay=3600)
 
-    scheduler = PollingScheduler(
-        poller=poller,
-        redis=redis,
-        keys=keys,
-        lock_value=lambda: LOCK_VALUE,
-        serialize=ser,
-    )
+    fenced = FencedStore(store, FixedLease(LOCK_VALUE))
+    scheduler = PollingScheduler(poller, fenced, ser, SystemClock())
     await scheduler.tick()
     assert scheduler.dispatched_total == len(items)
 
@@ -119,7 +118,7 @@ async def test_arq_worker_consumes_poller_dispatch(
     assert len(queued) == len(items)
     expected_ids = {}
     for item, due_s in items.items():
-        job_id = keys.poll_job_id("cards", item, round(due_s * 1000))
+        job_id = keys_ids.poll("cards", item, round(due_s * 1000))
         expected_ids[job_id] = item
         jd = queued[job_id]
         assert jd.function == "poll_card"
@@ -163,9 +162,9 @@ async def test_arq_worker_consumes_periodic_ticks(
     now = ms(SystemClock().time())
     last = job.schedule.latest(now) - 4000  # four ticks were missed since this one
     await redis.hset(keys.periodic_state, "heartbeat_job", last)
-    enqueuer = PeriodicEnqueuer(
-        jobs=[job], redis=redis, keys=keys, lock_value=lambda: LOCK_VALUE, serialize=ser
-    )
+    keys_ids = JobIds(keys.prefix)
+    fenced = FencedStore(Store(redis, keys), FixedLease(LOCK_VALUE))
+    enqueuer = PeriodicEnqueuer([job], fenced, ser, SystemClock())
     await enqueuer.tick()
 
     queued = {jd.job_id: jd for jd in await redis.queued_jobs()}
@@ -173,7 +172,7 @@ async def test_arq_worker_consumes_periodic_ticks(
     assert len(ticks) >= 4, queued
     assert ticks == list(range(last + 1000, ticks[-1] + 1, 1000))
     for t in ticks:
-        jd = queued[keys.periodic_job_id("heartbeat_job", t)]
+        jd = queued[keys_ids.periodic("heartbeat_job", t)]
         assert jd.function == "heartbeat_job"
         assert list(jd.args) == [] and jd.kwargs == {}
         assert jd.score == t
@@ -185,7 +184,7 @@ async def test_arq_worker_consumes_periodic_ticks(
 
     await run_arq_worker(redis_url, keys, [func(heartbeat_job, name="heartbeat_job")], len(ticks))
     assert sorted(c[0] for c in calls) == sorted(
-        keys.periodic_job_id("heartbeat_job", t) for t in ticks
+        keys_ids.periodic("heartbeat_job", t) for t in ticks
     )
     assert all(args == () and kwargs == {} for _, args, kwargs in calls)
 
@@ -197,13 +196,14 @@ async def test_arq_worker_consumes_client_enqueue(
     redis, keys = contract
     ser, _ = get_serializer("msgpack")
     client = Client(redis, keys=keys, serialize=ser)
+    keys_ids = JobIds(keys.prefix)
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     async def send(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         calls.append((args, kwargs))
 
     first = await client.enqueue("send", 1, "two", flag=True, unique_key="send:1")
-    assert first == keys.unique_job_id("send:1")
+    assert first == keys_ids.unique("send:1")
     assert await client.enqueue("send", 1, "two", flag=True, unique_key="send:1") is None
     await client.enqueue("send", 3)
 

@@ -8,15 +8,17 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import FixedLease
 from worker import keys as K
-from worker.app import App, InitializerDef
+from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
 from worker.context import Context
 from worker.errors import LeadershipLost
-from worker.initializer import Initializer
+from worker.initializer import Initializer, InitializerDef
 from worker.serializer import msgpack_dumps
 from worker.settings import Settings
+from worker.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
 LOCK = "9:mine"
@@ -65,12 +67,11 @@ def make_app() -> App:
 
 
 def initializer(
-    r: Any, source: Source, version: str = "v1", lock: str | None = LOCK, epoch: int = 9
+    r: Any, source: Source, version: str = "v1", lock: str | None = LOCK
 ) -> Initializer:
     app = make_app()
     clock = FakeClock(NOW_S)
     ctx = Context(
-        app=app,
         settings=Settings.model_construct(),
         redis=r,
         client=Client(r, keys=KEYS, serialize=msgpack_dumps, app=app, clock=clock),
@@ -78,14 +79,11 @@ def initializer(
         instance_id="i-1",
     )
     return Initializer(
-        initializer=InitializerDef("seed", source.gen, version, poller="cards"),  # type: ignore[arg-type]
-        poller=app.pollers["cards"],
-        context=ctx,
-        redis=r,
-        keys=KEYS,
-        lock_value=lambda: lock,
-        epoch=lambda: epoch,
-        clock=clock,
+        InitializerDef("seed", source.gen, version, poller="cards"),  # type: ignore[arg-type]
+        app.pollers["cards"],
+        ctx,
+        FencedStore(Store(r, KEYS), FixedLease(lock)),
+        clock,
     )
 
 
@@ -170,7 +168,8 @@ async def test_crash_mid_way_resumes_without_redoing_finished_batches(r: Any) ->
 
     # a new leader (new process, new epoch) picks it up
     resumed = Source()
-    await initializer(r, resumed, epoch=10).run(asyncio.Event())
+    await r.set(KEYS.leader, "10:next")
+    await initializer(r, resumed, lock="10:next").run(asyncio.Event())
     assert resumed.cursors == ["2"]
     assert resumed.produced == [2, 3, 4]  # batches 0 and 1 are never produced again
     st = await state(r)

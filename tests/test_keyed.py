@@ -11,10 +11,11 @@ import pytest
 
 from worker import keys as K
 from worker.app import App
-from worker.component import wait_for_event
+from worker.clock import SystemClock
 from worker.context import Context
 from worker.errors import ConfigError
 from worker.keyed import KeyedService, owner
+from worker.store import Store
 
 KEYS = K.Keys("t:")
 MAILBOXES = [f"box-{i}" for i in range(8)]
@@ -57,7 +58,7 @@ class Tracker:
             self.running[key] = me
             self.starts[key] += 1
             try:
-                await wait_for_event(stop, 3600)
+                await SystemClock().wait(stop, 3600)
             finally:
                 if self.running.get(key) == me:
                     del self.running[key]
@@ -67,10 +68,10 @@ def keyed(r: Any, app: App, iid: str, who: dict[int, str]) -> KeyedService:
     ctx = Context.__new__(Context)  # only identity matters to the test service
     who[id(ctx)] = iid
     return KeyedService(
-        service=app.services["mailbox"],
-        context=ctx,
-        redis=r,
-        keys=KEYS,
+        app.services["mailbox"],
+        ctx,
+        Store(r, KEYS),
+        SystemClock(),  # leases expire on the server's clock: this test runs in real time
         instance_id=iid,
         lease_ttl_s=1.0,
         renew_interval_s=0.1,

@@ -8,18 +8,28 @@ import fakeredis
 import pytest
 from arq.jobs import deserialize_job
 
+from tests.conftest import FixedLease
 from worker import keys as K
-from worker.app import PeriodicDef
 from worker.clock import FakeClock
 from worker.errors import LeadershipLost
+from worker.ids import JobIds
 from worker.metrics import Metrics
-from worker.periodic import FIRST_RUN_LOOKBACK_MS, MAX_SLEEP_S, ON_TIME_MS, PeriodicEnqueuer
+from worker.periodic import (
+    FIRST_RUN_LOOKBACK_MS,
+    MAX_SLEEP_S,
+    ON_TIME_MS,
+    PeriodicDef,
+    PeriodicEnqueuer,
+    plan_ticks,
+)
 from worker.schedule import Every
 from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.store import FencedStore, Store
 
 MIN = 60_000
 T0 = 28_333_334 * MIN  # 2023-11-14T22:34:00Z, on the minute grid
 KEYS = K.Keys("t:")
+KEYS_ids = JobIds("t:")
 LOCK = "3:mine"
 
 
@@ -51,15 +61,8 @@ def enqueuer(
     lock: str | None = LOCK,
     metrics: Metrics | None = None,
 ) -> PeriodicEnqueuer:
-    return PeriodicEnqueuer(
-        jobs=jobs,
-        redis=r,
-        keys=KEYS,
-        lock_value=lambda: lock,
-        serialize=msgpack_dumps,
-        metrics=metrics,
-        clock=clock,
-    )
+    fenced = FencedStore(Store(r, KEYS), FixedLease(lock))
+    return PeriodicEnqueuer(jobs, fenced, msgpack_dumps, clock, metrics)
 
 
 def clock_at(ms: int) -> FakeClock:
@@ -71,7 +74,7 @@ async def queued(r: Any) -> list[str]:
 
 
 def ids(name: str, *ticks: int) -> list[str]:
-    return [KEYS.periodic_job_id(name, t) for t in ticks]
+    return [KEYS_ids.periodic(name, t) for t in ticks]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,66 +82,61 @@ def ids(name: str, *ticks: int) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def planner() -> PeriodicEnqueuer:
-    return enqueuer(fakeredis.FakeAsyncRedis(), [], FakeClock())
-
-
-def test_plan_first_run_ever(planner: PeriodicEnqueuer) -> None:
+def test_plan_first_run_ever() -> None:
     job = pdef()
-    assert planner.plan(job, None, T0) == ([T0], T0)
-    assert planner.plan(job, None, T0 + FIRST_RUN_LOOKBACK_MS) == ([T0], T0)
+    assert plan_ticks(job, None, T0) == ([T0], T0)
+    assert plan_ticks(job, None, T0 + FIRST_RUN_LOOKBACK_MS) == ([T0], T0)
     # a tick long past is not "just due": start from now, enqueue nothing, record it
-    assert planner.plan(job, None, T0 + FIRST_RUN_LOOKBACK_MS + 1) == ([], T0)
-    assert planner.plan(job, None, T0 + 59_999) == ([], T0)
+    assert plan_ticks(job, None, T0 + FIRST_RUN_LOOKBACK_MS + 1) == ([], T0)
+    assert plan_ticks(job, None, T0 + 59_999) == ([], T0)
 
 
-def test_plan_up_to_date(planner: PeriodicEnqueuer) -> None:
+def test_plan_up_to_date() -> None:
     for policy in ("all", "latest", "skip"):
-        assert planner.plan(pdef(policy), T0, T0 + 59_999) == ([], T0)
-        assert planner.plan(pdef(policy), T0 + MIN, T0 + 59_999) == ([], T0 + MIN)
+        assert plan_ticks(pdef(policy), T0, T0 + 59_999) == ([], T0)
+        assert plan_ticks(pdef(policy), T0 + MIN, T0 + 59_999) == ([], T0 + MIN)
 
 
-def test_plan_next_tick_on_time(planner: PeriodicEnqueuer) -> None:
+def test_plan_next_tick_on_time() -> None:
     for policy in ("all", "latest", "skip"):
-        assert planner.plan(pdef(policy), T0, T0 + MIN + 10) == ([T0 + MIN], T0 + MIN)
+        assert plan_ticks(pdef(policy), T0, T0 + MIN + 10) == ([T0 + MIN], T0 + MIN)
 
 
-def test_plan_catch_up_all(planner: PeriodicEnqueuer) -> None:
+def test_plan_catch_up_all() -> None:
     now = T0 + 5 * MIN + 10_000
     expected = [T0 + i * MIN for i in range(1, 6)]
-    assert planner.plan(pdef("all"), T0, now) == (expected, T0 + 5 * MIN)
+    assert plan_ticks(pdef("all"), T0, now) == (expected, T0 + 5 * MIN)
 
 
-def test_plan_catch_up_all_limit_keeps_most_recent(planner: PeriodicEnqueuer) -> None:
+def test_plan_catch_up_all_limit_keeps_most_recent() -> None:
     now = T0 + 100 * MIN
-    ticks, advance = planner.plan(pdef("all", limit=3), T0, now)
+    ticks, advance = plan_ticks(pdef("all", limit=3), T0, now)
     assert ticks == [T0 + 98 * MIN, T0 + 99 * MIN, T0 + 100 * MIN]
     assert advance == T0 + 100 * MIN
 
 
-def test_plan_catch_up_window_drops_old_missed_ticks(planner: PeriodicEnqueuer) -> None:
+def test_plan_catch_up_window_drops_old_missed_ticks() -> None:
     now = T0 + 5 * MIN + 10_000
     windowed = PeriodicDef("job", job_fn, Every(MIN), "all", 10, None, 2.5 * 60)
     # only ticks within the last 2.5 minutes are still worth running
     expected = [T0 + 3 * MIN, T0 + 4 * MIN, T0 + 5 * MIN]
-    assert planner.plan(windowed, T0, now) == (expected, T0 + 5 * MIN)
+    assert plan_ticks(windowed, T0, now) == (expected, T0 + 5 * MIN)
     # a window shorter than "on time" never drops the tick that is just due
     tiny = PeriodicDef("job", job_fn, Every(MIN), "latest", 10, None, 0.001)
-    assert planner.plan(tiny, T0 + 4 * MIN, T0 + 5 * MIN + 1000) == ([T0 + 5 * MIN], T0 + 5 * MIN)
-    assert planner.plan(tiny, T0, now + 60_000)[0] == []
+    assert plan_ticks(tiny, T0 + 4 * MIN, T0 + 5 * MIN + 1000) == ([T0 + 5 * MIN], T0 + 5 * MIN)
+    assert plan_ticks(tiny, T0, now + 60_000)[0] == []
 
 
-def test_plan_catch_up_latest(planner: PeriodicEnqueuer) -> None:
+def test_plan_catch_up_latest() -> None:
     now = T0 + 5 * MIN + 50_000
-    assert planner.plan(pdef("latest"), T0, now) == ([T0 + 5 * MIN], T0 + 5 * MIN)
+    assert plan_ticks(pdef("latest"), T0, now) == ([T0 + 5 * MIN], T0 + 5 * MIN)
 
 
-def test_plan_catch_up_skip(planner: PeriodicEnqueuer) -> None:
+def test_plan_catch_up_skip() -> None:
     latest = T0 + 5 * MIN
-    assert planner.plan(pdef("skip"), T0, latest + ON_TIME_MS) == ([latest], latest)
+    assert plan_ticks(pdef("skip"), T0, latest + ON_TIME_MS) == ([latest], latest)
     # too late for the newest tick: nothing enqueued, but it is recorded as handled
-    assert planner.plan(pdef("skip"), T0, latest + ON_TIME_MS + 1) == ([], latest)
+    assert plan_ticks(pdef("skip"), T0, latest + ON_TIME_MS + 1) == ([], latest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,8 +153,8 @@ async def test_tick_enqueues_each_tick_once_across_repeated_calls(r: Any) -> Non
     assert await queued(r) == ids("job", T0)
     assert await r.hget(KEYS.periodic_state, "job") == str(T0).encode()
 
-    payload = await r.get(K.ARQ_JOB + KEYS.periodic_job_id("job", T0))
-    assert await r.pttl(K.ARQ_JOB + KEYS.periodic_job_id("job", T0)) > 0
+    payload = await r.get(K.ARQ_JOB + KEYS_ids.periodic("job", T0))
+    assert await r.pttl(K.ARQ_JOB + KEYS_ids.periodic("job", T0)) > 0
     record = deserialize_job(payload, deserializer=msgpack_loads)
     assert (record.function, list(record.args), record.kwargs) == ("job", [], {})
     assert int(record.enqueue_time.timestamp() * 1000) == T0 + 200

@@ -9,15 +9,19 @@ from typing import Any
 import pytest
 from arq.jobs import deserialize_job
 
+from tests.conftest import FixedLease
 from worker import keys as K
-from worker.app import App, PollerDef
+from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
 from worker.errors import LeadershipLost
-from worker.poller import PollingScheduler
+from worker.ids import JobIds
+from worker.poller import PollerDef, PollingScheduler
 from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
+KEYS_ids = JobIds("t:")
 LOCK = "5:mine"
 NOW = 1_700_000_000_000
 
@@ -46,14 +50,7 @@ def make_app(shards: int = 2, batch_size: int = 100) -> App:
 
 
 def scheduler(r: Any, p: PollerDef, clock: FakeClock, lock: str | None = LOCK) -> PollingScheduler:
-    return PollingScheduler(
-        poller=p,
-        redis=r,
-        keys=KEYS,
-        lock_value=lambda: lock,
-        serialize=msgpack_dumps,
-        clock=clock,
-    )
+    return PollingScheduler(p, FencedStore(Store(r, KEYS), FixedLease(lock)), msgpack_dumps, clock)
 
 
 def client(r: Any, app: App, clock: FakeClock) -> Client:
@@ -81,9 +78,9 @@ async def test_dispatches_due_items_only_one_job_each(r: Any) -> None:
 
     assert await s.tick() == app.pollers["cards"].interval_s
     assert await queue_items(r) == Counter({"a": 1, "b": 1})
-    expected_ids = {KEYS.poll_job_id("cards", "a", NOW - 5000), KEYS.poll_job_id("cards", "b", NOW)}
+    expected_ids = {KEYS_ids.poll("cards", "a", NOW - 5000), KEYS_ids.poll("cards", "b", NOW)}
     assert {j.decode() for j in await r.zrange(KEYS.queue, 0, -1)} == expected_ids
-    raw = await r.get(K.ARQ_JOB + KEYS.poll_job_id("cards", "a", NOW - 5000))
+    raw = await r.get(K.ARQ_JOB + KEYS_ids.poll("cards", "a", NOW - 5000))
     job = deserialize_job(raw, deserializer=msgpack_loads)
     assert (job.function, list(job.args), job.kwargs) == ("poll_card", ["a"], {})
     assert s.dispatched_total == 2
@@ -109,7 +106,7 @@ async def test_item_with_live_job_is_deferred_never_in_flight_twice(r: Any) -> N
 
     await cards.schedule("a")
     await s.tick()
-    first = KEYS.poll_job_id("cards", "a", NOW)
+    first = KEYS_ids.poll("cards", "a", NOW)
     assert await r.exists(K.ARQ_JOB + first)
 
     # the job (still queued or running) reschedules its item before it finished
@@ -127,7 +124,7 @@ async def test_item_with_live_job_is_deferred_never_in_flight_twice(r: Any) -> N
     await r.set(K.ARQ_RESULT + first, b"done")
     clock.advance(2)
     await s.tick()
-    second = KEYS.poll_job_id("cards", "a", NOW + 3000)
+    second = KEYS_ids.poll("cards", "a", NOW + 3000)
     assert [j.decode() for j in await r.zrange(KEYS.queue, 0, -1)] == [second]
     assert await r.hget(KEYS.poll_inflight("cards"), "a") == second.encode()
 

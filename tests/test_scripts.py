@@ -14,8 +14,10 @@ import pytest
 from redis.exceptions import ResponseError
 
 from worker import keys as K
+from worker.ids import JobIds
 
 KEYS = K.Keys("t:")
+KEYS_ids = JobIds("t:")
 MINE = "7:mine"
 T = 1_700_000_000_000  # a realistic epoch-ms value (exercises integer formatting in Lua)
 JOB_TTL = 60_000
@@ -74,23 +76,23 @@ async def test_acquire_refuses_held_lock_without_touching_it(r: Any) -> None:
 
 async def test_renew_replaces_ttl_not_adds(r: Any) -> None:
     await r.set(KEYS.leader, MINE, px=5000)
-    assert await run(r, K.RENEW, [KEYS.leader], [MINE, 3000]) == 1
+    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [MINE, 3000]) == 1
     # adding would give ~8000 ms; replacing gives at most 3000
     assert 0 < await r.pttl(KEYS.leader) <= 3000
-    assert await run(r, K.RENEW, [KEYS.leader], [MINE, 20_000]) == 1
+    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [MINE, 20_000]) == 1
     assert 10_000 < await r.pttl(KEYS.leader) <= 20_000
 
 
 @pytest.mark.parametrize("caller", ["7:other", "8:mine", "7:min", "7:mine "])
 async def test_renew_refuses_any_other_value(r: Any, caller: str) -> None:
     await r.set(KEYS.leader, MINE, px=5000)
-    assert await run(r, K.RENEW, [KEYS.leader], [caller, 60_000]) == 0
+    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [caller, 60_000]) == 0
     assert await r.get(KEYS.leader) == MINE.encode()
     assert 0 < await r.pttl(KEYS.leader) <= 5000  # TTL untouched
 
 
 async def test_renew_of_absent_lock_creates_nothing(r: Any) -> None:
-    assert await run(r, K.RENEW, [KEYS.leader], [MINE, 5000]) == 0
+    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [MINE, 5000]) == 0
     assert await r.exists(KEYS.leader) == 0
 
 
@@ -180,7 +182,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
         K.ENQUEUE_TICKS,
         _seed_nothing,
         [KEYS.leader, KEYS.periodic_state, KEYS.queue],
-        ["job", K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, T, KEYS.periodic_job_id("job", T), b"p"],
+        ["job", K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, T, KEYS_ids.periodic("job", T), b"p"],
     ),
     "DISPATCH": (
         K.DISPATCH,
@@ -243,7 +245,7 @@ async def test_fenced_script_refuses_and_writes_nothing(
 def _ticks_args(name: str, advance: int, ticks: list[int]) -> list[Any]:
     args: list[Any] = [MINE, name, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, advance]
     for t in ticks:
-        args += [t, KEYS.periodic_job_id(name, t), f"payload-{t}".encode()]
+        args += [t, KEYS_ids.periodic(name, t), f"payload-{t}".encode()]
     return args
 
 
@@ -257,7 +259,7 @@ async def test_enqueue_ticks_writes_jobs_queue_and_state(r: Any) -> None:
     ticks = [T, T + 60_000, T + 120_000]
     assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [3, 0, 0]
     for t in ticks:
-        jid = KEYS.periodic_job_id("job", t)
+        jid = KEYS_ids.periodic("job", t)
         assert await r.get(K.ARQ_JOB + jid) == f"payload-{t}".encode()
         assert 0 < await r.pttl(K.ARQ_JOB + jid) <= JOB_TTL
         assert await r.zscore(KEYS.queue, jid) == t
@@ -269,7 +271,7 @@ async def test_enqueue_ticks_skips_ticks_at_or_before_last(r: Any) -> None:
     await r.set(KEYS.leader, MINE)
     ticks = [T, T + 60_000]
     await _enqueue_ticks(r, "job", ticks[-1], ticks)
-    await r.delete(*(K.ARQ_JOB + KEYS.periodic_job_id("job", t) for t in ticks))
+    await r.delete(*(K.ARQ_JOB + KEYS_ids.periodic("job", t) for t in ticks))
     await r.delete(KEYS.queue)
     # the jobs are gone (ran and expired), but the recorded last tick still refuses them
     assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [0, 0, 2]
@@ -282,12 +284,12 @@ async def test_enqueue_ticks_skips_ticks_at_or_before_last(r: Any) -> None:
 async def test_enqueue_ticks_dedups_when_job_or_result_exists(r: Any) -> None:
     await r.set(KEYS.leader, MINE)
     t1, t2, t3 = T, T + 60_000, T + 120_000
-    await r.set(K.ARQ_JOB + KEYS.periodic_job_id("job", t1), b"theirs")
-    await r.set(K.ARQ_RESULT + KEYS.periodic_job_id("job", t2), b"done")
+    await r.set(K.ARQ_JOB + KEYS_ids.periodic("job", t1), b"theirs")
+    await r.set(K.ARQ_RESULT + KEYS_ids.periodic("job", t2), b"done")
     assert await _enqueue_ticks(r, "job", t3, [t1, t2, t3]) == [1, 2, 0]
-    assert await r.get(K.ARQ_JOB + KEYS.periodic_job_id("job", t1)) == b"theirs"  # untouched
-    assert await r.exists(K.ARQ_JOB + KEYS.periodic_job_id("job", t2)) == 0
-    assert await r.zrange(KEYS.queue, 0, -1) == [KEYS.periodic_job_id("job", t3).encode()]
+    assert await r.get(K.ARQ_JOB + KEYS_ids.periodic("job", t1)) == b"theirs"  # untouched
+    assert await r.exists(K.ARQ_JOB + KEYS_ids.periodic("job", t2)) == 0
+    assert await r.zrange(KEYS.queue, 0, -1) == [KEYS_ids.periodic("job", t3).encode()]
     assert await r.hget(KEYS.periodic_state, "job") == str(t3).encode()
 
 
@@ -535,27 +537,28 @@ async def test_unique_enqueue(r: Any) -> None:
 
 async def test_mutex_release_only_by_owner(r: Any) -> None:
     name = KEYS.mutex("m")
-    assert await run(r, K.MUTEX_RELEASE, [name], ["tok"]) == 0  # absent
+    assert await run(r, K.LEASE_RELEASE, [name], ["tok"]) == 0  # absent
     await r.set(name, "tok", px=5000)
-    assert await run(r, K.MUTEX_RELEASE, [name], ["other"]) == 0
-    assert await run(r, K.MUTEX_RELEASE, [name], ["to"]) == 0
+    assert await run(r, K.LEASE_RELEASE, [name], ["other"]) == 0
+    assert await run(r, K.LEASE_RELEASE, [name], ["to"]) == 0
     assert await r.get(name) == b"tok"
-    assert await run(r, K.MUTEX_RELEASE, [name], ["tok"]) == 1
+    assert await run(r, K.LEASE_RELEASE, [name], ["tok"]) == 1
     assert await r.exists(name) == 0
 
 
 def test_keys_live_under_the_prefix() -> None:
     k = K.Keys("app1:")
+    k_ids = JobIds("app1:")
     names = [
         k.queue,
         k.leader,
         k.leader_epoch,
         k.leader_channel,
         k.periodic_state,
-        k.periodic_job_id("j", 1),
+        k_ids.periodic("j", 1),
         k.poll_shard("p", 0),
         k.poll_inflight("p"),
-        k.poll_job_id("p", "i", 1),
+        k_ids.poll("p", "i", 1),
         k.init_state("i"),
         k.instances,
         k.instance("x"),
@@ -563,7 +566,7 @@ def test_keys_live_under_the_prefix() -> None:
         k.arq_health("x"),
         k.mutex("m"),
         k.once("o"),
-        k.unique_job_id("u"),
+        k_ids.unique("u"),
         k.dead,
         k.dead_jobs,
     ]

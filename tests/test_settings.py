@@ -33,7 +33,6 @@ def test_defaults() -> None:
     assert s.redis_url is None
     assert s.app == DEMO_APP
     assert s.key_prefix == "worker:"
-    assert s.queue_name == "worker:queue"
     assert s.serializer == "msgpack"  # not pickle
     assert s.log_level == "INFO"
     assert s.log_format == "auto"

@@ -17,6 +17,7 @@ from worker.clock import FakeClock
 from worker.errors import ConfigError
 from worker.registry import Heartbeat
 from worker.settings import Settings
+from worker.store import Store
 
 KEYS = K.Keys("t:")
 NOW_S = 1_700_000_030.0  # 2023-11-14T22:13:50Z
@@ -50,15 +51,21 @@ def make_app() -> App:
 
 
 async def heartbeat(r: Any, clock: FakeClock, iid: str, name: str, role: str, **extra: Any) -> None:
+    class View:
+        ready = True
+        shutting_down = False
+
+        def describe(self) -> dict[str, Any]:
+            return {"components": ["consumer"], "in_flight": 0, **extra}
+
+        def identity(self) -> dict[str, Any]:
+            return {}
+
+        def component_health(self) -> dict[str, dict[str, Any]]:
+            return {}
+
     hb = Heartbeat(
-        redis=r,
-        keys=KEYS,
-        instance_id=iid,
-        instance_name=name,
-        role=role,
-        interval_s=2.0,
-        describe=lambda: {"components": ["consumer"], "in_flight": 0, **extra},
-        clock=clock,
+        Store(r, KEYS), View(), clock, instance_id=iid, instance_name=name, role=role, interval_s=2
     )
     await hb.tick()
 

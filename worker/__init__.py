@@ -7,13 +7,13 @@ Public API::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from worker.app import App, load_app
-from worker.client import BoundPoller, Client
+from worker.client import Client
 from worker.context import Context, JobContext
 from worker.errors import ConfigError, LeadershipLost
+from worker.poller import BoundPoller
 from worker.settings import Settings, load_settings
+from worker.version import __version__
 
 __all__ = [
     "App",

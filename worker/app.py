@@ -28,28 +28,23 @@ import datetime as dt
 import importlib
 import inspect
 import re
-import zlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
+from worker.context import Context
 from worker.errors import ConfigError
-from worker.schedule import Schedule, make_schedule
-
-if TYPE_CHECKING:
-    from worker.context import Context, JobContext
+from worker.initializer import InitializerDef
+from worker.jobs import JobDef
+from worker.periodic import CatchUp, PeriodicDef
+from worker.poller import PollerDef
+from worker.schedule import make_schedule
+from worker.services import Cardinality, ServiceDef, ServiceKeys
 
 F = TypeVar("F", bound=Callable[..., Any])
-TaskFn = Callable[..., Awaitable[Any]]
-CatchUp = Literal["skip", "latest", "all"]
-Cardinality = Literal["singleton", "per_process", "per_key"]
-InitBatch = tuple[str, Mapping[str, float] | None]
-InitFn = Callable[["Context", str | None], AsyncGenerator[InitBatch, None]]
-ServiceFn = Callable[..., Awaitable[None]]
-#: Keys of a per_key service: a fixed collection, or ``(ctx) -> keys`` (sync or async),
-#: re-read every round so keys can come and go (e.g. mailboxes configured in a database).
-ServiceKeys = Iterable[str] | Callable[["Context"], Any]
-Hook = Callable[["Context"], Awaitable[None]]
+Hook = Callable[[Context], Awaitable[None]]
+#: A task is a job function registered with ``@app.task`` (kept as a name for readers).
+TaskDef = JobDef
 
 _NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
 
@@ -60,91 +55,12 @@ def _check_name(kind: str, name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class TaskDef:
-    """A job function consumers run. ``timeout_s``/``max_tries``/``keep_result_s`` override the
-    process defaults when set."""
-
-    name: str
-    fn: TaskFn
-    timeout_s: float | None = None
-    max_tries: int | None = None
-    keep_result_s: float | None = None
-
-
-@dataclass(frozen=True)
-class PeriodicDef:
-    """A job the leader enqueues once per tick; any consumer runs it.
-
-    ``catch_up`` decides what a new leader does with ticks nobody enqueued (leader down, a
-    failover): ``all`` enqueues each, oldest first, at most ``catch_up_limit`` of the most
-    recent; ``latest`` enqueues only the newest missed tick; ``skip`` enqueues none.
-    ``catch_up_window_s`` (optional) additionally drops missed ticks older than that many
-    seconds, whatever the policy.
-    """
-
-    name: str
-    fn: TaskFn
-    schedule: Schedule
-    catch_up: CatchUp = "all"
-    catch_up_limit: int = 10
-    timeout_s: float | None = None
-    catch_up_window_s: float | None = None
-
-
-@dataclass(frozen=True)
-class PollerDef:
-    """Due items in ``shards`` sorted sets; the leader enqueues one ``task(item)`` job per item.
-
-    An item is never in flight twice: while its job exists, the item waits in its shard.
-    """
-
-    name: str
-    task: str
-    shards: int = 1
-    batch_size: int = 500
-    interval_s: float = 1.0
-    busy_defer_s: float = 1.0
-
-    def shard_of(self, item: str) -> int:
-        """Stable shard of an item (crc32 of its UTF-8 bytes), the same in every process."""
-        return zlib.crc32(item.encode()) % self.shards
-
-
-@dataclass(frozen=True)
-class InitializerDef:
-    """Runs once per cluster per ``version`` on the leader, resumable from its checkpoint.
-
-    The function is an async generator ``fn(ctx, cursor)`` starting after ``cursor`` (``None``
-    on a fresh run) and yielding ``(next_cursor, items)``: ``items`` maps poll items to due
-    times (epoch seconds) for ``poller``, or is ``None`` when the batch did its own
-    (idempotent) writes. Each batch and its checkpoint are written atomically.
-    """
-
-    name: str
-    fn: InitFn
-    version: str
-    poller: str | None = None
-
-
-@dataclass(frozen=True)
-class ServiceDef:
-    """A long-running loop. ``singleton``: ``fn(ctx, stop)`` on the leader only;
-    ``per_process``: ``fn(ctx, stop)`` in every process; ``per_key``: ``fn(ctx, stop, key)``
-    once per key cluster-wide, keys spread across all processes (see :mod:`worker.keyed`)."""
-
-    name: str
-    fn: ServiceFn
-    cardinality: Cardinality = "singleton"
-    keys: ServiceKeys | None = None
-
-
 @dataclass
 class App:
     """A set of background duties. Pass it as ``--app package.module:attribute``."""
 
     name: str = "app"
-    tasks: dict[str, TaskDef] = field(default_factory=dict)
+    tasks: dict[str, JobDef] = field(default_factory=dict)
     periodics: dict[str, PeriodicDef] = field(default_factory=dict)
     pollers: dict[str, PollerDef] = field(default_factory=dict)
     initializers: dict[str, InitializerDef] = field(default_factory=dict)
@@ -182,7 +98,7 @@ class App:
             self._require_async("task", f)
             n = _check_name("task", name or f.__name__)
             self._unique_name(n)
-            self.tasks[n] = TaskDef(n, f, timeout_s, max_tries, keep_result_s)
+            self.tasks[n] = JobDef(n, f, timeout_s, max_tries, keep_result_s)
             return f
 
         return register(fn) if fn is not None else register
@@ -306,6 +222,10 @@ class App:
         self.shutdown_hooks.append(fn)
         return fn
 
+    def jobs(self) -> list[JobDef]:
+        """Everything a consumer runs: the tasks and one job per periodic job."""
+        return [*self.tasks.values(), *(p.job() for p in self.periodics.values())]
+
     # -- checks -------------------------------------------------------------------------------
     def validate(self) -> None:
         """Cross-checks that need the whole app (raise :class:`ConfigError`)."""
@@ -360,6 +280,3 @@ def load_app(spec: str) -> App:
 def _one_line(exc: BaseException) -> str:
     """The exception's message with newlines collapsed (ConfigError messages are one line)."""
     return " ".join(str(exc).split())
-
-
-JobFn = Callable[["JobContext"], Awaitable[Any]]

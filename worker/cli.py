@@ -107,7 +107,7 @@ def _setup_logging(settings: Settings) -> None:
 
 def cmd_plan(settings: Settings, _: argparse.Namespace) -> int:
     """Print which components the role enables and disables; no Redis needed."""
-    from worker.runtime import plan
+    from worker.roles import plan
 
     app = load_app(settings.app)
     p = plan(settings.role, app, settings)

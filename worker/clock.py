@@ -1,19 +1,58 @@
-"""Injectable clock: wall time for schedules, monotonic time for deadlines."""
+"""Injectable time: wall time for schedules, monotonic time for deadlines, and waiting.
+
+Every component reads *and waits* through a :class:`Clock`, so timing logic (lease renewals,
+backoff, heartbeats) is tested on a :class:`FakeClock` that only moves when a test advances it,
+without sleeping and without wall-clock assertions (asynq's ``SimulatedClock`` idea).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import time
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
-    """What components read time from. Tests pass a :class:`FakeClock`."""
+    """What components read time from and wait on. Tests pass a :class:`FakeClock`."""
 
     def time(self) -> float:
         """Wall-clock seconds since the epoch (schedules, ticks, timestamps in Redis)."""
 
     def monotonic(self) -> float:
         """Monotonic seconds (deadlines, lease ages, backoff): never jumps with NTP."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``."""
+
+    async def wait(self, events: asyncio.Event | Iterable[asyncio.Event], seconds: float) -> bool:
+        """Wait up to ``seconds`` for any of ``events``; ``True`` if one is set."""
+
+    async def wait_for(self, aw: Awaitable[T], seconds: float) -> T:
+        """Await ``aw`` for at most ``seconds``; raise :class:`TimeoutError` after that."""
+
+
+def _as_list(events: asyncio.Event | Iterable[asyncio.Event]) -> list[asyncio.Event]:
+    return [events] if isinstance(events, asyncio.Event) else list(events)
+
+
+async def _wait_events(events: list[asyncio.Event], timer: Callable[[], Awaitable[Any]]) -> bool:
+    """Wait until any event is set or ``timer()`` completes; ``True`` if an event won."""
+    if any(e.is_set() for e in events):
+        return True
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    timer_task = asyncio.ensure_future(timer())
+    try:
+        await asyncio.wait([*waiters, timer_task], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in (*waiters, timer_task):
+            w.cancel()
+        await asyncio.gather(*waiters, timer_task, return_exceptions=True)
+    return any(e.is_set() for e in events)
 
 
 class SystemClock:
@@ -25,13 +64,38 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+    async def wait(self, events: asyncio.Event | Iterable[asyncio.Event], seconds: float) -> bool:
+        evs = _as_list(events)
+        if len(evs) == 1:  # the common case, without helper tasks
+            if evs[0].is_set():
+                return True
+            try:
+                await asyncio.wait_for(evs[0].wait(), max(0.0, seconds))
+            except TimeoutError:
+                return False
+            return True
+        return await _wait_events(evs, lambda: asyncio.sleep(max(0.0, seconds)))
+
+    async def wait_for(self, aw: Awaitable[T], seconds: float) -> T:
+        return await asyncio.wait_for(aw, max(0.0, seconds))
+
 
 class FakeClock:
-    """A clock that only moves when told to."""
+    """A clock that only moves when told to; sleepers wake when it passes their deadline.
+
+    ``advance(s)`` is synchronous: it moves both clocks and resolves every timer that is due;
+    the woken coroutines run at the test's next ``await``. :meth:`run_for` advances in steps and
+    yields to the event loop between them, which is what most tests want.
+    """
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self._wall = start
         self._mono = 1000.0
+        self._timers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
 
     def time(self) -> float:
         return self._wall
@@ -42,9 +106,46 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         self._wall += seconds
         self._mono += seconds
+        while self._timers and self._timers[0][0] <= self._mono:
+            _, _, fut = heapq.heappop(self._timers)
+            if not fut.done():
+                fut.set_result(None)
 
-    def set_time(self, wall: float) -> None:
-        self._wall = wall
+    async def run_for(self, seconds: float, step: float = 0.01) -> None:
+        """Advance ``seconds`` in ``step``s, letting woken coroutines run after each step."""
+        end = self._mono + seconds
+        while self._mono < end - 1e-9:
+            self.advance(min(step, end - self._mono))
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+    def _timer(self, seconds: float) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if seconds <= 0:
+            fut.set_result(None)
+        else:
+            heapq.heappush(self._timers, (self._mono + seconds, next(self._seq), fut))
+        return fut
+
+    async def sleep(self, seconds: float) -> None:
+        await self._timer(seconds)
+
+    async def wait(self, events: asyncio.Event | Iterable[asyncio.Event], seconds: float) -> bool:
+        return await _wait_events(_as_list(events), lambda: self._timer(seconds))
+
+    async def wait_for(self, aw: Awaitable[T], seconds: float) -> T:
+        task = asyncio.ensure_future(aw)
+        timer = self._timer(seconds)
+        both: list[asyncio.Future[Any]] = [task, timer]
+        try:
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise TimeoutError
 
 
 def ms(seconds: float) -> int:

@@ -2,12 +2,14 @@
 
 A component runs until its ``stop`` event is set (``run(stop)``), reports a health snapshot,
 and cleans up in ``finally``. Loop components implement ``tick()``: one unit of work that
-returns the delay before the next, with the sleep interruptible by ``stop``.
+returns the delay before the next, with the wait interruptible by ``stop``. All waiting goes
+through the component's :class:`~worker.clock.Clock`, so tests drive time.
 
 Supervision (seed 001): each component is its own asyncio task; one that raises is logged
 with its name and restarted with capped exponential backoff; it never kills the process or
-stalls the others. A group is a set of components started and stopped together: the leader's
-singletons are one.
+stalls the others. A component that keeps failing is *not live*: liveness fails when it has
+restarted ``CRASH_LOOP_RESTARTS`` times within ``CRASH_LOOP_WINDOW_S`` or sat in backoff past
+its SLA. A group is a set of components started and stopped together.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +25,16 @@ from typing import Any
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from worker.clock import Clock, SystemClock
+from worker.clock import Clock
 from worker.errors import LeadershipLost
 
 log = structlog.get_logger("worker.component")
+
+#: This many restarts within the window mean a crash loop: the process is reported not live.
+CRASH_LOOP_RESTARTS = 5
+CRASH_LOOP_WINDOW_S = 300.0
+#: SLA for components that declare none, used only to judge time spent in backoff.
+DEFAULT_BACKOFF_SLA_S = 120.0
 
 
 @dataclass
@@ -40,20 +49,48 @@ class Health:
     last_ok: float | None = None  # monotonic
     last_error: str | None = None
     started: float | None = None  # monotonic
+    failing_since: float | None = None  # monotonic: first failure of the current streak
     extra: dict[str, Any] = field(default_factory=dict)
+    recent_restarts: deque[float] = field(default_factory=lambda: deque(maxlen=CRASH_LOOP_RESTARTS))
 
     def ok(self, now: float) -> None:
         self.iterations += 1
         self.last_ok = now
+        self.failing_since = None
+
+    def failed(self, now: float, error: str) -> None:
+        self.restarts += 1
+        self.last_error = error
+        self.recent_restarts.append(now)
+        if self.failing_since is None:
+            self.failing_since = now
+
+    def crash_looping(self, now: float) -> bool:
+        r = self.recent_restarts
+        return len(r) >= CRASH_LOOP_RESTARTS and now - r[0] <= CRASH_LOOP_WINDOW_S
 
     def overdue(self, now: float) -> bool:
-        """True when a running component has not completed an iteration within its SLA."""
-        if self.sla_s is None or self.state != "running":
+        """True when the component is not making progress: a running one has not completed an
+        iteration within its SLA, one in backoff has failed for longer than its SLA, or it is
+        crash-looping."""
+        if self.state in ("idle", "stopped", "finished", "fenced"):
+            return False
+        if self.crash_looping(now):
+            return True
+        if self.state == "backoff":
+            since = self.failing_since
+            return since is not None and now - since > (self.sla_s or DEFAULT_BACKOFF_SLA_S)
+        if self.sla_s is None:
             return False
         ref = self.last_ok if self.last_ok is not None else self.started
         return ref is not None and now - ref > self.sla_s
 
-    def snapshot(self, now: float) -> dict[str, Any]:
+    def snapshot(self, now: float, *, errors: bool = True) -> dict[str, Any]:
+        """The health as JSON-ready data; ``errors=False`` shows only an error's class name
+        (error texts can carry job data)."""
+        error = self.last_error
+        if error is not None and not errors:
+            error = error.split(":", 1)[0]
         return {
             "state": self.state,
             "iterations": self.iterations,
@@ -61,21 +98,23 @@ class Health:
             "seconds_since_ok": None if self.last_ok is None else round(now - self.last_ok, 3),
             "sla_s": self.sla_s,
             "overdue": self.overdue(now),
-            "last_error": self.last_error,
+            "crash_looping": self.crash_looping(now),
+            "last_error": error,
             **self.extra,
         }
 
 
 class Component(ABC):
-    """Base class: ``run(stop)`` until stopped; ``health`` describes progress."""
+    """Base class: ``run(stop)`` until stopped; ``health`` describes progress.
 
-    name: str = "component"
-    #: Seconds within which a running component must complete an iteration to count as live.
-    sla_s: float | None = None
+    ``sla_s``: seconds within which a running component must complete an iteration to count
+    as live (``None``: no progress requirement).
+    """
 
-    def __init__(self, clock: Clock | None = None) -> None:
-        self.clock: Clock = clock or SystemClock()
-        self.health = Health(self.name, self.sla_s)
+    def __init__(self, name: str, clock: Clock, *, sla_s: float | None = None) -> None:
+        self.name = name
+        self.clock = clock
+        self.health = Health(name, sla_s)
 
     @abstractmethod
     async def run(self, stop: asyncio.Event) -> None:
@@ -101,20 +140,9 @@ class LoopComponent(Component):
             while not stop.is_set():
                 delay = await self.tick()
                 self.health.ok(self.clock.monotonic())
-                await wait_for_event(stop, delay)
+                await self.clock.wait(stop, delay)
         finally:
             await self.teardown()
-
-
-async def wait_for_event(event: asyncio.Event, seconds: float) -> bool:
-    """Sleep up to ``seconds``, waking early when ``event`` is set."""
-    if event.is_set():
-        return True
-    try:
-        await asyncio.wait_for(event.wait(), max(0.0, seconds))
-    except TimeoutError:
-        return False
-    return True
 
 
 @dataclass
@@ -138,13 +166,12 @@ async def supervise(
     *,
     backoff: Backoff | None = None,
     on_restart: Callable[[Component, BaseException], None] | None = None,
-    on_leadership_lost: Callable[[Component, LeadershipLost], None] | None = None,
 ) -> None:
     """Run ``component`` until ``stop``; restart it with backoff whenever it raises.
 
     A component returning normally while ``stop`` is unset is finished (e.g. an initializer
-    that completed). :class:`LeadershipLost` is not retried here: it is reported through
-    ``on_leadership_lost`` so the elector steps down and the group is stopped.
+    that completed). :class:`LeadershipLost` ends the component without a restart: the lease
+    was already told (see :class:`worker.store.FencedStore`) and stops the group.
     """
     backoff = backoff or Backoff()
     h = component.health
@@ -160,15 +187,13 @@ async def supervise(
                 raise
             except LeadershipLost as exc:
                 h.state = "fenced"
-                h.last_error = str(exc)
-                log.warning("fenced write refused; leadership lost", error=str(exc))
-                if on_leadership_lost is not None:
-                    on_leadership_lost(component, exc)
+                h.last_error = f"LeadershipLost: {exc}"
+                log.warning("leadership lost; component stops", error=str(exc))
                 return
             except Exception as exc:
-                h.restarts += 1
-                h.last_error = f"{type(exc).__name__}: {exc}"
-                if clock.monotonic() - (h.started or 0) > backoff.reset_after_s:
+                now = clock.monotonic()
+                h.failed(now, f"{type(exc).__name__}: {exc}")
+                if now - (h.started or 0) > backoff.reset_after_s:
                     backoff.attempt = 0
                 delay = backoff.next_delay()
                 h.state = "backoff"
@@ -182,7 +207,7 @@ async def supervise(
                 )
                 if on_restart is not None:
                     on_restart(component, exc)
-                await wait_for_event(stop, delay)
+                await clock.wait(stop, delay)
             else:
                 if not stop.is_set():
                     h.state = "finished"
@@ -204,13 +229,11 @@ class Group:
         *,
         backoff: Callable[[], Backoff] = Backoff,
         on_restart: Callable[[Component, BaseException], None] | None = None,
-        on_leadership_lost: Callable[[Component, LeadershipLost], None] | None = None,
     ) -> None:
         self.name = name
         self.components = list(components)
         self._backoff = backoff
         self._on_restart = on_restart
-        self._on_lost = on_leadership_lost
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -225,19 +248,14 @@ class Group:
         self._stop = asyncio.Event()
         self._tasks = [
             asyncio.create_task(
-                supervise(
-                    c,
-                    self._stop,
-                    backoff=self._backoff(),
-                    on_restart=self._on_restart,
-                    on_leadership_lost=self._on_lost,
-                ),
+                supervise(c, self._stop, backoff=self._backoff(), on_restart=self._on_restart),
                 name=f"{self.name}:{c.name}",
             )
             for c in self.components
         ]
 
     def signal_stop(self) -> None:
+        """Ask every component to stop (returns at once; :meth:`stop` waits)."""
         self._stop.set()
 
     async def stop(self, grace_s: float) -> bool:
@@ -257,8 +275,3 @@ class Group:
             t.cancel()
         _, still = await asyncio.wait(pending, timeout=grace_s)
         return not still
-
-    async def wait(self) -> None:
-        """Wait until every component task ended."""
-        if self._tasks:
-            await asyncio.wait(self._tasks)

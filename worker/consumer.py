@@ -16,22 +16,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from arq.connections import ArqRedis
 from arq.worker import Function, Retry, Worker, func
 
-from worker import keys as K
-from worker.app import App
 from worker.clock import Clock, ms
 from worker.component import Component
 from worker.context import Context, JobContext
+from worker.jobs import JobDef, JobHook, Outcome
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
+from worker.store import Store
 
 log = structlog.get_logger("worker.consumer")
 
@@ -39,77 +39,52 @@ HOLDS_FLUSH_S = 0.25
 SUMMARY_EVERY_S = 60.0
 
 
-def build_functions(app: App, context: Context, metrics: Metrics | None = None) -> list[Function]:
-    """arq ``Function`` objects for every task and periodic job, wrapped to get a JobContext."""
-    keys = context.keys
-    poller_tasks = {p.task for p in app.pollers.values()}
-    clear = _InflightClear(app, context) if poller_tasks else None
-    functions: list[Function] = []
-    for t in app.tasks.values():
-        functions.append(
-            func(
-                _wrap(
-                    t.name, t.fn, context, metrics, None, clear if t.name in poller_tasks else None
-                ),  # type: ignore[arg-type]
-                name=t.name,
-                timeout=t.timeout_s,
-                max_tries=t.max_tries,
-                keep_result=t.keep_result_s,
-            )
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """The consumer's slice of the settings."""
+
+    concurrency: int = 100
+    poll_delay_s: float = 0.05
+    idle_poll_max_s: float = 0.5
+    job_timeout_s: float = 300.0
+    max_tries: int = 5
+    keep_result_s: float = 3600.0
+    shutdown_timeout_s: float = 30.0
+    holds_ttl_s: float = 360.0
+
+
+def build_functions(
+    jobs: Sequence[JobDef],
+    hooks: Sequence[JobHook],
+    context: Context,
+    metrics: Metrics | None = None,
+) -> list[Function]:
+    """arq ``Function`` objects for every job, wrapped to get a JobContext and run the hooks."""
+    return [
+        func(
+            _wrap(j, context, hooks, metrics),  # type: ignore[arg-type]
+            name=j.name,
+            timeout=j.timeout_s,
+            max_tries=j.max_tries,
+            keep_result=j.keep_result_s,
         )
-    for p in app.periodics.values():
-        prefix = keys.periodic_job_id(p.name, 0)[:-1]
-        functions.append(
-            func(
-                _wrap(p.name, p.fn, context, metrics, prefix, None),  # type: ignore[arg-type]
-                name=p.name,
-                timeout=p.timeout_s,
-            )
-        )
-    return functions
-
-
-class _InflightClear:
-    """Forgets a poll item's in-flight job id when that job ends (see keys.INFLIGHT_CLEAR)."""
-
-    def __init__(self, app: App, context: Context) -> None:
-        self.app = app
-        self.keys = context.keys
-        self.prefix = f"{context.keys.prefix}poll:"
-        self._script = context.redis.register_script(K.INFLIGHT_CLEAR)
-
-    async def __call__(self, job_id: str, args: tuple[Any, ...]) -> None:
-        if not job_id.startswith(self.prefix) or not args:
-            return  # enqueued directly, not by a poller
-        poller = job_id[len(self.prefix) :].split(":", 1)[0]
-        if poller not in self.app.pollers:
-            return
-        try:
-            await self._script(
-                keys=[self.keys.poll_inflight(poller)], args=[str(args[0]), job_id, K.ARQ_JOB]
-            )
-        except Exception as exc:  # the next dispatch of the item overwrites the entry anyway
-            log.warning("could not clear in-flight entry", job_id=job_id, error=str(exc))
+        for j in jobs
+    ]
 
 
 def _wrap(
-    name: str,
-    fn: Callable[..., Awaitable[Any]],
-    context: Context,
-    metrics: Metrics | None,
-    tick_prefix: str | None,
-    on_end: _InflightClear | None,
+    job: JobDef, context: Context, hooks: Sequence[JobHook], metrics: Metrics | None
 ) -> Callable[..., Awaitable[Any]]:
+    name, fn = job.name, job.fn
+
     async def run(arq_ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        extra: dict[str, Any] = {}
         job_id = str(arq_ctx.get("job_id", ""))
-        if tick_prefix is not None and job_id.startswith(tick_prefix):
-            tail = job_id[len(tick_prefix) :]
-            if tail.isdigit():
-                extra["tick_ms"] = int(tail)
+        extra: dict[str, Any] = {}
+        for hook in hooks:
+            extra.update(hook.context(job_id))
         ctx = JobContext(arq_ctx, context, **extra)
         started = time.perf_counter()
-        outcome = "success"
+        outcome: Outcome = "success"
         try:
             return await fn(ctx, *args, **kwargs)
         except (Retry, asyncio.CancelledError):
@@ -122,8 +97,11 @@ def _wrap(
             if metrics is not None:
                 metrics.jobs.labels(name, outcome).inc()
                 metrics.job_seconds.labels(name).observe(time.perf_counter() - started)
-            if on_end is not None and outcome != "retry":
-                await on_end(job_id, args)
+            for hook in hooks:
+                try:
+                    await hook.ended(job_id, args, outcome)
+                except Exception as exc:
+                    log.warning("job hook failed", job_id=job_id, error=str(exc))
 
     run.__qualname__ = run.__name__ = name
     return run
@@ -143,13 +121,14 @@ class _ArqWorker(Worker):
         # An empty poll backs off (doubling, up to idle_poll_max_s) so an idle process costs a
         # few Redis commands per second instead of 1 / poll_delay; any new job resets it.
         c = self._consumer
+        idle_max = c.config.idle_poll_max_s
         if self._jobs_started() != started or not self.allow_pick_jobs:
             c._idle_extra_s = 0.0
-        elif c.idle_poll_max_s > self.poll_delay_s:
+        elif idle_max > self.poll_delay_s:
             c._idle_extra_s = min(
-                max(c._idle_extra_s * 2, self.poll_delay_s), c.idle_poll_max_s - self.poll_delay_s
+                max(c._idle_extra_s * 2, self.poll_delay_s), idle_max - self.poll_delay_s
             )
-            await asyncio.sleep(c._idle_extra_s)
+            await c.clock.sleep(c._idle_extra_s)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         await self._consumer._dead_letter(self, job_id, result_data)
@@ -159,54 +138,37 @@ class _ArqWorker(Worker):
 class Consumer(Component):
     """Runs arq's worker until stopped, then drains it (see module docstring)."""
 
-    name = "consumer"
-    sla_s = 60.0
-
     def __init__(
         self,
-        *,
-        app: App,
+        jobs: Sequence[JobDef],
+        hooks: Sequence[JobHook],
         context: Context,
         redis: ArqRedis,
-        keys: K.Keys,
+        store: Store,
+        serializer: tuple[Serialize, Deserialize],
+        clock: Clock,
+        *,
         instance_id: str,
-        serialize: Serialize,
-        deserialize: Deserialize,
-        concurrency: int,
-        poll_delay_s: float,
-        idle_poll_max_s: float,
-        job_timeout_s: float,
-        max_tries: int,
-        keep_result_s: float,
-        shutdown_timeout_s: float,
-        holds_ttl_s: float,
+        config: ConsumerConfig,
         metrics: Metrics | None = None,
-        clock: Clock | None = None,
     ) -> None:
-        super().__init__(clock)
-        self.app = app
+        super().__init__("consumer", clock, sla_s=60.0)
+        self.jobs = list(jobs)
+        self.hooks = list(hooks)
         self.context = context
         self.redis = redis
-        self.keys = keys
+        self.store = store
+        self.keys = store.keys
         self.instance_id = instance_id
-        self.serialize = serialize
-        self.deserialize = deserialize
-        self.concurrency = concurrency
-        self.poll_delay_s = poll_delay_s
-        self.idle_poll_max_s = idle_poll_max_s
-        self._idle_extra_s = 0.0
-        self.job_timeout_s = job_timeout_s
-        self.max_tries = max_tries
-        self.keep_result_s = keep_result_s
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self.holds_ttl_s = holds_ttl_s
+        self.serialize, self.deserialize = serializer
+        self.config = config
         self.metrics = metrics
         self.worker: _ArqWorker | None = None
+        self._idle_extra_s = 0.0
         self._flushed: frozenset[str] = frozenset()
         self._last_flush = 0.0
         self._last_summary = self.clock.monotonic()
         self._summary_totals = (0, 0, 0)
-        self._draining = False
 
     @property
     def in_flight(self) -> int:
@@ -214,7 +176,7 @@ class Consumer(Component):
         return 0 if w is None else sum(not t.done() for t in w.tasks.values())
 
     def _build(self) -> _ArqWorker:
-        functions = build_functions(self.app, self.context, self.metrics)
+        functions = build_functions(self.jobs, self.hooks, self.context, self.metrics)
         if not functions:
             raise RuntimeError("the app registers no tasks or periodic jobs")
         return _ArqWorker(
@@ -223,11 +185,11 @@ class Consumer(Component):
             queue_name=self.keys.queue,
             redis_pool=self.redis,
             handle_signals=False,
-            max_jobs=self.concurrency,
-            job_timeout=self.job_timeout_s,
-            keep_result=self.keep_result_s,
-            poll_delay=self.poll_delay_s,
-            max_tries=self.max_tries,
+            max_jobs=self.config.concurrency,
+            job_timeout=self.config.job_timeout_s,
+            keep_result=self.config.keep_result_s,
+            poll_delay=self.config.poll_delay_s,
+            max_tries=self.config.max_tries,
             health_check_interval=10,
             health_check_key=self.keys.arq_health(self.instance_id),
             job_serializer=self.serialize,
@@ -239,7 +201,6 @@ class Consumer(Component):
     async def run(self, stop: asyncio.Event) -> None:
         worker = self.worker = self._build()
         self._summary_totals = (0, 0, 0)  # a new arq Worker counts from zero
-        self._draining = False
         main = asyncio.create_task(worker.main(), name="consumer:arq")
         stopper = asyncio.create_task(stop.wait())
         try:
@@ -258,12 +219,12 @@ class Consumer(Component):
 
     async def _drain(self, worker: _ArqWorker) -> None:
         """Stop taking jobs; wait up to the shutdown timeout for in-flight jobs."""
-        self._draining = True
         worker.allow_pick_jobs = False
         pending = [t for t in worker.tasks.values() if not t.done()]
-        log.info("consumer draining", in_flight=len(pending), timeout_s=self.shutdown_timeout_s)
+        timeout = self.config.shutdown_timeout_s
+        log.info("consumer draining", in_flight=len(pending), timeout_s=timeout)
         if pending:
-            _, still = await asyncio.wait(pending, timeout=self.shutdown_timeout_s)
+            _, still = await asyncio.wait(pending, timeout=timeout)
             if still:
                 log.warning(
                     "shutdown timeout: cancelling jobs; arq will retry them", cancelled=len(still)
@@ -310,13 +271,7 @@ class Consumer(Component):
         self._last_summary = now
 
     async def _flush_holds(self, held: frozenset[str]) -> None:
-        key = self.keys.holds(self.instance_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            if held:
-                pipe.sadd(key, *held)
-                pipe.pexpire(key, ms(self.holds_ttl_s))
-            await pipe.execute()
+        await self.store.set_holds(self.instance_id, held, ms(self.config.holds_ttl_s))
         self._flushed = held
 
     async def _dead_letter(
@@ -324,7 +279,7 @@ class Consumer(Component):
     ) -> None:
         """Keep the raw payload of a job arq gives up on, with the reason."""
         try:
-            payload = await self.redis.get(K.ARQ_JOB + job_id)
+            payload = await self.store.job_payload(job_id)
             reason = "failed"
             if result_data:
                 try:
@@ -349,10 +304,7 @@ class Consumer(Component):
                 "instance": self.instance_id,
                 "payload_b64": base64.b64encode(payload).decode() if payload else None,
             }
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self.keys.dead_jobs, job_id, json.dumps(record))
-                pipe.zadd(self.keys.dead, {job_id: at_ms})
-                await pipe.execute()
+            await self.store.add_dead(job_id, record, at_ms)
             log.warning("job set aside in dead-letter set", job_id=job_id, reason=reason)
             if self.metrics is not None:
                 self.metrics.dead.labels(reason.split(" ")[0]).inc()

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import uuid4
 
 from arq.connections import ArqRedis
 
 from worker import keys as K
-from worker.client import BoundPoller, Client
+from worker.client import Client
 from worker.clock import Clock, ms
-
-if TYPE_CHECKING:
-    from worker.app import App
-    from worker.settings import Settings
+from worker.poller import BoundPoller
+from worker.settings import Settings
+from worker.store import Store
 
 
 @dataclass
@@ -36,7 +35,6 @@ class Context:
     clients) and read it from tasks as ``ctx.state``.
     """
 
-    app: App
     settings: Settings
     redis: ArqRedis
     client: Client
@@ -47,6 +45,10 @@ class Context:
     @property
     def keys(self) -> K.Keys:
         return self.client.keys
+
+    @property
+    def store(self) -> Store:
+        return self.client.store
 
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         """See :meth:`worker.client.Client.enqueue`."""
@@ -65,12 +67,12 @@ class Context:
         """
         token = uuid4().hex
         name = self.keys.mutex(key)
-        acquired = bool(await self.redis.set(name, token, nx=True, px=ms(ttl)))
+        acquired = await self.store.take_lease(name, token, ms(ttl))
         try:
             yield acquired
         finally:
             if acquired:
-                await self.redis.eval(K.MUTEX_RELEASE, 1, name, token)
+                await self.store.release_lease(name, token)
 
     async def once(self, key: str, ttl: float) -> bool:
         """``True`` the first time ``key`` is seen within ``ttl`` seconds, cluster-wide.
@@ -79,11 +81,11 @@ class Context:
         (retries, a duplicate tick, manual re-runs). It marks before you act: if the side
         effect then fails and must be retried, call :meth:`forget`.
         """
-        return bool(await self.redis.set(self.keys.once(key), b"1", nx=True, px=ms(ttl)))
+        return await self.store.once(key, ms(ttl))
 
     async def forget(self, key: str) -> None:
         """Undo :meth:`once` for ``key`` (e.g. the side effect failed)."""
-        await self.redis.delete(self.keys.once(key))
+        await self.store.forget(key)
 
 
 class JobContext(dict[str, Any]):
@@ -123,7 +125,7 @@ class JobContext(dict[str, Any]):
     def poller(self, name: str) -> BoundPoller:
         return self.context.poller(name)
 
-    def mutex(self, key: str, ttl: float) -> Any:
+    def mutex(self, key: str, ttl: float) -> AbstractAsyncContextManager[bool]:
         return self.context.mutex(key, ttl)
 
     async def once(self, key: str, ttl: float) -> bool:

@@ -13,7 +13,3 @@ class ConfigError(WorkerError):
 
 class LeadershipLost(WorkerError):
     """A fenced write was refused: this process no longer holds the leader lock."""
-
-
-class ShutdownRequested(WorkerError):
-    """Raised inside components that must stop at once (internal)."""

@@ -1,8 +1,9 @@
 """HTTP probes and metrics: ``/healthz``, ``/readyz``, ``/metrics``, ``/status`` (aiohttp).
 
 - ``/healthz`` is liveness: the event loop answers and every running component completed an
-  iteration within its SLA ("process alive" is not "work progressing", seed 003). It stays
-  200 during a graceful shutdown so the kubelet does not kill a draining pod (seed 004).
+  iteration within its SLA and is not crash-looping ("process alive" is not "work
+  progressing", seed 003). It stays 200 during a graceful shutdown so the kubelet does not kill
+  a draining pod (seed 004).
 - ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives.
 - ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -19,9 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.clock import Clock
 from worker.component import Component
-
-if TYPE_CHECKING:
-    from worker.runtime import Runtime
+from worker.metrics import Metrics
+from worker.views import ProcessView
 
 log = structlog.get_logger("worker.health")
 
@@ -32,14 +32,18 @@ MAX_LOOP_LAG_S = 5.0
 class HealthServer(Component):
     """Serves the probes; measures event-loop lag once a second."""
 
-    name = "health-server"
-    sla_s = 30.0
-
     def __init__(
-        self, runtime: Runtime, *, host: str, port: int, clock: Clock | None = None
+        self,
+        process: ProcessView,
+        metrics: Metrics,
+        clock: Clock,
+        *,
+        host: str,
+        port: int,
     ) -> None:
-        super().__init__(clock)
-        self.runtime = runtime
+        super().__init__("health-server", clock, sla_s=30.0)
+        self.process = process
+        self.metrics_ = metrics
         self.host = host
         self.port = port
         self.loop_lag_s = 0.0
@@ -68,8 +72,7 @@ class HealthServer(Component):
             await runner.cleanup()
 
     # -- handlers -----------------------------------------------------------------------------
-    def liveness(self) -> tuple[bool, dict[str, Any]]:
-        components = self.runtime.component_health()
+    def liveness(self, components: dict[str, dict[str, Any]]) -> tuple[bool, dict[str, Any]]:
         overdue = sorted(n for n, h in components.items() if h["overdue"])
         live = not overdue and self.loop_lag_s < MAX_LOOP_LAG_S
         return live, {
@@ -79,36 +82,31 @@ class HealthServer(Component):
         }
 
     async def healthz(self, _: web.Request) -> web.Response:
-        live, body = self.liveness()
+        live, body = self.liveness(self.process.component_health())
         return web.json_response(body, status=200 if live else 503)
 
     async def readyz(self, _: web.Request) -> web.Response:
-        ready = self.runtime.ready
-        body = {"ready": ready, "shutting_down": self.runtime.shutting_down}
+        ready = self.process.ready
+        body = {"ready": ready, "shutting_down": self.process.shutting_down}
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(self, _: web.Request) -> web.Response:
-        m = self.runtime.metrics
-        now = self.clock.monotonic()
-        for c in self.runtime.components:
-            if c.health.last_ok is not None:
-                m.since_ok.labels(c.name).set(now - c.health.last_ok)
+        m = self.metrics_
+        for name, h in self.process.component_health().items():
+            if h["seconds_since_ok"] is not None:
+                m.since_ok.labels(name).set(h["seconds_since_ok"])
         body = generate_latest(m.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def status(self, _: web.Request) -> web.Response:
-        rt = self.runtime
-        live, probe = self.liveness()
+        components = self.process.component_health()
+        live, probe = self.liveness(components)
         return web.json_response(
             {
-                "instance_id": rt.instance_id,
-                "instance_name": rt.settings.instance_name,
-                "role": rt.settings.role,
+                **self.process.identity(),
                 "live": live,
                 "probe": probe,
-                **rt.describe(),
-                "plan": {"enabled": rt.plan.enabled, "disabled": rt.plan.disabled},
-                "components": rt.component_health(),
-                "settings": rt.settings.redacted(),
+                **self.process.describe(),
+                "components": components,
             }
         )

@@ -1,4 +1,4 @@
-"""The initializer: once per cluster per version, resumable from a fenced checkpoint.
+"""Initializers, whole: once per cluster per version, resumable from a fenced checkpoint.
 
 The user's async generator yields ``(cursor, items)`` batches. Each batch's items go into the
 poller's shard queues together with the checkpoint in one fenced script, so a leader that dies
@@ -9,21 +9,39 @@ version starts from the beginning.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
 
 import structlog
-from arq.connections import ArqRedis
 
-from worker import keys as K
-from worker.app import InitializerDef, PollerDef
 from worker.clock import Clock, ms
 from worker.component import Component
 from worker.context import Context
-from worker.fence import run_fenced
 from worker.metrics import Metrics
+from worker.poller import PollerDef
+from worker.store import FencedStore
 
 log = structlog.get_logger("worker.initializer")
+
+InitBatch = tuple[str, Mapping[str, float] | None]
+InitFn = Callable[[Context, str | None], AsyncGenerator[InitBatch, None]]
+
+
+@dataclass(frozen=True)
+class InitializerDef:
+    """Runs once per cluster per ``version`` on the leader, resumable from its checkpoint.
+
+    The function is an async generator ``fn(ctx, cursor)`` starting after ``cursor`` (``None``
+    on a fresh run) and yielding ``(next_cursor, items)``: ``items`` maps poll items to due
+    times (epoch seconds; 0 = due now) for ``poller``, or is ``None`` when the batch did its own
+    (idempotent) writes. Each batch and its checkpoint are written atomically.
+    """
+
+    name: str
+    fn: InitFn
+    version: str
+    poller: str | None = None
 
 
 class Initializer(Component):
@@ -31,63 +49,47 @@ class Initializer(Component):
 
     def __init__(
         self,
-        *,
         initializer: InitializerDef,
         poller: PollerDef | None,
         context: Context,
-        redis: ArqRedis,
-        keys: K.Keys,
-        lock_value: Callable[[], str | None],
-        epoch: Callable[[], int | None],
+        store: FencedStore,
+        clock: Clock,
         metrics: Metrics | None = None,
-        clock: Clock | None = None,
     ) -> None:
-        self.name = f"initializer:{initializer.name}"
-        super().__init__(clock)
+        super().__init__(f"initializer:{initializer.name}", clock)
         self.init = initializer
         self.poller = poller
         self.context = context
-        self.redis = redis
-        self.keys = keys
-        self.lock_value = lock_value
-        self.epoch = epoch
+        self.store = store
         self.metrics = metrics
-        self._begin = redis.register_script(K.INIT_BEGIN)
-        self._checkpoint = redis.register_script(K.CHECKPOINT)
 
-    async def run(self, stop: Any) -> None:
-        state_key = self.keys.init_state(self.init.name)
-        done, cursor_raw, batches, items = await run_fenced(
-            self._begin,
-            self.lock_value(),
-            [self.keys.leader, state_key],
-            [self.init.version, ms(self.clock.time()), self.epoch() or 0],
-        )
-        if _s(done) == "1":
-            log.info("initializer already done for this version", version=self.init.version)
-            self.health.extra.update(done=True, version=self.init.version)
+    async def run(self, stop: asyncio.Event) -> None:
+        i = self.init
+        progress = await self.store.init_begin(i.name, i.version, ms(self.clock.time()))
+        if progress.done:
+            log.info("initializer already done for this version", version=i.version)
+            self.health.extra.update(done=True, version=i.version)
             return
-        cursor = _s(cursor_raw) or None
-        self.health.extra.update(done=False, version=self.init.version, items=int(items))
+        cursor = progress.cursor
+        self.health.extra.update(done=False, version=i.version, items=progress.items)
         if cursor is not None:
             log.info(
                 "initializer resuming from checkpoint",
-                version=self.init.version,
+                version=i.version,
                 cursor=cursor,
-                batches=int(batches),
-                items=int(items),
+                batches=progress.batches,
+                items=progress.items,
             )
         else:
-            log.info("initializer starting", version=self.init.version)
-        total = int(items)
-        gen = self.init.fn(self.context, cursor)
+            log.info("initializer starting", version=i.version)
+        total = progress.items
+        gen = i.fn(self.context, cursor)
         try:
             async for next_cursor, batch in gen:
                 if stop.is_set():
                     return
-                added = await self._write(cursor, str(next_cursor), batch or {}, last=False)
+                total += await self._write(cursor, str(next_cursor), batch or {}, last=False)
                 cursor = str(next_cursor)
-                total += added
                 self.health.ok(self.clock.monotonic())
                 self.health.extra["items"] = total
         finally:
@@ -96,36 +98,31 @@ class Initializer(Component):
             return
         await self._write(cursor, cursor or "", {}, last=True)
         self.health.extra["done"] = True
-        log.info("initializer done", version=self.init.version, items=total)
+        log.info("initializer done", version=i.version, items=total)
 
-    async def _write(self, cursor: str | None, next_cursor: str, items: Any, *, last: bool) -> int:
-        shard_keys: list[str] = []
-        args: list[str | int] = [
-            self.init.version,
-            cursor or "",
-            next_cursor,
-            "1" if last else "0",
-            ms(self.clock.time()),
-        ]
+    async def _write(
+        self, cursor: str | None, next_cursor: str, items: Mapping[str, float], *, last: bool
+    ) -> int:
+        rows: list[tuple[str, int, str]] = []
         if items:
             if self.poller is None:
                 raise ValueError(
                     f"initializer {self.init.name!r} yielded items but declares no poller"
                 )
             now = self.clock.time()
-            index: dict[int, int] = {}
+            keys = self.store.keys
             for item, due in items.items():
-                shard = self.poller.shard_of(str(item))
-                if shard not in index:
-                    shard_keys.append(self.keys.poll_shard(self.poller.name, shard))
-                    index[shard] = len(shard_keys) + 2  # KEYS index (1-based, after lock/state)
-                args += [index[shard], ms(float(due) if due else now), str(item)]
-        keys = [self.keys.leader, self.keys.init_state(self.init.name), *shard_keys]
-        added, _batches = await run_fenced(self._checkpoint, self.lock_value(), keys, args)
+                shard = keys.poll_shard(self.poller.name, self.poller.shard_of(str(item)))
+                rows.append((shard, ms(float(due) if due else now), str(item)))
+        added = await self.store.checkpoint(
+            self.init.name,
+            self.init.version,
+            cursor,
+            next_cursor,
+            last=last,
+            now_ms=ms(self.clock.time()),
+            items=rows,
+        )
         if self.metrics is not None:
-            self.metrics.init_items.labels(self.init.name).inc(int(added))
-        return int(added)
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+            self.metrics.init_items.labels(self.init.name).inc(added)
+        return added

@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import structlog
-from arq.connections import ArqRedis
 
-from worker import keys as K
-from worker.app import ServiceDef
 from worker.clock import Clock, ms
-from worker.component import Backoff, Component, supervise, wait_for_event
+from worker.component import Backoff, Component, supervise
 from worker.context import Context
+from worker.services import ServiceDef
+from worker.store import Store
 
 log = structlog.get_logger("worker.keyed")
 T = TypeVar("T")
@@ -50,8 +49,7 @@ class _KeyLoop(Component):
     """One key's loop: ``fn(ctx, stop, key)`` under the usual supervision."""
 
     def __init__(self, service: ServiceDef, key: str, context: Context, clock: Clock) -> None:
-        self.name = f"service:{service.name}[{key}]"
-        super().__init__(clock)
+        super().__init__(f"service:{service.name}[{key}]", clock)
         self.service = service
         self.key = key
         self.context = context
@@ -72,34 +70,29 @@ class KeyedService(Component):
 
     def __init__(
         self,
-        *,
         service: ServiceDef,
         context: Context,
-        redis: ArqRedis,
-        keys: K.Keys,
+        store: Store,
+        clock: Clock,
+        *,
         instance_id: str,
         lease_ttl_s: float,
         renew_interval_s: float,
         renew_deadline_s: float,
         stop_grace_s: float,
         backoff: type[Backoff] | None = None,
-        clock: Clock | None = None,
     ) -> None:
-        self.name = f"service:{service.name}"
-        self.sla_s = max(30.0, renew_interval_s * 10)
-        super().__init__(clock)
+        super().__init__(f"service:{service.name}", clock, sla_s=max(30.0, renew_interval_s * 10))
         self.service = service
         self.context = context
-        self.redis = redis
-        self.keys = keys
+        self.store = store
+        self.keys = store.keys
         self.instance_id = instance_id
         self.lease_ttl_s = lease_ttl_s
         self.renew_interval_s = renew_interval_s
         self.renew_deadline_s = renew_deadline_s
         self.stop_grace_s = stop_grace_s
         self._backoff = backoff or Backoff
-        self._renew = redis.register_script(K.RENEW)
-        self._release = redis.register_script(K.MUTEX_RELEASE)
         self.running: dict[str, _Running] = {}
         self._last_renewed: float | None = None
 
@@ -120,13 +113,11 @@ class KeyedService(Component):
                 else:
                     self.health.ok(self.clock.monotonic())
                 self.health.extra["keys"] = sorted(self.running)
-                await wait_for_event(stop, self.renew_interval_s)
+                await self.clock.wait(stop, self.renew_interval_s)
         finally:
             await self._stop_all(release=True)
             with contextlib.suppress(Exception):
-                await self.redis.zrem(
-                    self.keys.service_members(self.service.name), self.instance_id
-                )
+                await self.store.service_leave(self.service.name, self.instance_id)
 
     async def _wanted_keys(self) -> set[str]:
         source = self.service.keys
@@ -140,15 +131,10 @@ class KeyedService(Component):
     async def rebalance(self) -> None:
         """One round: announce, compute ownership, renew/release/acquire leases."""
         name = self.service.name
-        members_key = self.keys.service_members(name)
         now = ms(self.clock.time())
-        stale_before = now - ms(self.lease_ttl_s)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(members_key, {self.instance_id: now})
-            pipe.zremrangebyscore(members_key, "-inf", stale_before)
-            pipe.zrange(members_key, 0, -1)
-            _, _, raw_members = await self._io(pipe.execute())
-        members = [m.decode() for m in raw_members]
+        members = await self._io(
+            self.store.service_round(name, self.instance_id, now, now - ms(self.lease_ttl_s))
+        )
         mine = {k for k in await self._wanted_keys() if owner(k, members) == self.instance_id}
 
         ttl = ms(self.lease_ttl_s)
@@ -156,17 +142,17 @@ class KeyedService(Component):
             lease = self.keys.service_lease(name, key)
             if key not in mine:
                 await self._stop_key(key, release=True)
-            elif not await self._io(self._renew(keys=[lease], args=[self.instance_id, ttl])):
+            elif not await self._io(self.store.renew_lease(lease, self.instance_id, ttl)):
                 log.warning("per-key lease lost; stopping its loop", key=key)
                 await self._stop_key(key, release=False)
         for key in sorted(mine - set(self.running)):
             lease = self.keys.service_lease(name, key)
-            if await self._io(self.redis.set(lease, self.instance_id, nx=True, px=ttl)):
+            if await self._io(self.store.take_lease(lease, self.instance_id, ttl)):
                 self._start_key(key)
 
     async def _io(self, call: Awaitable[T]) -> T:
         """A Redis call bounded by the renew deadline (a hung call must not outlast a lease)."""
-        return await asyncio.wait_for(call, timeout=self.renew_deadline_s)
+        return await self.clock.wait_for(call, self.renew_deadline_s)
 
     def _start_key(self, key: str) -> None:
         loop = _KeyLoop(self.service, key, self.context, self.clock)
@@ -184,8 +170,8 @@ class KeyedService(Component):
             await asyncio.wait({run.task}, timeout=self.stop_grace_s)
         if release and run.task.done():
             # only once the loop is really gone may another process start the key
-            await self._release(
-                keys=[self.keys.service_lease(self.service.name, key)], args=[self.instance_id]
+            await self.store.release_lease(
+                self.keys.service_lease(self.service.name, key), self.instance_id
             )
         log.info("per-key loop stopped", key=key, released=release and run.task.done())
 

@@ -1,4 +1,7 @@
-"""Every Redis key the framework uses and every Lua script it runs, in one place.
+"""Every Redis key name the framework uses and the text of every Lua script it runs.
+
+Only names and script text live here; :mod:`worker.store` is the one place that calls the
+scripts (arguments packed once, results typed) and :mod:`worker.ids` builds and parses ids.
 
 All keys live under one configurable prefix (``WORKER_KEY_PREFIX``, default ``worker:``) so
 several apps can share a Redis. The only exceptions are arq's own per-job keys
@@ -32,10 +35,10 @@ __all__ = [
     "FENCE_ERROR",
     "INFLIGHT_CLEAR",
     "INIT_BEGIN",
-    "MUTEX_RELEASE",
+    "LEASE_RELEASE",
+    "LEASE_RENEW",
     "REAP",
     "RELEASE",
-    "RENEW",
     "UNIQUE_ENQUEUE",
     "Keys",
 ]
@@ -82,9 +85,6 @@ class Keys:
         """Hash: periodic job name -> last enqueued tick (epoch ms)."""
         return f"{self.prefix}periodic:last"
 
-    def periodic_job_id(self, name: str, tick_ms: int) -> str:
-        return f"{self.prefix}periodic:{name}:{tick_ms}"
-
     # -- pollers ------------------------------------------------------------------------------
     def poll_shard(self, poller: str, shard: int) -> str:
         """Sorted set of items due for polling, scored by due time (epoch ms).
@@ -98,9 +98,6 @@ class Keys:
     def poll_inflight(self, poller: str) -> str:
         """Hash: item -> id of the arq job currently carrying it."""
         return f"{self.prefix}poll:{{{poller}}}:inflight"
-
-    def poll_job_id(self, poller: str, item: str, due_ms: int) -> str:
-        return f"{self.prefix}poll:{poller}:{item}:{due_ms}"
 
     # -- initializers -------------------------------------------------------------------------
     def init_state(self, name: str) -> str:
@@ -141,9 +138,6 @@ class Keys:
     def once(self, name: str) -> str:
         return f"{self.prefix}once:{name}"
 
-    def unique_job_id(self, unique_key: str) -> str:
-        return f"{self.prefix}unique:{unique_key}"
-
     # -- dead letters -------------------------------------------------------------------------
     @property
     def dead(self) -> str:
@@ -179,12 +173,13 @@ redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 return value
 """
 
-RENEW = """
--- Renew the lease: compare the whole value, then *replace* the TTL (never add to it).
--- KEYS[1] -> leader lock
--- ARGV[1] -> lock value held by the caller
+LEASE_RENEW = """
+-- Renew a lease (the leader lock, a per_key service lease): compare the whole value, then
+-- *replace* the TTL (never add to it).
+-- KEYS[1] -> the lease key
+-- ARGV[1] -> value held by the caller
 -- ARGV[2] -> lease TTL in ms
--- Returns: 1 if renewed, 0 if the lock is not (or no longer) the caller's.
+-- Returns: 1 if renewed, 0 if the lease is not (or no longer) the caller's.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
@@ -482,10 +477,10 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 """
 
-MUTEX_RELEASE = """
--- Release a mutex only if it still holds the caller's token.
--- KEYS[1] -> mutex key
--- ARGV[1] -> token
+LEASE_RELEASE = """
+-- Release a lease (a mutex, a per_key service lease) only if it still holds the caller's value.
+-- KEYS[1] -> the lease key
+-- ARGV[1] -> value held by the caller
 -- Returns: 1 if released, 0 otherwise.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])

@@ -1,38 +1,44 @@
 """Leadership: a fenced Redis lease (:class:`LeaderElector`) and an always-leader stand-in.
 
-Protocol (DESIGN §5): the lock value is ``<epoch>:<token>``; acquiring is one script that
-INCRs the epoch; renewing compares the whole value and *replaces* the TTL; releasing compares,
-deletes and publishes so standbys campaign at once. The leader steps down when
+Protocol (docs/architecture.md, "The lease"): the lock value is ``<epoch>:<token>``; acquiring
+is one script that INCRs the epoch; renewing compares the whole value and *replaces* the TTL;
+releasing compares, deletes and publishes so standbys campaign at once. The leader steps down
+when
 
 - the renew deadline passes, measured on the monotonic clock from when the last *successful*
   renew was sent (so a renew that lands late cannot stretch the lease in our mind),
 - a renew answers "not yours", or
-- any fenced write is refused (:meth:`Leadership.lost`).
+- any fenced write is refused (:meth:`Leadership.lost`, called by the fenced store).
 
-Stepping down cancels the singleton components; leading again needs a fresh acquisition and
-therefore a new epoch. "Am I leader?" never raises: in doubt the answer is no.
+The leadership owns the singleton group: electing starts it, stepping down stops it, and if
+the singletons do not stop within the grace the process exits (code 70) rather than run
+unfenced. Leading again needs a fresh acquisition and therefore a new epoch. "Am I leader?"
+never raises: in doubt the answer is no.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from uuid import uuid4
 
 import structlog
 from redis.asyncio import Redis
 
-from worker import keys as K
 from worker.clock import Clock, ms
-from worker.component import Component, wait_for_event
+from worker.component import Component, Group
+from worker.ids import LockValue
+from worker.metrics import Metrics
+from worker.store import Store
 
 log = structlog.get_logger("worker.leader")
 
-OnElected = Callable[[str, int], None]
-OnLost = Callable[[str], Awaitable[None]]
+#: Exit code when singletons refuse to stop after leadership was lost (never run unfenced).
+EXIT_UNFENCED = 70
+NAME = "leader-election"
 
 
 @dataclass(frozen=True)
@@ -50,93 +56,134 @@ class LeaderTiming:
 
 
 class Leadership(Component):
-    """What the runtime needs from any leadership implementation."""
+    """What every leadership implementation shares; implements :class:`~worker.views.LeaderView`.
 
-    name = "leader"
+    ``singletons`` (optional) is the group started while leading and stopped on losing the
+    lease; it must stop within ``stop_grace_s`` or the process exits.
+    """
 
-    def __init__(self, clock: Clock | None = None) -> None:
-        super().__init__(clock)
-        self.value: str | None = None
-        self.transitions = 0
-        self.on_elected: OnElected | None = None
-        self.on_lost: OnLost | None = None
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        singletons: Group | None = None,
+        stop_grace_s: float = 5.0,
+        metrics: Metrics | None = None,
+        sla_s: float | None = None,
+    ) -> None:
+        super().__init__(NAME, clock, sla_s=sla_s)
+        self.singletons = singletons
+        self.stop_grace_s = stop_grace_s
+        self.metrics = metrics
+        self._lock: LockValue | None = None
         self._lost = asyncio.Event()
         self._lost_reason = ""
         self._acquired_at: float | None = None
+        self._retired = False
 
+    # -- LeaderView ---------------------------------------------------------------------------
     @property
-    def is_leader(self) -> bool:
-        return self.value is not None
+    def lock(self) -> LockValue | None:
+        return self._lock
 
-    @property
-    def epoch(self) -> int | None:
-        if self.value is None:
-            return None
-        try:
-            return int(self.value.split(":", 1)[0])
-        except ValueError:
-            return None
-
-    def lease_age(self) -> float | None:
-        if self._acquired_at is None or self.value is None:
-            return None
-        return self.clock.monotonic() - self._acquired_at
+    def is_leading(self) -> bool:
+        return self._lock is not None
 
     def lost(self, reason: str) -> None:
-        """Report that a fenced write was refused: step down as soon as possible."""
-        if self.value is not None:
+        if self._lock is not None:
             self._lost_reason = reason
             self._lost.set()
 
-    async def release(self) -> None:
-        """Give the lease up (clean shutdown)."""
+    # -- introspection ------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int | None:
+        return self._lock.epoch if self._lock is not None else None
 
-    def _elected(self, value: str) -> None:
-        self.value = value
-        self.transitions += 1
+    def lease_age(self) -> float | None:
+        if self._acquired_at is None or self._lock is None:
+            return None
+        return self.clock.monotonic() - self._acquired_at
+
+    # -- transitions --------------------------------------------------------------------------
+    def _elected(self, lock: LockValue) -> None:
+        self._lock = lock
         self._acquired_at = self.clock.monotonic()
         self._lost = asyncio.Event()
-        self.health.extra.update(is_leader=True, epoch=self.epoch)
-        log.info("leadership acquired", epoch=self.epoch)
-        if self.on_elected is not None:
-            self.on_elected(value, self.epoch or 0)
+        self.health.extra.update(is_leader=True, epoch=lock.epoch)
+        log.info("leadership acquired", epoch=lock.epoch)
+        if self.metrics is not None:
+            self.metrics.is_leader.set(1)
+            self.metrics.leader_epoch.set(lock.epoch)
+            self.metrics.leader_transitions.labels("acquired").inc()
+        if self.singletons is not None and not self._retired:
+            log.info(
+                "starting singleton components",
+                epoch=lock.epoch,
+                components=[c.name for c in self.singletons.components],
+            )
+            self.singletons.start()
+
+    def _forget(self) -> LockValue | None:
+        lock, self._lock, self._acquired_at = self._lock, None, None
+        self.health.extra.update(is_leader=False, epoch=None)
+        if self.metrics is not None:
+            self.metrics.is_leader.set(0)
+            self.metrics.leader_epoch.set(0)
+        return lock
 
     async def _step_down(self, reason: str) -> None:
-        if self.value is None:
+        lock = self._forget()
+        if lock is None:
             return
-        epoch = self.epoch
-        self.value = None
-        self._acquired_at = None
-        self.transitions += 1
-        self.health.extra.update(is_leader=False, epoch=None)
-        log.warning("leadership lost; stepping down", epoch=epoch, reason=reason)
-        if self.on_lost is not None:
-            await self.on_lost(reason)
+        self.health.extra["last_loss"] = reason
+        log.warning("leadership lost; stepping down", epoch=lock.epoch, reason=reason)
+        if self.metrics is not None:
+            self.metrics.leader_transitions.labels("lost").inc()
+        if self.singletons is not None and not await self.singletons.stop(self.stop_grace_s):
+            log.critical(
+                "singletons did not stop after leadership was lost; exiting rather than "
+                "run unfenced",
+                reason=reason,
+            )
+            os._exit(EXIT_UNFENCED)
+
+    async def retire(self) -> None:
+        """Shutdown, step one: start no singleton again and stop the running ones."""
+        self._retired = True
+        if self.singletons is not None and not await self.singletons.stop(self.stop_grace_s):
+            log.error("singleton components ignored cancellation")
+
+    async def release(self) -> None:
+        """Shutdown, last step: give the lease up so a standby takes over at once."""
 
 
 class LeaderElector(Leadership):
     """Campaigns for, renews and releases the Redis lease.
 
-    ``redis`` should be a client *without* automatic retries: a retried renew could land after
-    the deadline we already trusted.
+    ``store`` should sit on a client *without* automatic retries and with short socket
+    timeouts: a retried renew could land after the deadline we already trusted.
     """
 
     def __init__(
         self,
-        redis: Redis,
-        keys: K.Keys,
+        store: Store,
         timing: LeaderTiming,
-        clock: Clock | None = None,
+        clock: Clock,
+        *,
+        singletons: Group | None = None,
+        stop_grace_s: float = 5.0,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(clock)
-        self.redis = redis
-        self.keys = keys
+        super().__init__(
+            clock,
+            singletons=singletons,
+            stop_grace_s=stop_grace_s,
+            metrics=metrics,
+            sla_s=max(timing.ttl_s, timing.poll_interval_s * 5),
+        )
+        self.store = store
         self.timing = timing
         self.token = uuid4().hex
-        self.health.sla_s = max(timing.ttl_s, timing.poll_interval_s * 5)
-        self._acquire = redis.register_script(K.ACQUIRE)
-        self._renew = redis.register_script(K.RENEW)
-        self._release = redis.register_script(K.RELEASE)
         self._last_renew_sent: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -144,13 +191,13 @@ class LeaderElector(Leadership):
         listener = asyncio.create_task(self._listen(wake, stop), name="leader:listen")
         try:
             while not stop.is_set():
-                if self.value is None:
+                if self._lock is None:
                     await self._campaign()
                     self.health.ok(self.clock.monotonic())
-                    if self.value is None:
+                    if self._lock is None:
                         wake.clear()
                         delay = self.timing.poll_interval_s * random.uniform(0.75, 1.25)
-                        await _wait_any((stop, wake), delay)
+                        await self.clock.wait((stop, wake), delay)
                 else:
                     await self._lead(stop)
         finally:
@@ -160,42 +207,36 @@ class LeaderElector(Leadership):
     async def _campaign(self) -> None:
         sent = self.clock.monotonic()
         try:
-            value = await asyncio.wait_for(
-                self._acquire(
-                    keys=[self.keys.leader, self.keys.leader_epoch],
-                    args=[self.token, ms(self.timing.ttl_s)],
-                ),
-                timeout=self.timing.renew_deadline_s,
+            lock = await self.clock.wait_for(
+                self.store.acquire(self.token, ms(self.timing.ttl_s)),
+                self.timing.renew_deadline_s,
             )
         except Exception as exc:  # connection trouble: stay a standby, try again later
             log.warning("leader campaign failed", error=f"{type(exc).__name__}: {exc}")
             return
-        if value:
+        if lock is not None:
             self._last_renew_sent = sent
-            self._elected(value.decode() if isinstance(value, bytes) else str(value))
+            self._elected(lock)
 
     async def _lead(self, stop: asyncio.Event) -> None:
         """Renew until stopped, lost, or past the deadline."""
         t = self.timing
-        while self.value is not None and not stop.is_set():
-            interval = t.renew_interval_s * random.uniform(0.8, 1.0)
-            await _wait_any((stop, self._lost), interval)
+        while self._lock is not None and not stop.is_set():
+            await self.clock.wait((stop, self._lost), t.renew_interval_s * random.uniform(0.8, 1.0))
             if stop.is_set():
-                return  # the runtime releases after stopping the singletons
+                return  # shutdown releases after stopping the singletons
             if self._lost.is_set():
                 await self._step_down(self._lost_reason or "fenced write refused")
                 return
-            now = self.clock.monotonic()
             assert self._last_renew_sent is not None
-            remaining = t.renew_deadline_s - (now - self._last_renew_sent)
+            sent = self.clock.monotonic()
+            remaining = t.renew_deadline_s - (sent - self._last_renew_sent)
             if remaining <= 0:
                 await self._step_down("renew deadline passed")
                 return
-            sent = now
             try:
-                ok = await asyncio.wait_for(
-                    self._renew(keys=[self.keys.leader], args=[self.value, ms(t.ttl_s)]),
-                    timeout=remaining,
+                ok = await self.clock.wait_for(
+                    self.store.renew_lock(self._lock, ms(t.ttl_s)), remaining
                 )
             except Exception as exc:
                 log.warning("lease renew failed", error=f"{type(exc).__name__}: {exc}")
@@ -203,19 +244,19 @@ class LeaderElector(Leadership):
                     await self._step_down("renew deadline passed")
                     return
                 continue
-            if ok == 1:
-                self._last_renew_sent = sent
-                self.health.ok(self.clock.monotonic())
-            else:
+            if not ok:
                 await self._step_down("lease is no longer ours")
                 return
+            self._last_renew_sent = sent
+            self.health.ok(self.clock.monotonic())
 
     async def _listen(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
         """Wake the campaign loop when a leader releases (pub/sub); fall back to polling."""
+        redis: Redis = self.store.redis
         while not stop.is_set():
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.keys.leader_channel)
+                await pubsub.subscribe(self.store.keys.leader_channel)
                 while not stop.is_set():
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
@@ -223,24 +264,18 @@ class LeaderElector(Leadership):
             except asyncio.CancelledError:
                 raise
             except Exception:
-                await wait_for_event(stop, self.timing.poll_interval_s)
+                await self.clock.wait(stop, self.timing.poll_interval_s)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 
     async def release(self) -> None:
-        value = self.value
-        if value is None:
+        lock = self._forget()
+        if lock is None:
             return
-        self.value = None
-        self._acquired_at = None
-        self.health.extra.update(is_leader=False, epoch=None)
         try:
-            released = await asyncio.wait_for(
-                self._release(keys=[self.keys.leader], args=[value, self.keys.leader_channel]),
-                timeout=2.0,
-            )
-            log.info("leadership released", released=bool(released))
+            released = await asyncio.wait_for(self.store.release_lock(lock), timeout=2.0)
+            log.info("leadership released", released=released)
         except Exception as exc:
             log.warning("lease release failed; it expires by itself", error=str(exc))
 
@@ -253,45 +288,35 @@ class StaticLeader(Leadership):
     """
 
     def __init__(
-        self, redis: Redis, keys: K.Keys, clock: Clock | None = None, retry_s: float = 1.0
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        singletons: Group | None = None,
+        stop_grace_s: float = 5.0,
+        metrics: Metrics | None = None,
+        retry_s: float = 1.0,
     ) -> None:
-        super().__init__(clock)
-        self.redis = redis
-        self.keys = keys
+        super().__init__(clock, singletons=singletons, stop_grace_s=stop_grace_s, metrics=metrics)
+        self.store = store
         self.retry_s = retry_s
         self.token = uuid4().hex
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            if self.value is None:
-                value = await self.redis.eval(
-                    K.CLAIM_STATIC, 2, self.keys.leader, self.keys.leader_epoch, self.token
-                )
-                self._elected(value.decode() if isinstance(value, bytes) else str(value))
+            if self._lock is None:
+                self._elected(await self.store.claim_static(self.token))
             self.health.ok(self.clock.monotonic())
-            await _wait_any((stop, self._lost), 5.0)
+            await self.clock.wait((stop, self._lost), 5.0)
             if self._lost.is_set() and not stop.is_set():
                 await self._step_down(self._lost_reason or "fenced write refused")
-                await wait_for_event(stop, self.retry_s)
+                await self.clock.wait(stop, self.retry_s)
 
     async def release(self) -> None:
-        value = self.value
-        if value is None:
+        lock = self._forget()
+        if lock is None:
             return
-        self.value = None
         try:
-            await self.redis.eval(K.RELEASE, 1, self.keys.leader, value, self.keys.leader_channel)
+            await self.store.release_lock(lock)
         except Exception as exc:
             log.warning("static lease release failed", error=str(exc))
-
-
-async def _wait_any(events: tuple[asyncio.Event, ...], seconds: float) -> None:
-    """Sleep up to ``seconds`` or until any of ``events`` is set."""
-    if any(e.is_set() for e in events):
-        return
-    waiters = [asyncio.create_task(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()

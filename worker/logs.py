@@ -82,8 +82,3 @@ def configure_logging(
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(**bind)
-
-
-def get_logger(name: str = "worker", **bind: Any) -> Any:
-    """A structlog logger; ``bind`` values are attached to its lines."""
-    return structlog.get_logger(name).bind(**bind)

@@ -1,30 +1,35 @@
-"""The periodic enqueuer: the leader enqueues one arq job per tick of each periodic job.
+"""Periodic jobs, whole: their definition, the leader's tick enqueuer and ``ctx.tick``.
 
 No "last run" lives in memory (seed 002's ``lastDailyReset``): the last enqueued tick of each
 job is in Redis, so a new leader knows exactly which ticks nobody enqueued and catches them up
 per the job's policy. Ticks are enqueued by a fenced script as jobs with deterministic ids
 ``<prefix>periodic:<name>:<tick ms>``: two leaders overlapping for a moment, or a paused leader
-waking up, cannot enqueue a tick twice.
+waking up, cannot enqueue a tick twice. A consumer running a tick learns its instant from the
+job id (:class:`TickHook`), so ``ctx.tick`` is the scheduled time, not the run time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import structlog
-from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 
-from worker import keys as K
-from worker.app import PeriodicDef
 from worker.clock import Clock, ms
 from worker.component import LoopComponent
-from worker.fence import run_fenced
+from worker.ids import JobIds
+from worker.jobs import JobDef, Outcome, TaskFn
 from worker.metrics import Metrics
+from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
+from worker.store import FencedStore, NewJob
 
 log = structlog.get_logger("worker.periodic")
 
+CatchUp = Literal["skip", "latest", "all"]
+NAME = "periodic"
 #: A tick enqueued later than this after its instant counts as caught up, not on time.
 ON_TIME_MS = 5_000
 #: On a job's very first run anywhere, a tick at most this old is still enqueued.
@@ -33,62 +38,77 @@ FIRST_RUN_LOOKBACK_MS = 1_500
 MAX_SLEEP_S = 1.0
 
 
+@dataclass(frozen=True)
+class PeriodicDef:
+    """A job the leader enqueues once per tick; any consumer runs it.
+
+    ``catch_up`` decides what a new leader does with ticks nobody enqueued (leader down, a
+    failover): ``all`` enqueues each, oldest first, at most ``catch_up_limit`` of the most
+    recent; ``latest`` enqueues only the newest missed tick; ``skip`` enqueues none.
+    ``catch_up_window_s`` (optional) additionally drops missed ticks older than that many
+    seconds, whatever the policy.
+    """
+
+    name: str
+    fn: TaskFn
+    schedule: Schedule
+    catch_up: CatchUp = "all"
+    catch_up_limit: int = 10
+    timeout_s: float | None = None
+    catch_up_window_s: float | None = None
+
+    def job(self) -> JobDef:
+        """What a consumer runs for each tick."""
+        return JobDef(self.name, self.fn, timeout_s=self.timeout_s)
+
+
+def plan_ticks(job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list[int], int]:
+    """Which ticks to enqueue now, and the tick to record as last (pure; no Redis).
+
+    Returns ``(ticks, advance_to)``: ``ticks`` ascending; ``advance_to`` is the newest due
+    tick, recorded even when the policy skips it, so skipped ticks are never revisited.
+    """
+    latest = job.schedule.latest(now_ms)
+    if last_ms is None:  # never ran anywhere: start now, with a tick that is just due
+        return ([latest] if now_ms - latest <= FIRST_RUN_LOOKBACK_MS else []), latest
+    if latest <= last_ms:
+        return [], last_ms
+    if job.catch_up == "all":
+        ticks = job.schedule.ticks(last_ms, now_ms, job.catch_up_limit)
+    elif job.catch_up == "latest":
+        ticks = [latest]
+    else:  # skip: only a tick that is on time
+        ticks = [latest] if now_ms - latest <= ON_TIME_MS else []
+    if job.catch_up_window_s is not None:
+        oldest = now_ms - max(ms(job.catch_up_window_s), ON_TIME_MS)
+        ticks = [t for t in ticks if t >= oldest]
+    return ticks, latest
+
+
 class PeriodicEnqueuer(LoopComponent):
     """Enqueues due ticks of every periodic job (leader only)."""
 
-    name = "periodic"
-    sla_s = 30.0
-
     def __init__(
         self,
-        *,
         jobs: Sequence[PeriodicDef],
-        redis: ArqRedis,
-        keys: K.Keys,
-        lock_value: Callable[[], str | None],
+        store: FencedStore,
         serialize: Serialize,
+        clock: Clock,
         metrics: Metrics | None = None,
-        clock: Clock | None = None,
     ) -> None:
-        super().__init__(clock)
+        super().__init__(NAME, clock, sla_s=30.0)
         self.jobs = list(jobs)
-        self.redis = redis
-        self.keys = keys
-        self.lock_value = lock_value
+        self.store = store
         self.serialize = serialize
         self.metrics = metrics
-        self._script = redis.register_script(K.ENQUEUE_TICKS)
-
-    def plan(self, job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list[int], int]:
-        """Which ticks to enqueue now, and the tick to record as last (pure; no Redis).
-
-        Returns ``(ticks, advance_to)``: ``ticks`` ascending; ``advance_to`` is the newest due
-        tick, recorded even when the policy skips it, so skipped ticks are never revisited.
-        """
-        latest = job.schedule.latest(now_ms)
-        if last_ms is None:  # never ran anywhere: start now, with a tick that is just due
-            return ([latest] if now_ms - latest <= FIRST_RUN_LOOKBACK_MS else []), latest
-        if latest <= last_ms:
-            return [], last_ms
-        if job.catch_up == "all":
-            ticks = job.schedule.ticks(last_ms, now_ms, job.catch_up_limit)
-        elif job.catch_up == "latest":
-            ticks = [latest]
-        else:  # skip: only a tick that is on time
-            ticks = [latest] if now_ms - latest <= ON_TIME_MS else []
-        if job.catch_up_window_s is not None:
-            oldest = now_ms - max(ms(job.catch_up_window_s), ON_TIME_MS)
-            ticks = [t for t in ticks if t >= oldest]
-        return ticks, latest
 
     async def tick(self) -> float:
         if not self.jobs:
             return 60.0
         now_ms = ms(self.clock.time())
-        raw = await self.redis.hgetall(self.keys.periodic_state)
-        state = {k.decode(): int(v) for k, v in raw.items()}
+        state = await self.store.store.periodic_last()
         for job in self.jobs:
-            ticks, advance_to = self.plan(job, state.get(job.name), now_ms)
+            ticks, advance_to = plan_ticks(job, state.get(job.name), now_ms)
             if ticks or advance_to > state.get(job.name, -1):
                 await self._enqueue(job, ticks, advance_to, now_ms)
         next_due = min(job.schedule.next(now_ms) for job in self.jobs)
@@ -97,31 +117,42 @@ class PeriodicEnqueuer(LoopComponent):
     async def _enqueue(
         self, job: PeriodicDef, ticks: list[int], advance_to: int, now_ms: int
     ) -> None:
-        args: list[str | int | bytes] = [
-            job.name,
-            K.ARQ_JOB,
-            K.ARQ_RESULT,
-            expires_extra_ms,
-            advance_to,
-        ]
-        for t in ticks:
-            args += [
-                t,
-                self.keys.periodic_job_id(job.name, t),
+        new = [
+            NewJob(
+                self.store.ids.periodic(job.name, t),
                 job_payload(job.name, (), {}, now_ms, self.serialize),
-            ]
-        keys = [self.keys.leader, self.keys.periodic_state, self.keys.queue]
-        enqueued, dup, skipped = await run_fenced(self._script, self.lock_value(), keys, args)
-        late = sum(1 for t in ticks if now_ms - t > ON_TIME_MS)
+                t,
+            )
+            for t in ticks
+        ]
+        out = await self.store.enqueue_ticks(job.name, advance_to, new, expires_extra_ms)
+        late = min(sum(1 for t in ticks if now_ms - t > ON_TIME_MS), out.enqueued)
         if self.metrics is not None:
             m = self.metrics.ticks
-            m.labels(job.name, "enqueued").inc(enqueued)
-            m.labels(job.name, "deduplicated").inc(dup)
-            m.labels(job.name, "caught_up").inc(min(late, enqueued))
-            m.labels(job.name, "skipped").inc(skipped)
-        if enqueued:
-            log.debug("ticks enqueued", job=job.name, ticks=ticks, enqueued=enqueued)
-        if late and enqueued:
-            log.info("missed ticks caught up", job=job.name, caught_up=min(late, enqueued))
-        if dup:
-            log.info("tick already enqueued elsewhere", job=job.name, deduplicated=dup)
+            m.labels(job.name, "enqueued").inc(out.enqueued)
+            m.labels(job.name, "deduplicated").inc(out.duplicate)
+            m.labels(job.name, "caught_up").inc(late)
+            m.labels(job.name, "skipped").inc(out.skipped)
+        if out.enqueued:
+            log.debug("ticks enqueued", job=job.name, ticks=ticks, enqueued=out.enqueued)
+        if late:
+            log.info("missed ticks caught up", job=job.name, caught_up=late)
+        if out.duplicate:
+            log.info("tick already enqueued elsewhere", job=job.name, deduplicated=out.duplicate)
+
+
+class TickHook:
+    """Consumer hook: a periodic job's ``ctx.tick`` comes from its job id."""
+
+    def __init__(self, ids: JobIds, names: Sequence[str]) -> None:
+        self.ids = ids
+        self.names = frozenset(names)
+
+    def context(self, job_id: str) -> Mapping[str, Any]:
+        parsed = self.ids.parse_periodic(job_id)
+        if parsed is None or parsed[0] not in self.names:
+            return {}
+        return {"tick_ms": parsed[1]}
+
+    async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
+        return None

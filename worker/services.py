@@ -1,26 +1,47 @@
-"""Long-running services (e.g. an IMAP IDLE listener, seed 001) as supervised components.
+"""Long-running services (e.g. an IMAP IDLE listener, seed 001): definition and component.
 
 ``singleton`` services run in the leader's group (one cluster-wide); ``per_process`` ones run
-in every process. Either way the function gets ``(ctx, stop)`` and must return soon after
-``stop`` is set; blocking calls belong in ``asyncio.to_thread`` so they never freeze the loop.
+in every process; ``per_key`` ones run once per key cluster-wide (see :mod:`worker.keyed`).
+The function gets ``(ctx, stop)`` (``per_key``: ``(ctx, stop, key)``) and must return soon
+after ``stop`` is set; blocking calls belong in ``asyncio.to_thread`` so they never freeze the
+loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from worker.app import ServiceDef
 from worker.clock import Clock
 from worker.component import Component
 from worker.context import Context
+
+Cardinality = Literal["singleton", "per_process", "per_key"]
+ServiceFn = Callable[..., Awaitable[None]]
+#: Keys of a per_key service: a fixed collection, or ``(ctx) -> keys`` (sync or async),
+#: re-read every round so keys can come and go (e.g. mailboxes configured in a database).
+ServiceKeys = Iterable[str] | Callable[[Context], Any]
+
+
+@dataclass(frozen=True)
+class ServiceDef:
+    """A long-running loop. ``singleton``: ``fn(ctx, stop)`` on the leader only;
+    ``per_process``: ``fn(ctx, stop)`` in every process; ``per_key``: ``fn(ctx, stop, key)``
+    once per key cluster-wide, keys spread across all processes (see :mod:`worker.keyed`)."""
+
+    name: str
+    fn: ServiceFn
+    cardinality: Cardinality = "singleton"
+    keys: ServiceKeys | None = None
 
 
 class Service(Component):
     """Runs one user service until stopped; the supervisor restarts it if it raises."""
 
-    def __init__(self, service: ServiceDef, context: Context, clock: Clock | None = None) -> None:
-        self.name = f"service:{service.name}"
-        super().__init__(clock)
+    def __init__(self, service: ServiceDef, context: Context, clock: Clock) -> None:
+        super().__init__(f"service:{service.name}", clock)
         self.service = service
         self.context = context
 

@@ -144,10 +144,6 @@ class Settings(BaseSettings):
             )
         return self
 
-    @property
-    def queue_name(self) -> str:
-        return f"{self.key_prefix}queue"
-
     def redacted(self) -> dict[str, Any]:
         """Settings as a dict safe to log or expose (Redis password masked)."""
         data = self.model_dump()

@@ -8,15 +8,15 @@ secrets: the Redis URL is masked.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 from arq.connections import ArqRedis
 
 from worker import keys as K
 from worker.app import App
-from worker.client import BoundPoller
 from worker.clock import Clock, SystemClock, ms
+from worker.poller import BoundPoller
+from worker.store import Store
 
 
 def _s(v: Any) -> str:
@@ -34,39 +34,35 @@ async def collect(
 ) -> dict[str, Any]:
     """Read the cluster's state from Redis (read-only)."""
     clock = clock or SystemClock()
+    store = Store(redis, keys)
     now = ms(clock.time())
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.zrange(keys.instances, 0, -1, withscores=True)
-        pipe.get(keys.leader)
-        pipe.pttl(keys.leader)
         pipe.zcard(keys.queue)
         pipe.zcount(keys.queue, "-inf", now)
-        pipe.hgetall(keys.periodic_state)
         pipe.zcard(keys.dead)
-        members, lock, pttl, depth, due, periodic, dead = await pipe.execute()
+        depth, due, dead = await pipe.execute()
+    lock, pttl = await store.read_lock()
+    periodic = await store.periodic_last()
 
-    ids = [_s(m) for m, _ in members]
-    records = await redis.mget([keys.instance(i) for i in ids]) if ids else []
     instances = []
-    for (raw_id, score), rec in zip(members, records, strict=True):
-        info: dict[str, Any] = json.loads(rec) if rec else {"id": _s(raw_id)}
-        info["heartbeat_age_s"] = round((now - score) / 1000, 1)
+    for instance_id, heartbeat_ms, rec in await store.instances():
+        info: dict[str, Any] = rec if rec is not None else {"id": instance_id}
+        info["heartbeat_age_s"] = round((now - heartbeat_ms) / 1000, 1)
         info["alive"] = rec is not None
         instances.append(info)
     instances.sort(key=lambda i: (i.get("role", ""), i.get("name", "")))
 
     leader: dict[str, Any] = {"held": lock is not None}
     if lock is not None:
-        value = _s(lock)
-        leader["epoch"] = int(value.split(":", 1)[0])
-        leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl and pttl > 0 else None
+        leader["epoch"] = lock.epoch
+        leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl else None
         holder = next(
             (i for i in instances if i.get("is_leader") and i.get("epoch") == leader["epoch"]), None
         )
         leader["instance"] = holder.get("name") if holder else None
         leader["lease_age_s"] = holder.get("lease_age_s") if holder else None
 
-    last = {_s(k): int(v) for k, v in periodic.items()}
+    last = periodic
     periodics = [
         {
             "name": p.name,
@@ -78,12 +74,12 @@ async def collect(
     ]
     pollers = []
     for p in app.pollers.values():
-        shards = await BoundPoller(p, redis, keys, clock).backlog()
+        shards = await BoundPoller(p, store, clock).backlog()
         pollers.append(
             {
                 "name": p.name,
                 "task": p.task,
-                "in_flight": await _in_flight(redis, keys, p.name),
+                "in_flight": await store.poll_in_flight(p.name),
                 "waiting": sum(s["waiting"] for s in shards),
                 "due": sum(s["due"] for s in shards),
                 "shards": shards,
@@ -110,7 +106,7 @@ async def collect(
         )
     initializers = []
     for i in app.initializers.values():
-        st = {_s(k): _s(v) for k, v in (await redis.hgetall(keys.init_state(i.name))).items()}
+        st = await store.init_state(i.name)
         initializers.append(
             {
                 "name": i.name,
@@ -133,16 +129,6 @@ async def collect(
         "per_key_services": services,
         "dead_letters": int(dead),
     }
-
-
-async def _in_flight(redis: ArqRedis, keys: K.Keys, poller: str) -> int:
-    """Items whose dispatched job still exists. Consumers clear an entry when its job ends, but
-    an entry can outlive a job arq gave up on (retries exhausted), so check each job."""
-    ids = [K.ARQ_JOB + _s(v) for v in await redis.hvals(keys.poll_inflight(poller))]
-    live = 0
-    for i in range(0, len(ids), 1000):
-        live += int(await redis.exists(*ids[i : i + 1000]))
-    return live
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:

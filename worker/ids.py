@@ -1,0 +1,74 @@
+"""Identifiers the framework builds and parses: lock values and job ids, encoder beside decoder.
+
+Nothing else in the package slices these strings: whoever builds an id here is the only one who
+may take it apart again (a round-trip test pins each pair).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class LockValue:
+    """The leader lock's value ``<epoch>:<token>``: the epoch orders leaderships, the random
+    token tells two processes apart. Compared whole, never by epoch alone."""
+
+    epoch: int
+    token: str
+
+    def __str__(self) -> str:
+        return f"{self.epoch}:{self.token}"
+
+    @classmethod
+    def parse(cls, raw: str | bytes | None) -> LockValue | None:
+        """The lock value in ``raw``, or ``None`` for an absent or unreadable one."""
+        if raw is None:
+            return None
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        epoch, sep, token = text.partition(":")
+        if not sep or not token or not epoch.isdigit():
+            return None
+        return cls(int(epoch), token)
+
+
+@dataclass(frozen=True)
+class JobIds:
+    """Deterministic job ids under a key prefix (they double as unique keys: arq refuses an id
+    whose job or result record exists)."""
+
+    prefix: str
+
+    # -- periodic ticks: <prefix>periodic:<name>:<tick ms> -----------------------------------
+    def periodic(self, name: str, tick_ms: int) -> str:
+        return f"{self.prefix}periodic:{name}:{tick_ms}"
+
+    def parse_periodic(self, job_id: str) -> tuple[str, int] | None:
+        """``(name, tick_ms)`` of a periodic job id, ``None`` for any other id."""
+        head = f"{self.prefix}periodic:"
+        if not job_id.startswith(head):
+            return None
+        name, sep, tick = job_id[len(head) :].rpartition(":")
+        if not sep or not name or not tick.isdigit():
+            return None
+        return name, int(tick)
+
+    # -- poll dispatches: <prefix>poll:<poller>:<item>:<due ms> ------------------------------
+    def poll(self, poller: str, item: str, due_ms: int) -> str:
+        return f"{self.prefix}poll:{poller}:{item}:{due_ms}"
+
+    def parse_poll(self, job_id: str) -> tuple[str, str, int] | None:
+        """``(poller, item, due_ms)`` of a poll job id (poller names contain no ``:``; items
+        may), ``None`` for any other id."""
+        head = f"{self.prefix}poll:"
+        if not job_id.startswith(head):
+            return None
+        poller, sep, rest = job_id[len(head) :].partition(":")
+        item, sep2, due = rest.rpartition(":")
+        if not sep or not sep2 or not poller or not due.lstrip("-").isdigit():
+            return None
+        return poller, item, int(due)
+
+    # -- unique jobs: <prefix>unique:<key> ------------------------------------------------------
+    def unique(self, unique_key: str) -> str:
+        return f"{self.prefix}unique:{unique_key}"

@@ -1,0 +1,38 @@
+"""What a consumer runs: job definitions, and the hooks features attach to every job.
+
+The consumer knows no feature by name. A feature that needs something per job (periodic jobs
+decode their tick from the job id; pollers forget an item's in-flight entry when its job ends)
+registers a :class:`JobHook`; the consumer calls every hook for every job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+TaskFn = Callable[..., Awaitable[Any]]
+#: How a run of a job ended: ``retry`` covers arq's ``Retry`` and cancellation (it runs again).
+Outcome = Literal["success", "failure", "retry"]
+
+
+@dataclass(frozen=True)
+class JobDef:
+    """A function consumers run under ``name``. ``timeout_s``/``max_tries``/``keep_result_s``
+    override the process defaults when set."""
+
+    name: str
+    fn: TaskFn
+    timeout_s: float | None = None
+    max_tries: int | None = None
+    keep_result_s: float | None = None
+
+
+class JobHook(Protocol):
+    """Per-job behaviour a feature adds to the consumer."""
+
+    def context(self, job_id: str) -> Mapping[str, Any]:
+        """Extra values for the job's ``ctx`` (e.g. ``tick_ms``); empty when not concerned."""
+
+    async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
+        """Called once a run ended (never raises into the consumer: errors are logged)."""

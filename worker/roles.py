@@ -1,0 +1,305 @@
+"""Role -> components, as data: one table that both ``plan`` and the build read.
+
+Every row names a component (or one per app item: a poller, an initializer, a service), the
+roles that run it, the group it belongs to and how to build it. :func:`plan` prints the table
+for a role without touching Redis; :func:`build` makes the components from the same rows, so
+the printed plan and what runs cannot drift. This module and the CLI are the only places that
+know roles.
+
+Groups: ``infra`` (heartbeat, health server) and ``work`` (consumer, per-process services) run
+in every process for its whole life; ``leadership`` holds the elector, which starts the
+``singletons`` group while it holds the lease and stops it on losing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from arq.connections import ArqRedis
+
+from worker.app import App
+from worker.clock import Clock
+from worker.component import Backoff, Component, Group
+from worker.consumer import Consumer, ConsumerConfig
+from worker.context import Context
+from worker.health import HealthServer
+from worker.initializer import Initializer
+from worker.jobs import JobHook
+from worker.keyed import KeyedService
+from worker.leader import NAME as LEADER_NAME
+from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
+from worker.metrics import Metrics
+from worker.periodic import NAME as PERIODIC_NAME
+from worker.periodic import PeriodicEnqueuer, TickHook
+from worker.poller import InflightHook, PollingScheduler
+from worker.registry import Heartbeat, OrphanReaper
+from worker.serializer import Deserialize, Serialize
+from worker.services import Service
+from worker.settings import ROLES, Role, Settings
+from worker.store import FencedStore, Store
+from worker.views import ProcessView
+
+GroupName = Literal["infra", "work", "leadership", "singletons"]
+EVERY: frozenset[Role] = frozenset(ROLES)
+LEADERS: frozenset[Role] = frozenset({"all", "leader"})
+
+
+@dataclass
+class Wiring:
+    """What factories build components from (explicit dependencies, no settings lookups
+    beyond each component's own slice)."""
+
+    settings: Settings
+    app: App
+    instance_id: str
+    clock: Clock
+    metrics: Metrics
+    serializer: tuple[Serialize, Deserialize]
+    store: Store
+    context: Context
+    process: ProcessView
+    consumer_redis: Callable[[], ArqRedis]
+    leader_store: Callable[[], Store]
+    singletons: Group
+    leadership: Leadership | None = None
+    fenced: FencedStore | None = None
+    hooks: list[JobHook] = field(default_factory=list)
+
+    def fence(self) -> FencedStore:
+        assert self.fenced is not None, "singletons are built after the leadership"
+        return self.fenced
+
+
+Items = Callable[[App, Settings], Iterable[tuple[str, Any]]]
+Factory = Callable[[Wiring, Any], Component]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One row of the table: components named by ``items``, run by ``roles``, in ``group``."""
+
+    roles: frozenset[Role]
+    group: GroupName
+    items: Items
+    build: Factory
+
+
+def one(name: str, when: Callable[[App, Settings], bool] = lambda a, s: True) -> Items:
+    """Items of a single-component row, present when ``when`` holds."""
+    return lambda app, s: [(name, None)] if when(app, s) else []
+
+
+# -- factories ----------------------------------------------------------------------------------
+
+
+def _heartbeat(w: Wiring, _: Any) -> Component:
+    s = w.settings
+    return Heartbeat(
+        w.store,
+        w.process,
+        w.clock,
+        instance_id=w.instance_id,
+        instance_name=s.instance_name,
+        role=s.role,
+        interval_s=s.heartbeat_interval_s,
+    )
+
+
+def _health(w: Wiring, _: Any) -> Component:
+    s = w.settings
+    return HealthServer(w.process, w.metrics, w.clock, host=s.health_host, port=s.health_port)
+
+
+def _consumer(w: Wiring, _: Any) -> Component:
+    s = w.settings
+    config = ConsumerConfig(
+        concurrency=s.concurrency,
+        poll_delay_s=s.poll_delay_s,
+        idle_poll_max_s=s.idle_poll_max_s,
+        job_timeout_s=s.job_timeout_s,
+        max_tries=s.max_tries,
+        keep_result_s=s.keep_result_s,
+        shutdown_timeout_s=s.shutdown_timeout_s,
+        holds_ttl_s=max(s.job_timeout_s + 60, s.orphan_stale_s * 3),
+    )
+    hooks: list[JobHook] = [TickHook(w.store.ids, list(w.app.periodics))]
+    if w.app.pollers:
+        hooks.append(InflightHook(w.store, w.app.pollers))
+    return Consumer(
+        w.app.jobs(),
+        hooks,
+        w.context,
+        w.consumer_redis(),
+        w.store,
+        w.serializer,
+        w.clock,
+        instance_id=w.instance_id,
+        config=config,
+        metrics=w.metrics,
+    )
+
+
+def _process_service(w: Wiring, sv: Any) -> Component:
+    if sv.cardinality == "per_process":
+        return Service(sv, w.context, w.clock)
+    s = w.settings
+    return KeyedService(
+        sv,
+        w.context,
+        w.store,
+        w.clock,
+        instance_id=w.instance_id,
+        lease_ttl_s=s.leader_ttl_s,
+        renew_interval_s=s.leader_renew_interval_s,
+        renew_deadline_s=s.leader_renew_deadline_s,
+        stop_grace_s=s.stop_grace_s,
+    )
+
+
+def _leadership(w: Wiring, _: Any) -> Component:
+    s = w.settings
+    common: dict[str, Any] = {
+        "singletons": w.singletons,
+        "stop_grace_s": s.stop_grace_s,
+        "metrics": w.metrics,
+    }
+    if s.leader_election == "static":
+        return StaticLeader(w.store, w.clock, **common)
+    timing = LeaderTiming(
+        s.leader_ttl_s,
+        s.leader_renew_interval_s,
+        s.leader_renew_deadline_s,
+        s.leader_poll_interval_s,
+    )
+    return LeaderElector(w.leader_store(), timing, w.clock, **common)
+
+
+def _initializer(w: Wiring, init: Any) -> Component:
+    poller = w.app.pollers.get(init.poller) if init.poller else None
+    return Initializer(init, poller, w.context, w.fence(), w.clock, w.metrics)
+
+
+def _poller(w: Wiring, p: Any) -> Component:
+    return PollingScheduler(p, w.fence(), w.serializer[0], w.clock, w.metrics)
+
+
+def _periodic(w: Wiring, _: Any) -> Component:
+    return PeriodicEnqueuer(
+        list(w.app.periodics.values()), w.fence(), w.serializer[0], w.clock, w.metrics
+    )
+
+
+def _reaper(w: Wiring, _: Any) -> Component:
+    s = w.settings
+    return OrphanReaper(
+        w.fence(),
+        w.clock,
+        stale_s=s.orphan_stale_s,
+        interval_s=s.heartbeat_interval_s,
+        metrics=w.metrics,
+    )
+
+
+def _singleton_service(w: Wiring, sv: Any) -> Component:
+    return Service(sv, w.context, w.clock)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+SPECS: tuple[Spec, ...] = (
+    Spec(EVERY, "infra", one("heartbeat"), _heartbeat),
+    Spec(EVERY, "infra", one("health-server", lambda a, s: bool(s.health_port)), _health),
+    Spec(EVERY, "work", one("consumer"), _consumer),
+    Spec(
+        EVERY,
+        "work",
+        lambda app, s: [
+            (f"service:{sv.name}", sv)
+            for sv in app.services.values()
+            if sv.cardinality in ("per_process", "per_key")
+        ],
+        _process_service,
+    ),
+    Spec(LEADERS, "leadership", one(LEADER_NAME), _leadership),
+    Spec(
+        LEADERS,
+        "singletons",
+        lambda app, s: [(f"initializer:{i.name}", i) for i in app.initializers.values()],
+        _initializer,
+    ),
+    Spec(
+        LEADERS,
+        "singletons",
+        lambda app, s: [(f"poller:{p.name}", p) for p in app.pollers.values()],
+        _poller,
+    ),
+    Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),
+    Spec(LEADERS, "singletons", one("orphan-reaper"), _reaper),
+    Spec(
+        LEADERS,
+        "singletons",
+        lambda app, s: [
+            (f"service:{sv.name}", sv)
+            for sv in app.services.values()
+            if sv.cardinality == "singleton"
+        ],
+        _singleton_service,
+    ),
+)
+
+#: Build order: the elector first, since the singletons' fenced store reads its lease.
+GROUP_ORDER: tuple[GroupName, ...] = ("leadership", "singletons", "infra", "work")
+
+
+@dataclass
+class Plan:
+    """Which components a role runs; computed without touching Redis."""
+
+    role: str
+    enabled: list[str] = field(default_factory=list)
+    disabled: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            f"role: {self.role}",
+            f"enabled: {', '.join(self.enabled) or '-'}",
+            f"disabled: {', '.join(self.disabled) or '-'}",
+        ]
+
+
+def plan(role: Role, app: App, settings: Settings) -> Plan:
+    """Role -> component names. Every role consumes; only leader/all campaign and run
+    singletons."""
+    out = Plan(role)
+    for spec in SPECS:
+        names = [name for name, _ in spec.items(app, settings)]
+        (out.enabled if role in spec.roles else out.disabled).extend(names)
+    return out
+
+
+def build(w: Wiring) -> dict[GroupName, list[Component]]:
+    """Build every component of the settings' role from :data:`SPECS`, by group."""
+    role = w.settings.role
+    groups: dict[GroupName, list[Component]] = {g: [] for g in GROUP_ORDER}
+    for group in GROUP_ORDER:
+        for spec in SPECS:
+            if spec.group != group or role not in spec.roles:
+                continue
+            for name, item in spec.items(w.app, w.settings):
+                component = spec.build(w, item)
+                assert component.name == name, (component.name, name)
+                groups[group].append(component)
+        if group == "leadership" and groups["leadership"]:
+            leader = groups["leadership"][0]
+            assert isinstance(leader, Leadership)
+            w.leadership = leader
+            w.fenced = FencedStore(w.store, leader)
+    w.singletons.components.extend(groups["singletons"])
+    return groups
+
+
+def restart_backoff(settings: Settings) -> Callable[[], Backoff]:
+    """The supervisor's backoff factory for ``settings``."""
+    return lambda: Backoff(settings.restart_backoff_base_s, settings.restart_backoff_cap_s)

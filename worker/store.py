@@ -1,0 +1,411 @@
+"""The typed Redis gateway: one async method per script or protocol step, results typed.
+
+This is the only module that packs ``KEYS``/``ARGV`` for the scripts in :mod:`worker.keys`
+(asynq's ``RDB`` is the model: each script paired with exactly one method). :class:`Store`
+holds the unfenced operations any process may run; :class:`FencedStore` wraps the writes only
+the leader may make, reads the lock value from a :class:`~worker.views.LeaderView`, and maps a
+refusal to :class:`~worker.errors.LeadershipLost` after telling the view (stepping down is
+that one call).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import ResponseError
+
+from worker import keys as K
+from worker.errors import LeadershipLost
+from worker.ids import JobIds, LockValue
+from worker.views import LeaderView
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- typed results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """An arq job record to write: its id, serialized payload and (for ticks) its score."""
+
+    job_id: str
+    payload: bytes
+    score_ms: int = 0
+
+
+@dataclass(frozen=True)
+class TickOutcome:
+    enqueued: int
+    duplicate: int
+    skipped: int
+
+
+@dataclass(frozen=True)
+class DispatchOutcome:
+    dispatched: int
+    in_flight: int
+    duplicate: int
+    gone: int
+
+
+@dataclass(frozen=True)
+class InitProgress:
+    done: bool
+    cursor: str | None
+    batches: int
+    items: int
+
+
+@dataclass(frozen=True)
+class Stale:
+    instance_id: str
+    heartbeat_ms: int
+
+
+class Store:
+    """Every unfenced Redis operation of the framework (see module docstring)."""
+
+    def __init__(self, redis: Redis, keys: K.Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.ids = JobIds(keys.prefix)
+        r = redis
+        self._acquire = r.register_script(K.ACQUIRE)
+        self._claim_static = r.register_script(K.CLAIM_STATIC)
+        self._release = r.register_script(K.RELEASE)
+        self._lease_renew = r.register_script(K.LEASE_RENEW)
+        self._lease_release = r.register_script(K.LEASE_RELEASE)
+        self._unique_enqueue = r.register_script(K.UNIQUE_ENQUEUE)
+        self._inflight_clear = r.register_script(K.INFLIGHT_CLEAR)
+        self._dead_retry = r.register_script(K.DEAD_RETRY)
+        # fenced scripts, run through FencedStore
+        self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
+        self.dispatch_script = r.register_script(K.DISPATCH)
+        self.init_begin_script = r.register_script(K.INIT_BEGIN)
+        self.checkpoint_script = r.register_script(K.CHECKPOINT)
+        self.reap_script = r.register_script(K.REAP)
+
+    # -- the leader lock ----------------------------------------------------------------------
+    async def acquire(self, token: str, ttl_ms: int) -> LockValue | None:
+        """Take the lease with a new epoch if free (see ``keys.ACQUIRE``)."""
+        raw = await self._acquire(
+            keys=[self.keys.leader, self.keys.leader_epoch], args=[token, ttl_ms]
+        )
+        return LockValue.parse(raw) if raw else None
+
+    async def renew_lock(self, lock: LockValue, ttl_ms: int) -> bool:
+        """Replace the lease's TTL if it is still ``lock``."""
+        return await self.renew_lease(self.keys.leader, str(lock), ttl_ms)
+
+    async def release_lock(self, lock: LockValue) -> bool:
+        """Delete the lease if it is ``lock`` and wake the standbys."""
+        done = await self._release(
+            keys=[self.keys.leader], args=[str(lock), self.keys.leader_channel]
+        )
+        return bool(done)
+
+    async def claim_static(self, token: str) -> LockValue:
+        """Always-leader mode: take the lock unconditionally."""
+        raw = await self._claim_static(
+            keys=[self.keys.leader, self.keys.leader_epoch], args=[token]
+        )
+        value = LockValue.parse(raw)
+        assert value is not None, raw
+        return value
+
+    async def read_lock(self) -> tuple[LockValue | None, int | None]:
+        """The current lock value and its remaining TTL in ms (``None``: no expiry/absent)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.leader)
+            pipe.pttl(self.keys.leader)
+            raw, pttl = await pipe.execute()
+        return LockValue.parse(raw), (int(pttl) if pttl is not None and pttl >= 0 else None)
+
+    # -- leases in general (per_key services, mutexes) ---------------------------------------
+    async def take_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return bool(await self.redis.set(key, owner, nx=True, px=ttl_ms))
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        return int(await self._lease_renew(keys=[key], args=[owner, ttl_ms])) == 1
+
+    async def release_lease(self, key: str, owner: str) -> bool:
+        return int(await self._lease_release(keys=[key], args=[owner])) == 1
+
+    async def once(self, name: str, ttl_ms: int) -> bool:
+        """Mark ``name`` seen; ``True`` only for the first caller within the TTL."""
+        return bool(await self.redis.set(self.keys.once(name), b"1", nx=True, px=ttl_ms))
+
+    async def forget(self, name: str) -> None:
+        await self.redis.delete(self.keys.once(name))
+
+    # -- enqueueing ---------------------------------------------------------------------------
+    async def unique_enqueue(self, job: NewJob, ttl_ms: int) -> bool:
+        """Write an arq job unless its id is taken (queued, running or result kept)."""
+        ok = await self._unique_enqueue(
+            keys=[self.keys.queue],
+            args=[job.job_id, K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, job.score_ms, job.payload],
+        )
+        return bool(ok)
+
+    # -- pollers ------------------------------------------------------------------------------
+    async def due_items(self, shard_key: str, now_ms: int, limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` items of a shard due at ``now_ms``, oldest first (read-only)."""
+        due = await self.redis.zrangebyscore(
+            shard_key, "-inf", now_ms, start=0, num=limit, withscores=True
+        )
+        return [(_s(item), int(score)) for item, score in due]
+
+    async def schedule_items(self, by_shard: Mapping[str, Mapping[str, int]]) -> int:
+        """ZADD items (item -> due ms) into their shard keys in one round trip; new items."""
+        if not by_shard:
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key, mapping in by_shard.items():
+                pipe.zadd(key, dict(mapping))
+            added = await pipe.execute()
+        return int(sum(added))
+
+    async def unschedule_item(self, shard_key: str, poller: str, item: str) -> bool:
+        """Take ``item`` off its shard and forget its in-flight entry if that job has ended."""
+        removed = bool(await self.redis.zrem(shard_key, item))
+        await self.inflight_clear(poller, item, None)
+        return removed
+
+    async def inflight_clear(self, poller: str, item: str, job_id: str | None) -> bool:
+        """Forget ``item``'s in-flight job: the entry equal to ``job_id``, or (``None``) an
+        entry whose job no longer exists."""
+        done = await self._inflight_clear(
+            keys=[self.keys.poll_inflight(poller)], args=[item, job_id or "", K.ARQ_JOB]
+        )
+        return int(done) == 1
+
+    async def shard_backlog(self, shard_keys: Sequence[str], now_ms: int) -> list[tuple[int, int]]:
+        """Per shard key: ``(waiting, due)``."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in shard_keys:
+                pipe.zcard(key)
+                pipe.zcount(key, "-inf", now_ms)
+            raw = await pipe.execute()
+        return [(int(raw[2 * i]), int(raw[2 * i + 1])) for i in range(len(shard_keys))]
+
+    async def poll_in_flight(self, poller: str) -> int:
+        """Items whose dispatched job still exists (entries can outlive a job arq gave up on,
+        so each job is checked)."""
+        ids = [K.ARQ_JOB + _s(v) for v in await self.redis.hvals(self.keys.poll_inflight(poller))]
+        live = 0
+        for i in range(0, len(ids), 1000):
+            live += int(await self.redis.exists(*ids[i : i + 1000]))
+        return live
+
+    # -- periodic -----------------------------------------------------------------------------
+    async def periodic_last(self) -> dict[str, int]:
+        """Last enqueued tick (ms) per periodic job."""
+        raw = await self.redis.hgetall(self.keys.periodic_state)
+        return {_s(k): int(v) for k, v in raw.items()}
+
+    # -- initializers -------------------------------------------------------------------------
+    async def init_state(self, name: str) -> dict[str, str]:
+        raw = await self.redis.hgetall(self.keys.init_state(name))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    # -- instance registry --------------------------------------------------------------------
+    async def heartbeat(
+        self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, now_ms: int
+    ) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.instance(instance_id), json.dumps(record, default=str), px=ttl_ms)
+            pipe.zadd(self.keys.instances, {instance_id: now_ms})
+            await pipe.execute()
+
+    async def deregister(self, instance_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.instance(instance_id), self.keys.holds(instance_id))
+            pipe.zrem(self.keys.instances, instance_id)
+            await pipe.execute()
+
+    async def stale_instances(self, cutoff_ms: int) -> list[Stale]:
+        raw = await self.redis.zrangebyscore(
+            self.keys.instances, "-inf", cutoff_ms, withscores=True
+        )
+        return [Stale(_s(i), int(score)) for i, score in raw]
+
+    async def instances(self) -> list[tuple[str, int, dict[str, Any] | None]]:
+        """Every registered instance: ``(id, last heartbeat ms, record or None if expired)``."""
+        members = await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
+        ids = [_s(m) for m, _ in members]
+        records = await self.redis.mget([self.keys.instance(i) for i in ids]) if ids else []
+        return [
+            (i, int(score), json.loads(rec) if rec else None)
+            for i, (_, score), rec in zip(ids, members, records, strict=True)
+        ]
+
+    async def set_holds(self, instance_id: str, job_ids: Iterable[str], ttl_ms: int) -> None:
+        """Replace the set of job ids ``instance_id`` is running (for orphan recovery)."""
+        key = self.keys.holds(instance_id)
+        held = list(job_ids)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if held:
+                pipe.sadd(key, *held)
+                pipe.pexpire(key, ttl_ms)
+            await pipe.execute()
+
+    # -- per_key services ---------------------------------------------------------------------
+    async def service_round(
+        self, service: str, instance_id: str, now_ms: int, stale_before_ms: int
+    ) -> list[str]:
+        """Announce ``instance_id`` as running ``service``; drop stale members; list members."""
+        key = self.keys.service_members(service)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {instance_id: now_ms})
+            pipe.zremrangebyscore(key, "-inf", stale_before_ms)
+            pipe.zrange(key, 0, -1)
+            _, _, members = await pipe.execute()
+        return [_s(m) for m in members]
+
+    async def service_leave(self, service: str, instance_id: str) -> None:
+        await self.redis.zrem(self.keys.service_members(service), instance_id)
+
+    # -- jobs and dead letters ----------------------------------------------------------------
+    async def job_payload(self, job_id: str) -> bytes | None:
+        raw = await self.redis.get(K.ARQ_JOB + job_id)
+        return bytes(raw) if raw is not None else None
+
+    async def add_dead(self, job_id: str, record: Mapping[str, Any], at_ms: int) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.dead_jobs, job_id, json.dumps(record))
+            pipe.zadd(self.keys.dead, {job_id: at_ms})
+            await pipe.execute()
+
+    async def dead_records(self, limit: int) -> list[tuple[str, dict[str, Any] | None]]:
+        """The newest ``limit`` dead letters, newest first: ``(job id, record or None)``."""
+        ids = await self.redis.zrevrange(self.keys.dead, 0, limit - 1)
+        if not ids:
+            return []
+        raw = await self.redis.hmget(self.keys.dead_jobs, ids)
+        return [(_s(i), json.loads(rec) if rec else None) for i, rec in zip(ids, raw, strict=True)]
+
+    async def dead_record(self, job_id: str) -> dict[str, Any] | None:
+        raw = await self.redis.hget(self.keys.dead_jobs, job_id)
+        return json.loads(raw) if raw else None
+
+    async def dead_retry(self, job_id: str, payload: bytes, ttl_ms: int, now_ms: int) -> int:
+        """Re-queue a dead letter: 1 re-queued, 0 the id is live, -1 not a dead letter."""
+        result = await self._dead_retry(
+            keys=[self.keys.queue, self.keys.dead, self.keys.dead_jobs],
+            args=[job_id, payload, K.ARQ_JOB, K.ARQ_RESULT, K.ARQ_RETRY, ttl_ms, now_ms],
+        )
+        return int(result)
+
+    async def dead_purge(self) -> int:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zcard(self.keys.dead)
+            pipe.delete(self.keys.dead, self.keys.dead_jobs)
+            count, _ = await pipe.execute()
+        return int(count)
+
+
+class FencedStore:
+    """The writes only the leader may make, each checked against the lock in the same script.
+
+    A refusal (the lock is not, or no longer, this process's) tells the :class:`LeaderView`
+    (which steps down) and raises :class:`LeadershipLost`.
+    """
+
+    def __init__(self, store: Store, leader: LeaderView) -> None:
+        self.store = store
+        self.leader = leader
+        self.keys = store.keys
+        self.ids = store.ids
+
+    async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        lock = self.leader.lock
+        if lock is None:
+            raise LeadershipLost("not leading")
+        try:
+            return await script(keys=[self.keys.leader, *keys], args=[str(lock), *args])
+        except ResponseError as exc:
+            if str(exc).startswith(K.FENCE_ERROR):
+                self.leader.lost(f"fenced write refused: {exc}")
+                raise LeadershipLost(str(exc)) from None
+            raise
+
+    async def enqueue_ticks(
+        self, name: str, advance_to: int, ticks: Sequence[NewJob], ttl_ms: int
+    ) -> TickOutcome:
+        """Enqueue ``ticks`` of periodic job ``name`` (score = tick) unless recorded or taken,
+        and record ``advance_to`` as its last tick (see ``keys.ENQUEUE_TICKS``)."""
+        args: list[Any] = [name, K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, advance_to]
+        for t in ticks:
+            args += [t.score_ms, t.job_id, t.payload]
+        keys = [self.keys.periodic_state, self.keys.queue]
+        enqueued, dup, skipped = await self._run(self.store.enqueue_ticks_script, keys, args)
+        return TickOutcome(int(enqueued), int(dup), int(skipped))
+
+    async def dispatch(
+        self,
+        poller: str,
+        shard_key: str,
+        now_ms: int,
+        busy_defer_ms: int,
+        items: Sequence[tuple[str, NewJob]],
+        ttl_ms: int,
+    ) -> DispatchOutcome:
+        """Move due ``items`` of one shard into the queue, one job each (``keys.DISPATCH``)."""
+        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms]
+        for item, job in items:
+            args += [item, job.job_id, job.payload]
+        keys = [self.keys.poll_inflight(poller), self.keys.queue, shard_key]
+        sent, busy, dup, gone = await self._run(self.store.dispatch_script, keys, args)
+        return DispatchOutcome(int(sent), int(busy), int(dup), int(gone))
+
+    async def init_begin(self, name: str, version: str, now_ms: int) -> InitProgress:
+        """Start or resume initializer ``name`` at ``version`` (``keys.INIT_BEGIN``)."""
+        epoch = self.leader.lock.epoch if self.leader.lock else 0
+        done, cursor, batches, items = await self._run(
+            self.store.init_begin_script, [self.keys.init_state(name)], [version, now_ms, epoch]
+        )
+        return InitProgress(_s(done) == "1", _s(cursor) or None, int(batches), int(items))
+
+    async def checkpoint(
+        self,
+        name: str,
+        version: str,
+        cursor: str | None,
+        next_cursor: str,
+        *,
+        last: bool,
+        now_ms: int,
+        items: Sequence[tuple[str, int, str]],
+    ) -> int:
+        """Write one initializer batch (``(shard key, due ms, item)``) with its checkpoint;
+        returns how many items were new (``keys.CHECKPOINT``)."""
+        shard_keys: list[str] = []
+        index: dict[str, int] = {}
+        args: list[Any] = [version, cursor or "", next_cursor, "1" if last else "0", now_ms]
+        for shard_key, due_ms, item in items:
+            if shard_key not in index:
+                shard_keys.append(shard_key)
+                index[shard_key] = len(shard_keys) + 2  # KEYS index, after lock and state
+            args += [index[shard_key], due_ms, item]
+        keys = [self.keys.init_state(name), *shard_keys]
+        added, _batches = await self._run(self.store.checkpoint_script, keys, args)
+        return int(added)
+
+    async def reap(self, instance_id: str, judged_ms: int) -> int | None:
+        """Release the jobs of a dead instance; ``None`` if it heartbeated meanwhile."""
+        keys = [self.keys.queue, self.keys.holds(instance_id), self.keys.instances]
+        released = int(
+            await self._run(
+                self.store.reap_script, keys, [K.ARQ_IN_PROGRESS, instance_id, judged_ms]
+            )
+        )
+        return None if released < 0 else released
