@@ -190,8 +190,15 @@ class FixedLease:
     def __init__(self, value: str) -> None:
         self.lock = LockValue.parse(value)
 
+    @property
+    def epoch(self) -> int | None:
+        return self.lock.epoch if self.lock is not None else None
+
     def is_leading(self) -> bool:
         return self.lock is not None
+
+    async def settled(self, stop: asyncio.Event) -> bool:
+        return not stop.is_set()
 
     def lost(self, reason: str) -> None:
         raise RuntimeError(f"benchmark lost its fixed lease: {reason}")

@@ -3,6 +3,7 @@ and a spawner for real ``python -m worker`` processes with fault injection."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -56,11 +57,18 @@ class FixedLease:
     def lock(self) -> LockValue | None:
         return LockValue.parse(self.value)
 
+    @property
+    def epoch(self) -> int | None:
+        return self.lock.epoch if self.lock is not None else None
+
     def is_leading(self) -> bool:
         return self.lock is not None
 
     def lost(self, reason: str) -> None:
         self.losses.append(reason)
+
+    async def settled(self, stop: asyncio.Event) -> bool:
+        return self.is_leading() and not stop.is_set()
 
 
 def wait_until(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 
@@ -9,11 +10,13 @@ import pytest
 from arq.constants import expires_extra_ms
 from arq.jobs import deserialize_job
 
+from tests.conftest import FixedLease
 from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
 from worker.context import Context, JobContext
+from worker.errors import LeadershipLost
 from worker.ids import JobIds
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
@@ -193,3 +196,74 @@ async def test_job_context_attributes(ctx: Context, r: Any) -> None:
     assert job.poller("cards").name == "cards"
     jid = await job.enqueue("f", unique_key="k")
     assert jid == KEYS_ids.unique("k")
+
+
+# ---------------------------------------------------------------------------------------------
+# the lease handle: is_leading, leader_epoch, fenced_pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+def with_lease(ctx: Context, value: str | None) -> FixedLease:
+    lease = FixedLease(value)
+    ctx.leader = lease
+    return lease
+
+
+async def test_lease_handle_without_a_leader_candidate(ctx: Context) -> None:
+    assert ctx.is_leading() is False and ctx.leader_epoch() is None
+    with pytest.raises(LeadershipLost):
+        ctx.fenced_pipeline()
+
+
+async def test_fenced_pipeline_commits_only_while_the_lock_is_ours(ctx: Context, r: Any) -> None:
+    lease = with_lease(ctx, "7:mine")
+    await r.set(KEYS.leader, "7:mine")
+    assert ctx.is_leading() and ctx.leader_epoch() == 7
+    async with ctx.fenced_pipeline() as pipe:
+        pipe.set("t:report", "one")
+        pipe.hincrby("t:count", "n", 1)
+        assert await pipe.execute() == [True, 1]
+    assert await r.get("t:report") == b"one"
+
+    await r.set(KEYS.leader, "8:successor")  # the lease moved on
+    async with ctx.fenced_pipeline() as pipe:
+        pipe.set("t:report", "two")
+        with pytest.raises(LeadershipLost):
+            await pipe.execute()
+    assert await r.get("t:report") == b"one"  # nothing written
+    assert lease.losses and "no longer this process's" in lease.losses[0]
+
+    lease.value = None  # not leading (in doubt): refused without touching Redis
+    async with ctx.fenced_pipeline() as pipe:
+        pipe.set("t:report", "three")
+        with pytest.raises(LeadershipLost):
+            await pipe.execute()
+    assert await r.get("t:report") == b"one"
+
+
+async def test_fenced_pipeline_retries_when_a_renew_touches_the_lock(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(redis_url)
+    client = Client(r, keys=KEYS, serialize=msgpack_dumps)
+    ctx2 = Context(Settings.model_construct(), r, client, FakeClock(NOW_S), "i")
+    with_lease(ctx2, "7:mine")
+    await r.set(KEYS.leader, "7:mine", px=10_000)
+    done = asyncio.Event()
+
+    async def renewing() -> None:  # the leader's renew loop, 400x faster than by default
+        while not done.is_set():
+            await r.pexpire(KEYS.leader, 10_000)
+            await asyncio.sleep(0.005)
+
+    renewer = asyncio.create_task(renewing())
+    try:
+        for _ in range(200):
+            async with ctx2.fenced_pipeline() as pipe:
+                pipe.incr("t:n")
+                await pipe.execute()
+    finally:
+        done.set()
+        await renewer
+    assert await r.get("t:n") == b"200"
+    await r.aclose()

@@ -50,6 +50,13 @@ async def eventually(
             await asyncio.sleep(0.001)  # let real I/O (the Redis round trip) complete
 
 
+async def drive(clock: FakeClock, seconds: float, step: float = 0.01) -> None:
+    """Advance fake time in small steps, letting real I/O (Redis round trips) keep up."""
+    for _ in range(round(seconds / step)):
+        clock.advance(step)
+        await asyncio.sleep(0.001)
+
+
 class Probe(Component):
     """Stands in for the singleton components: records when it starts and stops."""
 
@@ -379,3 +386,93 @@ def test_lock_value_round_trip() -> None:
     assert LockValue.parse("12:a:b") == LockValue(12, "a:b")
     for bad in (None, "", "12", "x:abc", "12:", ":abc"):
         assert LockValue.parse(bad) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A lock that vanishes under a live leader; Redis data loss
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_another_acquisition_makes_the_leader_step_down_at_once(
+    clients: Any, runs: list[Run], rsync: redis_sync.Redis
+) -> None:
+    clock = FakeClock()  # never advanced below: a renew can not be what noticed
+    slow = LeaderTiming(ttl_s=10, renew_interval_s=2, renew_deadline_s=6, poll_interval_s=5)
+    a = start("elector", clients(), runs, clock=clock, timing=slow)
+    await eventually(lambda: a.probe.count("start") == 1, what="a leads")
+    await eventually(
+        lambda: rsync.pubsub_numsub(KEYS.leader_announce) == [(KEYS.leader_announce.encode(), 1)],
+        what="a listens for announcements",
+    )
+    rsync.delete(KEYS.leader)  # the lock vanishes (a failover, a restart without persistence)
+    other = await clients().acquire("intruder", 10_000, bound_ms=8_000)
+    assert other is not None
+    await eventually(lambda: a.probe.count("stop") == 1, within=3, what="a steps down")
+    assert not a.leader.is_leading()
+    assert (
+        a.leader.health.extra["last_loss"]
+        == f"another process acquired the lease (epoch {other.lock.epoch})"
+    )
+    assert a.leader.floor == other.lock.epoch  # the announcement also raised its epoch floor
+    assert rsync.get(KEYS.leader) == str(other.lock).encode()
+
+
+async def test_a_lease_taken_after_an_unclean_end_settles_after_the_bound(
+    clients: Any, runs: list[Run], rsync: redis_sync.Redis
+) -> None:
+    clock = FakeClock()
+    a = start("elector", clients(), runs, clock=clock)
+    await eventually(lambda: a.leader.is_leading() and a.leader.health.iterations >= 2, clock=clock)
+    stop = asyncio.Event()
+    # a released cleanly before: no wait (the first lease of this test had no predecessor)
+    await a.halt()
+    await a.leader.release()
+    b = start("elector", clients(), runs, clock=clock)
+    await eventually(lambda: b.leader.is_leading(), clock=clock)
+    assert await asyncio.wait_for(b.leader.settled(stop), 1) is True
+    # the lock vanishes right after b's renew: c must wait out b's deadline + stop grace
+    rsync.delete(KEYS.leader)
+    c = start("elector", clients(), runs, clock=clock)
+    await eventually(lambda: c.leader.is_leading(), clock=clock, what="c acquires")
+    waiting = asyncio.create_task(c.leader.settled(stop))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    bound = FAST.renew_deadline_s + 2  # stop grace 2 s in start()
+    await drive(clock, bound - 1.0)
+    assert not waiting.done()
+    await drive(clock, 1.2)
+    assert await asyncio.wait_for(waiting, 1) is True
+
+
+async def test_is_leading_turns_false_past_the_deadline_even_if_the_loop_never_ran(
+    clients: Any, runs: list[Run]
+) -> None:
+    clock = FakeClock()
+    a = start("elector", clients(), runs, clock=clock)
+    await eventually(lambda: a.leader.is_leading(), clock=clock)
+    clock.advance(FAST.renew_deadline_s + 0.01)  # a freeze: nothing ran meanwhile
+    assert a.leader.lock is not None  # the loop has not stepped down yet...
+    assert a.leader.is_leading() is False  # ...but nobody may act on the lease any more
+
+
+async def test_epochs_never_go_backwards_across_a_redis_data_loss(
+    clients: Any, runs: list[Run], rsync: redis_sync.Redis
+) -> None:
+    clock = FakeClock()
+    a = start("elector", clients(), runs, clock=clock)
+    b = start("elector", clients(), runs, clock=clock)
+    for _ in range(3):  # a few handovers push the epoch up
+        await eventually(lambda: a.leader.is_leading() or b.leader.is_leading(), clock=clock)
+        holder = a if a.leader.is_leading() else b
+        holder.leader.lost("test handover")
+        await eventually(lambda h=holder: not h.leader.is_leading(), clock=clock)
+    await eventually(lambda: a.leader.is_leading() or b.leader.is_leading(), clock=clock)
+    seen = max(a.leader.floor, b.leader.floor)
+    assert seen >= 3
+    rsync.flushall()  # Redis restarted without persistence
+    await eventually(
+        lambda: (LockValue.parse(rsync.get(KEYS.leader)) or LockValue(0, "")).epoch > seen,
+        within=10,
+        clock=clock,
+        what="a new lease above every epoch seen before the loss",
+    )

@@ -15,7 +15,6 @@ from worker.errors import LeadershipLost
 from worker.ids import JobIds
 from worker.metrics import Metrics
 from worker.periodic import (
-    FIRST_RUN_LOOKBACK_MS,
     MAX_SLEEP_S,
     ON_TIME_MS,
     PeriodicDef,
@@ -82,13 +81,13 @@ def ids(name: str, *ticks: int) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_plan_first_run_ever() -> None:
+def test_plan_nothing_recorded_starts_with_the_next_tick() -> None:
+    # A job never recorded is new, or Redis lost its data: a tick already due may have run
+    # before the loss, so none is enqueued; the latest is recorded, the next one runs.
     job = pdef()
-    assert plan_ticks(job, None, T0) == ([T0], T0)
-    assert plan_ticks(job, None, T0 + FIRST_RUN_LOOKBACK_MS) == ([T0], T0)
-    # a tick long past is not "just due": start from now, enqueue nothing, record it
-    assert plan_ticks(job, None, T0 + FIRST_RUN_LOOKBACK_MS + 1) == ([], T0)
-    assert plan_ticks(job, None, T0 + 59_999) == ([], T0)
+    for now in (T0, T0 + 1, T0 + 59_999):
+        assert plan_ticks(job, None, now) == ([], T0)
+    assert plan_ticks(job, T0, T0 + MIN) == ([T0 + MIN], T0 + MIN)
 
 
 def test_plan_up_to_date() -> None:
@@ -146,8 +145,12 @@ def test_plan_catch_up_skip() -> None:
 
 async def test_tick_enqueues_each_tick_once_across_repeated_calls(r: Any) -> None:
     await r.set(KEYS.leader, LOCK)
-    clock = clock_at(T0 + 200)
+    clock = clock_at(T0 - MIN + 200)
     e = enqueuer(r, [pdef()], clock)
+    await e.tick()  # nothing recorded yet: record the latest tick, enqueue from the next
+    assert await queued(r) == []
+    assert await r.hget(KEYS.periodic_state, "job") == str(T0 - MIN).encode()
+    clock.advance(60)
     await e.tick()
     await e.tick()
     assert await queued(r) == ids("job", T0)
@@ -201,7 +204,8 @@ async def test_two_enqueuers_split_brain_never_duplicate(r: Any) -> None:
         await b.tick()
         await a.tick()
     ticks = sorted(int(i.rsplit(":", 1)[1]) for i in await queued(r))
-    assert ticks == list(range(T0, ticks[-1] + 1, MIN))  # each tick exactly once, no gaps
+    # each tick exactly once, no gaps, starting with the first tick after the first look
+    assert ticks == list(range(T0 + MIN, ticks[-1] + 1, MIN))
     assert len(ticks) >= 6
 
     # B wakes with a stale view and replays ticks A already enqueued: refused by the script

@@ -14,7 +14,8 @@ import pytest
 from redis.exceptions import ResponseError
 
 from worker import keys as K
-from worker.ids import JobIds
+from worker.ids import JobIds, LockValue
+from worker.store import Store
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
@@ -53,25 +54,91 @@ async def snapshot(r: Any) -> dict[bytes, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-async def test_acquire_increments_epoch_and_sets_ttl(r: Any) -> None:
-    v = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokA", 5000])
-    assert v == b"1:tokA"
-    assert await r.get(KEYS.leader) == b"1:tokA"
-    assert 0 < await r.pttl(KEYS.leader) <= 5000
-    assert await r.get(KEYS.leader_epoch) == b"1"
+BOUND = 11_000  # renew deadline + stop grace of a holder, ms
 
+
+async def test_acquire_increments_epoch_sets_ttl_and_announces(r: Any) -> None:
+    store = Store(r, KEYS)
+    p = await _subscribe(r, KEYS.leader_announce)
+    try:
+        won = await store.acquire("tokA", 5000, bound_ms=BOUND)
+        assert won is not None and won.lock == LockValue(1, "tokA")
+        assert await r.get(KEYS.leader) == b"1:tokA"
+        assert 0 < await r.pttl(KEYS.leader) <= 5000
+        assert await r.get(KEYS.leader_epoch) == b"1"
+        msg = await _next_message(p, 5.0)
+        assert msg is not None and msg["data"] == b"1:tokA"  # every acquisition is announced
+    finally:
+        await p.aclose()
     await r.delete(KEYS.leader)
-    v2 = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokB", 5000])
-    assert v2 == b"2:tokB"
+    again = await store.acquire("tokB", 5000, bound_ms=BOUND)
+    assert again is not None and again.lock == LockValue(2, "tokB")
 
 
-async def test_acquire_refuses_held_lock_without_touching_it(r: Any) -> None:
-    await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokA", 5000])
+async def test_acquire_refuses_held_lock_but_raises_the_epoch_floor(r: Any) -> None:
+    store = Store(r, KEYS)
+    await store.acquire("tokA", 5000)
     before = await snapshot(r)
-    v = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tokB", 5000])
-    assert v is None
+    assert await store.acquire("tokB", 5000) is None
     assert await snapshot(r) == before  # lock kept, epoch NOT incremented by a failed campaign
-    assert await r.get(KEYS.leader_epoch) == b"1"
+    # a standby that saw a higher epoch (before Redis lost its data) raises the counter, so
+    # the next acquisition by anyone goes above it
+    assert await store.acquire("tokB", 5000, floor=40) is None
+    assert await r.get(KEYS.leader) == b"1:tokA"
+    assert await r.get(KEYS.leader_epoch) == b"40"
+
+
+async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:
+    store = Store(r, KEYS)
+    for _ in range(3):
+        await store.acquire("tokA", 5000)
+        await r.delete(KEYS.leader)
+    await r.flushall()  # Redis restarted empty: the counter is gone
+    won = await store.acquire("tokB", 5000, floor=3)
+    assert won is not None and won.lock.epoch == 4
+    assert await r.get(KEYS.leader_epoch) == b"4"
+
+
+async def test_acquire_gap_depends_on_how_the_previous_lease_ended(r: Any) -> None:
+    store = Store(r, KEYS)
+    # nothing known about any previous lease (a first start, or Redis lost its data): full bound
+    first = await store.acquire("tokA", 5000, bound_ms=BOUND)
+    assert first is not None and first.gap_ms == BOUND
+    # released cleanly: the next holder need not wait
+    assert await store.release_lock(first.lock)
+    clean = await store.acquire("tokB", 5000, bound_ms=BOUND)
+    assert clean is not None and clean.gap_ms == 0
+    # vanished (DEL) right after a renew: the old holder may believe it leads for the bound
+    assert await store.renew_lock(clean.lock, 5000)
+    await r.delete(KEYS.leader)
+    vanished = await store.acquire("tokC", 5000, bound_ms=BOUND)
+    assert vanished is not None and BOUND - 1000 <= vanished.gap_ms <= BOUND
+    # expired long ago (its holder renewed last more than the bound ago): no wait
+    await r.delete(KEYS.leader)
+    await r.hset(KEYS.leader_state, "renewed_ms", 1_000)
+    expired = await store.acquire("tokD", 5000, bound_ms=BOUND)
+    assert expired is not None and expired.gap_ms == 0
+    # the caller's own lock (an acquisition whose reply it never got): replaced, no wait
+    mine = await store.acquire("tokD", 5000, bound_ms=BOUND)
+    assert mine is not None and mine.gap_ms == 0 and mine.lock.epoch == expired.lock.epoch + 1
+
+
+async def test_boot_marker_is_created_once(r: Any) -> None:
+    store = Store(r, KEYS)
+    assert await store.boot_marker("m1:1") == ("m1:1", True)
+    assert await store.boot_marker("m2:2") == ("m1:1", False)
+    await r.flushall()
+    assert await store.boot_marker("m3:3") == ("m3:3", True)
+
+
+async def test_leader_renew_records_server_time(r: Any) -> None:
+    store = Store(r, KEYS)
+    won = await store.acquire("tok", 5000)
+    assert won is not None
+    await r.hset(KEYS.leader_state, "renewed_ms", 0)
+    assert await store.renew_lock(won.lock, 3000)
+    assert int(await r.hget(KEYS.leader_state, "renewed_ms")) > T
+    assert not await store.renew_lock(LockValue(won.lock.epoch, "other"), 3000)
 
 
 async def test_renew_replaces_ttl_not_adds(r: Any) -> None:
@@ -96,12 +163,12 @@ async def test_renew_of_absent_lock_creates_nothing(r: Any) -> None:
     assert await r.exists(KEYS.leader) == 0
 
 
-async def _subscribe(r: Any) -> Any:
+async def _subscribe(r: Any, channel: str = KEYS.leader_channel) -> Any:
     p = r.pubsub(ignore_subscribe_messages=True)
-    await p.subscribe(KEYS.leader_channel)
+    await p.subscribe(channel)
     # consume the subscribe confirmation so the next message is a published one
     for _ in range(50):
-        if await r.pubsub_numsub(KEYS.leader_channel) == [(KEYS.leader_channel.encode(), 1)]:
+        if await r.pubsub_numsub(channel) == [(channel.encode(), 1)]:
             break
         await asyncio.sleep(0.01)
     return p
@@ -119,15 +186,17 @@ async def _next_message(p: Any, within: float) -> Any:
 
 async def test_release_compares_whole_value_and_publishes(r: Any) -> None:
     await r.set(KEYS.leader, MINE, px=5000)
+    store = Store(r, KEYS)
     p = await _subscribe(r)
     try:
         for wrong in ("7:other", "8:mine", "7:min"):
-            assert await run(r, K.RELEASE, [KEYS.leader], [wrong, KEYS.leader_channel]) == 0
+            assert await store.release_lock(LockValue.parse(wrong)) is False  # type: ignore[arg-type]
         assert await r.get(KEYS.leader) == MINE.encode()
         assert await _next_message(p, 0.2) is None  # a refused release announces nothing
 
-        assert await run(r, K.RELEASE, [KEYS.leader], [MINE, KEYS.leader_channel]) == 1
+        assert await store.release_lock(LockValue.parse(MINE)) is True  # type: ignore[arg-type]
         assert await r.exists(KEYS.leader) == 0
+        assert await r.hget(KEYS.leader_state, "released") == b"7"  # a clean release
         msg = await _next_message(p, 5.0)
         assert msg is not None
         assert msg["type"] == "message"
@@ -554,6 +623,9 @@ def test_keys_live_under_the_prefix() -> None:
         k.leader,
         k.leader_epoch,
         k.leader_channel,
+        k.leader_announce,
+        k.leader_state,
+        k.boot,
         k.periodic_state,
         k_ids.periodic("j", 1),
         k.poll_shard("p", 0),
@@ -580,13 +652,14 @@ async def test_acquire_replaces_own_orphaned_lock_with_a_new_epoch(r: Any) -> No
     # An acquisition whose reply the caller never saw (client timeout) left our token behind.
     await r.set(KEYS.leader, "4:tok", px=10_000)
     await r.set(KEYS.leader_epoch, 4)
-    value = await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tok", 5_000])
-    assert value == b"5:tok"
+    store = Store(r, KEYS)
+    won = await store.acquire("tok", 5_000)
+    assert won is not None and str(won.lock) == "5:tok"
     assert await r.get(KEYS.leader) == b"5:tok"
     assert 0 < await r.pttl(KEYS.leader) <= 5_000
     # ...but a token that merely ends the same way is someone else's lock.
     await r.set(KEYS.leader, "6:other-tok", px=10_000)
-    assert await run(r, K.ACQUIRE, [KEYS.leader, KEYS.leader_epoch], ["tok", 5_000]) is None
+    assert await store.acquire("tok", 5_000) is None
     assert await r.get(KEYS.leader) == b"6:other-tok"
 
 

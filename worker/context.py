@@ -6,6 +6,10 @@ Both offer the cross-replica helpers, so users never hand-roll locks:
 - ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly resets, seed 002 §6.3).
 - ``ctx.once(key, ttl)`` – side-effect dedup (seed 000's reminder ``dedup_key``).
 - ``ctx.poller(name)`` – schedule items on a poller's shard queues.
+
+Singleton services also get a handle on the lease: ``ctx.is_leading()`` (cheap, never raises),
+``ctx.leader_epoch()`` and ``ctx.fenced_pipeline()`` (Redis writes that commit only while this
+process still holds the lease).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from arq.connections import ArqRedis
 from worker import keys as K
 from worker.client import Client
 from worker.clock import Clock, ms
+from worker.errors import LeadershipLost
 from worker.poller import BoundPoller
 from worker.settings import Settings
-from worker.store import Store
+from worker.store import FencedPipeline, FencedStore, Store
+from worker.views import LeaderView
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Context:
     clock: Clock
     instance_id: str
     state: dict[str, Any] = field(default_factory=dict)
+    leader: LeaderView | None = None
 
     @property
     def keys(self) -> K.Keys:
@@ -49,6 +56,29 @@ class Context:
     @property
     def store(self) -> Store:
         return self.client.store
+
+    def is_leading(self) -> bool:
+        """``True`` while this process holds the leader lease: cheap, never raises, and
+        ``False`` the moment leadership is in doubt. Check it before a side effect outside
+        Redis in a singleton service."""
+        return self.leader is not None and self.leader.is_leading()
+
+    def leader_epoch(self) -> int | None:
+        """The epoch of the lease this process holds, or ``None``."""
+        return self.leader.epoch if self.leader is not None and self.leader.is_leading() else None
+
+    def fenced_pipeline(self) -> FencedPipeline:
+        """A redis-py transaction pipeline that commits only while this process holds the
+        lease (the lock is checked in the same atomic step)::
+
+            async with ctx.fenced_pipeline() as pipe:
+                pipe.hset("report", "last", now)
+                await pipe.execute()   # raises LeadershipLost if the lease moved
+
+        """
+        if self.leader is None:
+            raise LeadershipLost("this process is not a leader candidate (role consumer)")
+        return FencedStore(self.store, self.leader).pipeline()
 
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         """See :meth:`worker.client.Client.enqueue`."""

@@ -27,6 +27,7 @@ from arq.constants import (
 
 __all__ = [
     "ACQUIRE",
+    "BOOT",
     "CHECKPOINT",
     "CLAIM_STATIC",
     "DEAD_RETRY",
@@ -39,6 +40,7 @@ __all__ = [
     "LEASE_RENEW",
     "REAP",
     "RELEASE",
+    "RENEW",
     "UNIQUE_ENQUEUE",
     "Keys",
 ]
@@ -78,6 +80,25 @@ class Keys:
     def leader_channel(self) -> str:
         """Pub/sub channel a releasing leader publishes on so standbys campaign at once."""
         return f"{self.prefix}leader:released"
+
+    @property
+    def leader_announce(self) -> str:
+        """Pub/sub channel every acquisition is announced on (``<epoch>:<token>``): a leader
+        hearing another value steps down at once instead of at its next renew."""
+        return f"{self.prefix}leader:acquired"
+
+    @property
+    def leader_state(self) -> str:
+        """Hash about the current lease: ``epoch``, ``renewed_ms`` (server time of the last
+        acquire/renew) and ``released`` (the epoch released cleanly), so an acquisition knows
+        how long the previous holder may still believe it leads."""
+        return f"{self.prefix}leader:state"
+
+    @property
+    def boot(self) -> str:
+        """Marker ``<random id>:<created ms>`` written once per Redis dataset: a process that
+        saw it and finds it gone knows Redis lost its data."""
+        return f"{self.prefix}boot"
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property
@@ -155,22 +176,71 @@ class Keys:
 # ---------------------------------------------------------------------------------------------
 
 ACQUIRE = """
--- Acquire the leader lease if nobody holds it; a new epoch for every acquisition. A lock
+-- Acquire the leader lease if nobody holds it; a new epoch for every acquisition, above any
+-- epoch the caller has seen (so epochs never go backwards across a Redis data loss). A lock
 -- holding the caller's own token is an acquisition whose reply the caller never got (client
 -- timeout): it is replaced by a fresh one, so the caller's deadline is measured from this call.
+-- Every acquisition is announced, and answers how long singleton services must wait: a lease
+-- that was not released cleanly (expired, deleted, lost with Redis's data) may still be
+-- believed held by its old holder until that holder's renew deadline plus stop grace.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
+-- KEYS[3] -> lease state hash (epoch, renewed_ms, released)
 -- ARGV[1] -> random token of the campaigning process
 -- ARGV[2] -> lease TTL in ms
--- Returns: the new lock value "<epoch>:<token>", or false if another process holds the lock.
+-- ARGV[3] -> epoch floor: the highest epoch the caller has seen (0 if none)
+-- ARGV[4] -> safety bound in ms: renew deadline + stop grace of a holder
+-- ARGV[5] -> announce channel
+-- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start}, or
+-- false if another process holds the lock (the epoch counter is still raised to the floor).
 local current = redis.call('GET', KEYS[1])
+local floor = tonumber(ARGV[3])
 if current and string.sub(current, -(#ARGV[1] + 1)) ~= ':' .. ARGV[1] then
+  if tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
+    redis.call('SET', KEYS[2], floor)
+  end
   return false
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released')
+local bound = tonumber(ARGV[4])
+local gap = bound
+if current then
+  gap = 0
+elseif prev[1] and prev[3] == prev[1] then
+  gap = 0
+elseif prev[2] then
+  gap = math.max(0, tonumber(prev[2]) + bound - now)
+end
 local epoch = redis.call('INCR', KEYS[2])
+if epoch <= floor then
+  epoch = floor + 1
+  redis.call('SET', KEYS[2], epoch)
+end
 local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-return value
+redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', now, 'released', '')
+redis.call('PUBLISH', ARGV[5], value)
+return {value, gap}
+"""
+
+RENEW = """
+-- Renew the leader lease: compare the whole value, *replace* the TTL (never add to it) and
+-- record the server time of the renew (read by the next acquisition, see ACQUIRE).
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> lease state hash
+-- ARGV[1] -> lock value held by the caller
+-- ARGV[2] -> lease TTL in ms
+-- Returns: 1 if renewed, 0 if the lock is not (or no longer) the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[2], 'renewed_ms', now)
+  return 1
+end
+return 0
 """
 
 LEASE_RENEW = """
@@ -188,13 +258,17 @@ return 0
 """
 
 RELEASE = """
--- Release the lease if it is the caller's and tell standbys at once.
+-- Release the lease if it is the caller's, record the clean release (the next holder need not
+-- wait for this one, see ACQUIRE) and tell standbys at once.
 -- KEYS[1] -> leader lock
+-- KEYS[2] -> lease state hash
 -- ARGV[1] -> lock value held by the caller
 -- ARGV[2] -> pub/sub channel standbys listen on
+-- ARGV[3] -> the caller's epoch
 -- Returns: 1 if released, 0 if the lock was not the caller's.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[2], 'released', ARGV[3])
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
 end
@@ -486,4 +560,17 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+BOOT = """
+-- The dataset's boot marker: read it, or create it when missing (a fresh or emptied Redis).
+-- KEYS[1] -> boot marker
+-- ARGV[1] -> candidate marker "<random id>:<created ms>"
+-- Returns: {marker, 1 if created now else 0}.
+local v = redis.call('GET', KEYS[1])
+if v then
+  return {v, 0}
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return {ARGV[1], 1}
 """

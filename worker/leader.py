@@ -79,38 +79,69 @@ class Leadership(Component):
         self._lost = asyncio.Event()
         self._lost_reason = ""
         self._acquired_at: float | None = None
+        self._settled_at: float | None = None
         self._retired = False
+        #: The highest epoch this process has seen: its next acquisition goes above it, so
+        #: epochs never go backwards, not even when Redis loses its data.
+        self.floor = 0
 
     # -- LeaderView ---------------------------------------------------------------------------
     @property
     def lock(self) -> LockValue | None:
         return self._lock
 
-    def is_leading(self) -> bool:
-        return self._lock is not None
-
-    def lost(self, reason: str) -> None:
-        if self._lock is not None:
-            self._lost_reason = reason
-            self._lost.set()
-
-    # -- introspection ------------------------------------------------------------------------
     @property
     def epoch(self) -> int | None:
         return self._lock.epoch if self._lock is not None else None
 
+    def is_leading(self) -> bool:
+        return self._lock is not None and not self._lost.is_set() and self._fresh()
+
+    def _fresh(self) -> bool:
+        """Whether the lease is certainly still valid by this process's own clock."""
+        return True
+
+    def lost(self, reason: str) -> None:
+        if self._lock is not None and not self._lost.is_set():
+            self._lost_reason = reason
+            self._lost.set()
+
+    async def settled(self, stop: asyncio.Event) -> bool:
+        """Wait out the safety gap of this lease (see ``keys.ACQUIRE``): ``True`` once
+        singleton services may start, ``False`` if stopped or no longer leading first."""
+        settled_at = self._settled_at
+        if settled_at is not None:
+            remaining = settled_at - self.clock.monotonic()
+            if remaining > 0 and await self.clock.wait(stop, remaining):
+                return False
+        return self.is_leading() and not stop.is_set()
+
+    def note_epoch(self, epoch: int) -> None:
+        """Remember an epoch seen anywhere (announcements, the lock)."""
+        self.floor = max(self.floor, epoch)
+
+    # -- introspection ------------------------------------------------------------------------
     def lease_age(self) -> float | None:
         if self._acquired_at is None or self._lock is None:
             return None
         return self.clock.monotonic() - self._acquired_at
 
     # -- transitions --------------------------------------------------------------------------
-    def _elected(self, lock: LockValue) -> None:
+    def _elected(self, lock: LockValue, gap_s: float = 0.0) -> None:
         self._lock = lock
+        self.note_epoch(lock.epoch)
         self._acquired_at = self.clock.monotonic()
+        self._settled_at = self._acquired_at + gap_s
         self._lost = asyncio.Event()
         self.health.extra.update(is_leader=True, epoch=lock.epoch)
         log.info("leadership acquired", epoch=lock.epoch)
+        if gap_s > 0:
+            log.warning(
+                "the previous lease was not released cleanly (expired, deleted or lost with "
+                "Redis's data): singleton services wait until its holder has certainly stopped",
+                epoch=lock.epoch,
+                wait_s=round(gap_s, 3),
+            )
         if self.metrics is not None:
             self.metrics.is_leader.set(1)
             self.metrics.leader_epoch.set(lock.epoch)
@@ -125,6 +156,7 @@ class Leadership(Component):
 
     def _forget(self) -> LockValue | None:
         lock, self._lock, self._acquired_at = self._lock, None, None
+        self._settled_at = None
         self.health.extra.update(is_leader=False, epoch=None)
         if self.metrics is not None:
             self.metrics.is_leader.set(0)
@@ -185,6 +217,13 @@ class LeaderElector(Leadership):
         self.timing = timing
         self.token = uuid4().hex
         self._last_renew_sent: float | None = None
+        #: Renew deadline + stop grace: how long a holder may believe it leads, and keep its
+        #: singletons running, after its last successful renew.
+        self.safety_bound_s = timing.renew_deadline_s + stop_grace_s
+
+    def _fresh(self) -> bool:
+        sent = self._last_renew_sent
+        return sent is not None and self.clock.monotonic() - sent < self.timing.renew_deadline_s
 
     async def run(self, stop: asyncio.Event) -> None:
         wake = asyncio.Event()
@@ -207,16 +246,21 @@ class LeaderElector(Leadership):
     async def _campaign(self) -> None:
         sent = self.clock.monotonic()
         try:
-            lock = await self.clock.wait_for(
-                self.store.acquire(self.token, ms(self.timing.ttl_s)),
+            won = await self.clock.wait_for(
+                self.store.acquire(
+                    self.token,
+                    ms(self.timing.ttl_s),
+                    floor=self.floor,
+                    bound_ms=ms(self.safety_bound_s),
+                ),
                 self.timing.renew_deadline_s,
             )
         except Exception as exc:  # connection trouble: stay a standby, try again later
             log.warning("leader campaign failed", error=f"{type(exc).__name__}: {exc}")
             return
-        if lock is not None:
+        if won is not None:
             self._last_renew_sent = sent
-            self._elected(lock)
+            self._elected(won.lock, won.gap_ms / 1000)
 
     async def _lead(self, stop: asyncio.Event) -> None:
         """Renew until stopped, lost, or past the deadline."""
@@ -251,16 +295,29 @@ class LeaderElector(Leadership):
             self.health.ok(self.clock.monotonic())
 
     async def _listen(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
-        """Wake the campaign loop when a leader releases (pub/sub); fall back to polling."""
+        """Pub/sub: a release wakes the campaign loop; an acquisition by anyone else makes a
+        leader step down at once (its lock is gone) and raises everyone's epoch floor. Lost
+        messages only cost time: polling and renewing find the same facts."""
         redis: Redis = self.store.redis
+        keys = self.store.keys
+        announce = keys.leader_announce.encode()
         while not stop.is_set():
             pubsub = redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.store.keys.leader_channel)
+                await pubsub.subscribe(keys.leader_channel, keys.leader_announce)
                 while not stop.is_set():
                     msg = await pubsub.get_message(timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    if msg.get("channel") != announce:
                         wake.set()
+                        continue
+                    other = LockValue.parse(msg.get("data"))
+                    if other is None:
+                        continue
+                    self.note_epoch(other.epoch)
+                    if self._lock is not None and other != self._lock:
+                        self.lost(f"another process acquired the lease (epoch {other.epoch})")
             except asyncio.CancelledError:
                 raise
             except Exception:

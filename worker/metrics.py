@@ -75,3 +75,8 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge("worker_ready", "1 while /readyz answers 200.", registry=r)
+        self.data_loss = Counter(
+            "worker_redis_data_loss",
+            "Times this process found Redis's boot marker gone (the dataset was lost).",
+            registry=r,
+        )

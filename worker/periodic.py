@@ -32,8 +32,6 @@ CatchUp = Literal["skip", "latest", "all"]
 NAME = "periodic"
 #: A tick enqueued later than this after its instant counts as caught up, not on time.
 ON_TIME_MS = 5_000
-#: On a job's very first run anywhere, a tick at most this old is still enqueued.
-FIRST_RUN_LOOKBACK_MS = 1_500
 #: Upper bound on the enqueuer's sleep, so it notices leadership changes and stays live.
 MAX_SLEEP_S = 1.0
 
@@ -69,8 +67,10 @@ def plan_ticks(job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list
     tick, recorded even when the policy skips it, so skipped ticks are never revisited.
     """
     latest = job.schedule.latest(now_ms)
-    if last_ms is None:  # never ran anywhere: start now, with a tick that is just due
-        return ([latest] if now_ms - latest <= FIRST_RUN_LOOKBACK_MS else []), latest
+    if last_ms is None:
+        # Never recorded: a new job, or Redis lost its data. A tick already due may have run
+        # before the loss (its job and result went with the data), so start with the next one.
+        return [], latest
     if latest <= last_ms:
         return [], last_ms
     if job.catch_up == "all":

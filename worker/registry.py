@@ -1,4 +1,4 @@
-"""The instance registry (heartbeats) and orphan recovery of dead consumers' jobs.
+"""The instance registry (heartbeats), data-loss detection, and orphan recovery.
 
 Every process registers itself (id, role, name, host, pid, version, components, start time,
 last heartbeat) in a record that expires at about twice the heartbeat interval, and deletes it
@@ -7,12 +7,17 @@ on clean exit. A sorted set of last-heartbeat times outlives the records: the le
 they held available again (arq alone would wait for its in-progress key to expire, 310 s by
 default). A live peer's jobs are never touched: reaping is guarded by the heartbeat score
 (seed 004 #1).
+
+The heartbeat also watches the dataset's boot marker: a process that saw one marker and then
+finds another (or none) knows Redis lost its data (a restart without persistence, a failover
+to a replica that missed writes, a FLUSHALL) and says so loudly, once per loss.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from uuid import uuid4
 
 import structlog
 
@@ -39,12 +44,16 @@ class Heartbeat(LoopComponent):
         instance_name: str,
         role: str,
         interval_s: float,
+        metrics: Metrics | None = None,
     ) -> None:
         super().__init__("heartbeat", clock, sla_s=max(10.0, interval_s * 5))
         self.store = store
         self.process = process
         self.instance_id = instance_id
         self.interval_s = interval_s
+        self.metrics = metrics
+        self.marker: str | None = None
+        self.data_losses = 0
         self.static = {
             "id": instance_id,
             "name": instance_name,
@@ -57,9 +66,30 @@ class Heartbeat(LoopComponent):
 
     async def tick(self) -> float:
         now = ms(self.clock.time())
+        await self.check_boot_marker(now)
         record = {**self.static, **self.process.describe(), "heartbeat_ms": now}
         await self.store.heartbeat(self.instance_id, record, ms(self.interval_s * 2.5), now)
         return self.interval_s
+
+    async def check_boot_marker(self, now_ms: int) -> bool:
+        """Read (or create) the boot marker; ``True`` if it changed since the last look."""
+        marker, created = await self.store.boot_marker(f"{uuid4().hex}:{now_ms}")
+        lost = self.marker is not None and marker != self.marker
+        self.marker = marker
+        if lost:
+            self.data_losses += 1
+            self.health.extra["data_losses"] = self.data_losses
+            if self.metrics is not None:
+                self.metrics.data_loss.inc()
+            log.error(
+                "REDIS LOST ITS DATA: the boot marker this process saw is gone (a restart "
+                "without persistence, a failover to a replica that missed writes, a FLUSHALL). "
+                "Queued jobs, schedule state and results written before were lost; periodic "
+                "jobs continue from the next tick and the next leader's epoch stays above "
+                "every epoch seen before.",
+                marker_recreated=created,
+            )
+        return lost
 
     async def deregister(self) -> None:
         """Remove this instance's records (clean exit)."""

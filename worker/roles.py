@@ -20,6 +20,7 @@ from typing import Any, Literal
 from arq.connections import ArqRedis
 
 from worker.app import App
+from worker.client import Client
 from worker.clock import Clock
 from worker.component import Backoff, Component, Group
 from worker.consumer import Consumer, ConsumerConfig
@@ -57,15 +58,20 @@ class Wiring:
     clock: Clock
     metrics: Metrics
     serializer: tuple[Serialize, Deserialize]
-    store: Store
-    context: Context
+    redis: ArqRedis
+    client: Client
     process: ProcessView
     consumer_redis: Callable[[], ArqRedis]
     leader_store: Callable[[], Store]
     singletons: Group
     leadership: Leadership | None = None
     fenced: FencedStore | None = None
-    hooks: list[JobHook] = field(default_factory=list)
+    #: Built right after the leadership, so user code gets the lease (``ctx.is_leading()``).
+    context: Context = field(init=False)
+
+    @property
+    def store(self) -> Store:
+        return self.client.store
 
     def fence(self) -> FencedStore:
         assert self.fenced is not None, "singletons are built after the leadership"
@@ -104,6 +110,7 @@ def _heartbeat(w: Wiring, _: Any) -> Component:
         instance_name=s.instance_name,
         role=s.role,
         interval_s=s.heartbeat_interval_s,
+        metrics=w.metrics,
     )
 
 
@@ -203,7 +210,7 @@ def _reaper(w: Wiring, _: Any) -> Component:
 
 
 def _singleton_service(w: Wiring, sv: Any) -> Component:
-    return Service(sv, w.context, w.clock)
+    return Service(sv, w.context, w.clock, leader=w.leadership)
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -291,11 +298,14 @@ def build(w: Wiring) -> dict[GroupName, list[Component]]:
                 component = spec.build(w, item)
                 assert component.name == name, (component.name, name)
                 groups[group].append(component)
-        if group == "leadership" and groups["leadership"]:
-            leader = groups["leadership"][0]
-            assert isinstance(leader, Leadership)
-            w.leadership = leader
-            w.fenced = FencedStore(w.store, leader)
+        if group == "leadership":
+            if groups["leadership"]:
+                leader = groups["leadership"][0]
+                assert isinstance(leader, Leadership)
+                w.leadership = leader
+                w.fenced = FencedStore(w.store, leader)
+            s = w.settings
+            w.context = Context(s, w.redis, w.client, w.clock, w.instance_id, leader=w.leadership)
     w.singletons.components.extend(groups["singletons"])
     return groups
 

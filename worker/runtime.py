@@ -30,7 +30,6 @@ from worker.client import Client, connect_redis
 from worker.clock import Clock, SystemClock
 from worker.component import Component, Group
 from worker.consumer import Consumer
-from worker.context import Context
 from worker.errors import ConfigError
 from worker.metrics import Metrics
 from worker.registry import Heartbeat
@@ -149,7 +148,6 @@ class Runtime:
             clock=self.clock,
             store=store,
         )
-        context = Context(s, redis, client, self.clock, self.instance_id)
         backoff = roles.restart_backoff(s)
         on_restart = self._count_restart
         # The lease connection: no client-side retries (a retried renew could land after the
@@ -165,8 +163,8 @@ class Runtime:
             clock=self.clock,
             metrics=self.metrics,
             serializer=self.serializer,
-            store=store,
-            context=context,
+            redis=redis,
+            client=client,
             process=self,
             consumer_redis=lambda: self._connect(socket_timeout_s=None),
             leader_store=lease,

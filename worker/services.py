@@ -17,6 +17,7 @@ from typing import Any, Literal
 from worker.clock import Clock
 from worker.component import Component
 from worker.context import Context
+from worker.views import LeaderView
 
 Cardinality = Literal["singleton", "per_process", "per_key"]
 ServiceFn = Callable[..., Awaitable[None]]
@@ -38,13 +39,23 @@ class ServiceDef:
 
 
 class Service(Component):
-    """Runs one user service until stopped; the supervisor restarts it if it raises."""
+    """Runs one user service until stopped; the supervisor restarts it if it raises.
 
-    def __init__(self, service: ServiceDef, context: Context, clock: Clock) -> None:
+    A singleton service gets the lease (``leader``): it starts only once the lease has settled
+    (a previous holder that lost its lease uncleanly has certainly stopped its copy), and its
+    ``stop`` is set the moment leadership is in doubt (the leadership stops its group).
+    """
+
+    def __init__(
+        self, service: ServiceDef, context: Context, clock: Clock, leader: LeaderView | None = None
+    ) -> None:
         super().__init__(f"service:{service.name}", clock)
         self.service = service
         self.context = context
+        self.leader = leader
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.leader is not None and not await self.leader.settled(stop):
+            return
         self.health.ok(self.clock.monotonic())
         await self.service.fn(self.context, stop)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
-from redis.exceptions import ResponseError
+from redis.exceptions import ResponseError, WatchError
 
 from worker import keys as K
 from worker.errors import LeadershipLost
@@ -39,6 +40,15 @@ class NewJob:
     job_id: str
     payload: bytes
     score_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A won campaign: the new lock value, and how long singleton services must wait (ms)
+    because the previous lease was not released cleanly (see ``keys.ACQUIRE``)."""
+
+    lock: LockValue
+    gap_ms: int
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,7 @@ class Store:
         self.ids = JobIds(keys.prefix)
         r = redis
         self._acquire = r.register_script(K.ACQUIRE)
+        self._renew = r.register_script(K.RENEW)
         self._claim_static = r.register_script(K.CLAIM_STATIC)
         self._release = r.register_script(K.RELEASE)
         self._lease_renew = r.register_script(K.LEASE_RENEW)
@@ -86,6 +97,7 @@ class Store:
         self._unique_enqueue = r.register_script(K.UNIQUE_ENQUEUE)
         self._inflight_clear = r.register_script(K.INFLIGHT_CLEAR)
         self._dead_retry = r.register_script(K.DEAD_RETRY)
+        self._boot = r.register_script(K.BOOT)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -94,21 +106,34 @@ class Store:
         self.reap_script = r.register_script(K.REAP)
 
     # -- the leader lock ----------------------------------------------------------------------
-    async def acquire(self, token: str, ttl_ms: int) -> LockValue | None:
-        """Take the lease with a new epoch if free (see ``keys.ACQUIRE``)."""
+    async def acquire(
+        self, token: str, ttl_ms: int, *, floor: int = 0, bound_ms: int = 0
+    ) -> Acquired | None:
+        """Take the lease with a new epoch above ``floor`` if free, announcing it; ``bound_ms``
+        is a holder's renew deadline + stop grace (see ``keys.ACQUIRE``)."""
+        k = self.keys
         raw = await self._acquire(
-            keys=[self.keys.leader, self.keys.leader_epoch], args=[token, ttl_ms]
+            keys=[k.leader, k.leader_epoch, k.leader_state],
+            args=[token, ttl_ms, floor, bound_ms, k.leader_announce],
         )
-        return LockValue.parse(raw) if raw else None
+        if not raw:
+            return None
+        lock = LockValue.parse(raw[0])
+        assert lock is not None, raw
+        return Acquired(lock, int(raw[1]))
 
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> bool:
-        """Replace the lease's TTL if it is still ``lock``."""
-        return await self.renew_lease(self.keys.leader, str(lock), ttl_ms)
+        """Replace the lease's TTL if it is still ``lock`` (and record when, server time)."""
+        done = await self._renew(
+            keys=[self.keys.leader, self.keys.leader_state], args=[str(lock), ttl_ms]
+        )
+        return int(done) == 1
 
     async def release_lock(self, lock: LockValue) -> bool:
-        """Delete the lease if it is ``lock`` and wake the standbys."""
+        """Delete the lease if it is ``lock``, record the clean release, wake the standbys."""
         done = await self._release(
-            keys=[self.keys.leader], args=[str(lock), self.keys.leader_channel]
+            keys=[self.keys.leader, self.keys.leader_state],
+            args=[str(lock), self.keys.leader_channel, lock.epoch],
         )
         return bool(done)
 
@@ -128,6 +153,12 @@ class Store:
             pipe.pttl(self.keys.leader)
             raw, pttl = await pipe.execute()
         return LockValue.parse(raw), (int(pttl) if pttl is not None and pttl >= 0 else None)
+
+    async def boot_marker(self, candidate: str) -> tuple[str, bool]:
+        """The dataset's boot marker, created from ``candidate`` if missing: ``(marker,
+        created)``. A process that saw another marker before knows Redis lost its data."""
+        marker, created = await self._boot(keys=[self.keys.boot], args=[candidate])
+        return _s(marker), int(created) == 1
 
     # -- leases in general (per_key services, mutexes) ---------------------------------------
     async def take_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
@@ -400,6 +431,11 @@ class FencedStore:
         added, _batches = await self._run(self.store.checkpoint_script, keys, args)
         return int(added)
 
+    def pipeline(self) -> FencedPipeline:
+        """A redis-py transaction pipeline whose ``execute()`` commits only while the lease is
+        still this process's (see :class:`FencedPipeline`)."""
+        return FencedPipeline(self)
+
     async def reap(self, instance_id: str, judged_ms: int) -> int | None:
         """Release the jobs of a dead instance; ``None`` if it heartbeated meanwhile."""
         keys = [self.keys.queue, self.keys.holds(instance_id), self.keys.instances]
@@ -409,3 +445,44 @@ class FencedStore:
             )
         )
         return None if released < 0 else released
+
+
+class FencedPipeline(Pipeline):
+    """Queue commands as on any redis-py pipeline; :meth:`execute` runs them in one
+    ``MULTI``/``EXEC`` guarded by ``WATCH`` on the leader lock, after checking that the lock
+    still holds this process's value: a leader that lost its lease (paused, partitioned,
+    replaced) cannot commit. A refusal tells the lease and raises :class:`LeadershipLost`.
+    """
+
+    #: A renew touches the lock and aborts a watched transaction: retry that many times.
+    ATTEMPTS = 5
+
+    def __init__(self, fenced: FencedStore) -> None:
+        redis = fenced.store.redis
+        super().__init__(redis.connection_pool, redis.response_callbacks, True, None)
+        self._fenced = fenced
+
+    def _refuse(self, reason: str) -> LeadershipLost:
+        self._fenced.leader.lost(f"fenced write refused: {reason}")
+        return LeadershipLost(reason)
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        queued, self.command_stack = self.command_stack, []
+        lock = self._fenced.leader.lock
+        if lock is None or not self._fenced.leader.is_leading():
+            await self.reset()  # type: ignore[no-untyped-call]
+            raise LeadershipLost("not leading")
+        key = self._fenced.keys.leader
+        for _ in range(self.ATTEMPTS):
+            await self.watch(key)
+            current = LockValue.parse(await self.get(key))  # immediate while watching
+            if current != lock:
+                await self.reset()  # type: ignore[no-untyped-call]
+                raise self._refuse("the leader lock is no longer this process's")
+            self.multi()  # type: ignore[no-untyped-call]
+            self.command_stack = list(queued)
+            try:
+                return await super().execute(raise_on_error)
+            except WatchError:
+                continue  # the lock was touched meanwhile (a renew): check again
+        raise self._refuse("the leader lock kept changing under a fenced write")

@@ -7,6 +7,7 @@ the process is doing through :class:`ProcessView`. Nothing here holds the runtim
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 from worker.ids import LockValue
@@ -19,11 +20,20 @@ class LeaderView(Protocol):
     def lock(self) -> LockValue | None:
         """The lock value this process holds, or ``None`` when it does not lead."""
 
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the lease this process holds, or ``None``."""
+
     def is_leading(self) -> bool:
-        """``True`` while this process holds the lease. Cheap; never raises; in doubt, no."""
+        """``True`` while this process holds the lease. Cheap; never raises; in doubt (a
+        refused write, another leader announced, its renew deadline passed), no."""
 
     def lost(self, reason: str) -> None:
         """Report that a fenced write was refused: step down at once (idempotent)."""
+
+    async def settled(self, stop: asyncio.Event) -> bool:
+        """Wait until singleton services may start on this lease (the previous holder has
+        certainly stopped); ``False`` if ``stop`` was set or leadership ended first."""
 
 
 class ProcessView(Protocol):
