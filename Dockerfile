@@ -41,10 +41,13 @@ RUN pip install --no-cache-dir ".[embedded]"
 # --------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
 
+# A container has its own network namespace: probes from outside (kubelet, docker) reach the
+# health server only on all interfaces. Outside a container the default stays 127.0.0.1.
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
-    PATH="/opt/venv/bin:${PATH}"
+    PATH="/opt/venv/bin:${PATH}" \
+    WORKER_HEALTH_HOST=0.0.0.0
 
 RUN groupadd --system --gid 10001 worker \
  && useradd --system --uid 10001 --gid 10001 --no-create-home \
@@ -58,9 +61,10 @@ USER 10001:10001
 # Health / readiness / metrics HTTP server (WORKER_HEALTH_PORT, 0 disables it).
 EXPOSE 8080
 
-# The worker drains on SIGTERM: WORKER_DRAIN_DELAY_S + WORKER_SHUTDOWN_TIMEOUT_S
-# (5 + 30 s by default). Give it more than that: `docker stop -t 45`,
-# compose `stop_grace_period: 45s`, k8s `terminationGracePeriodSeconds: 45`.
+# The worker drains on SIGTERM; its worst case with the defaults is 51 s for a leader (drain
+# delay, singletons' stop grace, lease release, shutdown timeout, margins; see
+# Settings.worst_case_shutdown_s). Give it more: `docker stop -t 60`, compose
+# `stop_grace_period: 60s`, k8s `terminationGracePeriodSeconds: 60`.
 STOPSIGNAL SIGTERM
 
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \

@@ -193,3 +193,111 @@ def test_role_all_with_embedded_server(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# -- output into a closed pipe (``status | head -1``) ---------------------------------------------
+
+
+def _first_line_then_close(args: list[str], env: dict[str, str]) -> tuple[str, int, str]:
+    """Run ``python -m worker ARGS`` into a real pipe, read one line, close the pipe."""
+    full = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
+        "PYTHONPATH": str(ROOT),
+        **env,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker", *args],
+        env=full,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline().decode()
+    proc.stdout.close()
+    code = proc.wait(60)
+    with proc.stderr:
+        return first, code, proc.stderr.read().decode()
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["dead", "--retry-all"]])
+def test_closed_stdout_exits_quietly(redis_url: str, args: list[str]) -> None:
+    import redis as redis_sync
+
+    prefix = "pipe:"
+    with redis_sync.Redis.from_url(redis_url) as r:
+        # far more output than a pipe buffers (64 KiB), so the writer must hit the closed end
+        r.zadd(f"{prefix}instances", {f"gone-instance-{n:05d}": n for n in range(3000)})
+        r.zadd(f"{prefix}dead", {f"dead-job-{n:05d}": n for n in range(3000)})
+        r.hset(
+            f"{prefix}dead:jobs",
+            mapping={
+                f"dead-job-{n:05d}": json.dumps({"job_id": f"dead-job-{n:05d}", "reason": "x"})
+                for n in range(3000)
+            },
+        )
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix}
+    first, code, stderr = _first_line_then_close(args, env)
+    assert first.strip(), "no output at all"
+    assert stderr == "", stderr
+    assert code == 1, (code, stderr)
+
+
+def test_plan_into_a_closed_pipe(cli: CliRun) -> None:
+    first, code, stderr = _first_line_then_close(["plan", "--role", "leader"], {})
+    assert first.startswith("instance: ")
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert code in (0, 1)
+
+
+# -- values that used to validate and then fail at run time ---------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e309"])
+def test_non_finite_duration(cli: CliRun, value: str) -> None:
+    env = {"WORKER_REDIS_URL": "redis://127.0.0.1:1/0", "WORKER_JOB_TIMEOUT_S": value}
+    assert_config_error(cli("run", "--role", "consumer", env=env), "WORKER_JOB_TIMEOUT_S", "finite")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:notaport/0",
+        "redis://127.0.0.1:99999/0",
+        "redis://127.0.0.1/0?db=x",
+        "redis://:Zq7/Xk9@127.0.0.1/0",
+        "redis://:Zq7#Xk9@127.0.0.1/0",
+    ],
+)
+def test_malformed_redis_url_at_run(cli: CliRun, url: str) -> None:
+    env = {"WORKER_REDIS_URL": url, "WORKER_APP": "tests.apps.ledger:app"}
+    line = assert_config_error(cli("run", "--role", "consumer", env=env), "WORKER_REDIS_URL")
+    assert "Zq7" not in line and "Xk9" not in line, line
+
+
+def test_unknown_key_in_config_file_at_run(cli: CliRun, tmp_path: Path) -> None:
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text("concurency = 5\n")
+    line = assert_config_error(cli("plan", env={"WORKER_CONFIG_FILE": str(cfg)}))
+    assert line.endswith(
+        "WORKER_CONFIG_FILE: unknown setting 'concurency'; did you mean 'concurrency'?"
+    )
+
+
+def test_redis_url_from_a_file(cli: CliRun, redis_url: str, tmp_path: Path) -> None:
+    url_file = tmp_path / "url"
+    url_file.write_text(redis_url + "\n")  # as a Secret volume may hold it
+    ok = cli("status", "--json", env={"WORKER_REDIS_URL_FILE": str(url_file)})
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["leader"] == {"held": False}
+
+    missing = {
+        "WORKER_REDIS_URL_FILE": str(tmp_path / "nope"),
+        "WORKER_APP": "tests.apps.ledger:app",
+    }
+    assert_config_error(
+        cli("run", "--role", "consumer", env=missing), "WORKER_REDIS_URL_FILE", "nope"
+    )
+    both = {"WORKER_REDIS_URL_FILE": str(url_file), "WORKER_REDIS_URL": redis_url}
+    assert_config_error(cli("status", env=both), "WORKER_REDIS_URL", "WORKER_REDIS_URL_FILE")

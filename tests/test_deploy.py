@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from worker.settings import env_names
+from worker.settings import Settings, env_names
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -28,9 +28,9 @@ K8S_VERSION = "1.30"
 
 # Every WORKER_* variable the settings read: a typo in roles/*.env would otherwise be ignored.
 ALLOWED_SETTINGS = frozenset(env_names())
-DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
-DEFAULT_DRAIN_DELAY_S = 5.0
 ROLE_NAMES = ("all", "leader", "consumer")
+#: Where the manifests mount the `worker-redis` Secret's URL (WORKER_REDIS_URL_FILE).
+REDIS_URL_FILE = "/etc/worker/redis/url"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -63,9 +63,10 @@ def _role_env(role: str) -> dict[str, str]:
 
 
 def _grace_floor(env: dict[str, str]) -> float:
-    shutdown = float(env.get("WORKER_SHUTDOWN_TIMEOUT_S", DEFAULT_SHUTDOWN_TIMEOUT_S))
-    drain = float(env.get("WORKER_DRAIN_DELAY_S", DEFAULT_DRAIN_DELAY_S))
-    return shutdown + drain
+    """The worst-case graceful shutdown of a process configured by ``env`` (a role profile):
+    what the container's grace period must exceed."""
+    fields = {k.removeprefix("WORKER_").lower(): v for k, v in env.items()}
+    return Settings(**fields).worst_case_shutdown_s()
 
 
 def _k8s_manifest_files() -> list[Path]:
@@ -281,6 +282,36 @@ def test_leader_deployment() -> None:
 def test_consumer_deployment() -> None:
     dep = _worker_deployment("consumer")
     assert _role_arg(_worker_container(dep)) == "consumer"
+    # the HPA owns the replica count: a `replicas` here would reset it on every apply
+    assert "replicas" not in dep["spec"], "consumer Deployment must not set replicas (HPA)"
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+def test_role_profiles_listen_on_all_interfaces(role: str) -> None:
+    """WORKER_HEALTH_HOST defaults to 127.0.0.1; kubelet and Docker probes need 0.0.0.0."""
+    assert Settings.model_fields["health_host"].default == "127.0.0.1"
+    assert _role_env(role)["WORKER_HEALTH_HOST"] == "0.0.0.0"
+
+
+def test_network_policy() -> None:
+    """Workers accept ingress only on the health port; egress only to Redis and DNS."""
+    policies = [o for o in _all_objects() if o["kind"] == "NetworkPolicy"]
+    assert len(policies) == 1, policies
+    spec = policies[0]["spec"]
+    selected = spec["podSelector"]["matchLabels"]
+    for role in ("leader", "consumer"):
+        labels = _worker_deployment(role)["spec"]["template"]["metadata"]["labels"]
+        assert selected.items() <= labels.items(), f"the policy does not select {role} pods"
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+
+    (ingress,) = spec["ingress"]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": "http"}]
+    assert ingress["from"], "ingress must name its sources (the cluster), not be open"
+
+    egress_ports = {(p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"]}
+    assert {("UDP", 53), ("TCP", 53), ("TCP", 6379)} <= egress_ports, egress_ports
+    assert all(rule.get("ports") for rule in spec["egress"]), "no egress rule without ports"
+    assert {p for _, p in egress_ports} <= {53, 6379, 6380}, egress_ports
 
 
 @pytest.mark.parametrize("role", ["leader", "consumer"])
@@ -294,7 +325,7 @@ def test_worker_pod_spec(role: str) -> None:
 
     grace = pod["terminationGracePeriodSeconds"]
     floor = _grace_floor(_role_env(role))
-    assert grace > floor, f"{role}: terminationGracePeriodSeconds {grace} <= shutdown+drain {floor}"
+    assert grace > floor, f"{role}: terminationGracePeriodSeconds {grace} <= worst case {floor}"
 
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -310,7 +341,17 @@ def test_worker_pod_spec(role: str) -> None:
 
     env_from = c["envFrom"]
     assert {"configMapRef": {"name": f"worker-{role}"}} in env_from
-    assert {"secretRef": {"name": "worker-redis"}} in env_from
+    # the Redis URL (a secret) comes from a mounted file, not from the environment
+    assert not any("secretRef" in e for e in env_from), env_from
+    assert not any(e["name"] == "WORKER_REDIS_URL" for e in c["env"])
+    url_file = next(e for e in c["env"] if e["name"] == "WORKER_REDIS_URL_FILE")
+    assert url_file["value"] == REDIS_URL_FILE
+    mount = next(m for m in c["volumeMounts"] if REDIS_URL_FILE.startswith(m["mountPath"] + "/"))
+    assert mount.get("readOnly") is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "worker-redis"
+    items = {i["key"]: i["path"] for i in volume["secret"]["items"]}
+    assert items == {"WORKER_REDIS_URL": REDIS_URL_FILE.removeprefix(mount["mountPath"] + "/")}
     inst = next(e for e in c["env"] if e["name"] == "WORKER_INSTANCE_NAME")
     assert inst["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     for e in c["env"]:
@@ -394,9 +435,7 @@ def test_compose_structure() -> None:
 
         grace = _parse_duration_s(svc["stop_grace_period"])
         floor = _grace_floor(_role_env(role))
-        assert grace > floor, (
-            f"compose {role}: stop_grace_period {grace}s <= drain+shutdown {floor}s"
-        )
+        assert grace > floor, f"compose {role}: stop_grace_period {grace}s <= worst case {floor}s"
 
 
 # --------------------------------------------------------------------------- Dockerfile

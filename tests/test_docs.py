@@ -21,10 +21,14 @@ def test_every_setting_is_in_the_readme_table() -> None:
 
 
 def test_config_file_lists_every_default(monkeypatch: object) -> None:
-    data = tomllib.loads((ROOT / "config" / "worker.toml").read_text())
+    text = (ROOT / "config" / "worker.toml").read_text()
+    data = tomllib.loads(text)
     defaults = Settings.model_construct()  # defaults without reading the environment
-    missing = set(Settings.model_fields) - set(data) - {"instance_name", "redis_url"}
+    unset = {"instance_name", "redis_url", "redis_url_file"}  # no TOML value: commented out
+    missing = set(Settings.model_fields) - set(data) - unset
     assert not missing, f"config/worker.toml lacks {missing}"
+    for name in unset:
+        assert f"# {name} = " in text, f"config/worker.toml lacks a commented {name}"
     for name, value in data.items():
         assert getattr(defaults, name) == value, f"{name}: file says {value!r}"
 

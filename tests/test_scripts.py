@@ -206,14 +206,14 @@ async def test_release_compares_whole_value_and_publishes(r: Any) -> None:
         await p.aclose()
 
 
-async def test_claim_static_takes_lock_unconditionally_without_expiry(r: Any) -> None:
+async def test_claim_static_takes_lock_unconditionally_with_a_ttl(r: Any) -> None:
     await r.set(KEYS.leader, "3:someone", px=5000)
     await r.set(KEYS.leader_epoch, 3)
-    v = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok"])
+    v = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
     assert v == b"4:tok"
     assert await r.get(KEYS.leader) == b"4:tok"
-    assert await r.pttl(KEYS.leader) == -1
-    v2 = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok"])
+    assert 5000 < await r.pttl(KEYS.leader) <= 8000
+    v2 = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
     assert v2 == b"5:tok"
 
 

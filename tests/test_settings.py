@@ -217,6 +217,15 @@ def test_bad_value_inside_toml_names_the_variable(
         ("redis://:s3cr3t@[::1]:6379/0", "redis://:***@[::1]:6379/0"),
         ("redis://host:6379/0?password=s3cr3t", "redis://host:6379/0?password=***"),
         ("unix:///run/r.sock?db=1&password=s3cr3t", "unix:///run/r.sock?db=1&password=***"),
+        # a password with @ (redis-py splits at the last @), or unencoded / # ?
+        ("redis://user:s3cr3t@x@host:6379/0", "redis://user:***@host:6379/0"),
+        ("redis://user:p@s3cr3t@host:6379", "redis://user:***@host:6379"),
+        ("redis://:s3cr3t/x@host/0", "redis://:***@host/0"),
+        ("redis://:x#s3cr3t@host/0", "redis://:***@host/0"),
+        ("redis://:x?s3cr3t@host/0", "redis://:***@host/0"),
+        ("redis://h/0?password=s3cr3t@x&db=1", "redis://h/0?password=***&db=1"),
+        ("redis://h:notaport:s3cr3t@h2", "redis://h:***@h2"),
+        ("redis://user@host/0", "redis://user@host/0"),
         ("", ""),
         (None, ""),
     ],
@@ -257,3 +266,204 @@ def test_likely_typos_are_reported_but_kubernetes_service_variables_are_not() ->
         "WORKER_CONCURENCY is not a setting; did you mean WORKER_CONCURRENCY?",
         "worker_log_levl is not a setting; did you mean WORKER_LOG_LEVEL?",
     ]
+
+
+# -- values that validated but broke at run time ------------------------------------------------
+
+FLOAT_FIELDS = sorted(
+    name for name, f in Settings.model_fields.items() if f.annotation in (float, float | None)
+)
+
+
+def test_every_float_setting_is_covered() -> None:
+    assert "leader_ttl_s" in FLOAT_FIELDS and "job_timeout_s" in FLOAT_FIELDS
+    assert len(FLOAT_FIELDS) >= 15
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e309", "Infinity"])
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+def test_non_finite_floats_are_refused(
+    monkeypatch: pytest.MonkeyPatch, field: str, value: str
+) -> None:
+    monkeypatch.setenv(f"WORKER_{field.upper()}", value)
+    msg = config_error()
+    assert msg.startswith(f"WORKER_{field.upper()}: invalid value {value!r}"), msg
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "limit"),
+    [
+        ("WORKER_LEADER_TTL_S", "1e12", "86400"),
+        ("WORKER_HEARTBEAT_INTERVAL_S", "86401", "86400"),
+        ("WORKER_ORPHAN_STALE_S", "1e9", "86400"),
+        ("WORKER_SHUTDOWN_TIMEOUT_S", "1e9", "86400"),
+        ("WORKER_DRAIN_DELAY_S", "1e9", "86400"),
+        ("WORKER_REDIS_CONNECT_TIMEOUT_S", "1e9", "86400"),
+        ("WORKER_RESTART_BACKOFF_CAP_S", "1e9", "86400"),
+        ("WORKER_JOB_TIMEOUT_S", "604801", "604800"),
+        ("WORKER_KEEP_RESULT_S", "1e15", "604800"),
+    ],
+)
+def test_huge_durations_are_refused(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, limit: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    msg = config_error()
+    assert msg.startswith(env) and limit in msg, msg
+
+
+def test_largest_allowed_durations_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_JOB_TIMEOUT_S", "604800")
+    monkeypatch.setenv("WORKER_KEEP_RESULT_S", "604800")
+    monkeypatch.setenv("WORKER_SHUTDOWN_TIMEOUT_S", "86400")
+    s = load_settings()
+    assert (s.job_timeout_s, s.keep_result_s, s.shutdown_timeout_s) == (604800, 604800, 86400)
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("redis://host:notaport/0", None),
+        ("redis://host:99999/0", None),
+        ("redis://host:0/0", None),
+        ("redis://host/0?db=x", None),
+        ("redis://host/zero", None),
+        ("redis://host/0?socket_timeout=soon", None),
+        ("redis://:Zq7/Xk9@host:6379/0", "Xk9"),
+        ("redis://:Zq7#Xk9@host:6379/0", "Xk9"),
+        ("redis://:Zq7?Xk9@host:6379/0", "Xk9"),
+        ("redis://user:Zq7/Xk9@host/0", "Xk9"),
+    ],
+)
+def test_malformed_redis_url_is_one_line_with_password_masked(
+    monkeypatch: pytest.MonkeyPatch, url: str, secret: str | None
+) -> None:
+    monkeypatch.setenv("WORKER_REDIS_URL", url)
+    msg = config_error()
+    assert msg.startswith("WORKER_REDIS_URL: "), msg
+    assert "Traceback" not in msg
+    if secret is not None:  # an unencoded special character in the password
+        assert "percent-encode" in msg, msg
+        assert "Zq7" not in msg and secret not in msg, msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://user:p@ss@host:6379/0",  # redis-py splits at the last @
+        "redis://:p%2Fss@host:6379/0",
+        "rediss://host:6380/2?ssl_cert_reqs=none",
+        "unix:///run/redis.sock?db=1",
+        "redis://[::1]:6379/0",
+        "redis://host",
+        "redis://host/",
+    ],
+)
+def test_good_redis_urls_still_load(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("WORKER_REDIS_URL", url)
+    assert load_settings().redis_url == url
+
+
+def test_unknown_key_in_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('role = "leader"\nconcurency = 5\n')
+    monkeypatch.setenv("WORKER_CONFIG_FILE", str(cfg))
+    msg = config_error()
+    assert msg == "WORKER_CONFIG_FILE: unknown setting 'concurency'; did you mean 'concurrency'?"
+    cfg.write_text("[leader]\nttl_s = 5\n")
+    msg = config_error()
+    assert msg.startswith("WORKER_CONFIG_FILE: unknown setting 'leader'"), msg
+    assert str(cfg) in msg or "config/worker.toml" in msg, msg
+
+
+def test_unknown_env_names_stay_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_SERVICE_HOST", "10.0.0.1")  # Kubernetes, for a Service "worker"
+    monkeypatch.setenv("WORKER_PORT_8080_TCP", "tcp://10.0.0.1:8080")
+    assert load_settings().role == "all"
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [
+        ("WORKER_KEY_PREFIX", "my app:"),
+        ("WORKER_KEY_PREFIX", "app*"),
+        ("WORKER_KEY_PREFIX", "app?"),
+        ("WORKER_KEY_PREFIX", "app[1]:"),
+        ("WORKER_KEY_PREFIX", "{app}:"),
+        ("WORKER_KEY_PREFIX", "app\n"),
+        ("WORKER_KEY_PREFIX", "a" * 65),
+        ("WORKER_INSTANCE_NAME", "pod 1"),
+        ("WORKER_INSTANCE_NAME", "pod*"),
+        ("WORKER_INSTANCE_NAME", "p{1}"),
+        ("WORKER_INSTANCE_NAME", "x" * 129),
+    ],
+)
+def test_identifiers_are_limited_to_a_safe_charset(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    msg = config_error()
+    assert msg.startswith(f"{env}: invalid value"), msg
+    assert "A-Z a-z 0-9 . _ : -" in msg or "at most" in msg, msg
+
+
+def test_safe_identifiers_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_KEY_PREFIX", "shop.v2_orders:-")
+    monkeypatch.setenv("WORKER_INSTANCE_NAME", "worker-leader-7d9f8b6c4-x2x9z")
+    s = load_settings()
+    assert (s.key_prefix, s.instance_name) == ("shop.v2_orders:-", "worker-leader-7d9f8b6c4-x2x9z")
+    assert load_settings(key_prefix="a" * 64, instance_name="b" * 128).key_prefix == "a" * 64
+
+
+# -- the Redis URL from a mounted file (a Kubernetes Secret volume) ------------------------------
+
+
+def test_redis_url_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    secret = tmp_path / "url"
+    secret.write_text("redis://app:s3cr3t@redis:6379/0\n")
+    monkeypatch.setenv("WORKER_REDIS_URL_FILE", str(secret))
+    s = load_settings()
+    assert s.redis_url == "redis://app:s3cr3t@redis:6379/0"
+    assert "s3cr3t" not in repr(s.redacted())
+    # an explicit --redis-url wins over the file
+    assert load_settings(redis_url="redis://other:6379/1").redis_url == "redis://other:6379/1"
+
+
+def test_redis_url_file_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WORKER_REDIS_URL_FILE", str(tmp_path / "missing"))
+    msg = config_error()
+    assert msg.startswith("WORKER_REDIS_URL_FILE: cannot read") and "missing" in msg, msg
+
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    monkeypatch.setenv("WORKER_REDIS_URL_FILE", str(empty))
+    assert config_error().startswith("WORKER_REDIS_URL_FILE: ")
+
+    bad = tmp_path / "bad"
+    bad.write_text("redis://:Zq7/Xk9@redis:6379/0")
+    monkeypatch.setenv("WORKER_REDIS_URL_FILE", str(bad))
+    msg = config_error()
+    assert msg.startswith("WORKER_REDIS_URL_FILE: invalid URL") and "Xk9" not in msg, msg
+
+    good = tmp_path / "good"
+    good.write_text("redis://redis:6379/0")
+    monkeypatch.setenv("WORKER_REDIS_URL_FILE", str(good))
+    monkeypatch.setenv("WORKER_REDIS_URL", "redis://redis:6379/0")
+    msg = config_error()
+    assert "WORKER_REDIS_URL" in msg and "WORKER_REDIS_URL_FILE" in msg and "both" in msg
+
+
+def test_worst_case_shutdown() -> None:
+    leader = Settings(role="leader")
+    # drain 5 + stop grace 5 + leadership stop 2 + release 2 + shutdown 30 + work slack 5 + infra 2
+    assert leader.worst_case_shutdown_s() == 51.0
+    assert Settings(role="all").worst_case_shutdown_s() == 51.0
+    assert Settings(role="consumer").worst_case_shutdown_s() == 42.0
+    longer = Settings(role="leader", shutdown_timeout_s=60, drain_delay_s=0, stop_grace_s=1)
+    assert longer.worst_case_shutdown_s() == 0 + 1 + 2 + 2 + 60 + 5 + 2
+
+
+def test_health_host_defaults_to_loopback() -> None:
+    s = load_settings()
+    assert s.health_host == "127.0.0.1"
+    assert s.allow_eviction is False and s.status_show_errors is False

@@ -265,3 +265,46 @@ async def test_per_key_service_owners(r: Any) -> None:
     text = status.render(data)
     assert "per_key service mailbox: 2 keys running on 2 processes" in text
     assert "box-2" in text and "consumer-1" in text
+
+
+def test_render_shows_the_eviction_policy() -> None:
+    base: dict[str, Any] = {
+        "at": "2023-11-14T22:13:50+00:00",
+        "leader": {"held": False},
+        "queue": {"name": "t:queue", "depth": 0, "due": 0},
+        "dead_letters": 0,
+        "instances": [],
+        "periodic": [],
+        "pollers": [],
+        "initializers": [],
+    }
+
+    def line(policy: str | None, allowed: bool) -> str:
+        from worker.preflight import NOEVICTION, eviction_verdict
+
+        rd = {
+            "maxmemory_policy": policy,
+            "ok": policy == NOEVICTION,
+            "eviction_allowed": allowed,
+            "verdict": eviction_verdict(policy, allowed),
+        }
+        text = status.render({**base, "redis": rd})
+        return next(ln for ln in text.splitlines() if ln.startswith("redis: "))
+
+    assert line("noeviction", False) == "redis: maxmemory-policy noeviction"
+    assert line("allkeys-lru", True) == (
+        "redis: maxmemory-policy allkeys-lru (eviction allowed by WORKER_ALLOW_EVICTION)"
+    )
+    assert "VIOLATES" in line("volatile-lru", False)
+    assert line(None, False).startswith("redis: maxmemory-policy unknown")
+
+
+async def test_collect_reads_the_policy(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        data = await status.collect(client, KEYS, App("empty"), FakeClock(NOW_S))
+    finally:
+        await client.aclose()
+    assert data["redis"]["maxmemory_policy"] == "noeviction"
+    assert data["redis"]["ok"] is True
+    assert "redis: maxmemory-policy noeviction" in status.render(data)

@@ -1,7 +1,7 @@
 """Command line: ``python -m worker [run|plan|status|health]`` (also the ``worker`` script).
 
 Bad input exits with code 2 and one line on stderr naming the variable and what is accepted;
-no traceback.
+no traceback. Output into a closed pipe (``status | head -1``) exits quietly with code 1.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -59,6 +60,16 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_CONFIG)
 
 
+def _stdout_closed() -> NoReturn:
+    """Whoever read stdout went away (``status | head -1``): exit quietly with 1, as the Python
+    docs recommend. stdout now points at devnull so the interpreter's final flush cannot fail
+    again. (SIGPIPE stays ignored, as Python sets it: a broken Redis socket must raise, never
+    kill the process.)"""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(1)
+
+
 def _run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on uvloop when it is installed, else the default loop."""
     try:
@@ -86,8 +97,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             role=args.role, instance_name=args.instance_name, app=args.app, redis_url=args.redis_url
         )
         code = commands[args.command](settings, args)
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at exit
     except ConfigError as exc:
         _fail(str(exc))
+    except BrokenPipeError:
+        if args.command == "run":
+            raise  # run prints nothing on stdout: this is a real error
+        _stdout_closed()
     raise SystemExit(code)
 
 
@@ -171,7 +187,7 @@ async def _admin_redis(settings: Settings, what: str) -> AsyncIterator[tuple[Any
     redis = connect_redis(settings.redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
     try:
         yield redis, keys
-    except ConfigError:
+    except (ConfigError, BrokenPipeError):  # BrokenPipeError: printing into a closed pipe
         raise
     except Exception as exc:
         raise ConfigError(
@@ -186,7 +202,7 @@ async def _status(settings: Settings, app: App, *, as_json: bool) -> int:
     from worker import status
 
     async with _admin_redis(settings, "status") as (redis, keys):
-        data = await status.collect(redis, keys, app)
+        data = await status.collect(redis, keys, app, allow_eviction=settings.allow_eviction)
     print(json.dumps(data, indent=2) if as_json else status.render(data))
     return 0
 

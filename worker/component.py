@@ -187,7 +187,7 @@ async def supervise(
                 raise
             except LeadershipLost as exc:
                 h.state = "fenced"
-                h.last_error = f"LeadershipLost: {exc}"
+                h.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("leadership lost; component stops", error=str(exc))
                 return
             except Exception as exc:

@@ -5,12 +5,17 @@
   progressing", seed 003). It stays 200 during a graceful shutdown so the kubelet does not kill
   a draining pod (seed 004).
 - ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives.
-- ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets).
+- ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets; a
+  component's last error shows as its exception class unless ``WORKER_STATUS_SHOW_ERRORS``).
+
+The listening socket is bound when the server is built, before any component starts, so a
+port in use or an unknown host fails start-up (exit 2) instead of crash-looping.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from typing import Any
 
@@ -21,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from worker.clock import Clock
 from worker.component import Component
 from worker.metrics import Metrics
+from worker.preflight import bind_listeners
 from worker.views import ProcessView
 
 log = structlog.get_logger("worker.health")
@@ -40,13 +46,17 @@ class HealthServer(Component):
         *,
         host: str,
         port: int,
+        bind_and_listen: bool = True,
     ) -> None:
+        """Binds the socket at once (like ``socketserver.TCPServer``); raises
+        :class:`~worker.errors.ConfigError` when it cannot."""
         super().__init__("health-server", clock, sla_s=30.0)
         self.process = process
         self.metrics_ = metrics
         self.host = host
         self.port = port
         self.loop_lag_s = 0.0
+        self._sockets: list[socket.socket] = bind_listeners(host, port) if bind_and_listen else []
 
     def build_app(self) -> web.Application:
         app = web.Application()
@@ -57,11 +67,13 @@ class HealthServer(Component):
         return app
 
     async def run(self, stop: asyncio.Event) -> None:
+        # the sockets bound at start-up; a restart after a failure binds again
+        sockets, self._sockets = self._sockets or bind_listeners(self.host, self.port), []
         runner = web.AppRunner(self.build_app(), access_log=None)
-        await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-            await site.start()
+            await runner.setup()
+            for sock in sockets:
+                await web.SockSite(runner, sock).start()
             log.info("health server listening", host=self.host, port=self.port)
             while not stop.is_set():
                 before = time.perf_counter()
@@ -70,6 +82,8 @@ class HealthServer(Component):
                 self.health.ok(self.clock.monotonic())
         finally:
             await runner.cleanup()
+            for sock in sockets:
+                sock.close()
 
     # -- handlers -----------------------------------------------------------------------------
     def liveness(self, components: dict[str, dict[str, Any]]) -> tuple[bool, dict[str, Any]]:

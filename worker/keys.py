@@ -180,9 +180,10 @@ ACQUIRE = """
 -- epoch the caller has seen (so epochs never go backwards across a Redis data loss). A lock
 -- holding the caller's own token is an acquisition whose reply the caller never got (client
 -- timeout): it is replaced by a fresh one, so the caller's deadline is measured from this call.
+-- A lock without expiry (left by an old static leader) is stale and replaced too.
 -- Every acquisition is announced, and answers how long singleton services must wait: a lease
--- that was not released cleanly (expired, deleted, lost with Redis's data) may still be
--- believed held by its old holder until that holder's renew deadline plus stop grace.
+-- that was not released cleanly (expired, deleted, lost with Redis's data, stale) may still
+-- be believed held by its old holder until that holder's renew deadline plus stop grace.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
 -- KEYS[3] -> lease state hash (epoch, renewed_ms, released)
@@ -191,11 +192,14 @@ ACQUIRE = """
 -- ARGV[3] -> epoch floor: the highest epoch the caller has seen (0 if none)
 -- ARGV[4] -> safety bound in ms: renew deadline + stop grace of a holder
 -- ARGV[5] -> announce channel
--- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start}, or
--- false if another process holds the lock (the epoch counter is still raised to the floor).
+-- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
+-- the stale lock value it replaced or ""}, or false if another process holds the lock (the
+-- epoch counter is still raised to the floor).
 local current = redis.call('GET', KEYS[1])
 local floor = tonumber(ARGV[3])
-if current and string.sub(current, -(#ARGV[1] + 1)) ~= ':' .. ARGV[1] then
+local stale = current and redis.call('PTTL', KEYS[1]) == -1
+local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
+if current and not stale and not mine then
   if tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
     redis.call('SET', KEYS[2], floor)
   end
@@ -206,7 +210,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released')
 local bound = tonumber(ARGV[4])
 local gap = bound
-if current then
+if stale then
+  gap = bound
+elseif current then
   gap = 0
 elseif prev[1] and prev[3] == prev[1] then
   gap = 0
@@ -222,7 +228,10 @@ local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', now, 'released', '')
 redis.call('PUBLISH', ARGV[5], value)
-return {value, gap}
+if stale then
+  return {value, gap, current}
+end
+return {value, gap, ''}
 """
 
 RENEW = """
@@ -276,15 +285,17 @@ return 0
 """
 
 CLAIM_STATIC = """
--- Always-leader mode (single node, tests): take the lock unconditionally, without expiry,
--- so fenced scripts work unchanged.
+-- Always-leader mode (single node, tests): take the lock unconditionally so fenced scripts
+-- work unchanged. It expires like any lease (the static leader renews it with RENEW), so a
+-- killed static leader cannot block a later election.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
 -- ARGV[1] -> random token
+-- ARGV[2] -> lease TTL in ms
 -- Returns: the lock value "<epoch>:<token>".
 local epoch = redis.call('INCR', KEYS[2])
 local value = epoch .. ':' .. ARGV[1]
-redis.call('SET', KEYS[1], value)
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 return value
 """
 

@@ -259,6 +259,12 @@ class LeaderElector(Leadership):
             log.warning("leader campaign failed", error=f"{type(exc).__name__}: {exc}")
             return
         if won is not None:
+            if won.replaced:
+                log.error(
+                    "found a leader lock without expiry (left by an old static leader?); "
+                    "replaced it",
+                    replaced=won.replaced,
+                )
             self._last_renew_sent = sent
             self._elected(won.lock, won.gap_ms / 1000)
 
@@ -340,8 +346,9 @@ class LeaderElector(Leadership):
 class StaticLeader(Leadership):
     """Always leader: for single-node deployments and tests (Oban's ``Isolated`` peer).
 
-    It writes the lock without expiry so the fenced scripts work unchanged. Two static leaders
-    on one Redis fence each other out repeatedly: use it only where one process runs.
+    It takes the lock unconditionally so the fenced scripts work unchanged, with a TTL it
+    renews every ``ttl_s / 3`` (a killed static leader's lock expires). Two static leaders on
+    one Redis fence each other out repeatedly: use it only where one process runs.
     """
 
     def __init__(
@@ -353,21 +360,33 @@ class StaticLeader(Leadership):
         stop_grace_s: float = 5.0,
         metrics: Metrics | None = None,
         retry_s: float = 1.0,
+        ttl_s: float = 10.0,
     ) -> None:
         super().__init__(clock, singletons=singletons, stop_grace_s=stop_grace_s, metrics=metrics)
         self.store = store
         self.retry_s = retry_s
+        self.ttl_s = ttl_s
         self.token = uuid4().hex
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             if self._lock is None:
-                self._elected(await self.store.claim_static(self.token))
+                self._elected(await self.store.claim_static(self.token, ms(self.ttl_s)))
+            elif not await self._renew(self._lock):
+                self.lost("the static lease expired or was taken")
             self.health.ok(self.clock.monotonic())
-            await self.clock.wait((stop, self._lost), 5.0)
+            await self.clock.wait((stop, self._lost), self.ttl_s / 3)
             if self._lost.is_set() and not stop.is_set():
                 await self._step_down(self._lost_reason or "fenced write refused")
                 await self.clock.wait(stop, self.retry_s)
+
+    async def _renew(self, lock: LockValue) -> bool:
+        """Renew the lease; False only when it is no longer ours (errors: try again later)."""
+        try:
+            return await self.store.renew_lock(lock, ms(self.ttl_s))
+        except Exception as exc:
+            log.warning("static lease renew failed", error=f"{type(exc).__name__}: {exc}")
+            return True
 
     async def release(self) -> None:
         lock = self._forget()

@@ -1,8 +1,11 @@
 """Structured logging: JSON off a TTY, readable on one; role, instance, component on every line.
 
 Standard-library records (arq, redis-py, aiohttp) go through the same processors, so they are
-JSON too and carry the component bound in the asyncio task that emitted them. Anything that
-looks like a Redis URL password is masked before a line is written.
+JSON too and carry the component bound in the asyncio task that emitted them.
+
+Secrets: every string in a line (the event text, values at any depth, exception texts and
+formatted tracebacks) has Redis URL passwords and ``password=`` arguments masked before it
+is rendered, and the rendered line is masked once more as a safety net.
 """
 
 from __future__ import annotations
@@ -15,20 +18,49 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-_URL_PASSWORD = re.compile(r"((?:rediss?|unix)://[^:/@\s]*:)([^@\s]+)(@)")
+from worker.settings import mask_url
+
+#: A Redis URL inside free text: up to whitespace, a quote, ``<>`` or a JSON escape.
+_URL = re.compile(r"(?i)\b(?:rediss?|unix)://[^\s'\"<>\\]*")
+#: ``password=value``: quoted ('x', "x", or JSON-escaped \"x\") or up to a delimiter.
+_PASSWORD_ARG = re.compile(
+    r"(?i)(\bpassword=)(\"[^\"]*\"|'[^']*'|\\\"[^\"\\]*\\\"|[^&\s,;)'\"\\]*)"
+)
+
+
+def mask_text(text: str) -> str:
+    """``text`` with every Redis URL password and ``password=`` argument replaced by ``***``."""
+    if "://" in text:
+        text = _URL.sub(lambda m: mask_url(m.group(0)), text)
+    if "password=" in text.lower():
+        text = _PASSWORD_ARG.sub(r"\1***", text)
+    return text
 
 
 def _mask(value: Any) -> Any:
-    if isinstance(value, str) and "://" in value:
-        return _URL_PASSWORD.sub(r"\1***\3", value)
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, dict):
+        return {k: _mask(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return type(value)(_mask(v) for v in value)
+    if isinstance(value, BaseException):
+        return mask_text(f"{type(value).__name__}: {value}")
     return value
 
 
 def mask_secrets(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
-    """Processor: mask passwords in any URL-looking string value."""
+    """Processor: mask passwords in every string of the line (run after ``format_exc_info``,
+    so the rendered traceback in ``exception`` is masked too)."""
     for key, value in event_dict.items():
-        event_dict[key] = _mask(value)
+        if not key.startswith("_"):  # structlog's own _record / _from_structlog
+            event_dict[key] = _mask(value)
     return event_dict
+
+
+def mask_rendered(_: WrappedLogger, __: str, line: Any) -> Any:
+    """Final processor: mask the rendered line once more (values rendered with ``repr``)."""
+    return mask_text(line) if isinstance(line, str) else line
 
 
 def configure_logging(
@@ -50,12 +82,13 @@ def configure_logging(
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        # tracebacks become text here, in both formats, so that mask_secrets sees them
+        structlog.processors.format_exc_info,
         mask_secrets,
     ]
     renderer: Processor
     if use_json:
         renderer = structlog.processors.JSONRenderer()
-        shared.append(structlog.processors.format_exc_info)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
 
@@ -70,7 +103,11 @@ def configure_logging(
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            renderer,
+            mask_rendered,
+        ],
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)

@@ -173,7 +173,7 @@ def _leadership(w: Wiring, _: Any) -> Component:
         "metrics": w.metrics,
     }
     if s.leader_election == "static":
-        return StaticLeader(w.store, w.clock, **common)
+        return StaticLeader(w.store, w.clock, ttl_s=s.leader_ttl_s, **common)
     timing = LeaderTiming(
         s.leader_ttl_s,
         s.leader_renew_interval_s,

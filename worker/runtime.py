@@ -32,6 +32,7 @@ from worker.component import Component, Group
 from worker.consumer import Consumer
 from worker.errors import ConfigError
 from worker.metrics import Metrics
+from worker.preflight import check_redis_contract
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
@@ -104,7 +105,12 @@ class Runtime:
 
     def component_health(self) -> dict[str, dict[str, Any]]:
         now = self.clock.monotonic()
-        return {c.name: c.health.snapshot(now) for g in self.groups.values() for c in g.components}
+        errors = self.settings.status_show_errors  # error texts can carry job data
+        return {
+            c.name: c.health.snapshot(now, errors=errors)
+            for g in self.groups.values()
+            for c in g.components
+        }
 
     # -- dependencies -------------------------------------------------------------------------
     def _connect(
@@ -204,6 +210,8 @@ class Runtime:
         redis = self._connect(socket_timeout_s=30)
         try:
             await self._wait_for_redis(redis)
+            for warning in await check_redis_contract(redis, s):
+                log.warning(warning)
             self.wiring = w = self._build(redis)
             self.metrics.info.labels(s.role, s.instance_name, __version__).set(1)
             log.info(

@@ -11,17 +11,19 @@ import difflib
 import os
 import re
 import socket
+import tomllib
 from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from redis.connection import parse_url
 
 from worker.errors import ConfigError
 
@@ -30,33 +32,79 @@ ROLES: tuple[Role, ...] = ("all", "leader", "consumer")
 ENV_PREFIX = "WORKER_"
 DEMO_APP = "worker.demo:app"
 
+#: Upper bound of every interval, TTL and timeout (1 day): larger values overflow the
+#: millisecond arithmetic (PX, ZADD scores) or make a process wait "forever".
+DAY_S = 86_400.0
+#: Upper bound of a job's timeout and of how long its result is kept (7 days).
+WEEK_S = 7 * DAY_S
+#: ``key_prefix`` / ``instance_name``: no whitespace, no glob (``* ? [``) or Cluster hash-tag
+#: (``{ }``) characters, which would break SCAN patterns and key slots.
+#: Fixed waits of ``Runtime._shutdown`` (see :meth:`Settings.worst_case_shutdown_s`).
+SHUTDOWN_LEADERSHIP_STOP_S = 2.0
+SHUTDOWN_RELEASE_S = 2.0
+SHUTDOWN_WORK_SLACK_S = 5.0
+SHUTDOWN_INFRA_STOP_S = 2.0
+SAFE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
+SAFE_NAME_CHARS = "A-Z a-z 0-9 . _ : -"
+URL_PASSWORD_HINT = (
+    "percent-encode special characters in a password (/ as %2F, # as %23, ? as %3F, "
+    "@ as %40, % as %25)"
+)
+
 
 def default_instance_name() -> str:
     """``<hostname>-<pid>``: unique per process, readable in logs and ``status``."""
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)(.*)$", re.S)
+_QUERY_PASSWORD = re.compile(r"(?i)(\bpassword=)(\"[^\"]*\"|'[^']*'|[^&\s,;)]*)")
+
+
 def mask_url(url: str | None) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe to log or display)."""
+    """Return ``url`` with any password replaced by ``***`` (safe to log or display).
+
+    Works on the raw text, so it also masks URLs that do not parse: the user info ends at the
+    *last* ``@`` (as in redis-py), so a password containing ``@``, ``/``, ``#`` or ``?`` is
+    masked whole; ``password=`` query arguments are masked too.
+    """
     if not url:
         return ""
+    masked = _QUERY_PASSWORD.sub(r"\1***", url)
+    m = _SCHEME.match(masked)
+    if m is None or "@" not in m.group(2):
+        return masked
+    scheme, rest = m.groups()
+    userinfo, _, host = rest.rpartition("@")
+    if ":" not in userinfo:
+        return masked  # a user name without a password
+    return f"{scheme}{userinfo.partition(':')[0]}:***@{host}"
+
+
+def check_redis_url(url: str, name: str = "WORKER_REDIS_URL") -> None:
+    """Raise ``ValueError`` (one line, password masked) unless redis-py can use ``url``."""
+    shown = mask_url(url)
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(
+            f"{name}: scheme {scheme or '(none)'!r} is not supported; use redis://, rediss:// "
+            f"or unix:// (got {shown!r})"
+        )
     try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparseable url>"
-    netloc = parts.netloc
-    if password is not None:
-        # keep the host part verbatim (IPv6 brackets, port) and mask only the userinfo
-        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
-    # redis-py also accepts the password as a query argument (?password=...)
-    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-    if netloc == parts.netloc and query == parts.query:
-        return url
-    if parts.netloc or url.startswith(f"{parts.scheme}://"):
-        netloc = f"//{netloc}"  # urlunsplit would drop the empty authority of unix:///path
-    tail = (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
-    return f"{parts.scheme}:{netloc}{parts.path}{tail}"
+        kwargs = parse_url(url)  # type: ignore[no-untyped-call]
+        port = urlsplit(url).port
+    except ValueError as exc:
+        # redis-py's message can quote a fragment of a password that was not percent-encoded
+        reason = "the port is not a number in 1-65535" if "Port" in str(exc) else str(exc)
+        raise ValueError(f"{name}: invalid URL {shown!r}: {reason}; {URL_PASSWORD_HINT}") from None
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{name}: invalid URL {shown!r}: the port must be 1-65535")
+    path = urlsplit(url).path
+    if scheme != "unix" and path.strip("/") and "db" not in kwargs:
+        raise ValueError(
+            f"{name}: invalid URL {shown!r}: the path must be a database number (/0); "
+            f"{URL_PASSWORD_HINT}"
+        )
 
 
 class Settings(BaseSettings):
@@ -66,15 +114,19 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX,
         extra="ignore",
         validate_default=True,
+        # inf / nan / 1e309 parse as floats but break every timer and ms conversion
+        allow_inf_nan=False,
     )
 
     # -- identity and wiring ------------------------------------------------------------------
     role: Role = Field("all", description="all | leader | consumer")
-    instance_name: str = Field(default_factory=default_instance_name, min_length=1)
+    instance_name: str = Field(default_factory=default_instance_name, min_length=1, max_length=128)
     redis_url: str | None = Field(None, description="redis://, rediss:// or unix:// URL")
+    redis_url_file: str | None = Field(None, description="file holding the Redis URL (a Secret)")
     app: str = Field(DEMO_APP, description="pkg.module:attr naming the App to run")
-    key_prefix: str = Field("worker:", min_length=1)
-    redis_connect_timeout_s: float = Field(10.0, gt=0)
+    key_prefix: str = Field("worker:", min_length=1, max_length=64)
+    redis_connect_timeout_s: float = Field(10.0, gt=0, le=DAY_S)
+    allow_eviction: bool = False
 
     # -- logs ---------------------------------------------------------------------------------
     log_format: Literal["auto", "json", "console"] = "auto"
@@ -84,34 +136,45 @@ class Settings(BaseSettings):
     concurrency: int = Field(100, ge=1, le=10_000)
     poll_delay_s: float = Field(0.05, gt=0, le=60)
     idle_poll_max_s: float = Field(0.5, gt=0, le=60)
-    job_timeout_s: float = Field(300.0, gt=0)
+    job_timeout_s: float = Field(300.0, gt=0, le=WEEK_S)
     max_tries: int = Field(5, ge=1)
-    keep_result_s: float = Field(3600.0, ge=0)
+    keep_result_s: float = Field(3600.0, ge=0, le=WEEK_S)
     serializer: Literal["msgpack", "json", "pickle"] = "msgpack"
 
     # -- shutdown -----------------------------------------------------------------------------
-    shutdown_timeout_s: float = Field(30.0, ge=0)
-    drain_delay_s: float = Field(5.0, ge=0)
-    stop_grace_s: float = Field(5.0, gt=0)
+    shutdown_timeout_s: float = Field(30.0, ge=0, le=DAY_S)
+    drain_delay_s: float = Field(5.0, ge=0, le=DAY_S)
+    stop_grace_s: float = Field(5.0, gt=0, le=DAY_S)
 
     # -- health server ------------------------------------------------------------------------
-    health_host: str = "0.0.0.0"
+    health_host: str = "127.0.0.1"
     health_port: int = Field(8080, ge=0, le=65535)
+    status_show_errors: bool = False
 
     # -- leadership ---------------------------------------------------------------------------
     leader_election: Literal["redis", "static"] = "redis"
-    leader_ttl_s: float = Field(10.0, gt=0)
-    leader_renew_interval_s: float = Field(2.0, gt=0)
-    leader_renew_deadline_s: float = Field(6.0, gt=0)
-    leader_poll_interval_s: float = Field(1.0, gt=0)
+    leader_ttl_s: float = Field(10.0, gt=0, le=DAY_S)
+    leader_renew_interval_s: float = Field(2.0, gt=0, le=DAY_S)
+    leader_renew_deadline_s: float = Field(6.0, gt=0, le=DAY_S)
+    leader_poll_interval_s: float = Field(1.0, gt=0, le=DAY_S)
 
     # -- registry and orphan recovery ---------------------------------------------------------
-    heartbeat_interval_s: float = Field(2.0, gt=0)
-    orphan_stale_s: float = Field(10.0, gt=0)
+    heartbeat_interval_s: float = Field(2.0, gt=0, le=DAY_S)
+    orphan_stale_s: float = Field(10.0, gt=0, le=DAY_S)
 
     # -- supervision --------------------------------------------------------------------------
-    restart_backoff_base_s: float = Field(0.5, gt=0)
-    restart_backoff_cap_s: float = Field(30.0, gt=0)
+    restart_backoff_base_s: float = Field(0.5, gt=0, le=DAY_S)
+    restart_backoff_cap_s: float = Field(30.0, gt=0, le=DAY_S)
+
+    @field_validator("key_prefix", "instance_name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not SAFE_NAME.fullmatch(value):
+            raise ValueError(
+                f"use only {SAFE_NAME_CHARS} (whitespace, glob and hash-tag characters break "
+                "SCAN patterns and Redis Cluster slots)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_relations(self) -> Settings:
@@ -127,22 +190,42 @@ class Settings(BaseSettings):
                 "WORKER_ORPHAN_STALE_S must be at least twice WORKER_HEARTBEAT_INTERVAL_S (got "
                 f"{self.orphan_stale_s} < 2 x {self.heartbeat_interval_s})"
             )
-        if self.redis_url is not None:
-            if not self.redis_url:
-                self.redis_url = None
-            else:
-                scheme = urlsplit(self.redis_url).scheme
-                if scheme not in ("redis", "rediss", "unix"):
-                    raise ValueError(
-                        f"WORKER_REDIS_URL: scheme {scheme or '(none)'!r} is not supported; "
-                        "use redis://, rediss:// or unix:// (got "
-                        f"{mask_url(self.redis_url)!r})"
-                    )
+        self._resolve_redis_url()
         if not re.fullmatch(r"[\w.-]+(:[\w.]+)?", self.app) or ":" not in self.app:
             raise ValueError(
                 f"WORKER_APP: {self.app!r} is not of the form package.module:attribute"
             )
         return self
+
+    def _resolve_redis_url(self) -> None:
+        """Read ``redis_url_file`` (a mounted Secret) and check the URL redis-py will get."""
+        name = "WORKER_REDIS_URL"
+        if self.redis_url_file:
+            if self.redis_url:
+                raise ValueError(
+                    "WORKER_REDIS_URL and WORKER_REDIS_URL_FILE are both set; set only one"
+                )
+            self.redis_url = _read_url_file(self.redis_url_file)
+            name = "WORKER_REDIS_URL_FILE"
+        if not self.redis_url:
+            self.redis_url = None
+            return
+        check_redis_url(self.redis_url, name)
+
+    def worst_case_shutdown_s(self) -> float:
+        """Longest a graceful shutdown can take, SIGTERM to exit, for this role: the steps
+        of ``Runtime._shutdown`` at their limits. A container's grace period (Kubernetes
+        ``terminationGracePeriodSeconds``, compose ``stop_grace_period``) must exceed it, or
+        SIGKILL cuts in-flight jobs and the lease release short."""
+        total = (
+            self.drain_delay_s
+            + self.shutdown_timeout_s
+            + SHUTDOWN_WORK_SLACK_S  # the work group gets shutdown timeout + this
+            + SHUTDOWN_INFRA_STOP_S  # health server and heartbeat
+        )
+        if self.role != "consumer":
+            total += self.stop_grace_s + SHUTDOWN_LEADERSHIP_STOP_S + SHUTDOWN_RELEASE_S
+        return total
 
     def redacted(self) -> dict[str, Any]:
         """Settings as a dict safe to log or expose (Redis password masked)."""
@@ -172,15 +255,46 @@ def load_settings(**overrides: Any) -> Settings:
     Raises :class:`ConfigError` with a one-line message on any invalid input.
     """
     path = os.environ.get(f"{ENV_PREFIX}CONFIG_FILE")
-    if path and not os.path.isfile(path):
-        raise ConfigError(f"WORKER_CONFIG_FILE: no such file {path!r}")
+    if path:
+        _check_config_file(path)
     clean = {k: v for k, v in overrides.items() if v is not None}
+    if clean.get("redis_url"):
+        clean["redis_url_file"] = None  # an explicit --redis-url wins over a URL file
     try:
         return Settings(**clean)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc, clean)) from None
     except ValueError as exc:  # e.g. TOML syntax errors
         raise ConfigError(f"WORKER_CONFIG_FILE: {exc}") from None
+
+
+def _check_config_file(path: str) -> None:
+    """The TOML file exists, parses, and names only real settings (a typo is not ignored)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"WORKER_CONFIG_FILE: no such file {path!r}")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"WORKER_CONFIG_FILE: {path}: {exc}") from None
+    known = list(Settings.model_fields)
+    for key in data:
+        if key not in known:
+            match = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            hint = f"did you mean {match[0]!r}?" if match else "config/worker.toml lists them all"
+            raise ConfigError(f"WORKER_CONFIG_FILE: unknown setting {key!r}; {hint}")
+
+
+def _read_url_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            url = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"WORKER_REDIS_URL_FILE: cannot read {path!r}: {reason}") from None
+    if not url:
+        raise ValueError(f"WORKER_REDIS_URL_FILE: {path!r} is empty")
+    return url
 
 
 def env_names() -> set[str]:

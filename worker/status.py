@@ -1,8 +1,8 @@
 """``python -m worker status``: the cluster as Redis sees it, as a table or JSON.
 
 Instances with role and heartbeat age, the leader with epoch and lease, queue depth,
-periodic last/next tick, poller backlog per shard, initializer state and dead letters. No
-secrets: the Redis URL is masked.
+periodic last/next tick, poller backlog per shard, initializer state, dead letters and the
+server's eviction policy. No secrets: the Redis URL is masked.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from worker import keys as K
 from worker.app import App
 from worker.clock import Clock, SystemClock, ms
 from worker.poller import BoundPoller
+from worker.preflight import NOEVICTION, eviction_verdict, read_eviction_policy
 from worker.store import Store
 
 
@@ -30,9 +31,15 @@ def _iso(tick_ms: int | None) -> str | None:
 
 
 async def collect(
-    redis: ArqRedis, keys: K.Keys, app: App, clock: Clock | None = None
+    redis: ArqRedis,
+    keys: K.Keys,
+    app: App,
+    clock: Clock | None = None,
+    *,
+    allow_eviction: bool = False,
 ) -> dict[str, Any]:
-    """Read the cluster's state from Redis (read-only)."""
+    """Read the cluster's state from Redis (read-only). ``allow_eviction``: this deployment's
+    ``WORKER_ALLOW_EVICTION``, to judge the server's eviction policy."""
     clock = clock or SystemClock()
     store = Store(redis, keys)
     now = ms(clock.time())
@@ -55,7 +62,9 @@ async def collect(
     leader: dict[str, Any] = {"held": lock is not None}
     if lock is not None:
         leader["epoch"] = lock.epoch
-        leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl else None
+        leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl > 0 else None
+        # left by an old static leader; the next campaign replaces it (see keys.ACQUIRE)
+        leader["no_expiry"] = pttl == -1
         holder = next(
             (i for i in instances if i.get("is_leader") and i.get("epoch") == leader["epoch"]), None
         )
@@ -118,8 +127,16 @@ async def collect(
                 "cursor": st.get("cursor") or None,
             }
         )
+    policy, source = await read_eviction_policy(redis)
     return {
         "at": _iso(now),
+        "redis": {
+            "maxmemory_policy": policy,
+            "source": source,
+            "ok": policy == NOEVICTION,
+            "eviction_allowed": allow_eviction,
+            "verdict": eviction_verdict(policy, allow_eviction),
+        },
         "instances": instances,
         "leader": leader,
         "queue": {"name": keys.queue, "depth": int(depth), "due": int(due)},
@@ -147,11 +164,18 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
 def render(status: dict[str, Any]) -> str:
     """A readable multi-table view of :func:`collect`'s result."""
     out: list[str] = [f"cluster status at {status['at']}", ""]
+    rd = status.get("redis")
+    if rd is not None:
+        verdict = "" if rd["ok"] else f" ({rd['verdict']})"
+        out.append(f"redis: maxmemory-policy {rd['maxmemory_policy'] or 'unknown'}{verdict}")
     ld = status["leader"]
     if ld["held"]:
+        ttl = f"ttl {ld.get('ttl_remaining_s')}s"
+        if ld.get("no_expiry"):
+            ttl = "ttl NONE: a lock without expiry (an old static leader?); a campaign replaces it"
         out.append(
             f"leader: {ld.get('instance') or '?'}  epoch {ld['epoch']}  "
-            f"lease age {ld.get('lease_age_s')}s  ttl {ld.get('ttl_remaining_s')}s"
+            f"lease age {ld.get('lease_age_s')}s  {ttl}"
         )
     else:
         out.append("leader: none")

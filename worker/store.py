@@ -49,6 +49,8 @@ class Acquired:
 
     lock: LockValue
     gap_ms: int
+    #: a lock without expiry this acquisition replaced (left by an old static leader), or "".
+    replaced: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ class Store:
             return None
         lock = LockValue.parse(raw[0])
         assert lock is not None, raw
-        return Acquired(lock, int(raw[1]))
+        return Acquired(lock, int(raw[1]), _s(raw[2]) if len(raw) > 2 else "")
 
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> bool:
         """Replace the lease's TTL if it is still ``lock`` (and record when, server time)."""
@@ -137,22 +139,22 @@ class Store:
         )
         return bool(done)
 
-    async def claim_static(self, token: str) -> LockValue:
-        """Always-leader mode: take the lock unconditionally."""
+    async def claim_static(self, token: str, ttl_ms: int) -> LockValue:
+        """Always-leader mode: take the lock unconditionally (it expires unless renewed)."""
         raw = await self._claim_static(
-            keys=[self.keys.leader, self.keys.leader_epoch], args=[token]
+            keys=[self.keys.leader, self.keys.leader_epoch], args=[token, ttl_ms]
         )
         value = LockValue.parse(raw)
         assert value is not None, raw
         return value
 
-    async def read_lock(self) -> tuple[LockValue | None, int | None]:
-        """The current lock value and its remaining TTL in ms (``None``: no expiry/absent)."""
+    async def read_lock(self) -> tuple[LockValue | None, int]:
+        """The current lock value and its PTTL in ms (-1: no expiry, -2: absent)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.leader)
             pipe.pttl(self.keys.leader)
             raw, pttl = await pipe.execute()
-        return LockValue.parse(raw), (int(pttl) if pttl is not None and pttl >= 0 else None)
+        return LockValue.parse(raw), int(pttl)
 
     async def boot_marker(self, candidate: str) -> tuple[str, bool]:
         """The dataset's boot marker, created from ``candidate`` if missing: ``(marker,

@@ -1,0 +1,121 @@
+"""Start-up checks that turn an unusable environment into one line and exit code 2.
+
+- :func:`check_redis_contract`: Redis must not evict keys (``maxmemory-policy noeviction``):
+  an evicted lease is a second leader, an evicted job is a lost job.
+- :func:`bind_listeners`: the health server's socket is bound before any component starts,
+  so a port in use fails start-up instead of crash-looping the health component.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from worker.errors import ConfigError
+from worker.settings import Settings
+
+#: The only ``maxmemory-policy`` under which no key is ever evicted.
+NOEVICTION = "noeviction"
+ALLOW_EVICTION = "WORKER_ALLOW_EVICTION"
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def read_eviction_policy(redis: Any) -> tuple[str | None, str]:
+    """``(policy, source)``: from ``CONFIG GET`` or, where CONFIG is not permitted (managed
+    Redis, an ACL user without it), from ``INFO memory``. ``(None, reason)`` if neither is."""
+    try:
+        found = await redis.config_get("maxmemory-policy")
+        for key, value in found.items():
+            if _s(key) == "maxmemory-policy":
+                return _s(value), "CONFIG GET"
+    except ResponseError:
+        pass  # NOPERM / unknown command: try INFO
+    try:
+        info = await redis.info("memory")
+    except ResponseError as exc:
+        return None, f"neither CONFIG GET nor INFO is permitted ({exc})"
+    policy = info.get("maxmemory_policy")
+    if policy is None:
+        return None, "INFO memory has no maxmemory_policy field"
+    return _s(policy), "INFO memory"
+
+
+def eviction_verdict(policy: str | None, allow_eviction: bool) -> str:
+    """One phrase for ``status``: what the policy means for this deployment."""
+    if policy is None:
+        return "unknown (not readable with these credentials)"
+    if policy == NOEVICTION:
+        return "ok"
+    if allow_eviction:
+        return f"eviction allowed by {ALLOW_EVICTION}"
+    return f"VIOLATES the operating contract: workers refuse to start (needs {NOEVICTION!r})"
+
+
+async def check_redis_contract(redis: Any, settings: Settings) -> list[str]:
+    """Check the server's eviction policy; return warnings to log.
+
+    Raises :class:`ConfigError` when keys can be evicted, unless ``WORKER_ALLOW_EVICTION``.
+    """
+    policy, source = await read_eviction_policy(redis)
+    if policy is None:
+        return [
+            f"cannot read Redis maxmemory-policy: {source}; make sure it is {NOEVICTION!r} "
+            "(an evicted lease is a second leader, an evicted job is lost)"
+        ]
+    if policy == NOEVICTION:
+        return []
+    if not settings.allow_eviction:
+        raise ConfigError(
+            f"Redis maxmemory-policy is {policy!r}; the worker needs {NOEVICTION!r} (an evicted "
+            "lease is a second leader, an evicted job is lost). "
+            f"Set {ALLOW_EVICTION}=true to run anyway."
+        )
+    return [
+        f"Redis maxmemory-policy is {policy!r}, not {NOEVICTION!r}: keys may be evicted (a "
+        f"second leader, lost jobs); running anyway because {ALLOW_EVICTION}=true"
+    ]
+
+
+def bind_listeners(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """Bind and listen on every address ``host`` resolves to; :class:`ConfigError` naming
+    ``WORKER_HEALTH_HOST`` or ``WORKER_HEALTH_PORT`` if that is impossible."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(
+            f"WORKER_HEALTH_HOST: cannot listen on {where}: unknown host ({exc.strerror})"
+        ) from None
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(backlog)
+    except OSError as exc:
+        for sock in socks:
+            sock.close()
+        raise ConfigError(_bind_error(where, exc)) from None
+    return socks
+
+
+def _bind_error(where: str, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"WORKER_HEALTH_PORT: cannot listen on {where}: address already in use"
+    if exc.errno == errno.EACCES:
+        return f"WORKER_HEALTH_PORT: cannot listen on {where}: permission denied"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"WORKER_HEALTH_HOST: cannot listen on {where}: not an address of this machine"
+    return f"WORKER_HEALTH_HOST: cannot listen on {where}: {exc.strerror or exc}"
