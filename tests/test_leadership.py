@@ -22,7 +22,7 @@ from worker.clock import Clock, FakeClock, SystemClock
 from worker.component import Component, Group
 from worker.ids import LockValue
 from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
-from worker.store import Store
+from worker.store import Acquired, Store
 
 KEYS = K.Keys("t:")
 FAST = LeaderTiming(ttl_s=1.0, renew_interval_s=0.2, renew_deadline_s=0.6, poll_interval_s=0.1)
@@ -404,7 +404,7 @@ async def test_another_acquisition_makes_the_leader_step_down_at_once(
     )
     rsync.delete(KEYS.leader)  # the lock vanishes (a failover, a restart without persistence)
     other = await clients().acquire("intruder", 10_000, bound_ms=8_000)
-    assert other is not None
+    assert isinstance(other, Acquired)
     await eventually(lambda: a.probe.count("stop") == 1, within=3, what="a steps down")
     assert not a.leader.is_leading()
     assert (
@@ -474,3 +474,14 @@ async def test_epochs_never_go_backwards_across_a_redis_data_loss(
         clock=clock,
         what="a new lease above every epoch seen before the loss",
     )
+
+
+async def test_a_standby_learns_the_current_epoch_from_every_refused_campaign(
+    clients: Any, runs: list[Run], rsync: redis_sync.Redis
+) -> None:
+    # pub/sub announcements can be missed (a reconnect); the campaign's answer cannot
+    rsync.set(KEYS.leader, "41:other", px=60_000)
+    clock = FakeClock()
+    b = start("elector", clients(), runs, clock=clock)
+    await eventually(lambda: b.leader.health.iterations >= 1, clock=clock)
+    assert b.leader.floor == 41 and not b.leader.is_leading()

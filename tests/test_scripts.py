@@ -15,7 +15,7 @@ from redis.exceptions import ResponseError
 
 from worker import keys as K
 from worker.ids import JobIds, LockValue
-from worker.store import Store
+from worker.store import Acquired, Refused, Store
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
@@ -62,7 +62,7 @@ async def test_acquire_increments_epoch_sets_ttl_and_announces(r: Any) -> None:
     p = await _subscribe(r, KEYS.leader_announce)
     try:
         won = await store.acquire("tokA", 5000, bound_ms=BOUND)
-        assert won is not None and won.lock == LockValue(1, "tokA")
+        assert isinstance(won, Acquired) and won.lock == LockValue(1, "tokA")
         assert await r.get(KEYS.leader) == b"1:tokA"
         assert 0 < await r.pttl(KEYS.leader) <= 5000
         assert await r.get(KEYS.leader_epoch) == b"1"
@@ -72,18 +72,19 @@ async def test_acquire_increments_epoch_sets_ttl_and_announces(r: Any) -> None:
         await p.aclose()
     await r.delete(KEYS.leader)
     again = await store.acquire("tokB", 5000, bound_ms=BOUND)
-    assert again is not None and again.lock == LockValue(2, "tokB")
+    assert isinstance(again, Acquired) and again.lock == LockValue(2, "tokB")
 
 
 async def test_acquire_refuses_held_lock_but_raises_the_epoch_floor(r: Any) -> None:
     store = Store(r, KEYS)
     await store.acquire("tokA", 5000)
     before = await snapshot(r)
-    assert await store.acquire("tokB", 5000) is None
+    assert isinstance(await store.acquire("tokB", 5000), Refused)
     assert await snapshot(r) == before  # lock kept, epoch NOT incremented by a failed campaign
     # a standby that saw a higher epoch (before Redis lost its data) raises the counter, so
     # the next acquisition by anyone goes above it
-    assert await store.acquire("tokB", 5000, floor=40) is None
+    refused = await store.acquire("tokB", 5000, floor=40)
+    assert isinstance(refused, Refused) and refused.holder == LockValue(1, "tokA")
     assert await r.get(KEYS.leader) == b"1:tokA"
     assert await r.get(KEYS.leader_epoch) == b"40"
 
@@ -95,7 +96,7 @@ async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:
         await r.delete(KEYS.leader)
     await r.flushall()  # Redis restarted empty: the counter is gone
     won = await store.acquire("tokB", 5000, floor=3)
-    assert won is not None and won.lock.epoch == 4
+    assert isinstance(won, Acquired) and won.lock.epoch == 4
     assert await r.get(KEYS.leader_epoch) == b"4"
 
 
@@ -103,24 +104,28 @@ async def test_acquire_gap_depends_on_how_the_previous_lease_ended(r: Any) -> No
     store = Store(r, KEYS)
     # nothing known about any previous lease (a first start, or Redis lost its data): full bound
     first = await store.acquire("tokA", 5000, bound_ms=BOUND)
-    assert first is not None and first.gap_ms == BOUND
+    assert isinstance(first, Acquired) and first.gap_ms == BOUND
     # released cleanly: the next holder need not wait
     assert await store.release_lock(first.lock)
     clean = await store.acquire("tokB", 5000, bound_ms=BOUND)
-    assert clean is not None and clean.gap_ms == 0
+    assert isinstance(clean, Acquired) and clean.gap_ms == 0
     # vanished (DEL) right after a renew: the old holder may believe it leads for the bound
     assert await store.renew_lock(clean.lock, 5000)
     await r.delete(KEYS.leader)
     vanished = await store.acquire("tokC", 5000, bound_ms=BOUND)
-    assert vanished is not None and BOUND - 1000 <= vanished.gap_ms <= BOUND
+    assert isinstance(vanished, Acquired) and BOUND - 1000 <= vanished.gap_ms <= BOUND
     # expired long ago (its holder renewed last more than the bound ago): no wait
     await r.delete(KEYS.leader)
     await r.hset(KEYS.leader_state, "renewed_ms", 1_000)
     expired = await store.acquire("tokD", 5000, bound_ms=BOUND)
-    assert expired is not None and expired.gap_ms == 0
+    assert isinstance(expired, Acquired) and expired.gap_ms == 0
     # the caller's own lock (an acquisition whose reply it never got): replaced, no wait
     mine = await store.acquire("tokD", 5000, bound_ms=BOUND)
-    assert mine is not None and mine.gap_ms == 0 and mine.lock.epoch == expired.lock.epoch + 1
+    assert (
+        isinstance(mine, Acquired)
+        and mine.gap_ms == 0
+        and mine.lock.epoch == expired.lock.epoch + 1
+    )
 
 
 async def test_boot_marker_is_created_once(r: Any) -> None:
@@ -242,7 +247,7 @@ async def _seed_checkpoint(r: Any) -> None:
 async def _seed_reap(r: Any) -> None:
     await r.zadd(KEYS.queue, {"j1": T})
     await r.sadd(KEYS.holds("dead"), "j1")
-    await r.set(K.ARQ_IN_PROGRESS + "j1", b"1", px=JOB_TTL)
+    await r.set(K.ARQ_IN_PROGRESS + "j1", b"dead/1", px=JOB_TTL)
     await r.zadd(KEYS.instances, {"dead": 1000})
 
 
@@ -275,7 +280,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
         K.REAP,
         _seed_reap,
         [KEYS.leader, KEYS.queue, KEYS.holds("dead"), KEYS.instances],
-        [K.ARQ_IN_PROGRESS, "dead", 1000],
+        [K.ARQ_IN_PROGRESS, "dead", 1000, T],
     ),
 }
 
@@ -533,15 +538,20 @@ async def test_checkpoint_cursor_compare_and_set(r: Any, version: str, cursor: s
 
 async def _reap(r: Any, instance: str, judged: int) -> int:
     keys = [KEYS.leader, KEYS.queue, KEYS.holds(instance), KEYS.instances]
-    return int(await run(r, K.REAP, keys, [MINE, K.ARQ_IN_PROGRESS, instance, judged]))
+    return int(await run(r, K.REAP, keys, [MINE, K.ARQ_IN_PROGRESS, instance, judged, T + 7]))
 
 
 async def test_reap_releases_only_jobs_still_queued(r: Any) -> None:
     await r.set(KEYS.leader, MINE)
     await r.zadd(KEYS.queue, {"queued-1": T, "queued-2": T})
     await r.sadd(KEYS.holds("dead"), "queued-1", "queued-2", "finished")
-    for jid in ("queued-1", "queued-2", "finished", "someone-elses"):
-        await r.set(K.ARQ_IN_PROGRESS + jid, b"1", px=JOB_TTL)
+    await r.sadd(KEYS.holds("dead"), "reclaimed")
+    await r.zadd(KEYS.queue, {"reclaimed": T})
+    for jid in ("queued-1", "queued-2", "finished"):
+        await r.set(K.ARQ_IN_PROGRESS + jid, f"dead/{jid}", px=JOB_TTL)  # the dead one's claims
+    await r.set(K.ARQ_IN_PROGRESS + "someone-elses", b"alive/1", px=JOB_TTL)
+    # held by "dead" once, but claimed by another consumer since (or by arq's own Worker)
+    await r.set(K.ARQ_IN_PROGRESS + "reclaimed", b"1", px=JOB_TTL)
     await r.zadd(KEYS.instances, {"dead": 1000, "alive": 5000})
     await r.sadd(KEYS.holds("alive"), "someone-elses")
 
@@ -550,10 +560,14 @@ async def test_reap_releases_only_jobs_still_queued(r: Any) -> None:
     # a job no longer in the queue (finished/being finished) keeps its marker
     assert await r.exists(K.ARQ_IN_PROGRESS + "finished") == 1
     assert await r.exists(K.ARQ_IN_PROGRESS + "someone-elses") == 1
+    assert await r.get(K.ARQ_IN_PROGRESS + "reclaimed") == b"1"  # not the dead one's claim
     assert await r.exists(KEYS.holds("dead")) == 0
     assert await r.zrange(KEYS.instances, 0, -1) == [b"alive"]
     assert await r.smembers(KEYS.holds("alive")) == {b"someone-elses"}
-    assert await r.zcard(KEYS.queue) == 2  # jobs stay queued; only the marker goes
+    assert await r.zcard(KEYS.queue) == 3  # jobs stay queued; only the marker goes
+    # released jobs are due now (a claimed job is parked in the future while it runs)
+    assert await r.zscore(KEYS.queue, "queued-1") == T + 7
+    assert await r.zscore(KEYS.queue, "reclaimed") == T
 
 
 async def test_reap_refuses_when_heartbeat_is_newer(r: Any) -> None:
@@ -654,12 +668,12 @@ async def test_acquire_replaces_own_orphaned_lock_with_a_new_epoch(r: Any) -> No
     await r.set(KEYS.leader_epoch, 4)
     store = Store(r, KEYS)
     won = await store.acquire("tok", 5_000)
-    assert won is not None and str(won.lock) == "5:tok"
+    assert isinstance(won, Acquired) and str(won.lock) == "5:tok"
     assert await r.get(KEYS.leader) == b"5:tok"
     assert 0 < await r.pttl(KEYS.leader) <= 5_000
     # ...but a token that merely ends the same way is someone else's lock.
     await r.set(KEYS.leader, "6:other-tok", px=10_000)
-    assert await store.acquire("tok", 5_000) is None
+    assert isinstance(await store.acquire("tok", 5_000), Refused)
     assert await r.get(KEYS.leader) == b"6:other-tok"
 
 

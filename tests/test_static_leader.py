@@ -18,7 +18,7 @@ from tests.test_operations import ledger
 from worker import keys as K
 from worker.clock import SystemClock
 from worker.leader import StaticLeader
-from worker.store import Store
+from worker.store import Acquired, Refused, Store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,13 +45,13 @@ async def test_acquire_replaces_a_lock_without_expiry(r: Any) -> None:
     await r.set(KEYS.leader_epoch, 3)
     store = Store(r, KEYS)
     won = await store.acquire("tokB", 5000, bound_ms=7000)
-    assert won is not None and str(won.lock) == "4:tokB"
+    assert isinstance(won, Acquired) and str(won.lock) == "4:tokB"
     assert won.replaced == "3:old-static"  # the lock it replaced, for the error log
     assert won.gap_ms == 7000  # its holder may still be alive: singleton services wait
     assert await r.get(KEYS.leader) == b"4:tokB"
     assert 0 < await r.pttl(KEYS.leader) <= 5000
     # a lock with a TTL is still refused
-    assert await store.acquire("tokC", 5000) is None
+    assert isinstance(await store.acquire("tokC", 5000), Refused)
 
 
 async def test_static_leader_renews_its_lease(r: Any) -> None:

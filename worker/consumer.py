@@ -1,42 +1,70 @@
-"""The consumer: arq's own ``Worker`` running the app's jobs, in every role.
+"""The consumer: runs the app's jobs from the queue, in every role — arq's records, our loop.
 
-arq does the consuming; this component only adds what the framework needs around it:
+Job records, keys and results are arq's own (a plain arq client enqueues work, ``arq.jobs.Job``
+reads statuses and results, and arq's ``Worker`` can consume the same queue during a rollout),
+but the loop is the framework's, for what arq's ``Worker`` cannot give:
 
-- it runs inside the runtime (``handle_signals=False``), which owns signals and drains it:
-  stop taking jobs, let in-flight jobs finish within the shutdown timeout, then cancel the
-  rest (arq re-queues cancelled jobs, so nothing is lost);
-- a per-instance health-check key (one worker's exit never fails another's check, arq #291);
-- the ids of the jobs it holds, written to Redis for orphan recovery;
-- jobs arq cannot run (malformed payload, unknown function, retries exhausted, expired) are
-  set aside in a dead-letter set with their raw payload instead of vanishing.
+- **batched**: one script claims a batch of due jobs (in-progress markers, try counters,
+  payloads, the holds set for orphan recovery) and one finishes every run that ended since the
+  last round (results, deletes, queue removal): a few Redis commands per job, not seventeen;
+- **claims are fenced**: each claim carries a token ``<instance id>/<n>``; a run finishes only
+  while its marker still holds that token, so a consumer that was paused past the orphan
+  bound, and whose job another consumer took over meanwhile, writes nothing. A paused or cut-off
+  consumer also *knows* it may have lost its claims (:class:`ClaimGuard`): every job holds at its
+  next step until the claims are confirmed, and the ones taken over are cancelled;
+- **draining** stops claiming first, then waits for every job that started (up to the shutdown
+  timeout) — no job that started is cut short by a graceful stop within that time;
+- **hostile records** (a payload of the wrong shape, too large, not a string; a try counter
+  that is not a number) are dead-lettered one by one; the loop never crashes on them.
+
+Semantics follow arq: retries on ``Retry``/cancellation up to ``max_tries``, job timeouts,
+deferred jobs, ``keep_result``, aborts through ``arq:abort``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
+import datetime as dt
+import itertools
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Coroutine, Generator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from arq.connections import ArqRedis
-from arq.worker import Function, Retry, Worker, func
+from arq.jobs import serialize_result
+from arq.worker import Retry, RetryJob
+from redis.exceptions import RedisError
 
 from worker.clock import Clock, ms
 from worker.component import Component
 from worker.context import Context, JobContext
+from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, Outcome
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
-from worker.store import Store
+from worker.store import Claimed, Finish, Store
 
 log = structlog.get_logger("worker.consumer")
 
-HOLDS_FLUSH_S = 0.25
 SUMMARY_EVERY_S = 60.0
+HEALTH_EVERY_S = 10.0
+#: arq's retry-counter TTL (88,400 s).
+RETRY_TTL_MS = 88_400_000
+#: Largest enqueue time accepted in a payload (year 2286): later values break datetimes.
+MAX_ENQUEUE_MS = 10**13
+#: Most jobs one claim round takes (the scripts unpack one argument per job).
+MAX_CLAIM = 1000
+
+
+class BadJob(Exception):
+    """A job that cannot run: set aside with this reason, never retried."""
+
+    def __init__(self, reason: str, kind: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -51,262 +79,563 @@ class ConsumerConfig:
     keep_result_s: float = 3600.0
     shutdown_timeout_s: float = 30.0
     holds_ttl_s: float = 360.0
+    max_payload_bytes: int = 4 * 1024 * 1024
+    #: With no confirmed Redis round trip for this long, claims may have been reaped.
+    doubt_s: float = 5.0
 
 
-def build_functions(
-    jobs: Sequence[JobDef],
-    hooks: Sequence[JobHook],
-    context: Context,
-    metrics: Metrics | None = None,
-) -> list[Function]:
-    """arq ``Function`` objects for every job, wrapped to get a JobContext and run the hooks."""
-    return [
-        func(
-            _wrap(j, context, hooks, metrics),  # type: ignore[arg-type]
-            name=j.name,
-            timeout=j.timeout_s,
-            max_tries=j.max_tries,
-            keep_result=j.keep_result_s,
-        )
-        for j in jobs
-    ]
+def validate(record: Any) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
+    """``(function, args, kwargs, try, enqueue ms)`` of an arq job record, or :class:`BadJob`
+    naming the field that is wrong. Checked before anything else touches it."""
+    if not isinstance(record, dict):
+        raise BadJob(f"malformed payload: a {type(record).__name__}, not a map", "malformed")
+    fn, args, kwargs = record.get("f"), record.get("a", ()), record.get("k", {})
+    job_try, enqueued = record.get("t"), record.get("et")
+    if not isinstance(fn, str) or not fn or len(fn) > 256:
+        raise BadJob(f"malformed payload: field 'f' is {_shape(fn)}", "malformed")
+    if not isinstance(args, list | tuple):
+        raise BadJob(f"malformed payload: field 'a' is {_shape(args)}", "malformed")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise BadJob(f"malformed payload: field 'k' is {_shape(kwargs)}", "malformed")
+    if job_try is not None and (
+        isinstance(job_try, bool) or not isinstance(job_try, int) or not 0 <= job_try < 10**6
+    ):
+        raise BadJob(f"malformed payload: field 't' is {_shape(job_try)}", "malformed")
+    if (
+        isinstance(enqueued, bool)
+        or not isinstance(enqueued, int)
+        or not 0 <= enqueued <= MAX_ENQUEUE_MS
+    ):
+        raise BadJob(f"malformed payload: field 'et' is {_shape(enqueued)}", "malformed")
+    return fn, tuple(args), kwargs, job_try, enqueued
 
 
-def _wrap(
-    job: JobDef, context: Context, hooks: Sequence[JobHook], metrics: Metrics | None
-) -> Callable[..., Awaitable[Any]]:
-    name, fn = job.name, job.fn
+def _shape(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{type(value).__name__} {value!r}"[:60]
+    return f"a {type(value).__name__}"
 
-    async def run(arq_ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        job_id = str(arq_ctx.get("job_id", ""))
-        extra: dict[str, Any] = {}
-        for hook in hooks:
-            extra.update(hook.context(job_id))
-        ctx = JobContext(arq_ctx, context, **extra)
-        started = time.perf_counter()
-        outcome: Outcome = "success"
-        try:
-            return await fn(ctx, *args, **kwargs)
-        except (Retry, asyncio.CancelledError):
-            outcome = "retry"
-            raise
-        except Exception:
-            outcome = "failure"
-            raise
-        finally:
-            if metrics is not None:
-                metrics.jobs.labels(name, outcome).inc()
-                metrics.job_seconds.labels(name).observe(time.perf_counter() - started)
-            for hook in hooks:
+
+class ClaimGuard:
+    """Holds job steps while this process may have lost its claims.
+
+    The consumer confirms its claims with every successful Redis round trip (claim, finish,
+    or the periodic check while jobs run). When none succeeded for ``doubt_s`` — the process
+    was frozen (SIGSTOP, a stalled VM, a blocked loop) or cut off from Redis — the orphan
+    reaper may have handed its jobs to another consumer. Then every job, at its next step,
+    waits until the consumer has checked its claims; a job whose claim is gone is cancelled
+    before it runs another line.
+    """
+
+    def __init__(self, clock: Clock, doubt_s: float) -> None:
+        self.clock = clock
+        self.doubt_s = doubt_s
+        self.alive_at = clock.monotonic()
+        self.lost: set[str] = set()
+        self.wanted = asyncio.Event()  # a job is waiting for a check
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def confirmed(self, since: float) -> None:
+        """A round trip sent at ``since`` (monotonic) succeeded."""
+        self.alive_at = max(self.alive_at, since)
+
+    def in_doubt(self) -> bool:
+        return self.clock.monotonic() - self.alive_at > self.doubt_s
+
+    def wait(self) -> asyncio.Future[None]:
+        """A future resolved at the next completed claim check."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self.wanted.set()
+        return fut
+
+    def checked(self, since: float, lost: set[str]) -> None:
+        """The claims were checked (the check was sent at ``since``); ``lost`` are gone."""
+        self.lost |= lost
+        self.confirmed(since)
+        waiters, self._waiters = self._waiters, []
+        self.wanted.clear()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def guard(self, aw: Awaitable[Any], job_id: str) -> Awaitable[Any]:
+        coro = aw if isinstance(aw, Coroutine) else _await(aw)
+        return _Guarded(coro, job_id, self)
+
+
+async def _await(aw: Awaitable[Any]) -> Any:
+    return await aw
+
+
+class _Guarded:
+    """Runs a coroutine step by step; before each step taken in doubt, waits for the claim
+    check and throws :class:`asyncio.CancelledError` into it when its claim is gone."""
+
+    __slots__ = ("_coro", "_guard", "_job_id")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], job_id: str, guard: ClaimGuard) -> None:
+        self._coro = coro
+        self._job_id = job_id
+        self._guard = guard
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, guard = self._coro, self._guard
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            if guard.in_doubt() or self._job_id in guard.lost:
                 try:
-                    await hook.ended(job_id, args, outcome)
-                except Exception as exc:
-                    log.warning("job hook failed", job_id=job_id, error=str(exc))
+                    while guard.in_doubt() and self._job_id not in guard.lost:
+                        yield from guard.wait().__await__()
+                except BaseException as exc:  # cancelled while waiting: pass it on
+                    error = exc
+                if self._job_id in guard.lost and error is None:
+                    error = asyncio.CancelledError("claim lost to another consumer")
+            try:
+                step = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as done:
+                return done.value
+            value, error = None, None
+            try:
+                value = yield step
+            except BaseException as exc:
+                error = exc
 
-    run.__qualname__ = run.__name__ = name
-    return run
 
-
-class _ArqWorker(Worker):
-    """arq's Worker plus holds tracking, a progress hook and dead-lettering."""
-
-    def __init__(self, *args: Any, consumer: Consumer, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._consumer = consumer
-
-    async def _poll_iteration(self) -> None:
-        started = self._jobs_started()
-        await super()._poll_iteration()
-        await self._consumer._after_poll(self)
-        # An empty poll backs off (doubling, up to idle_poll_max_s) so an idle process costs a
-        # few Redis commands per second instead of 1 / poll_delay; any new job resets it.
-        c = self._consumer
-        idle_max = c.config.idle_poll_max_s
-        if self._jobs_started() != started or not self.allow_pick_jobs:
-            c._idle_extra_s = 0.0
-        elif idle_max > self.poll_delay_s:
-            c._idle_extra_s = min(
-                max(c._idle_extra_s * 2, self.poll_delay_s), idle_max - self.poll_delay_s
-            )
-            await c.clock.sleep(c._idle_extra_s)
-
-    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
-        await self._consumer._dead_letter(self, job_id, result_data)
-        await super().finish_failed_job(job_id, result_data)
+@dataclass
+class _Run:
+    job_id: str
+    token: str
+    task: asyncio.Task[None] | None = None
+    aborted: bool = False
+    started: float = field(default=0.0)
 
 
 class Consumer(Component):
-    """Runs arq's worker until stopped, then drains it (see module docstring)."""
+    """Claims, runs and finishes jobs until stopped, then drains (see module docstring)."""
 
     def __init__(
         self,
         jobs: Sequence[JobDef],
         hooks: Sequence[JobHook],
         context: Context,
-        redis: ArqRedis,
         store: Store,
         serializer: tuple[Serialize, Deserialize],
         clock: Clock,
         *,
         instance_id: str,
         config: ConsumerConfig,
+        dead: DeadLetters,
         metrics: Metrics | None = None,
     ) -> None:
         super().__init__("consumer", clock, sla_s=60.0)
-        self.jobs = list(jobs)
+        self.jobs = {j.name: j for j in jobs}
         self.hooks = list(hooks)
         self.context = context
-        self.redis = redis
         self.store = store
-        self.keys = store.keys
+        self.queue = store.keys.queue
         self.instance_id = instance_id
         self.serialize, self.deserialize = serializer
         self.config = config
+        self.dead = dead
         self.metrics = metrics
-        self.worker: _ArqWorker | None = None
-        self._idle_extra_s = 0.0
-        self._flushed: frozenset[str] = frozenset()
-        self._last_flush = 0.0
-        self._last_summary = self.clock.monotonic()
-        self._summary_totals = (0, 0, 0)
+        timeouts = [j.timeout_s or config.job_timeout_s for j in jobs] or [config.job_timeout_s]
+        self.in_progress_ttl_ms = ms(max(timeouts) + 10)
+        self.guard = ClaimGuard(clock, config.doubt_s)
+        self.running: dict[str, _Run] = {}
+        self._ended: list[Finish] = []
+        self._wake = asyncio.Event()
+        self._seq = itertools.count(1)
+        self._idle_s = 0.0
+        self.totals = {"complete": 0, "failed": 0, "retried": 0, "lost": 0}
+        self._summary_at = clock.monotonic()
+        self._summary_totals = dict(self.totals)
+        self._health_at = -HEALTH_EVERY_S
 
     @property
     def in_flight(self) -> int:
-        w = self.worker
-        return 0 if w is None else sum(not t.done() for t in w.tasks.values())
+        return len(self.running)
 
-    def _build(self) -> _ArqWorker:
-        functions = build_functions(self.jobs, self.hooks, self.context, self.metrics)
-        if not functions:
-            raise RuntimeError("the app registers no tasks or periodic jobs")
-        return _ArqWorker(
-            functions,
-            consumer=self,
-            queue_name=self.keys.queue,
-            redis_pool=self.redis,
-            handle_signals=False,
-            max_jobs=self.config.concurrency,
-            job_timeout=self.config.job_timeout_s,
-            keep_result=self.config.keep_result_s,
-            poll_delay=self.config.poll_delay_s,
-            max_tries=self.config.max_tries,
-            health_check_interval=10,
-            health_check_key=self.keys.arq_health(self.instance_id),
-            job_serializer=self.serialize,
-            job_deserializer=self.deserialize,
-            log_results=False,
-            ctx={"worker_instance": self.instance_id},
-        )
-
+    # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        worker = self.worker = self._build()
-        self._summary_totals = (0, 0, 0)  # a new arq Worker counts from zero
-        main = asyncio.create_task(worker.main(), name="consumer:arq")
-        stopper = asyncio.create_task(stop.wait())
+        if not self.jobs:
+            raise RuntimeError("the app registers no tasks or periodic jobs")
+        done = asyncio.Event()  # the claim checker outlives `stop`: it serves the drain too
+        checker = asyncio.create_task(self._check_claims(done), name="consumer:claims")
+        backoff = 0.0
         try:
-            await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if main.done():
-                main.result()  # raises the arq loop's error: the supervisor restarts us
-                return
-            await self._drain(worker)
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    claimed = await self._claim_round()
+                    if self._ended:
+                        await self._flush()
+                    now = self.clock.monotonic()
+                    self.health.ok(now)
+                    await self._housekeeping(now)
+                    backoff = 0.0
+                except (RedisError, OSError, TimeoutError) as exc:
+                    # Redis away: running jobs go on (their ends are written later); no new
+                    # work; liveness fails once this lasts longer than the SLA.
+                    backoff = min(max(backoff * 2, 0.1), 5.0)
+                    log.warning(
+                        "consumer cannot reach Redis; retrying",
+                        error=f"{type(exc).__name__}: {exc}",
+                        retry_in_s=backoff,
+                    )
+                    await self.clock.wait(stop, backoff)
+                    continue
+                if claimed and self.in_flight < self.config.concurrency:
+                    continue  # there may be more due right away
+                await self.clock.wait((stop, self._wake), self._next_delay(claimed))
         finally:
-            stopper.cancel()
-            main.cancel()
-            await asyncio.gather(main, return_exceptions=True)
-            await self._cancel_jobs(worker)
-            with contextlib.suppress(Exception):
-                await self.redis.delete(worker.health_check_key)
+            try:
+                await self._drain()
+            finally:
+                done.set()
+                checker.cancel()
+                await asyncio.gather(checker, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await self.store.clear_health(self.instance_id)
 
-    async def _drain(self, worker: _ArqWorker) -> None:
-        """Stop taking jobs; wait up to the shutdown timeout for in-flight jobs."""
-        worker.allow_pick_jobs = False
-        pending = [t for t in worker.tasks.values() if not t.done()]
-        timeout = self.config.shutdown_timeout_s
-        log.info("consumer draining", in_flight=len(pending), timeout_s=timeout)
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=timeout)
-            if still:
-                log.warning(
-                    "shutdown timeout: cancelling jobs; arq will retry them", cancelled=len(still)
-                )
-
-    async def _cancel_jobs(self, worker: _ArqWorker) -> None:
-        tasks = [t for t in worker.tasks.values() if not t.done()]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    # -- hooks called by _ArqWorker ------------------------------------------------------------
-    async def _after_poll(self, worker: _ArqWorker) -> None:
-        now = self.clock.monotonic()
-        self.health.ok(now)
-        self.health.extra.update(
-            in_flight=self.in_flight,
-            complete=worker.jobs_complete,
-            failed=worker.jobs_failed,
-            retried=worker.jobs_retried,
+    def _next_delay(self, claimed: int) -> float:
+        """Poll delay: ``poll_delay_s`` while busy; an idle consumer backs off, doubling up to
+        ``idle_poll_max_s`` (a few Redis commands per second), reset by any new job."""
+        c = self.config
+        if claimed or self.running:
+            self._idle_s = 0.0
+            return c.poll_delay_s
+        self._idle_s = min(
+            max(self._idle_s * 2, c.poll_delay_s), max(c.idle_poll_max_s, c.poll_delay_s)
         )
-        held = frozenset(worker.tasks)
-        if held != self._flushed and now - self._last_flush >= HOLDS_FLUSH_S:
-            await self._flush_holds(held)
-            self._last_flush = now
-        if now - self._last_summary >= SUMMARY_EVERY_S:
-            self._summarize(worker, now)
+        return self._idle_s
 
-    def _summarize(self, worker: _ArqWorker, now: float) -> None:
+    async def _claim_round(self) -> int:
+        free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
+        if free <= 0:
+            return 0
+        token = f"{self.instance_id}/{next(self._seq)}"
+        sent = self.clock.monotonic()
+        claims = await self.store.claim(
+            self.instance_id,
+            token,
+            now_ms=ms(self.clock.time()),
+            limit=free,
+            in_progress_ttl_ms=self.in_progress_ttl_ms,
+            holds_ttl_ms=ms(self.config.holds_ttl_s),
+            max_payload=self.config.max_payload_bytes,
+            retry_ttl_ms=RETRY_TTL_MS,
+        )
+        self.guard.confirmed(sent)
+        for job in claims.jobs:
+            run = self.running[job.job_id] = _Run(job.job_id, token, started=self.clock.monotonic())
+            run.task = asyncio.create_task(self._run(job, run), name=f"job:{job.job_id}")
+        if claims.aborts_pending:
+            await self._abort_requested()
+        return len(claims.jobs)
+
+    async def _flush(self) -> None:
+        ended, self._ended = self._ended, []
+        sent = self.clock.monotonic()
+        try:
+            out = await self.store.finish(self.instance_id, ended)
+        except Exception:
+            self._ended = ended + self._ended  # try again next round; the claims still hold
+            raise
+        self.guard.confirmed(sent)
+        if out.refused:
+            self.totals["lost"] += out.refused
+            if self.metrics is not None:
+                self.metrics.claims_lost.inc(out.refused)
+            log.warning(
+                "job runs ended after their claims were taken over; nothing written",
+                refused=out.refused,
+            )
+
+    async def _check_claims(self, stop: asyncio.Event) -> None:
+        """While jobs run (or one waits in doubt): confirm the claims, cancel lost ones."""
+        interval = max(0.05, self.config.doubt_s / 4)
+        while not stop.is_set():
+            await self.clock.wait((stop, self.guard.wanted), interval)
+            if stop.is_set() or not (self.running or self.guard.wanted.is_set()):
+                continue
+            ids = list(self.running)
+            sent = self.clock.monotonic()
+            try:
+                tokens = await self.store.claim_tokens(ids)
+            except Exception as exc:
+                log.warning("claim check failed", error=f"{type(exc).__name__}: {exc}")
+                await self.clock.wait(stop, interval)
+                continue
+            lost = {
+                job_id
+                for job_id, token in zip(ids, tokens, strict=True)
+                if job_id in self.running and token != self.running[job_id].token
+            }
+            self.guard.checked(sent, lost)
+            for job_id in lost:
+                run = self.running.get(job_id)
+                if run is not None and run.task is not None:
+                    log.warning(
+                        "job claim taken over by another consumer; cancelling", job_id=job_id
+                    )
+                    run.task.cancel()
+
+    async def _abort_requested(self) -> None:
+        mine = [j for j in await self.store.abort_requests() if j in self.running]
+        for job_id in mine:
+            run = self.running[job_id]
+            run.aborted = True
+            if run.task is not None:
+                run.task.cancel()
+        await self.store.aborts_handled(mine)
+
+    async def _drain(self) -> None:
+        """Stop claiming (the loop has ended); wait up to the shutdown timeout for every job that
+        started, writing their ends as they come; cancel the rest (they run again)."""
+        timeout = self.config.shutdown_timeout_s
+        log.info("consumer draining", in_flight=self.in_flight, timeout_s=timeout)
+        deadline = self.clock.monotonic() + timeout
+        while self.running and self.clock.monotonic() < deadline:
+            tasks = [r.task for r in self.running.values() if r.task is not None]
+            remaining = deadline - self.clock.monotonic()
+            await asyncio.wait(tasks, timeout=max(0.0, min(0.5, remaining)))
+            await self._flush_quietly()
+        late = [r.task for r in self.running.values() if r.task is not None]
+        if late:
+            log.warning("shutdown timeout: cancelling jobs; they run again", cancelled=len(late))
+            for t in late:
+                t.cancel()
+            await asyncio.wait(late, timeout=5)
+        for _ in range(3):
+            if not self._ended:
+                break
+            await self._flush_quietly()
+            if self._ended:
+                await asyncio.sleep(0.2)
+
+    async def _flush_quietly(self) -> None:
+        if not self._ended:
+            return
+        try:
+            await self._flush()
+        except Exception as exc:  # the claims expire and orphan recovery re-queues
+            log.error("could not record job ends", error=f"{type(exc).__name__}: {exc}")
+
+    # -- one job ------------------------------------------------------------------------------
+    async def _run(self, claimed: Claimed, run: _Run) -> None:
+        try:
+            await self._run_job(claimed, run)
+        except BaseException as exc:  # bookkeeping must never leave a run unaccounted for
+            log.error("job bookkeeping failed", job_id=claimed.job_id, error=repr(exc))
+            self._end(Finish("retry", claimed.job_id, run.token, score_ms=claimed.score_ms))
+        finally:
+            self.running.pop(claimed.job_id, None)
+            self._wake.set()
+
+    def _end(self, finish: Finish) -> None:
+        self._ended.append(finish)
+
+    async def _run_job(self, c: Claimed, run: _Run) -> None:
+        job_id = c.job_id
+        start_ms = ms(self.clock.time())
+        try:
+            fn_name, args, kwargs, enqueue_try, enqueued_ms = self._decode(c)
+            job = self.jobs.get(fn_name)
+            if job is None:
+                raise BadJob(f"unknown function {fn_name!r}", "unknown")
+        except BadJob as bad:
+            await self._give_up(c, run, bad, start_ms)
+            return
+        job_try = c.try_
+        if enqueue_try and enqueue_try > job_try:
+            job_try = enqueue_try
+            await self.store.raise_try(job_id, job_try, RETRY_TTL_MS)
+        max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
+        result_for = _ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, self.queue)
+        if job_try > max_tries:
+            reason = f"max {max_tries} retries exceeded"
+            await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
+            return
+
+        extra: dict[str, Any] = {}
+        for hook in self.hooks:
+            extra.update(hook.context(job_id))
+        ctx = JobContext(
+            {
+                "redis": self.context.redis,
+                "worker_instance": self.instance_id,
+                "job_id": job_id,
+                "job_try": job_try,
+                "enqueue_time": dt.datetime.fromtimestamp(enqueued_ms / 1000, dt.UTC),
+                "score": c.score_ms,
+            },
+            self.context,
+            **extra,
+        )
+        ctx.claim = (self.store, run.token)  # for ctx.still_claimed()
+        timeout = job.timeout_s or self.config.job_timeout_s
+        keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
+        started = time.perf_counter()
+        outcome: Outcome = "success"
+        try:
+            async with asyncio.timeout(timeout):
+                result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
+        except (Retry, RetryJob) as exc:
+            outcome = "retry"
+            defer = exc.defer_score if isinstance(exc, Retry) else None
+            score = ms(self.clock.time()) + defer if defer else c.score_ms
+            self._end(Finish("retry", job_id, run.token, score_ms=score))
+            self.totals["retried"] += 1
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # handled here: the run ends normally
+            if job_id in self.guard.lost:
+                outcome = "retry"  # another consumer runs it now: nothing to write
+                self.guard.lost.discard(job_id)
+                self.totals["lost"] += 1
+                if self.metrics is not None:
+                    self.metrics.claims_lost.inc()
+            elif run.aborted:
+                outcome = "failure"
+                aborted = asyncio.CancelledError("aborted")
+                data = result_for(False, aborted, start_ms, self.serialize) if keep > 0 else None
+                self._end(Finish("done", job_id, run.token, data, ms(keep)))
+                self.totals["failed"] += 1
+            else:  # shutdown timeout: it runs again
+                outcome = "retry"
+                self._end(Finish("retry", job_id, run.token, score_ms=c.score_ms))
+                self.totals["retried"] += 1
+        except Exception as exc:
+            outcome = "failure"
+            log.info(
+                "job failed", job_id=job_id, function=fn_name, error=f"{type(exc).__name__}: {exc}"
+            )
+            data = result_for(False, exc, start_ms, self.serialize) if keep > 0 else None
+            self._end(Finish("done", job_id, run.token, data, ms(keep)))
+            self.totals["failed"] += 1
+        else:
+            data = result_for(True, result, start_ms, self.serialize) if keep > 0 else None
+            self._end(Finish("done", job_id, run.token, data, ms(keep)))
+            self.totals["complete"] += 1
+        finally:
+            if self.metrics is not None:
+                self.metrics.jobs.labels(fn_name, outcome).inc()
+                self.metrics.job_seconds.labels(fn_name).observe(time.perf_counter() - started)
+        for hook in self.hooks:
+            try:
+                await hook.ended(job_id, args, outcome)
+            except Exception as exc:
+                log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    def _decode(self, c: Claimed) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
+        if c.payload is None:
+            if c.size == 0:
+                raise BadJob("job expired", "expired")
+            if c.size < 0:
+                raise BadJob("malformed payload: the job record is not a string", "malformed")
+            raise BadJob(
+                f"payload of {c.size} bytes exceeds WORKER_MAX_PAYLOAD_BYTES "
+                f"({self.config.max_payload_bytes})",
+                "oversized",
+            )
+        if c.try_ < 0:
+            raise BadJob("the job's try counter is not a number", "malformed")
+        try:
+            record = self.deserialize(c.payload)
+        except Exception as exc:
+            raise BadJob(f"malformed payload: {type(exc).__name__}", "malformed") from None
+        return validate(record)
+
+    async def _give_up(
+        self,
+        c: Claimed,
+        run: _Run,
+        bad: BadJob,
+        start_ms: int,
+        result_for: _ResultFor | None = None,
+    ) -> None:
+        """Set the job aside, keep a failed result (as arq does), take it off the queue."""
+        try:
+            await self.dead.set_aside(c.job_id, bad.reason, bad.kind, c.payload, c.size)
+        except Exception as exc:
+            log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
+        keep = self.config.keep_result_s
+        data = None
+        if keep > 0:
+            rf = result_for or _ResultFor(
+                "<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, self.queue
+            )
+            data = rf(False, _JobFailed(bad.reason), start_ms, self.serialize)
+        self._end(Finish("done", c.job_id, run.token, data, ms(keep)))
+        self.totals["failed"] += 1
+        if self.metrics is not None:
+            self.metrics.jobs.labels(
+                result_for.function if result_for else "<unknown>", "failure"
+            ).inc()
+
+    # -- housekeeping -------------------------------------------------------------------------
+    async def _housekeeping(self, now: float) -> None:
+        self.health.extra.update(in_flight=self.in_flight, **self.totals)
+        if now - self._summary_at >= SUMMARY_EVERY_S:
+            self._summarize(now)
+        if now - self._health_at >= HEALTH_EVERY_S:
+            self._health_at = now
+            t = self.totals
+            text = (
+                f"{dt.datetime.now(dt.UTC):%b-%d %H:%M:%S} j_complete={t['complete']} "
+                f"j_failed={t['failed']} j_retried={t['retried']} j_ongoing={self.in_flight}"
+            )
+            with contextlib.suppress(Exception):
+                await self.store.set_health(self.instance_id, text, ms(HEALTH_EVERY_S + 1))
+
+    def _summarize(self, now: float) -> None:
         """One INFO line per minute with what the consumer did (per-job lines are DEBUG)."""
-        totals = (worker.jobs_complete, worker.jobs_failed, worker.jobs_retried)
-        done, failed, retried = (a - b for a, b in zip(totals, self._summary_totals, strict=True))
-        if done or failed or retried:
+        delta = {k: v - self._summary_totals[k] for k, v in self.totals.items()}
+        if any(delta.values()):
             log.info(
                 "consumer summary",
-                window_s=round(now - self._last_summary),
-                complete=done,
-                failed=failed,
-                retried=retried,
+                window_s=round(now - self._summary_at),
                 in_flight=self.in_flight,
+                **delta,
             )
-        self._summary_totals = totals
-        self._last_summary = now
+        self._summary_totals = dict(self.totals)
+        self._summary_at = now
 
-    async def _flush_holds(self, held: frozenset[str]) -> None:
-        await self.store.set_holds(self.instance_id, held, ms(self.config.holds_ttl_s))
-        self._flushed = held
 
-    async def _dead_letter(
-        self, worker: _ArqWorker, job_id: str, result_data: bytes | None
-    ) -> None:
-        """Keep the raw payload of a job arq gives up on, with the reason."""
-        try:
-            payload = await self.store.job_payload(job_id)
-            reason = "failed"
-            if result_data:
-                try:
-                    r = self.deserialize(result_data).get("r")
-                    reason = (
-                        str(r.get("message") or r.get("error")) if isinstance(r, dict) else str(r)
-                    )
-                except Exception:
-                    reason = "failed (unreadable result)"
-            if payload is not None:
-                try:
-                    fn = self.deserialize(payload).get("f")
-                    if fn not in worker.functions:
-                        reason = f"unknown function {fn!r}"
-                except Exception:
-                    reason = "malformed payload"
-            at_ms = ms(self.clock.time())
-            record = {
-                "job_id": job_id,
-                "reason": reason,
-                "at_ms": at_ms,
-                "instance": self.instance_id,
-                "payload_b64": base64.b64encode(payload).decode() if payload else None,
-            }
-            await self.store.add_dead(job_id, record, at_ms)
-            log.warning("job set aside in dead-letter set", job_id=job_id, reason=reason)
-            if self.metrics is not None:
-                self.metrics.dead.labels(reason.split(" ")[0]).inc()
-        except Exception as exc:  # never let bookkeeping stop the consumer
-            log.error("dead-lettering failed", job_id=job_id, error=str(exc))
+class _JobFailed(Exception):
+    """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
+
+
+@dataclass(frozen=True)
+class _ResultFor:
+    """Builds arq's result record for one run."""
+
+    function: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    job_try: int
+    enqueued_ms: int
+    job_id: str
+    queue: str
+
+    def __call__(
+        self, success: bool, result: Any, start_ms: int, serialize: Serialize
+    ) -> bytes | None:
+        return serialize_result(
+            self.function,
+            self.args,
+            self.kwargs,
+            self.job_try,
+            self.enqueued_ms,
+            success,
+            result,
+            start_ms,
+            int(time.time() * 1000),
+            f"{self.job_id}:{self.function}",
+            self.queue,
+            job_id=self.job_id,
+            serializer=serialize,
+        )

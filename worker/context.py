@@ -122,10 +122,25 @@ class JobContext(dict[str, Any]):
     """The ``ctx`` a task receives: arq's ctx dict (``ctx["job_id"]``, ``ctx["redis"]`` …) plus
     attributes and the :class:`Context` helpers."""
 
+    #: The store and claim token of this run (set by the consumer).
+    claim: tuple[Store, str] | None = None
+
     def __init__(self, arq_ctx: dict[str, Any], context: Context, **extra: Any) -> None:
         super().__init__(arq_ctx)
         self.update(extra)
         self.context = context
+
+    async def still_claimed(self) -> bool:
+        """``True`` while this run still owns its job. A consumer paused or cut off past the
+        orphan bound can find its job handed to another consumer; ask before a side effect
+        outside Redis (an email, a payment) in a long job. ``False`` when Redis cannot say."""
+        if self.claim is None:
+            return True
+        store, token = self.claim
+        try:
+            return (await store.claim_tokens([self.job_id]))[0] == token
+        except Exception:
+            return False
 
     @property
     def job_id(self) -> str:

@@ -1,43 +1,121 @@
-"""The dead-letter set: list jobs arq gave up on, put them back on the queue, or purge them.
+"""Dead letters, whole: setting a job aside (bounded), listing page by page, re-queueing, purging.
 
-The consumer sets aside a job it cannot run (malformed payload, unknown function, retries
-exhausted, expired) with its raw payload and the reason (see :mod:`worker.consumer`). Nothing
-is lost: after fixing the cause (deploying the missing function, say), re-queue it::
+A consumer sets aside a job it cannot run — expired, malformed or oversized payload, unknown
+function, retries exhausted — with the reason and its payload, so nothing vanishes silently.
+The set is bounded twice: at most ``WORKER_DEAD_LETTER_MAX`` entries (the oldest are dropped and
+counted), and each entry keeps at most ``WORKER_DEAD_LETTER_PAYLOAD_BYTES`` of its payload plus
+the full length and sha256 (a 50 MB hostile job costs a few KB here). After fixing the cause
+(deploying the missing function, say), re-queue it::
 
-    python -m worker dead                 # list
-    python -m worker dead --retry JOB_ID  # re-queue one (same id, tries start over)
+    python -m worker dead                       # list the newest page
+    python -m worker dead --page 2              # and the next ones
+    python -m worker dead --retry JOB_ID        # re-queue one (same id, tries start over)
     python -m worker dead --retry-all
-    python -m worker dead --purge         # forget them all
+    python -m worker dead --purge               # forget them all
+
+A payload kept only in part (it was larger than the cap) cannot be re-queued.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import Any
 
+import structlog
 from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 
 from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
+from worker.metrics import Metrics
 from worker.store import Store
 
+log = structlog.get_logger("worker.dead")
 
-async def list_dead(redis: ArqRedis, keys: K.Keys, limit: int = 100) -> list[dict[str, Any]]:
-    """The newest ``limit`` dead-lettered jobs, newest first, without their payloads."""
+PAGE = 100
+
+
+class DeadLetters:
+    """The consumer's side: set a job aside with its reason and a bounded copy of its payload."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        instance_id: str,
+        max_entries: int = 10_000,
+        keep_bytes: int = 65_536,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.instance_id = instance_id
+        self.max_entries = max_entries
+        self.keep_bytes = keep_bytes
+        self.metrics = metrics
+
+    async def set_aside(
+        self, job_id: str, reason: str, kind: str, payload: bytes | None, size: int
+    ) -> None:
+        """Record ``job_id`` (``kind`` labels the metric). ``payload`` is the whole payload when
+        it was read; otherwise ``size`` bytes are still in Redis and are digested in chunks."""
+        if payload is not None:
+            digest, head = hashlib.sha256(payload).hexdigest(), payload[: self.keep_bytes]
+        elif size > 0:
+            digest, head = await self.store.payload_digest(job_id, size, self.keep_bytes)
+        else:
+            digest, head = None, b""
+        at_ms = ms(self.clock.time())
+        record = {
+            "job_id": job_id,
+            "reason": reason,
+            "kind": kind,
+            "at_ms": at_ms,
+            "instance": self.instance_id,
+            "size": max(size, 0),
+            "sha256": digest,
+            "truncated": len(head) < max(size, 0),
+            "payload_b64": base64.b64encode(head).decode() if head else None,
+        }
+        dropped = await self.store.add_dead(job_id, record, at_ms, self.max_entries)
+        log.warning("job set aside in dead-letter set", job_id=job_id, reason=reason)
+        if self.metrics is not None:
+            self.metrics.dead.labels(kind).inc()
+            if dropped:
+                self.metrics.dead_dropped.inc(dropped)
+
+
+async def list_dead(
+    redis: ArqRedis, keys: K.Keys, limit: int = PAGE, offset: int = 0
+) -> list[dict[str, Any]]:
+    """Dead-lettered jobs newest first, ``limit`` from ``offset``, without their payloads."""
     out = []
-    for job_id, rec in await Store(redis, keys).dead_records(limit):
+    for job_id, rec in await Store(redis, keys).dead_records(limit, offset):
         record = rec if rec is not None else {"job_id": job_id, "reason": "?"}
         record.pop("payload_b64", None)
         out.append(record)
     return out
 
 
+async def all_dead_ids(redis: ArqRedis, keys: K.Keys) -> list[str]:
+    """Every dead-lettered job id, newest first, read page by page."""
+    store, ids, offset = Store(redis, keys), [], 0
+    while page := await store.dead_records(1000, offset):
+        ids += [job_id for job_id, _ in page]
+        offset += len(page)
+    return ids
+
+
 async def retry_dead(redis: ArqRedis, keys: K.Keys, job_id: str, clock: Clock | None = None) -> str:
     """Re-queue one dead-lettered job; returns ``requeued``, ``live`` (an id in use),
-    ``missing`` (not dead-lettered) or ``no payload`` (the job record had already expired)."""
+    ``missing`` (not dead-lettered), ``no payload`` (the job record had already expired) or
+    ``truncated`` (only part of an oversized payload was kept)."""
     store = Store(redis, keys)
     rec = await store.dead_record(job_id)
+    if rec is not None and rec.get("truncated"):
+        return "truncated"
     payload_b64 = rec.get("payload_b64") if rec else None
     if rec is not None and not payload_b64:
         return "no payload"

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from arq.constants import (
+    abort_jobs_ss,
     in_progress_key_prefix,
     job_key_prefix,
     result_key_prefix,
@@ -29,11 +30,14 @@ __all__ = [
     "ACQUIRE",
     "BOOT",
     "CHECKPOINT",
+    "CLAIM",
     "CLAIM_STATIC",
+    "DEAD_ADD",
     "DEAD_RETRY",
     "DISPATCH",
     "ENQUEUE_TICKS",
     "FENCE_ERROR",
+    "FINISH",
     "INFLIGHT_CLEAR",
     "INIT_BEGIN",
     "LEASE_RELEASE",
@@ -49,6 +53,7 @@ ARQ_JOB = job_key_prefix
 ARQ_RESULT = result_key_prefix
 ARQ_IN_PROGRESS = in_progress_key_prefix
 ARQ_RETRY = retry_key_prefix
+ARQ_ABORT = abort_jobs_ss
 
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
@@ -193,8 +198,9 @@ ACQUIRE = """
 -- ARGV[4] -> safety bound in ms: renew deadline + stop grace of a holder
 -- ARGV[5] -> announce channel
 -- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
--- the stale lock value it replaced or ""}, or false if another process holds the lock (the
--- epoch counter is still raised to the floor).
+-- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", 0,
+-- the holder's lock value} (the caller learns the current epoch; the epoch counter is raised
+-- to the caller's floor).
 local current = redis.call('GET', KEYS[1])
 local floor = tonumber(ARGV[3])
 local stale = current and redis.call('PTTL', KEYS[1]) == -1
@@ -203,7 +209,7 @@ if current and not stale and not mine then
   if tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
     redis.call('SET', KEYS[2], floor)
   end
-  return false
+  return {'', 0, current}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -462,8 +468,11 @@ return {added, batches}
 
 REAP = (
     """
--- Fenced. Make the jobs of a dead instance available again: drop arq's in-progress marker of
--- each job that is still queued, then forget the instance.
+-- Fenced. Make the jobs of a dead instance available again: drop the in-progress marker of
+-- each job that is still queued and still claimed by that instance (its claim tokens start
+-- with "<instance id>/") and make it due now (a claimed job is parked in the future, see
+-- CLAIM), then forget the instance. A run of that instance that wakes up later finds its
+-- claim gone and can no longer finish the job (see FINISH).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> arq queue
 -- KEYS[3] -> the dead instance's holds set
@@ -472,6 +481,7 @@ REAP = (
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> instance id
 -- ARGV[4] -> heartbeat score the caller judged stale (guard against a late heartbeat)
+-- ARGV[5] -> now ms: the score released jobs are due at
 -- Returns: number of jobs released, or -1 if the instance heartbeated meanwhile.
 """
     + _FENCE
@@ -481,9 +491,14 @@ if score and tonumber(score) > tonumber(ARGV[4]) then
   return -1
 end
 local released = 0
+local prefix = ARGV[3] .. '/'
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   if redis.call('ZSCORE', KEYS[2], id) then
-    released = released + redis.call('DEL', ARGV[2] .. id)
+    local claim = redis.call('GET', ARGV[2] .. id)
+    if claim and string.sub(claim, 1, #prefix) == prefix then
+      released = released + redis.call('DEL', ARGV[2] .. id)
+      redis.call('ZADD', KEYS[2], 'XX', ARGV[5], id)
+    end
   end
 end
 redis.call('DEL', KEYS[3])
@@ -584,4 +599,149 @@ if v then
 end
 redis.call('SET', KEYS[1], ARGV[1])
 return {ARGV[1], 1}
+"""
+
+# ---------------------------------------------------------------------------------------------
+# The consumer: claiming and finishing jobs in batches, on arq's records
+# ---------------------------------------------------------------------------------------------
+
+CLAIM = """
+-- Claim up to ARGV[2] due jobs for one consumer: per job an in-progress marker holding the
+-- caller's claim token (SET NX: a job claimed by anyone else, arq's own Worker included, is
+-- skipped), its try counter incremented, and at most ARGV[6] + 1 bytes of its payload (a larger
+-- payload is reported by its size and never read whole). Claimed jobs stay in the queue but are
+-- parked at the marker's expiry (ARGV[1] + ARGV[4]): the next claim reads only claimable ids,
+-- and a job whose consumer died with nobody to reap it becomes due again when its marker
+-- expires (arq's own fallback). Claimed ids join the caller's holds set in the same step, so
+-- orphan recovery knows them from the first instant. Per-job errors (a record of the wrong
+-- type) are reported, never fail the batch.
+-- KEYS[1] -> arq queue
+-- KEYS[2] -> the caller's holds set
+-- KEYS[3] -> arq abort sorted set
+-- ARGV[1] -> now ms (jobs scored at or below are due)
+-- ARGV[2] -> most jobs to claim
+-- ARGV[3] -> claim token "<instance id>/<sequence>"
+-- ARGV[4] -> in-progress marker TTL in ms
+-- ARGV[5] -> holds set TTL in ms
+-- ARGV[6] -> largest payload to read, bytes
+-- ARGV[7] -> arq job key prefix
+-- ARGV[8] -> arq in-progress key prefix
+-- ARGV[9] -> arq retry key prefix
+-- ARGV[10] -> retry counter TTL in ms
+-- Returns: {pending abort requests, then per claimed job: id, score, try (-1: the counter is
+-- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, else too big)}
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[2])
+local out = {redis.call('ZCARD', KEYS[3])}
+local claimed, parked = {}, {}
+local max = tonumber(ARGV[6])
+local park = tonumber(ARGV[1]) + tonumber(ARGV[4])
+for i = 1, #due, 2 do
+  local id = due[i]
+  if redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
+    claimed[#claimed + 1] = id
+    parked[#parked + 1] = park
+    parked[#parked + 1] = id
+    local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
+    if not ok then
+      try = -1
+    elseif try == 1 then
+      redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
+    end
+    local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
+    if not okp then
+      payload = -1
+    elseif #payload == 0 then
+      payload = 0
+    elseif #payload > max then
+      payload = redis.call('STRLEN', ARGV[7] .. id)
+    end
+    out[#out + 1] = id
+    out[#out + 1] = due[i + 1]
+    out[#out + 1] = try
+    out[#out + 1] = payload
+  end
+end
+if #claimed > 0 then
+  redis.call('ZADD', KEYS[1], 'XX', unpack(parked))
+  redis.call('SADD', KEYS[2], unpack(claimed))
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
+return out
+"""
+
+FINISH = """
+-- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker
+-- still equals its claim token): a run whose job was handed to another consumer meanwhile (it
+-- was reaped after a pause) writes nothing. "done": keep the result (if any), delete the job,
+-- its try counter and marker, take it off the queue. "retry": drop the marker and put the job
+-- back at the given score (its original one, or later when deferred) so it runs again. Either
+-- way the id leaves the caller's holds set.
+-- KEYS[1] -> arq queue
+-- KEYS[2] -> the caller's holds set
+-- KEYS[3] -> arq abort sorted set
+-- ARGV[1] -> arq job key prefix
+-- ARGV[2] -> arq in-progress key prefix
+-- ARGV[3] -> arq retry key prefix
+-- ARGV[4] -> arq result key prefix
+-- ARGV[5..] -> groups of five: op ("done" | "retry"), job id, claim token, result payload
+--              ("" for none) or the score to run again at, result TTL in ms ("" for none)
+-- Returns: {done, retried, refused (claim lost)}
+local done, retried, refused = 0, 0, 0
+local ids, dels, finished = {}, {}, {}
+for i = 5, #ARGV, 5 do
+  local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  ids[#ids + 1] = id
+  if redis.call('GET', ARGV[2] .. id) ~= token then
+    refused = refused + 1
+  elseif op == 'done' then
+    if data ~= '' then
+      redis.call('SET', ARGV[4] .. id, data, 'PX', ttl)
+    end
+    dels[#dels + 1] = ARGV[1] .. id
+    dels[#dels + 1] = ARGV[2] .. id
+    dels[#dels + 1] = ARGV[3] .. id
+    finished[#finished + 1] = id
+    done = done + 1
+  else
+    dels[#dels + 1] = ARGV[2] .. id
+    if data ~= '' then
+      redis.call('ZADD', KEYS[1], 'XX', data, id)
+    end
+    retried = retried + 1
+  end
+end
+if #dels > 0 then
+  redis.call('DEL', unpack(dels))
+end
+if #finished > 0 then
+  redis.call('ZREM', KEYS[1], unpack(finished))
+  if redis.call('ZCARD', KEYS[3]) > 0 then
+    redis.call('ZREM', KEYS[3], unpack(finished))
+  end
+end
+if #ids > 0 then
+  redis.call('SREM', KEYS[2], unpack(ids))
+end
+return {done, retried, refused}
+"""
+
+DEAD_ADD = """
+-- Set a job aside in the bounded dead-letter set; the oldest entries beyond the cap go.
+-- KEYS[1] -> dead-letter sorted set (job id -> time set aside)
+-- KEYS[2] -> dead-letter records hash (job id -> JSON)
+-- ARGV[1] -> job id
+-- ARGV[2] -> record (JSON)
+-- ARGV[3] -> now ms
+-- ARGV[4] -> most entries kept
+-- Returns: how many old entries were dropped.
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[4])
+if over <= 0 then
+  return 0
+end
+local old = redis.call('ZRANGE', KEYS[1], 0, over - 1)
+redis.call('ZREM', KEYS[1], unpack(old))
+redis.call('HDEL', KEYS[2], unpack(old))
+return #old
 """

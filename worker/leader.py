@@ -32,7 +32,7 @@ from worker.clock import Clock, ms
 from worker.component import Component, Group
 from worker.ids import LockValue
 from worker.metrics import Metrics
-from worker.store import Store
+from worker.store import Refused, Store
 
 log = structlog.get_logger("worker.leader")
 
@@ -258,15 +258,17 @@ class LeaderElector(Leadership):
         except Exception as exc:  # connection trouble: stay a standby, try again later
             log.warning("leader campaign failed", error=f"{type(exc).__name__}: {exc}")
             return
-        if won is not None:
-            if won.replaced:
-                log.error(
-                    "found a leader lock without expiry (left by an old static leader?); "
-                    "replaced it",
-                    replaced=won.replaced,
-                )
-            self._last_renew_sent = sent
-            self._elected(won.lock, won.gap_ms / 1000)
+        if isinstance(won, Refused):
+            if won.holder is not None:
+                self.note_epoch(won.holder.epoch)
+            return
+        if won.replaced:
+            log.error(
+                "found a leader lock without expiry (left by an old static leader?); replaced it",
+                replaced=won.replaced,
+            )
+        self._last_renew_sent = sent
+        self._elected(won.lock, won.gap_ms / 1000)
 
     async def _lead(self, stop: asyncio.Event) -> None:
         """Renew until stopped, lost, or past the deadline."""
@@ -307,12 +309,14 @@ class LeaderElector(Leadership):
         redis: Redis = self.store.redis
         keys = self.store.keys
         announce = keys.leader_announce.encode()
+        listen_s = min(1.0, self.timing.renew_deadline_s / 4)
         while not stop.is_set():
             pubsub = redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(keys.leader_channel, keys.leader_announce)
                 while not stop.is_set():
-                    msg = await pubsub.get_message(timeout=1.0)
+                    # shorter than the lease connection's socket timeout (deadline / 2)
+                    msg = await pubsub.get_message(timeout=listen_s)
                     if msg is None or msg.get("type") != "message":
                         continue
                     if msg.get("channel") != announce:

@@ -57,6 +57,17 @@ class Metrics:
         self.dead = Counter(
             "worker_jobs_dead", "Jobs set aside in the dead-letter set.", ["reason"], registry=r
         )
+        self.dead_dropped = Counter(
+            "worker_dead_letters_dropped",
+            "Oldest dead letters dropped because the set reached WORKER_DEAD_LETTER_MAX.",
+            registry=r,
+        )
+        self.claims_lost = Counter(
+            "worker_claims_lost",
+            "Runs of this consumer whose job was handed to another consumer meanwhile (after a "
+            "pause or partition); they were cancelled and wrote nothing.",
+            registry=r,
+        )
         self.restarts = Counter(
             "worker_component_restarts",
             "Component restarts after errors.",

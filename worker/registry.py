@@ -117,7 +117,9 @@ class OrphanReaper(LoopComponent):
     async def tick(self) -> float:
         cutoff = ms(self.clock.time() - self.stale_s)
         for stale in await self.store.store.stale_instances(cutoff):
-            released = await self.store.reap(stale.instance_id, stale.heartbeat_ms)
+            released = await self.store.reap(
+                stale.instance_id, stale.heartbeat_ms, ms(self.clock.time())
+            )
             if released is None:
                 continue  # it heartbeated meanwhile
             if self.metrics is not None:

@@ -25,6 +25,7 @@ from worker.clock import Clock
 from worker.component import Backoff, Component, Group
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context
+from worker.dead import DeadLetters
 from worker.health import HealthServer
 from worker.initializer import Initializer
 from worker.jobs import JobHook
@@ -130,20 +131,31 @@ def _consumer(w: Wiring, _: Any) -> Component:
         keep_result_s=s.keep_result_s,
         shutdown_timeout_s=s.shutdown_timeout_s,
         holds_ttl_s=max(s.job_timeout_s + 60, s.orphan_stale_s * 3),
+        max_payload_bytes=s.max_payload_bytes,
+        # well inside the orphan bound: a consumer doubts its claims before they can be reaped
+        doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
     )
     hooks: list[JobHook] = [TickHook(w.store.ids, list(w.app.periodics))]
     if w.app.pollers:
         hooks.append(InflightHook(w.store, w.app.pollers))
+    dead = DeadLetters(
+        w.store,
+        w.clock,
+        instance_id=w.instance_id,
+        max_entries=s.dead_letter_max,
+        keep_bytes=s.dead_letter_payload_bytes,
+        metrics=w.metrics,
+    )
     return Consumer(
         w.app.jobs(),
         hooks,
         w.context,
-        w.consumer_redis(),
-        w.store,
+        Store(w.consumer_redis(), w.store.keys),
         w.serializer,
         w.clock,
         instance_id=w.instance_id,
         config=config,
+        dead=dead,
         metrics=w.metrics,
     )
 

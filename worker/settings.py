@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
-    # -- consumer (arq) -----------------------------------------------------------------------
+    # -- consumer -----------------------------------------------------------------------------
     concurrency: int = Field(100, ge=1, le=10_000)
     poll_delay_s: float = Field(0.05, gt=0, le=60)
     idle_poll_max_s: float = Field(0.5, gt=0, le=60)
@@ -140,6 +140,11 @@ class Settings(BaseSettings):
     max_tries: int = Field(5, ge=1)
     keep_result_s: float = Field(3600.0, ge=0, le=WEEK_S)
     serializer: Literal["msgpack", "json", "pickle"] = "msgpack"
+    max_payload_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+
+    # -- dead letters -------------------------------------------------------------------------
+    dead_letter_max: int = Field(10_000, ge=1, le=10_000_000)
+    dead_letter_payload_bytes: int = Field(65_536, ge=0, le=16 * 1024 * 1024)
 
     # -- shutdown -----------------------------------------------------------------------------
     shutdown_timeout_s: float = Field(30.0, ge=0, le=DAY_S)

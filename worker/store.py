@@ -10,6 +10,7 @@ that one call).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,13 @@ class Acquired:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A lost campaign: the lock another process holds (its epoch raises the caller's floor)."""
+
+    holder: LockValue | None
+
+
+@dataclass(frozen=True)
 class TickOutcome:
     enqueued: int
     duplicate: int
@@ -82,6 +90,44 @@ class Stale:
     heartbeat_ms: int
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A job this consumer now holds. ``payload`` is ``None`` when it was not read: ``size`` is
+    then 0 (missing: the job expired), -1 (not a string) or its size (larger than allowed)."""
+
+    job_id: str
+    score_ms: int
+    try_: int  # -1: the try counter is unusable
+    payload: bytes | None
+    size: int
+
+
+@dataclass(frozen=True)
+class Claims:
+    jobs: list[Claimed]
+    aborts_pending: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How one run ended: ``done`` (``result`` kept for ``result_ttl_ms``, if any) or ``retry``
+    (at ``score_ms`` if given, else where it was)."""
+
+    op: str
+    job_id: str
+    token: str
+    result: bytes | None = None
+    result_ttl_ms: int = 0
+    score_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class FinishOutcome:
+    done: int
+    retried: int
+    refused: int
+
+
 class Store:
     """Every unfenced Redis operation of the framework (see module docstring)."""
 
@@ -100,6 +146,9 @@ class Store:
         self._inflight_clear = r.register_script(K.INFLIGHT_CLEAR)
         self._dead_retry = r.register_script(K.DEAD_RETRY)
         self._boot = r.register_script(K.BOOT)
+        self._claim = r.register_script(K.CLAIM)
+        self._finish = r.register_script(K.FINISH)
+        self._dead_add = r.register_script(K.DEAD_ADD)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -110,19 +159,18 @@ class Store:
     # -- the leader lock ----------------------------------------------------------------------
     async def acquire(
         self, token: str, ttl_ms: int, *, floor: int = 0, bound_ms: int = 0
-    ) -> Acquired | None:
+    ) -> Acquired | Refused:
         """Take the lease with a new epoch above ``floor`` if free, announcing it; ``bound_ms``
         is a holder's renew deadline + stop grace (see ``keys.ACQUIRE``)."""
         k = self.keys
-        raw = await self._acquire(
+        value, gap, other = await self._acquire(
             keys=[k.leader, k.leader_epoch, k.leader_state],
             args=[token, ttl_ms, floor, bound_ms, k.leader_announce],
         )
-        if not raw:
-            return None
-        lock = LockValue.parse(raw[0])
-        assert lock is not None, raw
-        return Acquired(lock, int(raw[1]), _s(raw[2]) if len(raw) > 2 else "")
+        lock = LockValue.parse(value) if value else None
+        if lock is None:
+            return Refused(LockValue.parse(other))
+        return Acquired(lock, int(gap), _s(other))
 
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> bool:
         """Replace the lease's TTL if it is still ``lock`` (and record when, server time)."""
@@ -307,20 +355,124 @@ class Store:
     async def service_leave(self, service: str, instance_id: str) -> None:
         await self.redis.zrem(self.keys.service_members(service), instance_id)
 
+    # -- the consumer ---------------------------------------------------------------------------
+    async def claim(
+        self,
+        instance_id: str,
+        token: str,
+        *,
+        now_ms: int,
+        limit: int,
+        in_progress_ttl_ms: int,
+        holds_ttl_ms: int,
+        max_payload: int,
+        retry_ttl_ms: int,
+    ) -> Claims:
+        """Claim up to ``limit`` due jobs under ``token`` (see ``keys.CLAIM``)."""
+        raw = await self._claim(
+            keys=[self.keys.queue, self.keys.holds(instance_id), K.ARQ_ABORT],
+            args=[
+                now_ms,
+                limit,
+                token,
+                in_progress_ttl_ms,
+                holds_ttl_ms,
+                max_payload,
+                K.ARQ_JOB,
+                K.ARQ_IN_PROGRESS,
+                K.ARQ_RETRY,
+                retry_ttl_ms,
+            ],
+        )
+        jobs = []
+        for i in range(1, len(raw), 4):
+            data = raw[i + 3]
+            payload: bytes | None
+            if isinstance(data, bytes):
+                payload = data
+            elif isinstance(data, str):
+                payload = data.encode()
+            else:
+                payload = None
+            size = len(payload) if payload is not None else int(data)
+            jobs.append(Claimed(_s(raw[i]), int(float(raw[i + 1])), int(raw[i + 2]), payload, size))
+        return Claims(jobs, int(raw[0]))
+
+    async def finish(self, instance_id: str, runs: Sequence[Finish]) -> FinishOutcome:
+        """Finish runs whose claims still hold (see ``keys.FINISH``)."""
+        args: list[Any] = [K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT]
+        for f in runs:
+            if f.op == "done":
+                data: Any = f.result if f.result is not None else ""
+                ttl: Any = f.result_ttl_ms if f.result is not None else ""
+            else:
+                data, ttl = ("" if f.score_ms is None else f.score_ms), ""
+            args += [f.op, f.job_id, f.token, data, ttl]
+        done, retried, refused = await self._finish(
+            keys=[self.keys.queue, self.keys.holds(instance_id), K.ARQ_ABORT], args=args
+        )
+        return FinishOutcome(int(done), int(retried), int(refused))
+
+    async def claim_tokens(self, job_ids: Sequence[str]) -> list[str | None]:
+        """The in-progress marker (claim token) of each job, ``None`` where there is none."""
+        if not job_ids:
+            return []
+        raw = await self.redis.mget([K.ARQ_IN_PROGRESS + j for j in job_ids])
+        return [None if v is None else _s(v) for v in raw]
+
+    async def abort_requests(self) -> list[str]:
+        """Job ids someone asked to abort (arq's ``Job.abort()``)."""
+        return [_s(v) for v in await self.redis.zrange(K.ARQ_ABORT, 0, -1)]
+
+    async def aborts_handled(self, job_ids: Sequence[str]) -> None:
+        if job_ids:
+            await self.redis.zrem(K.ARQ_ABORT, *job_ids)
+
+    async def raise_try(self, job_id: str, job_try: int, ttl_ms: int) -> None:
+        """A job enqueued with an explicit try number counts from there (arq semantics)."""
+        await self.redis.set(K.ARQ_RETRY + job_id, job_try, px=ttl_ms)
+
+    async def payload_digest(self, job_id: str, size: int, keep: int) -> tuple[str, bytes]:
+        """sha256 of a (large) payload read in bounded chunks, and its first ``keep`` bytes."""
+        digest = hashlib.sha256()
+        head = b""
+        chunk = 1 << 20
+        for start in range(0, max(size, 0), chunk):
+            part = await self.redis.getrange(K.ARQ_JOB + job_id, start, start + chunk - 1)
+            if not part:
+                break
+            digest.update(part)
+            if len(head) < keep:
+                head += part[: keep - len(head)]
+        return digest.hexdigest(), head
+
+    async def set_health(self, instance_id: str, text: str, ttl_ms: int) -> None:
+        """arq's health-check record, one key per instance (arq issue #291)."""
+        await self.redis.set(self.keys.arq_health(instance_id), text, px=ttl_ms)
+
+    async def clear_health(self, instance_id: str) -> None:
+        await self.redis.delete(self.keys.arq_health(instance_id))
+
     # -- jobs and dead letters ----------------------------------------------------------------
     async def job_payload(self, job_id: str) -> bytes | None:
         raw = await self.redis.get(K.ARQ_JOB + job_id)
         return bytes(raw) if raw is not None else None
 
-    async def add_dead(self, job_id: str, record: Mapping[str, Any], at_ms: int) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.dead_jobs, job_id, json.dumps(record))
-            pipe.zadd(self.keys.dead, {job_id: at_ms})
-            await pipe.execute()
+    async def add_dead(
+        self, job_id: str, record: Mapping[str, Any], at_ms: int, max_entries: int
+    ) -> int:
+        """Set a job aside; returns how many of the oldest entries the cap dropped."""
+        dropped = await self._dead_add(
+            keys=[self.keys.dead, self.keys.dead_jobs],
+            args=[job_id, json.dumps(record), at_ms, max_entries],
+        )
+        return int(dropped)
 
-    async def dead_records(self, limit: int) -> list[tuple[str, dict[str, Any] | None]]:
-        """The newest ``limit`` dead letters, newest first: ``(job id, record or None)``."""
-        ids = await self.redis.zrevrange(self.keys.dead, 0, limit - 1)
+    async def dead_records(
+        self, limit: int, offset: int = 0
+    ) -> list[tuple[str, dict[str, Any] | None]]:
+        """Dead letters newest first, ``limit`` from ``offset``: ``(job id, record or None)``."""
+        ids = await self.redis.zrevrange(self.keys.dead, offset, offset + limit - 1)
         if not ids:
             return []
         raw = await self.redis.hmget(self.keys.dead_jobs, ids)
@@ -438,14 +590,12 @@ class FencedStore:
         still this process's (see :class:`FencedPipeline`)."""
         return FencedPipeline(self)
 
-    async def reap(self, instance_id: str, judged_ms: int) -> int | None:
-        """Release the jobs of a dead instance; ``None`` if it heartbeated meanwhile."""
+    async def reap(self, instance_id: str, judged_ms: int, now_ms: int) -> int | None:
+        """Release the jobs of a dead instance (due at ``now_ms``); ``None`` if it heartbeated
+        meanwhile."""
         keys = [self.keys.queue, self.keys.holds(instance_id), self.keys.instances]
-        released = int(
-            await self._run(
-                self.store.reap_script, keys, [K.ARQ_IN_PROGRESS, instance_id, judged_ms]
-            )
-        )
+        args = [K.ARQ_IN_PROGRESS, instance_id, judged_ms, now_ms]
+        released = int(await self._run(self.store.reap_script, keys, args))
         return None if released < 0 else released
 
 

@@ -1,0 +1,420 @@
+"""The consumer: envelope validation, the claim/finish scripts, the claim guard, and the loop
+itself on fakeredis and the real server (arq's records, results readable by arq's ``Job``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from arq.jobs import Job, JobStatus, SerializationError, deserialize_result
+from arq.worker import Retry
+
+from worker import keys as K
+from worker.app import App
+from worker.client import Client
+from worker.clock import SystemClock
+from worker.consumer import BadJob, ClaimGuard, Consumer, ConsumerConfig, validate
+from worker.context import Context, JobContext
+from worker.dead import DeadLetters
+from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.settings import Settings
+from worker.store import Finish, Store
+
+KEYS = K.Keys("t:")
+T = 1_700_000_000_000
+
+
+# -- validate ---------------------------------------------------------------------------------
+
+
+def test_validate_accepts_arq_records() -> None:
+    rec = {"t": None, "f": "send", "a": [1, "x"], "k": {"flag": True}, "et": T}
+    assert validate(rec) == ("send", (1, "x"), {"flag": True}, None, T)
+    assert validate({**rec, "t": 3, "a": (1,)})[3] == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("f", {"a": 1}),
+        ("f", ["send"]),
+        ("f", ""),
+        ("f", None),
+        ("a", {"x": 1}),
+        ("a", "abc"),
+        ("k", [1, 2]),
+        ("k", {1: 2}),
+        ("t", "1"),
+        ("t", -1),
+        ("t", True),
+        ("et", "1700000000000"),
+        ("et", 10**18),
+        ("et", -5),
+        ("et", 1.5),
+        ("et", None),
+    ],
+)
+def test_validate_names_the_bad_field(field: str, value: Any) -> None:
+    rec = {"t": None, "f": "send", "a": [], "k": {}, "et": T, field: value}
+    with pytest.raises(BadJob, match=rf"field '{field}'") as err:
+        validate(rec)
+    assert err.value.kind == "malformed"
+
+
+def test_validate_rejects_non_maps() -> None:
+    for value in ([1, 2], "x", 7, None):
+        with pytest.raises(BadJob, match="not a map"):
+            validate(value)
+
+
+# -- the claim and finish scripts -------------------------------------------------------------
+
+
+async def claim(store: Store, token: str, limit: int = 10, max_payload: int = 1000) -> Any:
+    return await store.claim(
+        "me",
+        token,
+        now_ms=T,
+        limit=limit,
+        in_progress_ttl_ms=60_000,
+        holds_ttl_ms=60_000,
+        max_payload=max_payload,
+        retry_ttl_ms=60_000,
+    )
+
+
+async def test_claim_marks_counts_reads_and_holds(r: Any) -> None:
+    store = Store(r, KEYS)
+    await r.zadd(KEYS.queue, {"a": T - 10, "b": T - 5, "later": T + 1, "taken": T - 20})
+    await r.set(K.ARQ_JOB + "a", b"payload-a")
+    await r.set(K.ARQ_JOB + "b", b"x" * 2000)  # larger than max_payload
+    await r.set(K.ARQ_IN_PROGRESS + "taken", b"1")  # arq's own Worker runs it
+    await r.zadd(K.ARQ_ABORT, {"zzz": T})
+    got = await claim(store, "me/1")
+    assert got.aborts_pending == 1
+    by_id = {j.job_id: j for j in got.jobs}
+    assert set(by_id) == {"a", "b"}  # not due, not claimed by someone else
+    assert (by_id["a"].payload, by_id["a"].size, by_id["a"].try_) == (b"payload-a", 9, 1)
+    assert (by_id["b"].payload, by_id["b"].size) == (None, 2000)  # reported, never read
+    assert by_id["a"].score_ms == T - 10
+    # claimed jobs stay queued, parked until their marker expires; others keep their score
+    assert await r.zscore(KEYS.queue, "a") == T + 60_000
+    assert await r.zscore(KEYS.queue, "taken") == T - 20
+    assert await r.get(K.ARQ_IN_PROGRESS + "a") == b"me/1"
+    assert await r.smembers(KEYS.holds("me")) == {b"a", b"b"}
+    assert 0 < await r.pttl(K.ARQ_RETRY + "a") <= 60_000
+    # claimed jobs are not claimed again, even by the same consumer
+    assert (await claim(store, "me/2")).jobs == []
+
+
+async def test_claim_reports_bad_records_without_failing_the_batch(r: Any) -> None:
+    store = Store(r, KEYS)
+    await r.zadd(KEYS.queue, {"missing": T, "hash": T, "badtry": T, "good": T})
+    await r.hset(K.ARQ_JOB + "hash", "f", "x")  # not a string
+    await r.set(K.ARQ_JOB + "badtry", b"p")
+    await r.hset(K.ARQ_RETRY + "badtry", "n", 1)  # INCR fails on a hash
+    await r.set(K.ARQ_JOB + "good", b"p")
+    got = {j.job_id: j for j in (await claim(store, "me/1")).jobs}
+    assert (got["missing"].payload, got["missing"].size) == (None, 0)
+    assert (got["hash"].payload, got["hash"].size) == (None, -1)
+    assert got["badtry"].try_ == -1 and got["badtry"].payload == b"p"
+    assert got["good"].try_ == 1
+
+
+async def test_finish_writes_only_while_the_claim_holds(r: Any) -> None:
+    store = Store(r, KEYS)
+    for jid in ("done", "stolen", "again"):
+        await r.zadd(KEYS.queue, {jid: T})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await r.zadd(K.ARQ_ABORT, {"done": T})
+    await claim(store, "me/1")
+    await r.set(K.ARQ_IN_PROGRESS + "stolen", b"other/9")  # reaped and claimed elsewhere
+    out = await store.finish(
+        "me",
+        [
+            Finish("done", "done", "me/1", b"result", 5000),
+            Finish("done", "stolen", "me/1", b"mine", 5000),
+            Finish("retry", "again", "me/1", score_ms=T + 3000),
+        ],
+    )
+    assert (out.done, out.retried, out.refused) == (1, 1, 1)
+    assert await r.get(K.ARQ_RESULT + "done") == b"result"
+    assert await r.exists(K.ARQ_JOB + "done", K.ARQ_IN_PROGRESS + "done", K.ARQ_RETRY + "done") == 0
+    assert await r.zscore(KEYS.queue, "done") is None
+    assert await r.zscore(K.ARQ_ABORT, "done") is None
+    # the stolen job: untouched, still the other consumer's
+    assert await r.get(K.ARQ_IN_PROGRESS + "stolen") == b"other/9"
+    assert await r.exists(K.ARQ_RESULT + "stolen") == 0
+    assert await r.get(K.ARQ_JOB + "stolen") == b"p"
+    # the retried job: marker gone, rescheduled, payload kept
+    assert await r.exists(K.ARQ_IN_PROGRESS + "again") == 0
+    assert await r.zscore(KEYS.queue, "again") == T + 3000
+    assert await r.smembers(KEYS.holds("me")) == set()
+
+
+# -- the claim guard ------------------------------------------------------------------------------
+
+
+async def test_guard_holds_a_step_in_doubt_and_resumes_when_confirmed() -> None:
+    from worker.clock import FakeClock
+
+    clock = FakeClock()
+    guard = ClaimGuard(clock, doubt_s=1.0)
+    gate = asyncio.Event()
+    steps: list[str] = []
+
+    async def job() -> str:
+        steps.append("start")
+        await gate.wait()
+        steps.append("after the pause")
+        return "ok"
+
+    task = asyncio.ensure_future(guard.guard(job(), "j1"))
+    await asyncio.sleep(0)
+    assert steps == ["start"]
+    clock.advance(5)  # a freeze: no round trip for 5 s
+    gate.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert steps == ["start"] and not task.done()  # held at its next step
+    assert guard.wanted.is_set()
+    guard.checked(clock.monotonic(), lost=set())
+    assert await asyncio.wait_for(task, 1) == "ok"
+    assert steps == ["start", "after the pause"]
+
+
+async def test_guard_cancels_a_job_whose_claim_was_lost() -> None:
+    from worker.clock import FakeClock
+
+    clock = FakeClock()
+    guard = ClaimGuard(clock, doubt_s=1.0)
+    gate = asyncio.Event()
+    steps: list[str] = []
+
+    async def job() -> None:
+        try:
+            await gate.wait()
+            steps.append("side effect")  # must never run
+        except asyncio.CancelledError:
+            steps.append("cancelled")
+            raise
+
+    task = asyncio.ensure_future(guard.guard(job(), "j1"))
+    await asyncio.sleep(0)
+    clock.advance(5)
+    gate.set()
+    await asyncio.sleep(0)
+    guard.checked(clock.monotonic(), lost={"j1"})
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1)
+    assert steps == ["cancelled"]
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+
+class Loop:
+    """A consumer running as a task on ``r``, with a client to enqueue."""
+
+    def __init__(self, r: Any, app: App, **config: Any) -> None:
+        self.client = Client(r, keys=KEYS, serialize=msgpack_dumps, app=app)
+        ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), "i-1")
+        store = self.client.store
+        cfg = ConsumerConfig(**{"poll_delay_s": 0.01, "idle_poll_max_s": 0.02, **config})
+        dead = DeadLetters(store, SystemClock(), instance_id="i-1", max_entries=100, keep_bytes=64)
+        self.consumer = Consumer(
+            app.jobs(), [], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
+            instance_id="i-1", config=cfg, dead=dead,
+        )  # fmt: skip
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> Loop:
+        self.task = asyncio.create_task(self.consumer.run(self.stop))
+        return self
+
+    async def halt(self) -> None:
+        self.stop.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 30)
+
+
+@pytest.fixture
+async def loops() -> AsyncIterator[list[Loop]]:
+    started: list[Loop] = []
+    yield started
+    for lp in started:
+        await lp.halt()
+
+
+async def eventually(pred: Any, within: float = 10.0, what: str = "") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not (await pred() if asyncio.iscoroutinefunction(pred) else pred()):
+        assert loop.time() < deadline, f"timed out waiting for {what or pred}"
+        await asyncio.sleep(0.02)
+
+
+async def test_jobs_run_once_with_arq_results_retries_and_dead_letters(
+    r: Any, loops: list[Loop]
+) -> None:
+    app = App("t")
+    runs: Counter[str] = Counter()
+
+    @app.task
+    async def add(ctx: JobContext, a: int, b: int = 0) -> int:
+        runs[ctx.job_id] += 1
+        return a + b
+
+    @app.task
+    async def boom(ctx: JobContext) -> None:
+        runs[ctx.job_id] += 1
+        raise ValueError("no")
+
+    @app.task(max_tries=3)
+    async def flaky(ctx: JobContext) -> int:
+        runs[ctx.job_id] += 1
+        if ctx.job_try < 3:
+            raise Retry(defer=0.01)
+        return ctx.job_try
+
+    @app.task(max_tries=2)
+    async def hopeless(ctx: JobContext) -> None:
+        runs[ctx.job_id] += 1
+        raise Retry(defer=0.01)
+
+    lp = Loop(r, app)
+    loops.append(lp.start())
+    ids = [await lp.client.enqueue("add", i, b=1) for i in range(50)]
+    bad = await lp.client.enqueue("boom")
+    retried = await lp.client.enqueue("flaky")
+    given_up = await lp.client.enqueue("hopeless")
+    unknown = await lp.client.enqueue("no_such_function")
+
+    async def settled() -> bool:
+        return await r.zcard(KEYS.queue) == 0 and not lp.consumer.running
+
+    await eventually(settled, what="the queue to drain")
+    assert all(runs[j] == 1 for j in ids if j)
+    for i, jid in enumerate(ids):
+        assert await Job(jid, r, _deserializer=msgpack_loads).result(timeout=1) == i + 1
+    job = Job(bad, r, _deserializer=msgpack_loads)  # type: ignore[arg-type]
+    assert await job.status() == JobStatus.complete
+    # msgpack stores an exception as {error, message}; arq's Job reports it as such
+    with pytest.raises(SerializationError, match="ValueError"):
+        await job.result(timeout=1)
+    assert runs[retried] == 3  # type: ignore[index]
+    assert await Job(retried, r, _deserializer=msgpack_loads).result(timeout=1) == 3  # type: ignore[arg-type]
+    assert runs[given_up] == 2  # type: ignore[index]
+    dead = {j.decode() for j in await r.zrange(KEYS.dead, 0, -1)}
+    assert dead == {given_up, unknown}
+    assert await r.exists(K.ARQ_JOB + given_up) == 0  # type: ignore[operator]
+    assert lp.consumer.totals["complete"] == 51  # 50 adds and flaky
+
+
+async def test_drain_waits_for_started_jobs_and_starts_no_new_one(
+    r: Any, loops: list[Loop]
+) -> None:
+    app = App("t")
+    started: list[str] = []
+    finished: list[str] = []
+
+    @app.task
+    async def slow(ctx: JobContext) -> None:
+        started.append(ctx.job_id)
+        await asyncio.sleep(0.3)
+        finished.append(ctx.job_id)
+
+    lp = Loop(r, app, concurrency=5)
+    loops.append(lp.start())
+    for _ in range(20):
+        await lp.client.enqueue("slow")
+    await eventually(lambda: len(started) == 5, what="a first batch")
+    lp.stop.set()
+    await asyncio.wait_for(lp.task, 10)  # type: ignore[arg-type]
+    assert sorted(finished) == sorted(started)  # every started job finished
+    assert len(started) == 5  # and none started after the stop
+    assert await r.zcard(KEYS.queue) == 15
+    assert await r.smembers(KEYS.holds("i-1")) == set()
+
+
+async def test_shutdown_timeout_cancels_late_jobs_which_run_again(
+    r: Any, loops: list[Loop]
+) -> None:
+    app = App("t")
+    tries: list[int] = []
+
+    @app.task
+    async def stuck(ctx: JobContext) -> None:
+        tries.append(ctx.job_try)
+        await asyncio.sleep(3600)
+
+    lp = Loop(r, app, shutdown_timeout_s=0.2)
+    loops.append(lp.start())
+    jid = await lp.client.enqueue("stuck")
+    await eventually(lambda: tries, what="the job to start")
+    await lp.halt()
+    assert await r.zscore(KEYS.queue, jid) is not None  # still queued: it runs again
+    assert await r.exists(K.ARQ_IN_PROGRESS + jid) == 0  # type: ignore[operator]
+    assert await r.exists(K.ARQ_RESULT + jid) == 0  # type: ignore[operator]
+
+
+async def test_a_run_whose_claim_was_taken_is_cancelled_and_writes_nothing(
+    r: Any, loops: list[Loop]
+) -> None:
+    app = App("t")
+    events: list[str] = []
+
+    @app.task
+    async def long(ctx: JobContext) -> str:
+        events.append("start")
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+        events.append("end")
+        return "mine"
+
+    lp = Loop(r, app, doubt_s=0.4)
+    loops.append(lp.start())
+    jid = await lp.client.enqueue("long")
+    await eventually(lambda: events, what="the job to start")
+    await r.set(K.ARQ_IN_PROGRESS + jid, b"other/1")  # reaped and claimed by another consumer
+    await eventually(lambda: not lp.consumer.running, what="the run to be cancelled")
+    assert events == ["start"]
+    assert await r.exists(K.ARQ_RESULT + jid) == 0  # type: ignore[operator]
+    assert await r.get(K.ARQ_IN_PROGRESS + jid) == b"other/1"  # type: ignore[operator]
+    assert lp.consumer.totals["lost"] == 1
+
+
+async def test_aborted_job_ends_with_a_failed_result(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @app.task
+    async def waits(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    lp = Loop(r, app)
+    loops.append(lp.start())
+    jid = await lp.client.enqueue("waits")
+    assert jid is not None
+    await asyncio.wait_for(started.wait(), 5)
+    await r.zadd(K.ARQ_ABORT, {jid: T})  # what arq's Job.abort() writes
+    await asyncio.wait_for(cancelled.wait(), 5)
+
+    async def result_written() -> bool:
+        return bool(await r.exists(K.ARQ_RESULT + jid))
+
+    await eventually(result_written, what="the aborted run's result")
+    info = deserialize_result(await r.get(K.ARQ_RESULT + jid), deserializer=msgpack_loads)
+    assert info.success is False and info.result["error"] == "CancelledError"
+    assert await r.zscore(KEYS.queue, jid) is None
+    assert await r.zcard(K.ARQ_ABORT) == 0
