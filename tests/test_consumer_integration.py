@@ -268,3 +268,38 @@ def test_dead_letters_listed_and_requeued_after_the_fix(
     assert json.loads(cli("dead", "--json", env=env).stdout) == []
     again = cli("dead", "--retry", job_id, env=env)
     assert again.returncode == 1 and f"{job_id}: missing" in again.stdout
+
+
+def test_dead_letters_page_by_page_and_a_truncated_payload_is_not_requeued(
+    rsync: redis_sync.Redis, redis_url: str, cli: Any
+) -> None:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from worker.clock import SystemClock
+    from worker.dead import DeadLetters
+    from worker.store import Store
+
+    prefix = "pages:"
+    keys = K.Keys(prefix)
+
+    async def seed() -> None:
+        r = aioredis.Redis.from_url(redis_url)
+        letters = DeadLetters(Store(r, keys), SystemClock(), instance_id="i", keep_bytes=8)
+        for n in range(250):
+            await letters.set_aside(f"job-{n:03d}", "malformed payload", "malformed", b"p", 1)
+        await asyncio.sleep(0.01)  # newest by time, not only by name
+        await letters.set_aside("big", "too large", "oversized", b"0123456789abcdef", 16)
+        await r.aclose()
+
+    asyncio.run(seed())
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix}
+    last = json.loads(cli("dead", "--json", "--page", "3", env=env).stdout)
+    assert len(last) == 51 and last[-1]["job_id"] == "job-000"  # 251 entries: 100, 100, 51
+    first = json.loads(cli("dead", "--json", env=env).stdout)
+    assert first[0]["job_id"] == "big" and first[0]["truncated"] is True
+    assert first[0]["size"] == 16 and len(first[0]["sha256"]) == 64
+    refused = cli("dead", "--retry", "big", env=env)
+    assert refused.returncode == 1 and "big: truncated" in refused.stdout
+    assert rsync.zscore(keys.dead, "big") is not None  # still set aside

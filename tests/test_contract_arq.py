@@ -7,6 +7,7 @@ Also pins the arq version range declared in pyproject.toml.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import tomllib
 import uuid
@@ -209,3 +210,65 @@ async def test_arq_worker_consumes_client_enqueue(
 
     await run_arq_worker(redis_url, keys, [func(send, name="send")], 2)
     assert sorted(calls, key=repr) == sorted([((1, "two"), {"flag": True}), ((3,), {})], key=repr)
+
+
+async def test_mixed_deployment_arq_worker_and_ours_on_one_queue_run_each_job_once(
+    redis_url: str,
+) -> None:
+    """During a rollout a plain arq ``Worker`` and the framework's consumer share a queue: every
+    job runs once, and every result is readable with arq's ``Job``."""
+    from worker.consumer import Consumer, ConsumerConfig
+    from worker.context import Context
+    from worker.dead import DeadLetters
+    from worker.settings import Settings
+
+    keys = K.Keys(f"mix{uuid.uuid4().hex[:6]}:")
+    ser, de = get_serializer("msgpack")
+    redis = connect_redis(redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    ledger = f"{keys.prefix}ledger"
+
+    async def rec(ctx: Any, n: int) -> int:
+        await redis.hincrby(ledger, str(ctx["job_id"]), 1)
+        await asyncio.sleep(0.001)
+        return n * 2
+
+    app = App("mix")
+    app.task(name="rec")(rec)
+    client = Client(redis, keys=keys, serialize=ser, app=app)
+    ids = [await client.enqueue("rec", n) for n in range(2000)]
+    arq_pool = connect_redis(redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    arq_worker = Worker(
+        functions=[func(rec, name="rec")], redis_pool=arq_pool, queue_name=keys.queue,
+        poll_delay=0.01, max_jobs=50, handle_signals=False, job_serializer=ser,
+        job_deserializer=de, keep_result=60, burst=True,  # it ends once the queue is empty
+    )  # fmt: skip
+    ctx = Context(Settings.model_construct(), redis, client, SystemClock(), "ours")
+    store = client.store
+    ours = Consumer(
+        app.jobs(), [], ctx, store, (ser, de), SystemClock(), instance_id="ours",
+        config=ConsumerConfig(concurrency=50, poll_delay_s=0.01, keep_result_s=60),
+        dead=DeadLetters(store, SystemClock(), instance_id="ours"),
+    )  # fmt: skip
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(arq_worker.main()), asyncio.create_task(ours.run(stop))]
+    try:
+        await asyncio.wait_for(tasks[0], 45)
+        for _ in range(600):
+            if await redis.zcard(keys.queue) == 0 and not ours.running:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await arq_pool.aclose(close_connection_pool=True)
+    runs = {k.decode(): int(v) for k, v in (await redis.hgetall(ledger)).items()}
+    twice = {j: n for j, n in runs.items() if n != 1}
+    assert not twice, f"{len(twice)} jobs ran more than once"
+    assert set(runs) == set(ids), f"{len(set(ids) - set(runs))} jobs never ran"
+    assert arq_worker.jobs_complete > 0 and ours.totals["complete"] > 0  # both took a share
+    assert arq_worker.jobs_complete + ours.totals["complete"] == len(ids)
+    for n, jid in enumerate(ids[::97]):
+        job = Job(jid, redis, _queue_name=keys.queue, _deserializer=de)  # type: ignore[arg-type]
+        assert await job.status() == JobStatus.complete
+        assert await job.result(timeout=1) == ids.index(jid) * 2, n
+    await redis.aclose(close_connection_pool=True)

@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--retry-all", action="store_true", help="dead: re-queue every one")
     p.add_argument("--purge", action="store_true", help="dead: forget every one")
+    p.add_argument("--page", type=int, help="dead: page of 100 to list, newest first (default 1)")
     return p
 
 
@@ -221,19 +222,25 @@ async def _dead(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         ids = list(args.retry or [])
         if args.retry_all:
-            ids += [r["job_id"] for r in await dead.list_dead(redis, keys, limit=1_000_000)]
+            ids += await dead.all_dead_ids(redis, keys)
         if ids:
-            outcomes = {i: await dead.retry_dead(redis, keys, i) for i in ids}
-            for job_id, outcome in outcomes.items():
+            ok = True
+            for job_id in ids:  # one at a time: a long list never sits in memory twice
+                outcome = await dead.retry_dead(redis, keys, job_id)
+                ok = ok and outcome == "requeued"
                 print(f"{job_id}: {outcome}")
-            return 0 if all(o == "requeued" for o in outcomes.values()) else 1
-        records = await dead.list_dead(redis, keys)
+            return 0 if ok else 1
+        page = max(1, args.page or 1)
+        records = await dead.list_dead(redis, keys, limit=dead.PAGE, offset=(page - 1) * dead.PAGE)
+        total = await dead.count_dead(redis, keys)
     if args.json or not sys.stdout.isatty():
         print(json.dumps(records, indent=2))
     else:
         for r in records:
-            print(f"{r.get('job_id')}  {r.get('reason')}  (instance {r.get('instance')})")
-        print(f"{len(records)} dead-lettered jobs shown")
+            size = f"{r.get('size')} B" if r.get("size") is not None else "?"
+            print(f"{r.get('job_id')}  {r.get('reason')}  ({size}, instance {r.get('instance')})")
+        pages = max(1, -(-total // dead.PAGE))
+        print(f"page {page} of {pages}: {len(records)} of {total} dead-lettered jobs shown")
     return 0
 
 

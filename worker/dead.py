@@ -108,6 +108,10 @@ async def all_dead_ids(redis: ArqRedis, keys: K.Keys) -> list[str]:
     return ids
 
 
+async def count_dead(redis: ArqRedis, keys: K.Keys) -> int:
+    return int(await redis.zcard(keys.dead))
+
+
 async def retry_dead(redis: ArqRedis, keys: K.Keys, job_id: str, clock: Clock | None = None) -> str:
     """Re-queue one dead-lettered job; returns ``requeued``, ``live`` (an id in use),
     ``missing`` (not dead-lettered), ``no payload`` (the job record had already expired) or
