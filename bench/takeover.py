@@ -10,7 +10,7 @@ instance record whose ``epoch`` matches), then either
 
 and measures the time from the signal until the lock holds a NEW epoch. The killed process is
 replaced by a fresh standby before the next trial; crash and handoff trials alternate so drift
-hits both. The baselines are the expectations quoted in DESIGN.md §5 (nothing to run: arq has
+hits both. The baselines are the bounds in docs/architecture.md §5.1 (nothing to run: arq has
 no leader election).
 
 It also measures what one idle standby costs Redis: commandstats over a window in which the
@@ -261,7 +261,7 @@ def main() -> None:
         print(table(["part", "commands/s", "calls in window"], rows))
         print(
             f"leadership requests (EVALSHA ACQUIRE): {d.get('evalsha', 0) / elapsed:.2f}/s; "
-            "target (PERFORMANCE.md): leadership costs a standby about 1 command/s"
+            "target: leadership costs a standby about 1 command/s"
         )
     finally:
         fleet.close()

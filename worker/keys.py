@@ -740,7 +740,13 @@ local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[4])
 if over <= 0 then
   return 0
 end
-local old = redis.call('ZRANGE', KEYS[1], 0, over - 1)
+-- the oldest, never the entry just added (entries of the same millisecond sort by id)
+local old = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, over)) do
+  if id ~= ARGV[1] and #old < over then
+    old[#old + 1] = id
+  end
+end
 redis.call('ZREM', KEYS[1], unpack(old))
 redis.call('HDEL', KEYS[2], unpack(old))
 return #old

@@ -1,0 +1,209 @@
+"""Heartbeat (instance records, data-loss detection), the orphan reaper, dead letters, the
+health endpoints and the role wiring, each on its own (fakeredis and the real server)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from tests.conftest import FixedLease
+from worker import keys as K
+from worker.app import App
+from worker.clock import FakeClock
+from worker.component import Health
+from worker.dead import DeadLetters
+from worker.errors import LeadershipLost
+from worker.health import HealthServer
+from worker.metrics import Metrics
+from worker.registry import Heartbeat, OrphanReaper
+from worker.roles import SPECS, plan
+from worker.settings import Settings
+from worker.store import FencedStore, Store
+
+KEYS = K.Keys("t:")
+NOW_S = 1_700_000_000.0
+
+
+class View:
+    """A ProcessView with fixed answers."""
+
+    def __init__(self, components: dict[str, dict[str, Any]] | None = None) -> None:
+        self.ready = True
+        self.shutting_down = False
+        self.components = components or {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"components": ["consumer"], "is_leader": False, "in_flight": 2}
+
+    def identity(self) -> dict[str, Any]:
+        return {"instance_id": "i-1", "role": "consumer"}
+
+    def component_health(self) -> dict[str, dict[str, Any]]:
+        return self.components
+
+
+def heartbeat(r: Any, clock: FakeClock, instance: str = "i-1") -> Heartbeat:
+    return Heartbeat(
+        Store(r, KEYS), View(), clock, instance_id=instance, instance_name="n", role="consumer",
+        interval_s=2, metrics=Metrics(),
+    )  # fmt: skip
+
+
+# -- heartbeat ------------------------------------------------------------------------------------
+
+
+async def test_heartbeat_writes_an_expiring_record_and_deregisters(r: Any) -> None:
+    hb = heartbeat(r, FakeClock(NOW_S))
+    assert await hb.tick() == 2
+    rec = json.loads(await r.get(KEYS.instance("i-1")))
+    assert rec["id"] == "i-1" and rec["role"] == "consumer" and rec["in_flight"] == 2
+    assert rec["heartbeat_ms"] == NOW_S * 1000
+    assert 0 < await r.pttl(KEYS.instance("i-1")) <= 5000  # 2.5 intervals
+    assert await r.zscore(KEYS.instances, "i-1") == NOW_S * 1000
+    await hb.deregister()
+    assert await r.exists(KEYS.instance("i-1")) == 0
+    assert await r.zscore(KEYS.instances, "i-1") is None
+
+
+async def test_heartbeat_notices_redis_losing_its_data_once_per_loss(r: Any) -> None:
+    clock = FakeClock(NOW_S)
+    a, b = heartbeat(r, clock, "a"), heartbeat(r, clock, "b")
+    await a.tick()
+    await b.tick()
+    assert a.data_losses == b.data_losses == 0
+    await r.flushall()  # a restart without persistence
+    await a.tick()  # a notices and writes a new marker...
+    await b.tick()  # ...b notices too: the marker it saw is gone
+    assert a.data_losses == b.data_losses == 1
+    await a.tick()
+    assert a.data_losses == 1  # once per loss
+    assert a.health.extra["data_losses"] == 1
+    assert a.metrics is not None and a.metrics.data_loss._value.get() == 1
+
+
+# -- orphan reaper --------------------------------------------------------------------------------
+
+
+async def test_reaper_releases_only_stale_instances_claims(r: Any) -> None:
+    clock = FakeClock(NOW_S)
+    now_ms = int(NOW_S * 1000)
+    await r.set(KEYS.leader, "5:me")
+    await r.zadd(KEYS.instances, {"dead": now_ms - 20_000, "alive": now_ms - 1_000})
+    await r.zadd(KEYS.queue, {"j-dead": now_ms + 300_000, "j-alive": now_ms + 300_000})
+    await r.sadd(KEYS.holds("dead"), "j-dead")
+    await r.sadd(KEYS.holds("alive"), "j-alive")
+    await r.set(K.ARQ_IN_PROGRESS + "j-dead", "dead/3")
+    await r.set(K.ARQ_IN_PROGRESS + "j-alive", "alive/1")
+    metrics = Metrics()
+    reaper = OrphanReaper(
+        FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2,
+        metrics=metrics,
+    )  # fmt: skip
+    assert await reaper.tick() == 2
+    assert await r.exists(K.ARQ_IN_PROGRESS + "j-dead") == 0
+    assert await r.zscore(KEYS.queue, "j-dead") == now_ms  # due now
+    assert await r.get(K.ARQ_IN_PROGRESS + "j-alive") == b"alive/1"
+    assert await r.zrange(KEYS.instances, 0, -1) == [b"alive"]
+    assert metrics.orphans._value.get() == 1
+
+
+async def test_reaper_not_leading_writes_nothing(r: Any) -> None:
+    await r.zadd(KEYS.instances, {"dead": 1})
+    await r.set(KEYS.leader, "6:someone-else")
+    lease = FixedLease("5:me")
+    reaper = OrphanReaper(
+        FencedStore(Store(r, KEYS), lease), FakeClock(NOW_S), stale_s=10, interval_s=2
+    )
+    with pytest.raises(LeadershipLost):
+        await reaper.tick()
+    assert lease.losses  # the lease was told: it steps down
+    assert await r.zrange(KEYS.instances, 0, -1) == [b"dead"]
+
+
+# -- dead letters ---------------------------------------------------------------------------------
+
+
+async def test_dead_letters_are_bounded_in_count_and_size(r: Any) -> None:
+    metrics = Metrics()
+    store = Store(r, KEYS)
+    letters = DeadLetters(
+        store, FakeClock(NOW_S), instance_id="i", max_entries=3, keep_bytes=4, metrics=metrics
+    )
+    for n in range(5):
+        await letters.set_aside(f"j{n}", "malformed payload", "malformed", b"abcdefgh", 8)
+    assert await r.zcard(KEYS.dead) == 3 and await r.hlen(KEYS.dead_jobs) == 3
+    assert metrics.dead_dropped._value.get() == 2
+    rec = json.loads(await r.hget(KEYS.dead_jobs, "j4"))
+    assert rec["size"] == 8 and rec["truncated"] is True
+    assert rec["sha256"] == hashlib.sha256(b"abcdefgh").hexdigest()
+    # a payload left unread in Redis (too large) is digested in chunks, never loaded whole
+    big = b"x" * (3 * (1 << 20) + 5)
+    await r.set(K.ARQ_JOB + "big", big)
+    await letters.set_aside("big", "too large", "oversized", None, len(big))
+    rec = json.loads(await r.hget(KEYS.dead_jobs, "big"))
+    assert rec["sha256"] == hashlib.sha256(big).hexdigest() and rec["size"] == len(big)
+
+
+# -- health endpoints -----------------------------------------------------------------------------
+
+
+async def test_health_endpoints_follow_the_process_view() -> None:
+    view = View({"consumer": Health("consumer").snapshot(0.0)})
+    server = HealthServer(
+        view, Metrics(), FakeClock(), host="127.0.0.1", port=0, bind_and_listen=False
+    )
+    req = make_mocked_request("GET", "/")
+    assert (await server.healthz(req)).status == 200
+    assert (await server.readyz(req)).status == 200
+    view.ready, view.shutting_down = False, True  # SIGTERM: not ready, still live
+    assert (await server.readyz(req)).status == 503
+    assert (await server.healthz(req)).status == 200
+    looping = Health("service:x", state="running")
+    for t in range(5):
+        looping.failed(float(t), "RuntimeError: boom")
+    view.components["service:x"] = looping.snapshot(5.0)
+    resp = await server.healthz(req)
+    assert resp.status == 503
+    assert json.loads(resp.body)["overdue"] == ["service:x"]  # type: ignore[arg-type]
+    status = json.loads((await server.status(req)).body)  # type: ignore[arg-type]
+    assert status["instance_id"] == "i-1" and status["in_flight"] == 2
+
+
+# -- wiring ---------------------------------------------------------------------------------------
+
+
+def test_plan_and_build_read_the_same_rows() -> None:
+    app = App("t")
+
+    @app.task
+    async def t(ctx: Any) -> None: ...
+
+    @app.periodic(every=5)
+    async def p(ctx: Any) -> None: ...
+
+    app.poller("cards", task="t")
+
+    @app.service(cardinality="per_process")
+    async def loop(ctx: Any, stop: Any) -> None: ...
+
+    @app.service()
+    async def single(ctx: Any, stop: Any) -> None: ...
+
+    s = Settings.model_construct(health_port=8080)
+    consumer = plan("consumer", app, s)
+    leader = plan("leader", app, s)
+    assert consumer.enabled == ["heartbeat", "health-server", "consumer", "service:loop"]
+    assert consumer.disabled == [
+        "leader-election", "poller:cards", "periodic", "orphan-reaper", "service:single",
+    ]  # fmt: skip
+    assert leader.enabled == consumer.enabled + consumer.disabled and leader.disabled == []
+    assert plan("all", app, s).enabled == leader.enabled
+    # every row is either for every role or for the leader candidates
+    assert {frozenset(spec.roles) for spec in SPECS} == {
+        frozenset({"all", "leader", "consumer"}),
+        frozenset({"all", "leader"}),
+    }
