@@ -1,5 +1,6 @@
 """Start-up checks that turn an unusable environment into one line and exit code 2.
 
+- :func:`wait_for_redis`: Redis answers within ``WORKER_REDIS_CONNECT_TIMEOUT_S``;
 - :func:`check_redis_contract`: Redis must not evict keys (``maxmemory-policy noeviction``):
   an evicted lease is a second leader, an evicted job is a lost job.
 - :func:`bind_listeners`: the health server's socket is bound before any component starts,
@@ -8,14 +9,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
 from typing import Any
 
 from redis.exceptions import ResponseError
 
+from worker.clock import Clock
 from worker.errors import ConfigError
-from worker.settings import Settings
+from worker.settings import Settings, mask_url
 
 #: The only ``maxmemory-policy`` under which no key is ever evicted.
 NOEVICTION = "noeviction"
@@ -24,6 +27,23 @@ ALLOW_EVICTION = "WORKER_ALLOW_EVICTION"
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -> None:
+    """Ping until Redis answers; :class:`ConfigError` naming the URL (masked) after
+    ``timeout_s`` (a worker started before its Redis waits, a wrong URL fails start-up)."""
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        try:
+            await asyncio.wait_for(redis.ping(), timeout=5)
+            return
+        except Exception as exc:
+            if clock.monotonic() >= deadline:
+                raise ConfigError(
+                    f"WORKER_REDIS_URL: cannot reach Redis at {mask_url(url)} within "
+                    f"{timeout_s:g}s ({type(exc).__name__}: {exc})"
+                ) from None
+            await clock.sleep(0.5)
 
 
 async def read_eviction_policy(redis: Any) -> tuple[str | None, str]:

@@ -1,9 +1,9 @@
 """The runtime: one worker process's lifecycle — connect, start, signals, ordered shutdown.
 
 What runs in which role is data in :mod:`worker.roles`; this module only connects, hands the
-dependencies to :func:`worker.roles.build`, starts the groups and stops them in order. It is
-also the process's :class:`~worker.views.ProcessView` (what the heartbeat and the health
-server read).
+dependencies to :func:`worker.roles.build`, starts the groups and stops them in order. What
+the process is doing is a :class:`~worker.views.ProcessState` the heartbeat and the health
+server read.
 
 Shutdown order: SIGTERM -> not ready -> drain delay -> stop singletons (each iteration is
 atomic) -> stop campaigning, release the lease -> the consumer stops taking jobs and lets
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from typing import Any
 from uuid import uuid4
 
 import structlog
@@ -29,15 +28,14 @@ from worker.app import App
 from worker.client import Client, connect_redis
 from worker.clock import Clock, SystemClock
 from worker.component import Component, Group
-from worker.consumer import Consumer
-from worker.errors import ConfigError
 from worker.metrics import Metrics
-from worker.preflight import check_redis_contract
+from worker.preflight import check_redis_contract, wait_for_redis
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
 from worker.store import Store
 from worker.version import __version__
+from worker.views import ProcessState
 
 log = structlog.get_logger("worker.runtime")
 
@@ -53,64 +51,25 @@ class Runtime:
         self.redis_url = redis_url
         self.clock = clock or SystemClock()
         self.keys = K.Keys(settings.key_prefix)
-        self.instance_id = f"{settings.instance_name}-{uuid4().hex[:6]}"
         self.metrics = Metrics()
         self.serializer = get_serializer(settings.serializer)  # once: pickle warns
-        self.plan = roles.plan(settings.role, app, settings)
-        self._ready = False
-        self._shutting_down = False
-        self.started_at = self.clock.monotonic()
+        plan = roles.plan(settings.role, app, settings)
+        self.state = ProcessState(
+            settings,
+            f"{settings.instance_name}-{uuid4().hex[:6]}",
+            self.clock,
+            plan.enabled,
+            plan.disabled,
+            started_at=self.clock.monotonic(),
+        )
         self._stop = asyncio.Event()
         self._signals = 0
         self._signal_name = ""
-        self.wiring: roles.Wiring | None = None
-        self.groups: dict[roles.GroupName, Group] = {}
         self._clients: list[Redis] = []
 
-    # -- ProcessView --------------------------------------------------------------------------
     @property
-    def ready(self) -> bool:
-        return self._ready
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
-    def _component(self, name: str) -> Component | None:
-        return next((c for g in self.groups.values() for c in g.components if c.name == name), None)
-
-    def describe(self) -> dict[str, Any]:
-        lead = self.wiring.leadership if self.wiring else None
-        consumer = self._component("consumer")
-        age = lead.lease_age() if lead else None
-        return {
-            "components": self.plan.enabled,
-            "is_leader": bool(lead and lead.is_leading()),
-            "epoch": lead.epoch if lead else None,
-            "lease_age_s": round(age, 3) if age is not None else None,
-            "in_flight": consumer.in_flight if isinstance(consumer, Consumer) else 0,
-            "ready": self._ready,
-            "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
-        }
-
-    def identity(self) -> dict[str, Any]:
-        s = self.settings
-        return {
-            "instance_id": self.instance_id,
-            "instance_name": s.instance_name,
-            "role": s.role,
-            "plan": {"enabled": self.plan.enabled, "disabled": self.plan.disabled},
-            "settings": s.redacted(),
-        }
-
-    def component_health(self) -> dict[str, dict[str, Any]]:
-        now = self.clock.monotonic()
-        errors = self.settings.status_show_errors  # error texts can carry job data
-        return {
-            c.name: c.health.snapshot(now, errors=errors)
-            for g in self.groups.values()
-            for c in g.components
-        }
+    def instance_id(self) -> str:
+        return self.state.instance_id
 
     # -- dependencies -------------------------------------------------------------------------
     def _connect(
@@ -128,21 +87,6 @@ class Runtime:
         self._clients.append(client)
         return client
 
-    async def _wait_for_redis(self, redis: Redis) -> None:
-        deadline = self.clock.monotonic() + self.settings.redis_connect_timeout_s
-        while True:
-            try:
-                await asyncio.wait_for(redis.ping(), timeout=5)
-                return
-            except Exception as exc:
-                if self.clock.monotonic() >= deadline:
-                    raise ConfigError(
-                        f"WORKER_REDIS_URL: cannot reach Redis at {mask_url(self.redis_url)} "
-                        f"within {self.settings.redis_connect_timeout_s:g}s "
-                        f"({type(exc).__name__}: {exc})"
-                    ) from None
-                await asyncio.sleep(0.5)
-
     def _build(self, redis: ArqRedis) -> roles.Wiring:
         s = self.settings
         store = Store(redis, self.keys)
@@ -155,13 +99,13 @@ class Runtime:
             store=store,
         )
         backoff = roles.restart_backoff(s)
-        on_restart = self._count_restart
-        # The lease connection: no client-side retries (a retried renew could land after the
-        # deadline we already trusted) and short socket timeouts for the same reason.
-        lease = lambda: Store(  # noqa: E731 - a factory the leadership row calls once
-            self._connect(socket_timeout_s=s.leader_renew_deadline_s / 2, max_connections=4),
-            self.keys,
-        )
+
+        def lease_store() -> Store:
+            # No client-side retries (a retried renew could land after the deadline we already
+            # trusted) and short socket timeouts, for the same reason.
+            timeout = s.leader_renew_deadline_s / 2
+            return Store(self._connect(socket_timeout_s=timeout, max_connections=4), self.keys)
+
         w = roles.Wiring(
             settings=s,
             app=self.app,
@@ -171,20 +115,19 @@ class Runtime:
             serializer=self.serializer,
             redis=redis,
             client=client,
-            process=self,
+            process=self.state,
             consumer_redis=lambda: self._connect(socket_timeout_s=None),
-            leader_store=lease,
-            singletons=Group("singletons", [], backoff=backoff, on_restart=on_restart),
+            leader_store=lease_store,
+            singletons=Group("singletons", [], backoff=backoff, on_restart=self._count_restart),
         )
         built = roles.build(w)
-        self.groups = {
-            name: (
+        for name in roles.GROUP_ORDER:
+            self.state.groups[name] = (
                 w.singletons
                 if name == "singletons"
-                else Group(name, built[name], backoff=backoff, on_restart=on_restart)
+                else Group(name, built[name], backoff=backoff, on_restart=self._count_restart)
             )
-            for name in roles.GROUP_ORDER
-        }
+        self.state.lease = w.leadership
         return w
 
     def _count_restart(self, component: Component, _: BaseException) -> None:
@@ -198,8 +141,8 @@ class Runtime:
             log.warning("second signal: exiting now", signal=signame)
             os._exit(1)
         self._signal_name = signame
-        self._ready = False
-        self._shutting_down = True
+        self.state.ready = False
+        self.state.shutting_down = True
         self.metrics.ready.set(0)
         log.info("shutdown requested; not ready", signal=signame)
         self._stop.set()
@@ -209,18 +152,18 @@ class Runtime:
         s = self.settings
         redis = self._connect(socket_timeout_s=30)
         try:
-            await self._wait_for_redis(redis)
+            await wait_for_redis(redis, self.redis_url, s.redis_connect_timeout_s, self.clock)
             for warning in await check_redis_contract(redis, s):
                 log.warning(warning)
-            self.wiring = w = self._build(redis)
+            w = self._build(redis)
             self.metrics.info.labels(s.role, s.instance_name, __version__).set(1)
             log.info(
                 "worker starting",
                 app=self.app.name,
                 instance_id=self.instance_id,
                 redis=mask_url(self.redis_url),
-                enabled=self.plan.enabled,
-                disabled=self.plan.disabled,
+                enabled=self.state.enabled,
+                disabled=self.state.disabled,
             )
             for hook in self.app.startup_hooks:
                 await hook(w.context)
@@ -228,8 +171,8 @@ class Runtime:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_shutdown, sig.name)
             for name in ("infra", "work", "leadership"):
-                self.groups[name].start()  # the leadership starts the singletons itself
-            self._ready = True
+                self.state.groups[name].start()  # the leadership starts the singletons itself
+            self.state.ready = True
             self.metrics.ready.set(1)
             await self._stop.wait()
             await self._shutdown(w)
@@ -239,7 +182,7 @@ class Runtime:
                 await c.aclose(close_connection_pool=True)
 
     async def _shutdown(self, w: roles.Wiring) -> None:
-        s = self.settings
+        s, groups = self.settings, self.state.groups
         if self._signal_name == "SIGTERM" and s.drain_delay_s:
             log.info("drain delay", seconds=s.drain_delay_s)
             await asyncio.sleep(s.drain_delay_s)
@@ -247,10 +190,10 @@ class Runtime:
             # Singletons first; then stop campaigning/renewing, then release: a renew or
             # campaign racing the release could otherwise win the lease back for a dying process.
             await w.leadership.retire()
-            await self.groups["leadership"].stop(2.0)
+            await groups["leadership"].stop(2.0)
             await w.leadership.release()
-        await self.groups["work"].stop(s.shutdown_timeout_s + 5)
-        heartbeat = self._component("heartbeat")
+        await groups["work"].stop(s.shutdown_timeout_s + 5)
+        heartbeat = self.state.component("heartbeat")
         if isinstance(heartbeat, Heartbeat):
             try:
                 await heartbeat.deregister()
@@ -263,5 +206,5 @@ class Runtime:
                 log.error(
                     "shutdown hook failed", hook=getattr(hook, "__name__", "?"), error=str(exc)
                 )
-        await self.groups["infra"].stop(2.0)
+        await groups["infra"].stop(2.0)
         log.info("worker stopped")

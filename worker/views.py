@@ -2,15 +2,20 @@
 
 Oban's ``Peer.leader?/1`` is the model: components ask "am I leading, with which lock value?"
 and report a refused fenced write with one call; the heartbeat and the health server read what
-the process is doing through :class:`ProcessView`. Nothing here holds the runtime itself.
+the process is doing through :class:`ProcessView` (implemented by :class:`ProcessState`, which
+the runtime keeps up to date). Nothing here holds the runtime itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from worker.clock import Clock
+from worker.component import Component, Group
 from worker.ids import LockValue
+from worker.settings import Settings
 
 
 class LeaderView(Protocol):
@@ -54,3 +59,64 @@ class ProcessView(Protocol):
 
     def component_health(self) -> dict[str, dict[str, Any]]:
         """Each component's health snapshot by name."""
+
+
+class _Lease(Protocol):
+    def is_leading(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int | None: ...
+
+    def lease_age(self) -> float | None: ...
+
+
+@dataclass
+class ProcessState:
+    """The :class:`ProcessView` of one worker process: its identity, its groups of components
+    and the flags the runtime flips (ready, shutting down)."""
+
+    settings: Settings
+    instance_id: str
+    clock: Clock
+    enabled: list[str]
+    disabled: list[str]
+    groups: dict[str, Group] = field(default_factory=dict)
+    lease: _Lease | None = None
+    ready: bool = False
+    shutting_down: bool = False
+    started_at: float = 0.0
+
+    def component(self, name: str) -> Component | None:
+        return next((c for g in self.groups.values() for c in g.components if c.name == name), None)
+
+    def describe(self) -> dict[str, Any]:
+        lease, consumer = self.lease, self.component("consumer")
+        age = lease.lease_age() if lease is not None else None
+        return {
+            "components": self.enabled,
+            "is_leader": bool(lease is not None and lease.is_leading()),
+            "epoch": lease.epoch if lease is not None else None,
+            "lease_age_s": round(age, 3) if age is not None else None,
+            "in_flight": getattr(consumer, "in_flight", 0),
+            "ready": self.ready,
+            "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
+        }
+
+    def identity(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "instance_id": self.instance_id,
+            "instance_name": s.instance_name,
+            "role": s.role,
+            "plan": {"enabled": self.enabled, "disabled": self.disabled},
+            "settings": s.redacted(),
+        }
+
+    def component_health(self) -> dict[str, dict[str, Any]]:
+        now = self.clock.monotonic()
+        errors = self.settings.status_show_errors  # error texts can carry job data
+        return {
+            c.name: c.health.snapshot(now, errors=errors)
+            for g in self.groups.values()
+            for c in g.components
+        }
