@@ -3,13 +3,21 @@
 - ``noop_app``: one no-op task ``noop(x)`` (consumer throughput).
 - ``periodic_app``: ``noop`` plus a periodic job every second, so a leader has a singleton
   to run (failover).
+- ``many_periodic_app``: ``BENCH_PERIODIC_N`` periodic jobs every second, recording runs per
+  tick and how late each tick was enqueued (leader scale).
+- ``keys_app``: a ``per_key`` service over ``BENCH_KEYS_N`` keys (lease renewal scale).
+- ``latency_app``: ``stamp(sent_ms)`` records enqueue-to-start; ``every_second`` records
+  instant-to-start of each tick (wake-up latency).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
 from typing import Any
 
-from worker import App, JobContext
+from worker import App, Context, JobContext
 
 noop_app = App("bench-noop")
 
@@ -30,3 +38,53 @@ async def _noop(ctx: JobContext, *args: Any) -> None:
 @periodic_app.periodic(every=1, catch_up="latest")
 async def tick(ctx: JobContext) -> None:
     return None
+
+
+# -- leader at scale: many periodic jobs, many per_key keys ----------------------------------
+
+many_periodic_app = App("bench-many-periodic")
+PERIODIC_N = int(os.environ.get("BENCH_PERIODIC_N", "1000"))
+
+
+async def _record_tick(ctx: JobContext) -> None:
+    """Counts each tick's runs and how late it was enqueued (ms buckets of 10)."""
+    assert ctx.tick is not None
+    tick_ms = int(ctx.tick.timestamp() * 1000)
+    enqueued_ms = int(ctx["enqueue_time"].timestamp() * 1000)
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        pipe.hincrby("bench:runs", str(tick_ms), 1)
+        pipe.hincrby("bench:late", str(max(0, enqueued_ms - tick_ms) // 10 * 10), 1)
+        await pipe.execute()
+
+
+for _n in range(PERIODIC_N):
+    many_periodic_app.periodic(every=1, name=f"p{_n:05d}", catch_up="latest")(_record_tick)
+
+keys_app = App("bench-keys")
+KEYS_N = int(os.environ.get("BENCH_KEYS_N", "10000"))
+
+
+@keys_app.task(name="noop")
+async def _keys_noop(ctx: JobContext, *args: Any) -> None:
+    return None
+
+
+@keys_app.service(cardinality="per_key", keys=[f"k{n:05d}" for n in range(KEYS_N)])
+async def holder(ctx: Context, stop: asyncio.Event, key: str) -> None:
+    await stop.wait()
+
+
+# -- latency: an idle consumer waking on enqueue; a tick starting after its instant ---------
+
+latency_app = App("bench-latency")
+
+
+@latency_app.task
+async def stamp(ctx: JobContext, sent_ms: int) -> None:
+    await ctx.redis.rpush("bench:wake", int(time.time() * 1000) - sent_ms)
+
+
+@latency_app.periodic(every=1, catch_up="skip")
+async def every_second(ctx: JobContext) -> None:
+    assert ctx.tick is not None
+    await ctx.redis.rpush("bench:tick", int(time.time() * 1000 - ctx.tick.timestamp() * 1000))

@@ -209,10 +209,10 @@ async def test_two_enqueuers_split_brain_never_duplicate(r: Any) -> None:
     assert len(ticks) >= 6
 
     # B wakes with a stale view and replays ticks A already enqueued: refused by the script
-    await b._enqueue(pdef(), ticks, ticks[-1], ticks[-1])
+    await b._enqueue([(pdef(), ticks, ticks[-1])], ticks[-1])
     # even with the schedule state lost, the job keys still dedupe
     await r.delete(KEYS.periodic_state)
-    await b._enqueue(pdef(), ticks, ticks[-1], ticks[-1])
+    await b._enqueue([(pdef(), ticks, ticks[-1])], ticks[-1])
     assert sorted(int(i.rsplit(":", 1)[1]) for i in await queued(r)) == ticks
 
     def count(m: Metrics, outcome: str) -> float:
@@ -252,8 +252,31 @@ async def test_tick_returns_time_to_next_due_tick_capped() -> None:
     await r.set(KEYS.leader, LOCK)
     clock = clock_at(T0 + 200)
     e = enqueuer(r, [pdef(period=1000)], clock)
-    assert await e.tick() == pytest.approx(0.8)
+    assert await e.tick() == pytest.approx(0.801)  # just after the next instant
     e = enqueuer(r, [pdef(name="slow", period=MIN)], clock)
     assert await e.tick() == MAX_SLEEP_S
     assert await enqueuer(r, [], clock).tick() == 60.0
     await r.aclose()
+
+
+async def test_every_job_due_at_an_instant_goes_in_one_call(r: Any) -> None:
+    await r.set(KEYS.leader, LOCK)
+    jobs = [pdef(name=f"j{n}", period=1000) for n in range(50)]
+    await r.hset(KEYS.periodic_state, mapping={j.name: T0 - 1000 for j in jobs})
+    e = enqueuer(r, jobs, clock_at(T0 + 3))
+    calls = 0
+    real = e.store.enqueue_ticks
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await real(*args, **kwargs)
+
+    e.store.enqueue_ticks = counting  # type: ignore[method-assign]
+    delay = await e.tick()
+    assert calls == 1
+    assert len(await queued(r)) == 50
+    assert delay == pytest.approx((1000 - 3 + 1) / 1000)  # wakes just after the next instant
+    e.clock.advance(0.5)  # type: ignore[attr-defined]
+    await e.tick()
+    assert calls == 1  # nothing due: no Redis call at all

@@ -256,13 +256,24 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
         K.ENQUEUE_TICKS,
         _seed_nothing,
         [KEYS.leader, KEYS.periodic_state, KEYS.queue],
-        ["job", K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, T, KEYS_ids.periodic("job", T), b"p"],
+        [
+            K.ARQ_JOB,
+            K.ARQ_RESULT,
+            JOB_TTL,
+            KEYS.wake,
+            "job",
+            T,
+            1,
+            T,
+            KEYS_ids.periodic("job", T),
+            b"p",
+        ],
     ),
     "DISPATCH": (
         K.DISPATCH,
         _seed_dispatch,
         [KEYS.leader, KEYS.poll_inflight("p"), KEYS.queue, KEYS.poll_shard("p", 0)],
-        [K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, 1000, "a", "id-a", b"p"],
+        [K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, 1000, KEYS.wake, "a", "id-a", b"p"],
     ),
     "INIT_BEGIN": (
         K.INIT_BEGIN,
@@ -280,7 +291,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
         K.REAP,
         _seed_reap,
         [KEYS.leader, KEYS.queue, KEYS.holds("dead"), KEYS.instances],
-        [K.ARQ_IN_PROGRESS, "dead", 1000, T],
+        [K.ARQ_IN_PROGRESS, "dead", 1000, T, KEYS.wake],
     ),
 }
 
@@ -317,7 +328,7 @@ async def test_fenced_script_refuses_and_writes_nothing(
 
 
 def _ticks_args(name: str, advance: int, ticks: list[int]) -> list[Any]:
-    args: list[Any] = [MINE, name, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, advance]
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, len(ticks)]
     for t in ticks:
         args += [t, KEYS_ids.periodic(name, t), f"payload-{t}".encode()]
     return args
@@ -393,7 +404,7 @@ INFLIGHT = KEYS.poll_inflight("p")
 
 async def _dispatch(r: Any, now: int, items: list[tuple[str, str]], defer: int = 1000) -> list[int]:
     keys = [KEYS.leader, INFLIGHT, KEYS.queue, SHARD]
-    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer]
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer, KEYS.wake]
     for item, jid in items:
         args += [item, jid, f"job-for-{item}".encode()]
     return list(await run(r, K.DISPATCH, keys, args))
@@ -538,7 +549,8 @@ async def test_checkpoint_cursor_compare_and_set(r: Any, version: str, cursor: s
 
 async def _reap(r: Any, instance: str, judged: int) -> int:
     keys = [KEYS.leader, KEYS.queue, KEYS.holds(instance), KEYS.instances]
-    return int(await run(r, K.REAP, keys, [MINE, K.ARQ_IN_PROGRESS, instance, judged, T + 7]))
+    args = [MINE, K.ARQ_IN_PROGRESS, instance, judged, T + 7, KEYS.wake]
+    return int(await run(r, K.REAP, keys, args))
 
 
 async def test_reap_releases_only_jobs_still_queued(r: Any) -> None:
@@ -598,7 +610,7 @@ async def _unique(r: Any, jid: str, score: int, payload: bytes) -> int:
             r,
             K.UNIQUE_ENQUEUE,
             [KEYS.queue],
-            [jid, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, score, payload],
+            [jid, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, score, payload, KEYS.wake],
         )
     )
 
@@ -697,7 +709,7 @@ async def test_dead_retry_requeues_once_and_refuses_live_ids(r: Any) -> None:
     await r.hset(KEYS.dead_jobs, jid, "{}")
     await r.set(K.ARQ_RESULT + jid, b"failed")
     await r.set(K.ARQ_RETRY + jid, 5)
-    args = [jid, b"payload", K.ARQ_JOB, K.ARQ_RESULT, K.ARQ_RETRY, JOB_TTL, T + 1]
+    args = [jid, b"payload", K.ARQ_JOB, K.ARQ_RESULT, K.ARQ_RETRY, JOB_TTL, T + 1, KEYS.wake]
     keys = [KEYS.queue, KEYS.dead, KEYS.dead_jobs]
     await r.set(K.ARQ_JOB + jid, b"still queued")
     assert await run(r, K.DEAD_RETRY, keys, args) == 0  # an id in use is never overwritten
@@ -710,3 +722,14 @@ async def test_dead_retry_requeues_once_and_refuses_live_ids(r: Any) -> None:
     assert not await r.exists(K.ARQ_RESULT + jid, K.ARQ_RETRY + jid)  # tries start over
     assert await r.zcard(KEYS.dead) == 0 and await r.hlen(KEYS.dead_jobs) == 0
     assert await run(r, K.DEAD_RETRY, keys, args) == -1
+
+
+async def test_leases_renew_and_take_in_one_step(r: Any) -> None:
+    store = Store(r, KEYS)
+    keys = [KEYS.service_lease("s", f"k{n}") for n in range(5)]
+    await r.set(keys[1], "other", px=60_000)
+    assert await store.take_leases(keys, "me", 5000) == [True, False, True, True, True]
+    await r.set(keys[2], "intruder", px=60_000)
+    assert await store.renew_leases(keys, "me", 20_000) == [True, False, False, True, True]
+    assert 10_000 < await r.pttl(keys[0]) <= 20_000
+    assert await r.get(keys[2]) == b"intruder"

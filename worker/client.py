@@ -39,9 +39,13 @@ def connect_redis(
     deserialize: Deserialize,
     socket_timeout_s: float | None = 10.0,
     max_connections: int | None = None,
+    client_name: str | None = None,
 ) -> ArqRedis:
-    """An ``ArqRedis`` for ``url`` (redis://, rediss:// with TLS, unix://; user/password)."""
+    """An ``ArqRedis`` for ``url`` (redis://, rediss:// with TLS, unix://; user/password).
+    ``client_name`` shows in ``CLIENT LIST`` (which process and which connection is which)."""
     extra: dict[str, Any] = {} if url.startswith("unix:") else {"socket_keepalive": True}
+    if client_name:
+        extra["client_name"] = client_name
     pool = ConnectionPool.from_url(
         url,
         socket_connect_timeout=5,

@@ -247,7 +247,8 @@ class Consumer(Component):
         self._ended: list[Finish] = []
         self._wake = asyncio.Event()
         self._seq = itertools.count(1)
-        self._idle_s = 0.0
+        self._woken = True  # claim on the first round
+        self._next_due: int | None = None  # a deferred job announced for this time (ms)
         self.totals = {"complete": 0, "failed": 0, "retried": 0, "lost": 0}
         self._summary_at = clock.monotonic()
         self._summary_totals = dict(self.totals)
@@ -263,12 +264,13 @@ class Consumer(Component):
             raise RuntimeError("the app registers no tasks or periodic jobs")
         done = asyncio.Event()  # the claim checker outlives `stop`: it serves the drain too
         checker = asyncio.create_task(self._check_claims(done), name="consumer:claims")
+        listener = asyncio.create_task(self._listen(stop), name="consumer:wake")
         backoff = 0.0
         try:
             while not stop.is_set():
                 self._wake.clear()
                 try:
-                    claimed = await self._claim_round()
+                    claimed = await self._claim_round() if await self._should_claim() else 0
                     if self._ended:
                         await self._flush()
                     now = self.clock.monotonic()
@@ -286,30 +288,74 @@ class Consumer(Component):
                     )
                     await self.clock.wait(stop, backoff)
                     continue
-                if claimed and self.in_flight < self.config.concurrency:
-                    continue  # there may be more due right away
                 await self.clock.wait((stop, self._wake), self._next_delay(claimed))
         finally:
+            listener.cancel()
             try:
                 await self._drain()
             finally:
                 done.set()
                 checker.cancel()
-                await asyncio.gather(checker, return_exceptions=True)
+                await asyncio.gather(checker, listener, return_exceptions=True)
                 with contextlib.suppress(Exception):
                     await self.store.clear_health(self.instance_id)
 
     def _next_delay(self, claimed: int) -> float:
-        """Poll delay: ``poll_delay_s`` while busy; an idle consumer backs off, doubling up to
-        ``idle_poll_max_s`` (a few Redis commands per second), reset by any new job."""
+        """``poll_delay_s`` while busy; idle, until the next announced due time, at most
+        ``idle_poll_max_s`` (the fallback for jobs a plain arq client enqueued unannounced)."""
         c = self.config
         if claimed or self.running:
-            self._idle_s = 0.0
             return c.poll_delay_s
-        self._idle_s = min(
-            max(self._idle_s * 2, c.poll_delay_s), max(c.idle_poll_max_s, c.poll_delay_s)
-        )
-        return self._idle_s
+        delay = max(c.idle_poll_max_s, c.poll_delay_s)
+        if self._next_due is not None:
+            delay = min(delay, max(0.0, (self._next_due - ms(self.clock.time())) / 1000))
+        return delay
+
+    async def _should_claim(self) -> bool:
+        """Claim when busy, woken by an enqueue, or an announced due time came; an idle
+        consumer otherwise looks at the head of the queue only (one command)."""
+        now = ms(self.clock.time())
+        if self.running or self._woken:
+            self._woken = False
+            return True
+        if self._next_due is not None and self._next_due <= now:
+            self._next_due = None
+            return True
+        due = await self.store.queue_head()
+        if due is None:
+            return False
+        if due <= now:
+            return True
+        self._next_due = due if self._next_due is None else min(self._next_due, due)
+        return False
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Pub/sub on the wake channel: every enqueue through the framework announces its due
+        time, so an idle consumer claims at once (or sets a timer for a deferred job). A lost
+        message costs at most the fallback poll."""
+        redis = self.store.redis
+        while not stop.is_set():
+            pubsub = redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.store.keys.wake)
+                while not stop.is_set():
+                    msg = await pubsub.get_message(timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        self._heard(int(msg["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await self.clock.wait(stop, 1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+
+    def _heard(self, due_ms: int) -> None:
+        if due_ms <= ms(self.clock.time()) + 1:
+            self._woken = True
+        elif self._next_due is None or due_ms < self._next_due:
+            self._next_due = due_ms
+        self._wake.set()
 
     async def _claim_round(self) -> int:
         free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
@@ -328,6 +374,13 @@ class Consumer(Component):
             retry_ttl_ms=RETRY_TTL_MS,
         )
         self.guard.confirmed(sent)
+        if (
+            claims.jobs
+            and len(claims.jobs) == free
+            and self.in_flight + free < self.config.concurrency
+        ):
+            self._woken = True  # a full batch and room left: there may be more due right away
+            self._wake.set()
         for job in claims.jobs:
             run = self.running[job.job_id] = _Run(job.job_id, token, started=self.clock.monotonic())
             run.task = asyncio.create_task(self._run(job, run), name=f"job:{job.job_id}")

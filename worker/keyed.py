@@ -94,6 +94,8 @@ class KeyedService(Component):
         self.stop_grace_s = stop_grace_s
         self._backoff = backoff or Backoff
         self.running: dict[str, _Running] = {}
+        self._members: list[str] = []
+        self._owners: dict[str, str] = {}
         self._last_renewed: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -135,20 +137,40 @@ class KeyedService(Component):
         members = await self._io(
             self.store.service_round(name, self.instance_id, now, now - ms(self.lease_ttl_s))
         )
-        mine = {k for k in await self._wanted_keys() if owner(k, members) == self.instance_id}
+        if members != self._members:  # ownership moves only when the members change
+            self._members, self._owners = members, {}
+        mine = {k for k in await self._wanted_keys() if self._owner(k) == self.instance_id}
 
         ttl = ms(self.lease_ttl_s)
-        for key in list(self.running):
-            lease = self.keys.service_lease(name, key)
-            if key not in mine:
-                await self._stop_key(key, release=True)
-            elif not await self._io(self.store.renew_lease(lease, self.instance_id, ttl)):
-                log.warning("per-key lease lost; stopping its loop", key=key)
-                await self._stop_key(key, release=False)
-        for key in sorted(mine - set(self.running)):
-            lease = self.keys.service_lease(name, key)
-            if await self._io(self.store.take_lease(lease, self.instance_id, ttl)):
-                self._start_key(key)
+        for key in [k for k in self.running if k not in mine]:
+            await self._stop_key(key, release=True)
+        kept = sorted(self.running)
+        if kept:  # one script for every lease this process holds
+            renewed = await self._io(
+                self.store.renew_leases(
+                    [self.keys.service_lease(name, k) for k in kept], self.instance_id, ttl
+                )
+            )
+            for key, ok in zip(kept, renewed, strict=True):
+                if not ok:
+                    log.warning("per-key lease lost; stopping its loop", key=key)
+                    await self._stop_key(key, release=False)
+        wanted = sorted(mine - set(self.running))
+        if wanted:
+            taken = await self._io(
+                self.store.take_leases(
+                    [self.keys.service_lease(name, k) for k in wanted], self.instance_id, ttl
+                )
+            )
+            for key, ok in zip(wanted, taken, strict=True):
+                if ok:
+                    self._start_key(key)
+
+    def _owner(self, key: str) -> str | None:
+        found = self._owners.get(key)
+        if found is None:
+            found = self._owners[key] = owner(key, self._members) or ""
+        return found or None
 
     async def _io(self, call: Awaitable[T]) -> T:
         """A Redis call bounded by the renew deadline (a hung call must not outlast a lease)."""

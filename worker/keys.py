@@ -40,6 +40,8 @@ __all__ = [
     "FINISH",
     "INFLIGHT_CLEAR",
     "INIT_BEGIN",
+    "LEASES_RENEW",
+    "LEASES_TAKE",
     "LEASE_RELEASE",
     "LEASE_RENEW",
     "REAP",
@@ -104,6 +106,12 @@ class Keys:
         """Marker ``<random id>:<created ms>`` written once per Redis dataset: a process that
         saw it and finds it gone knows Redis lost its data."""
         return f"{self.prefix}boot"
+
+    @property
+    def wake(self) -> str:
+        """Pub/sub channel every enqueue publishes the earliest due time (ms) on, so idle
+        consumers claim at once instead of at their next poll."""
+        return f"{self.prefix}wake"
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property
@@ -317,42 +325,64 @@ end
 
 ENQUEUE_TICKS = (
     """
--- Fenced. Enqueue periodic ticks as arq jobs with deterministic ids and record the last tick.
+-- Fenced. Enqueue the due ticks of several periodic jobs in one step (one call per tick
+-- instant, whatever the number of jobs): each tick as an arq job with a deterministic id,
+-- unless it is at or before the job's recorded last tick or its id already has a job or a
+-- result; then record each job's newest due tick and wake idle consumers.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> periodic state hash (name -> last tick ms)
 -- KEYS[3] -> arq queue (sorted set)
 -- ARGV[1] -> caller's lock value
--- ARGV[2] -> periodic job name
--- ARGV[3] -> arq job key prefix ("arq:job:")
--- ARGV[4] -> arq result key prefix ("arq:result:")
--- ARGV[5] -> job key TTL in ms
--- ARGV[6] -> newest due tick: recorded as last even if the policy skipped it
--- ARGV[7..] -> triples: tick ms, job id, serialized arq job; ascending ticks
--- Returns: {enqueued, deduplicated (id existed), skipped (tick <= recorded last tick)}
+-- ARGV[2] -> arq job key prefix ("arq:job:")
+-- ARGV[3] -> arq result key prefix ("arq:result:")
+-- ARGV[4] -> job key TTL in ms
+-- ARGV[5] -> wake channel
+-- ARGV[6..] -> per periodic job: name, newest due tick (recorded as last even if the policy
+--              skipped it), n, then n triples (tick ms, job id, serialized arq job), ascending
+-- Returns: per job, in order: enqueued, deduplicated (id existed), skipped (tick <= last)
 """
     + _FENCE
     + """
-local last = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '-1')
-local enqueued, dup, skipped = 0, 0, 0
-local recorded = last
-for i = 7, #ARGV, 3 do
-  local tick = tonumber(ARGV[i])
-  local id = ARGV[i + 1]
-  if tick <= last then
-    skipped = skipped + 1
-  elseif redis.call('EXISTS', ARGV[3] .. id, ARGV[4] .. id) > 0 then
-    dup = dup + 1
-  else
-    redis.call('SET', ARGV[3] .. id, ARGV[i + 2], 'PX', ARGV[5])
-    redis.call('ZADD', KEYS[3], tick, id)
-    enqueued = enqueued + 1
+local out, adds, records = {}, {}, {}
+local earliest = nil
+local i = 6
+while i <= #ARGV do
+  local name, advance, n = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local last = tonumber(redis.call('HGET', KEYS[2], name) or '-1')
+  local enqueued, dup, skipped = 0, 0, 0
+  for j = i + 3, i + 2 + 3 * n, 3 do
+    local tick, id = tonumber(ARGV[j]), ARGV[j + 1]
+    if tick <= last then
+      skipped = skipped + 1
+    elseif redis.call('EXISTS', ARGV[2] .. id, ARGV[3] .. id) > 0 then
+      dup = dup + 1
+    else
+      redis.call('SET', ARGV[2] .. id, ARGV[j + 2], 'PX', ARGV[4])
+      adds[#adds + 1] = ARGV[j]
+      adds[#adds + 1] = id
+      enqueued = enqueued + 1
+      if earliest == nil or tick < earliest then
+        earliest = tick
+      end
+    end
   end
+  if advance > last then
+    records[#records + 1] = name
+    records[#records + 1] = string.format('%d', advance)
+  end
+  out[#out + 1] = enqueued
+  out[#out + 1] = dup
+  out[#out + 1] = skipped
+  i = i + 3 + 3 * n
 end
-local advance = tonumber(ARGV[6])
-if advance > recorded then
-  redis.call('HSET', KEYS[2], ARGV[2], string.format('%d', advance))
+if #adds > 0 then
+  redis.call('ZADD', KEYS[3], unpack(adds))
+  redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
 end
-return {enqueued, dup, skipped}
+if #records > 0 then
+  redis.call('HSET', KEYS[2], unpack(records))
+end
+return out
 """
 )
 
@@ -371,14 +401,15 @@ DISPATCH = (
 -- ARGV[4] -> job key TTL in ms
 -- ARGV[5] -> now in ms (items scored above it are not due)
 -- ARGV[6] -> push-back delay in ms for items still in flight
--- ARGV[7..] -> triples: item, job id, serialized arq job
+-- ARGV[7] -> wake channel
+-- ARGV[8..] -> triples: item, job id, serialized arq job
 -- Returns: {dispatched, still_in_flight, duplicate_ids, no_longer_due}
 """
     + _FENCE
     + """
 local now = tonumber(ARGV[5])
 local sent, busy, dup, gone = 0, 0, 0, 0
-for i = 7, #ARGV, 3 do
+for i = 8, #ARGV, 3 do
   local item, id = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', KEYS[4], item)
   if (not score) or tonumber(score) > now then
@@ -399,6 +430,9 @@ for i = 7, #ARGV, 3 do
       sent = sent + 1
     end
   end
+end
+if sent > 0 then
+  redis.call('PUBLISH', ARGV[7], ARGV[5])
 end
 return {sent, busy, dup, gone}
 """
@@ -482,6 +516,7 @@ REAP = (
 -- ARGV[3] -> instance id
 -- ARGV[4] -> heartbeat score the caller judged stale (guard against a late heartbeat)
 -- ARGV[5] -> now ms: the score released jobs are due at
+-- ARGV[6] -> wake channel
 -- Returns: number of jobs released, or -1 if the instance heartbeated meanwhile.
 """
     + _FENCE
@@ -503,6 +538,9 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
 end
 redis.call('DEL', KEYS[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
+if released > 0 then
+  redis.call('PUBLISH', ARGV[6], ARGV[5])
+end
 return released
 """
 )
@@ -521,12 +559,14 @@ UNIQUE_ENQUEUE = """
 -- ARGV[4] -> job key TTL in ms
 -- ARGV[5] -> score (due time, ms)
 -- ARGV[6] -> serialized arq job
+-- ARGV[7] -> wake channel (idle consumers hear the due time)
 -- Returns: 1 if enqueued, 0 if the id exists.
 if redis.call('EXISTS', ARGV[2] .. ARGV[1], ARGV[3] .. ARGV[1]) > 0 then
   return 0
 end
 redis.call('SET', ARGV[2] .. ARGV[1], ARGV[6], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[5], ARGV[1])
+redis.call('PUBLISH', ARGV[7], ARGV[5])
 return 1
 """
 
@@ -562,6 +602,7 @@ DEAD_RETRY = """
 -- ARGV[5] -> arq retry key prefix
 -- ARGV[6] -> job key TTL in ms
 -- ARGV[7] -> score (now, ms)
+-- ARGV[8] -> wake channel
 -- Returns: 1 if re-queued, 0 if the id is live, -1 if it is not in the dead-letter set.
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return -1
@@ -574,7 +615,40 @@ redis.call('SET', ARGV[3] .. ARGV[1], ARGV[2], 'PX', ARGV[6])
 redis.call('ZADD', KEYS[1], ARGV[7], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[8], ARGV[7])
 return 1
+"""
+
+LEASES_RENEW = """
+-- Renew many leases of one owner at once (a per_key service's round): compare each value,
+-- *replace* its TTL.
+-- KEYS[1..] -> the lease keys
+-- ARGV[1] -> the owner's value
+-- ARGV[2] -> lease TTL in ms
+-- Returns: per key, 1 if renewed, 0 if it is not (or no longer) the owner's.
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('PEXPIRE', key, ARGV[2])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+LEASES_TAKE = """
+-- Take many free leases for one owner at once.
+-- KEYS[1..] -> the lease keys
+-- ARGV[1] -> the owner's value
+-- ARGV[2] -> lease TTL in ms
+-- Returns: per key, 1 if taken, 0 if someone holds it.
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
+end
+return out
 """
 
 LEASE_RELEASE = """
@@ -683,12 +757,14 @@ FINISH = """
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> arq retry key prefix
 -- ARGV[4] -> arq result key prefix
--- ARGV[5..] -> groups of five: op ("done" | "retry"), job id, claim token, result payload
+-- ARGV[5] -> wake channel (a job put back is announced like a new one)
+-- ARGV[6..] -> groups of five: op ("done" | "retry"), job id, claim token, result payload
 --              ("" for none) or the score to run again at, result TTL in ms ("" for none)
 -- Returns: {done, retried, refused (claim lost)}
 local done, retried, refused = 0, 0, 0
 local ids, dels, finished = {}, {}, {}
-for i = 5, #ARGV, 5 do
+local earliest = nil
+for i = 6, #ARGV, 5 do
   local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   ids[#ids + 1] = id
   if redis.call('GET', ARGV[2] .. id) ~= token then
@@ -706,6 +782,9 @@ for i = 5, #ARGV, 5 do
     dels[#dels + 1] = ARGV[2] .. id
     if data ~= '' then
       redis.call('ZADD', KEYS[1], 'XX', data, id)
+      if earliest == nil or tonumber(data) < earliest then
+        earliest = tonumber(data)
+      end
     end
     retried = retried + 1
   end
@@ -721,6 +800,9 @@ if #finished > 0 then
 end
 if #ids > 0 then
   redis.call('SREM', KEYS[2], unpack(ids))
+end
+if earliest ~= nil then
+  redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
 end
 return {done, retried, refused}
 """

@@ -24,7 +24,7 @@ from worker.jobs import JobDef, Outcome, TaskFn
 from worker.metrics import Metrics
 from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
-from worker.store import FencedStore, NewJob
+from worker.store import FencedStore, NewJob, TickOutcome
 
 log = structlog.get_logger("worker.periodic")
 
@@ -86,7 +86,17 @@ def plan_ticks(job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list
 
 
 class PeriodicEnqueuer(LoopComponent):
-    """Enqueues due ticks of every periodic job (leader only)."""
+    """Enqueues due ticks of every periodic job (leader only), all jobs due at an instant in
+    one fenced script call.
+
+    The last tick per job is read from Redis when leadership starts (another leader may have
+    advanced it) and every ``REFRESH_S``; in between the enqueuer knows what it recorded
+    itself (only the lease holder writes it, and the script re-checks). It sleeps until the
+    next tick is due, so a tick is enqueued within milliseconds of its instant.
+    """
+
+    #: How often the recorded last ticks are read back from Redis while leading.
+    REFRESH_S = 30.0
 
     def __init__(
         self,
@@ -101,31 +111,59 @@ class PeriodicEnqueuer(LoopComponent):
         self.store = store
         self.serialize = serialize
         self.metrics = metrics
+        self._last: dict[str, int] = {}
+        self._next: dict[str, int] = {}  # name -> next tick after the recorded last one
+        self._read_at = float("-inf")
+
+    async def setup(self) -> None:
+        self._read_at = float("-inf")  # a new term: read the state again
 
     async def tick(self) -> float:
         if not self.jobs:
             return 60.0
         now_ms = ms(self.clock.time())
-        state = await self.store.store.periodic_last()
+        if self.clock.monotonic() - self._read_at >= self.REFRESH_S:
+            self._last = await self.store.store.periodic_last()
+            self._next.clear()
+            self._read_at = self.clock.monotonic()
+        due: list[tuple[PeriodicDef, list[int], int]] = []
         for job in self.jobs:
-            ticks, advance_to = plan_ticks(job, state.get(job.name), now_ms)
-            if ticks or advance_to > state.get(job.name, -1):
-                await self._enqueue(job, ticks, advance_to, now_ms)
-        next_due = min(job.schedule.next(now_ms) for job in self.jobs)
-        return max(0.01, min(MAX_SLEEP_S, (next_due - ms(self.clock.time())) / 1000))
+            if self._next.get(job.name, -1) > now_ms:
+                continue  # nothing due yet (known without asking the schedule)
+            ticks, advance_to = plan_ticks(job, self._last.get(job.name), now_ms)
+            if ticks or advance_to > self._last.get(job.name, -1):
+                due.append((job, ticks, advance_to))
+            else:
+                self._next[job.name] = job.schedule.next(max(advance_to, now_ms))
+        if due:
+            await self._enqueue(due, now_ms)
+        next_due = min(self._next.get(j.name) or j.schedule.next(now_ms) for j in self.jobs)
+        # wake 1 ms after the instant: asyncio timers may fire up to a millisecond early
+        return max(0.001, min(MAX_SLEEP_S, (next_due + 1 - ms(self.clock.time())) / 1000))
 
-    async def _enqueue(
-        self, job: PeriodicDef, ticks: list[int], advance_to: int, now_ms: int
-    ) -> None:
-        new = [
-            NewJob(
-                self.store.ids.periodic(job.name, t),
-                job_payload(job.name, (), {}, now_ms, self.serialize),
-                t,
+    async def _enqueue(self, due: list[tuple[PeriodicDef, list[int], int]], now_ms: int) -> None:
+        batch = [
+            (
+                job.name,
+                advance_to,
+                [
+                    NewJob(
+                        self.store.ids.periodic(job.name, t),
+                        job_payload(job.name, (), {}, now_ms, self.serialize),
+                        t,
+                    )
+                    for t in ticks
+                ],
             )
-            for t in ticks
+            for job, ticks, advance_to in due
         ]
-        out = await self.store.enqueue_ticks(job.name, advance_to, new, expires_extra_ms)
+        outcomes = await self.store.enqueue_ticks(batch, expires_extra_ms)
+        for (job, ticks, advance_to), out in zip(due, outcomes, strict=True):
+            self._last[job.name] = max(advance_to, self._last.get(job.name, -1))
+            self._next[job.name] = job.schedule.next(self._last[job.name])
+            self._record(job, ticks, out, now_ms)
+
+    def _record(self, job: PeriodicDef, ticks: list[int], out: TickOutcome, now_ms: int) -> None:
         late = min(sum(1 for t in ticks if now_ms - t > ON_TIME_MS), out.enqueued)
         if self.metrics is not None:
             m = self.metrics.ticks

@@ -73,7 +73,7 @@ class Runtime:
 
     # -- dependencies -------------------------------------------------------------------------
     def _connect(
-        self, *, socket_timeout_s: float | None, max_connections: int | None = None
+        self, purpose: str, *, socket_timeout_s: float | None, max_connections: int | None = None
     ) -> ArqRedis:
         serialize, deserialize = self.serializer
         client = connect_redis(
@@ -83,6 +83,7 @@ class Runtime:
             deserialize=deserialize,
             socket_timeout_s=socket_timeout_s,
             max_connections=max_connections,
+            client_name=f"{self.instance_id}:{purpose}",
         )
         self._clients.append(client)
         return client
@@ -104,7 +105,8 @@ class Runtime:
             # No client-side retries (a retried renew could land after the deadline we already
             # trusted) and short socket timeouts, for the same reason.
             timeout = s.leader_renew_deadline_s / 2
-            return Store(self._connect(socket_timeout_s=timeout, max_connections=4), self.keys)
+            lease = self._connect("lease", socket_timeout_s=timeout, max_connections=4)
+            return Store(lease, self.keys)
 
         w = roles.Wiring(
             settings=s,
@@ -116,7 +118,7 @@ class Runtime:
             redis=redis,
             client=client,
             process=self.state,
-            consumer_redis=lambda: self._connect(socket_timeout_s=None),
+            consumer_redis=lambda: self._connect("consumer", socket_timeout_s=None),
             leader_store=lease_store,
             singletons=Group("singletons", [], backoff=backoff, on_restart=self._count_restart),
         )
@@ -150,7 +152,7 @@ class Runtime:
     async def run(self) -> int:
         """Run until a signal asks to stop; return the process exit code."""
         s = self.settings
-        redis = self._connect(socket_timeout_s=30)
+        redis = self._connect("main", socket_timeout_s=30)
         try:
             await wait_for_redis(redis, self.redis_url, s.redis_connect_timeout_s, self.clock)
             for warning in await check_redis_contract(redis, s):

@@ -135,7 +135,7 @@ class Settings(BaseSettings):
     # -- consumer -----------------------------------------------------------------------------
     concurrency: int = Field(100, ge=1, le=10_000)
     poll_delay_s: float = Field(0.05, gt=0, le=60)
-    idle_poll_max_s: float = Field(0.5, gt=0, le=60)
+    idle_poll_max_s: float = Field(1.0, gt=0, le=60)
     job_timeout_s: float = Field(300.0, gt=0, le=WEEK_S)
     max_tries: int = Field(5, ge=1)
     keep_result_s: float = Field(3600.0, ge=0, le=WEEK_S)

@@ -26,6 +26,9 @@ from worker.errors import LeadershipLost
 from worker.ids import JobIds, LockValue
 from worker.views import LeaderView
 
+#: Leases renewed or taken per script call (bounds one call's size for very many keys).
+LEASE_BATCH = 5000
+
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -142,6 +145,8 @@ class Store:
         self._release = r.register_script(K.RELEASE)
         self._lease_renew = r.register_script(K.LEASE_RENEW)
         self._lease_release = r.register_script(K.LEASE_RELEASE)
+        self._leases_renew = r.register_script(K.LEASES_RENEW)
+        self._leases_take = r.register_script(K.LEASES_TAKE)
         self._unique_enqueue = r.register_script(K.UNIQUE_ENQUEUE)
         self._inflight_clear = r.register_script(K.INFLIGHT_CLEAR)
         self._dead_retry = r.register_script(K.DEAD_RETRY)
@@ -217,6 +222,26 @@ class Store:
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         return int(await self._lease_renew(keys=[key], args=[owner, ttl_ms])) == 1
 
+    async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        """Renew many leases of ``owner`` in one step; per key whether it is still held."""
+        out: list[bool] = []
+        for i in range(0, len(keys), LEASE_BATCH):
+            raw = await self._leases_renew(
+                keys=list(keys[i : i + LEASE_BATCH]), args=[owner, ttl_ms]
+            )
+            out += [int(v) == 1 for v in raw]
+        return out
+
+    async def take_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
+        """Take many free leases for ``owner`` in one step; per key whether it was taken."""
+        out: list[bool] = []
+        for i in range(0, len(keys), LEASE_BATCH):
+            raw = await self._leases_take(
+                keys=list(keys[i : i + LEASE_BATCH]), args=[owner, ttl_ms]
+            )
+            out += [int(v) == 1 for v in raw]
+        return out
+
     async def release_lease(self, key: str, owner: str) -> bool:
         return int(await self._lease_release(keys=[key], args=[owner])) == 1
 
@@ -232,7 +257,15 @@ class Store:
         """Write an arq job unless its id is taken (queued, running or result kept)."""
         ok = await self._unique_enqueue(
             keys=[self.keys.queue],
-            args=[job.job_id, K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, job.score_ms, job.payload],
+            args=[
+                job.job_id,
+                K.ARQ_JOB,
+                K.ARQ_RESULT,
+                ttl_ms,
+                job.score_ms,
+                job.payload,
+                self.keys.wake,
+            ],
         )
         return bool(ok)
 
@@ -400,7 +433,7 @@ class Store:
 
     async def finish(self, instance_id: str, runs: Sequence[Finish]) -> FinishOutcome:
         """Finish runs whose claims still hold (see ``keys.FINISH``)."""
-        args: list[Any] = [K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT]
+        args: list[Any] = [K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake]
         for f in runs:
             if f.op == "done":
                 data: Any = f.result if f.result is not None else ""
@@ -412,6 +445,12 @@ class Store:
             keys=[self.keys.queue, self.keys.holds(instance_id), K.ARQ_ABORT], args=args
         )
         return FinishOutcome(int(done), int(retried), int(refused))
+
+    async def queue_head(self) -> int | None:
+        """The earliest score in the queue (ms), ``None`` when empty: one command, what an idle
+        consumer looks at between announcements."""
+        head = await self.redis.zrange(self.keys.queue, 0, 0, withscores=True)
+        return int(head[0][1]) if head else None
 
     async def claim_tokens(self, job_ids: Sequence[str]) -> list[str | None]:
         """The in-progress marker (claim token) of each job, ``None`` where there is none."""
@@ -486,7 +525,16 @@ class Store:
         """Re-queue a dead letter: 1 re-queued, 0 the id is live, -1 not a dead letter."""
         result = await self._dead_retry(
             keys=[self.keys.queue, self.keys.dead, self.keys.dead_jobs],
-            args=[job_id, payload, K.ARQ_JOB, K.ARQ_RESULT, K.ARQ_RETRY, ttl_ms, now_ms],
+            args=[
+                job_id,
+                payload,
+                K.ARQ_JOB,
+                K.ARQ_RESULT,
+                K.ARQ_RETRY,
+                ttl_ms,
+                now_ms,
+                self.keys.wake,
+            ],
         )
         return int(result)
 
@@ -524,16 +572,21 @@ class FencedStore:
             raise
 
     async def enqueue_ticks(
-        self, name: str, advance_to: int, ticks: Sequence[NewJob], ttl_ms: int
-    ) -> TickOutcome:
-        """Enqueue ``ticks`` of periodic job ``name`` (score = tick) unless recorded or taken,
-        and record ``advance_to`` as its last tick (see ``keys.ENQUEUE_TICKS``)."""
-        args: list[Any] = [name, K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, advance_to]
-        for t in ticks:
-            args += [t.score_ms, t.job_id, t.payload]
+        self, due: Sequence[tuple[str, int, Sequence[NewJob]]], ttl_ms: int
+    ) -> list[TickOutcome]:
+        """Enqueue the ticks of several periodic jobs in one step: per job ``(name, newest due
+        tick to record, ticks as jobs scored at their tick)`` (see ``keys.ENQUEUE_TICKS``)."""
+        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, self.keys.wake]
+        for name, advance_to, ticks in due:
+            args += [name, advance_to, len(ticks)]
+            for t in ticks:
+                args += [t.score_ms, t.job_id, t.payload]
         keys = [self.keys.periodic_state, self.keys.queue]
-        enqueued, dup, skipped = await self._run(self.store.enqueue_ticks_script, keys, args)
-        return TickOutcome(int(enqueued), int(dup), int(skipped))
+        raw = await self._run(self.store.enqueue_ticks_script, keys, args)
+        return [
+            TickOutcome(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]))
+            for i in range(0, len(raw), 3)
+        ]
 
     async def dispatch(
         self,
@@ -545,7 +598,7 @@ class FencedStore:
         ttl_ms: int,
     ) -> DispatchOutcome:
         """Move due ``items`` of one shard into the queue, one job each (``keys.DISPATCH``)."""
-        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms]
+        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms, self.keys.wake]
         for item, job in items:
             args += [item, job.job_id, job.payload]
         keys = [self.keys.poll_inflight(poller), self.keys.queue, shard_key]
@@ -594,7 +647,7 @@ class FencedStore:
         """Release the jobs of a dead instance (due at ``now_ms``); ``None`` if it heartbeated
         meanwhile."""
         keys = [self.keys.queue, self.keys.holds(instance_id), self.keys.instances]
-        args = [K.ARQ_IN_PROGRESS, instance_id, judged_ms, now_ms]
+        args = [K.ARQ_IN_PROGRESS, instance_id, judged_ms, now_ms, self.keys.wake]
         released = int(await self._run(self.store.reap_script, keys, args))
         return None if released < 0 else released
 
