@@ -16,10 +16,12 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 import redis as redis_sync
 
 from worker.embedded import EmbeddedServer, find_server_binary, free_port
@@ -98,6 +100,69 @@ def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]
     return out
 
 
+def proc_cpu(ps: psutil.Process) -> float:
+    """CPU seconds (user + sys) of a process and its live descendants."""
+    total = 0.0
+    try:
+        procs = [ps, *ps.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return total
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def loadavg() -> str:
+    """The box's 1/5/15-minute load averages (other sessions share the machine)."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def time_drain(
+    r: redis_sync.Redis,
+    ps: psutil.Process,
+    n: int,
+    t0_wall: float,
+    remaining: Callable[[], int],
+    poll_cmds: Mapping[str, int],
+    what: str,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """Time from the wall-clock moment ``t0_wall`` until ``remaining()`` reports 0 jobs left.
+
+    ``remaining`` asks Redis for the system's own state (queue length, pending entries); the
+    commands one call sends (``poll_cmds``) are subtracted from the count, so "cmds" is what
+    the worker sent, per job. ``ps`` is the worker process (CPU includes its children).
+    """
+    time.sleep(max(0.0, t0_wall - time.time()))
+    before, scpu0, wcpu0 = commandstats(r), server_cpu(r), proc_cpu(ps)
+    t0 = time.perf_counter()
+    polls = 1
+    while remaining():
+        polls += 1
+        time.sleep(0.01)
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"{what}: {remaining()} of {n} jobs left after {timeout:.0f} s")
+    secs = time.perf_counter() - t0
+    after, scpu1, wcpu1 = commandstats(r), server_cpu(r), proc_cpu(ps)
+    d = delta(after, before)
+    for cmd, k in poll_cmds.items():
+        d[cmd] = d.get(cmd, 0) - polls * k
+    d = {k: v for k, v in d.items() if v > 0}
+    return {
+        "rate": n / secs,
+        "secs": secs,
+        "n": n,
+        "cmds": sum(d.values()) / n,
+        "worker_us": (wcpu1 - wcpu0) / n * 1e6,
+        "server_us": (scpu1 - scpu0) / n * 1e6,
+        "breakdown": d,
+    }
+
+
 def fmt_breakdown(d: Mapping[str, float], per: float = 1.0, top: int = 12) -> str:
     items = sorted(d.items(), key=lambda kv: -kv[1])[:top]
     return ", ".join(f"{k} {v / per:.2f}" for k, v in items)
@@ -172,8 +237,6 @@ def spawn(args: list[str], env: Mapping[str, str], log_path: Path) -> subprocess
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         v = pred()

@@ -38,18 +38,16 @@ import redis as redis_sync
 
 from bench._common import (
     child_env,
-    commandstats,
-    delta,
     fmt_breakdown,
     machine,
     median,
     print_machine,
     python,
     rotated,
-    server_cpu,
     spawn,
     start_server,
     table,
+    time_drain,
     wait_until,
 )
 
@@ -154,19 +152,8 @@ def run_once(name: str, url: str, n: int, logdir: Path, rnd: int) -> dict[str, A
         if time.time() >= t0_wall:
             raise RuntimeError("filling took longer than the lead time; raise it")
         ps = psutil.Process(proc.pid)
-        time.sleep(max(0.0, t0_wall - time.time()))
-        before, scpu0 = commandstats(r), server_cpu(r)
-        wcpu0 = sum(ps.cpu_times()[:2])
-        t0 = time.perf_counter()
-        polls = 0
-        while r.zcard(queue):
-            polls += 1
-            time.sleep(0.01)
-            if time.perf_counter() - t0 > 600:
-                raise TimeoutError(f"{name}: queue not drained in 600 s")
-        secs = time.perf_counter() - t0
-        after, scpu1 = commandstats(r), server_cpu(r)
-        wcpu1 = sum(ps.cpu_times()[:2])
+        # arq removes a job from the queue when it finishes: an empty queue is "all done"
+        res = time_drain(r, ps, n, t0_wall, lambda: int(r.zcard(queue)), {"zcard": 1}, name)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -178,21 +165,12 @@ def run_once(name: str, url: str, n: int, logdir: Path, rnd: int) -> dict[str, A
     r.close()
     if done != n:
         raise AssertionError(f"{name}: {done} results for {n} jobs (see {logdir})")
-    d = delta(after, before)
-    d["zcard"] = d.get("zcard", 0) - (polls + 1)
-    d = {k: v for k, v in d.items() if v > 0}
-    return {
-        "rate": n / secs,
-        "secs": secs,
-        "n": n,
-        "cmds": sum(d.values()) / n,
-        "worker_ms": (wcpu1 - wcpu0) / n * 1000,
-        "server_us": (scpu1 - scpu0) / n * 1e6,
-        "breakdown": d,
-    }
+    res["worker_ms"] = res["worker_us"] / 1000
+    return res
 
 
 def main() -> None:
+    """``python bench/consumer.py`` (also ``python -m bench consumer``)."""
     if len(sys.argv) > 1 and sys.argv[1] == "--child-arq":
         _, _, url, max_jobs, poll_delay, loop = sys.argv
         child_arq(url, int(max_jobs), float(poll_delay), loop)

@@ -1,0 +1,45 @@
+"""``python -m bench <name> [options]``: run one benchmark (each is also ``bench/<name>.py``).
+
+For example ``python -m bench peers --quick`` or ``python -m bench consumer --help``; without a
+name it lists the benchmarks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: subcommand -> (module with a ``main()`` reading ``sys.argv``, one-line description)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "peers": ("bench.peers", "no-op throughput: ours vs arq, saq, streaq, taskiq (own venvs)"),
+    "consumer": ("bench.consumer", "no-op throughput: ours vs plain arq Worker variants"),
+    "dispatch": ("bench.dispatch", "poll dispatch into the arq queue vs enqueue_job"),
+    "initializer": ("bench.initializer", "initializer writing 1M items vs pipelined ZADD"),
+    "takeover": ("bench.takeover", "leader failover times, idle standby cost"),
+    "operations": ("bench.operations", "start-up, drain, orphaned job re-run"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {k.ljust(width)}  {desc}" for k, (_, desc) in COMMANDS.items()]
+    return "usage: python -m bench <name> [options]\n\nbenchmarks:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"unknown benchmark {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    sys.argv = [f"bench/{name}.py", *rest]  # each main() parses sys.argv as its script would
+    module.main()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
