@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "initializer": ("bench.initializer", "initializer writing 1M items vs pipelined ZADD"),
     "takeover": ("bench.takeover", "leader failover times, idle standby cost"),
     "operations": ("bench.operations", "start-up, drain, orphaned job re-run"),
+    "leader": ("bench.leader", "1,000 periodic jobs every second; 10,000 per_key leases"),
+    "latency": ("bench.latency", "idle wake-up and tick start latency"),
 }
 
 
