@@ -1,6 +1,7 @@
 """Minimal apps the benchmarks run as real ``python -m worker`` processes.
 
-- ``noop_app``: one no-op task ``noop(x)`` (consumer throughput).
+- ``noop_app``: one no-op task ``noop(x)`` (consumer throughput) and ``burn(ms)``, which spins
+  ``ms`` of CPU time (CPU-bound jobs: ``bench/consumer.py --processes N``).
 - ``periodic_app``: ``noop`` plus a periodic job every second, so a leader has a singleton
   to run (failover).
 - ``many_periodic_app``: ``BENCH_PERIODIC_N`` periodic jobs every second, recording runs per
@@ -25,6 +26,13 @@ noop_app = App("bench-noop")
 @noop_app.task
 async def noop(ctx: JobContext, *args: Any) -> None:
     return None
+
+
+@noop_app.task
+async def burn(ctx: JobContext, ms: float) -> None:
+    end = time.thread_time() + ms / 1000
+    while time.thread_time() < end:
+        pass
 
 
 periodic_app = App("bench-periodic")

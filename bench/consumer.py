@@ -17,6 +17,14 @@ worker process (psutil) and the server (INFO cpu). Rounds are interleaved, order
 
     python bench/consumer.py            # 20k jobs (arq defaults: 4k), 3 rounds (~4 min)
     python bench/consumer.py --quick    # 4k jobs (arq defaults: 1k), 2 rounds
+
+--processes N compares OURS with 1 process against ``--processes N`` (one parent, N consumer
+children on the same queue) instead of the arq baselines, for two workloads, all rounds
+interleaved the same way: the no-op job, and a CPU-bound job (``burn``: spins ``--cpu-ms`` of
+CPU time, 1 ms by default, on 1/4 as many jobs). Worker CPU is the sum over the parent and its
+children:
+
+    python bench/consumer.py --processes 2   # 20k no-op + 5k CPU-bound jobs, 3 rounds (~2 min)
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -55,13 +63,39 @@ PREFIX = "bench:"
 OUR_QUEUE = f"{PREFIX}queue"
 ARQ_QUEUE = "arq:queue"
 
-# name -> (label, kind, max_jobs, poll_delay, loop)
-VARIANTS: dict[str, tuple[str, str, int, float, str]] = {
-    "ours": ("ours: consumer role, defaults (100 / 0.05 s, uvloop)", "ours", 100, 0.05, "uvloop"),
-    "arq-default": ("arq Worker, defaults (max_jobs 10, poll 0.5 s)", "arq", 10, 0.5, "asyncio"),
-    "arq-tuned": ("arq Worker, tuned (max_jobs 100, poll 0.05 s)", "arq", 100, 0.05, "asyncio"),
-    "arq-tuned-uvloop": ("arq Worker, tuned, on uvloop", "arq", 100, 0.05, "uvloop"),
+
+class Variant(NamedTuple):
+    label: str
+    kind: str  # ours | arq
+    max_jobs: int
+    poll_delay: float
+    loop: str
+    processes: int = 1
+    cpu_ms: float = 0.0  # 0: the no-op job; else the CPU-bound ``burn`` job
+
+
+OURS_LABEL = "ours: consumer role, defaults (100 / 0.05 s, uvloop)"
+VARIANTS: dict[str, Variant] = {
+    "ours": Variant(OURS_LABEL, "ours", 100, 0.05, "uvloop"),
+    "arq-default": Variant(
+        "arq Worker, defaults (max_jobs 10, poll 0.5 s)", "arq", 10, 0.5, "asyncio"
+    ),
+    "arq-tuned": Variant(
+        "arq Worker, tuned (max_jobs 100, poll 0.05 s)", "arq", 100, 0.05, "asyncio"
+    ),
+    "arq-tuned-uvloop": Variant("arq Worker, tuned, on uvloop", "arq", 100, 0.05, "uvloop"),
 }
+
+
+def scaling_variants(n: int, cpu_ms: float) -> dict[str, Variant]:
+    """``--processes N``: ours with one process against ours with N, no-op and CPU-bound."""
+    out = {}
+    for suffix, job, ms in (("", "no-op", 0.0), ("-cpu", f"{cpu_ms:g} ms CPU", cpu_ms)):
+        for procs in (1, n):
+            name = f"ours{suffix}" + (f"-x{procs}" if procs > 1 else "")
+            label = f"ours, {job} job, --processes {procs}"
+            out[name] = Variant(label, "ours", 100, 0.05, "uvloop", procs, ms)
+    return out
 
 
 # -- child: plain arq worker -------------------------------------------------------------------
@@ -92,8 +126,10 @@ def child_arq(url: str, max_jobs: int, poll_delay: float, loop: str) -> None:
 
 
 # -- parent ------------------------------------------------------------------------------------
-def start_worker(name: str, url: str, logdir: Path, rnd: int) -> subprocess.Popen[bytes]:
-    _, kind, max_jobs, poll_delay, loop = VARIANTS[name]
+def start_worker(
+    name: str, spec: Variant, url: str, logdir: Path, rnd: int
+) -> subprocess.Popen[bytes]:
+    _, kind, max_jobs, poll_delay, loop, processes, _ = spec
     log = logdir / f"{name}-{rnd}.log"
     if kind == "ours":
         env = child_env(
@@ -104,18 +140,19 @@ def start_worker(name: str, url: str, logdir: Path, rnd: int) -> subprocess.Pope
             WORKER_DRAIN_DELAY_S="0",
             WORKER_LOG_FORMAT="json",
         )
-        return spawn([python(), "-m", "worker", "run", "--role", "consumer"], env, log)
+        args = [python(), "-m", "worker", "run", "--role", "consumer"]
+        return spawn([*args, "--processes", str(processes)], env, log)
     args = [python(), __file__, "--child-arq", url, str(max_jobs), str(poll_delay), loop]
     return spawn(args, child_env(), log)
 
 
-def health_key_exists(r: redis_sync.Redis, kind: str) -> bool:
-    if kind == "ours":
-        return any(True for _ in r.scan_iter(f"{PREFIX}arq-health:*"))
+def health_key_exists(r: redis_sync.Redis, kind: str, processes: int = 1) -> bool:
+    if kind == "ours":  # one per consumer process
+        return sum(1 for _ in r.scan_iter(f"{PREFIX}arq-health:*")) >= processes
     return bool(r.exists(f"{ARQ_QUEUE}:health-check"))
 
 
-def fill(r: redis_sync.Redis, kind: str, n: int, due_ms: int) -> None:
+def fill(r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.0) -> None:
     from arq.constants import expires_extra_ms, job_key_prefix
     from arq.jobs import serialize_job
 
@@ -127,7 +164,8 @@ def fill(r: redis_sync.Redis, kind: str, n: int, due_ms: int) -> None:
     for i in range(n):
         job_id = f"j{i:07d}"
         if kind == "ours":
-            payload = job_payload("noop", (i,), {}, due_ms, ser)
+            fn, args = ("burn", (cpu_ms,)) if cpu_ms else ("noop", (i,))
+            payload = job_payload(fn, args, {}, due_ms, ser)
         else:
             payload = serialize_job("noop", (i,), {}, None, due_ms, serializer=None)
         pipe.set(job_key_prefix + job_id, payload, px=expires_extra_ms)
@@ -137,21 +175,21 @@ def fill(r: redis_sync.Redis, kind: str, n: int, due_ms: int) -> None:
     pipe.execute()
 
 
-def run_once(name: str, url: str, n: int, logdir: Path, rnd: int) -> dict[str, Any]:
-    kind = VARIANTS[name][1]
+def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int) -> dict[str, Any]:
+    kind, processes = spec.kind, spec.processes
     queue = OUR_QUEUE if kind == "ours" else ARQ_QUEUE
     r = redis_sync.Redis.from_url(url)
     r.flushall()
-    proc = start_worker(name, url, logdir, rnd)
+    proc = start_worker(name, spec, url, logdir, rnd)
     try:
-        wait_until(lambda: health_key_exists(r, kind), 30, f"{name} to start polling")
+        wait_until(lambda: health_key_exists(r, kind, processes), 30, f"{name} to start polling")
         time.sleep(0.5)
         t0_wall = time.time() + 1.0 + n / 40_000  # filling must finish before T0
         due_ms = int(t0_wall * 1000)
-        fill(r, kind, n, due_ms)
+        fill(r, kind, n, due_ms, spec.cpu_ms)
         if time.time() >= t0_wall:
             raise RuntimeError("filling took longer than the lead time; raise it")
-        ps = psutil.Process(proc.pid)
+        ps = psutil.Process(proc.pid)  # CPU of its children too (--processes N)
         # arq removes a job from the queue when it finishes: an empty queue is "all done"
         res = time_drain(r, ps, n, t0_wall, lambda: int(r.zcard(queue)), {"zcard": 1}, name)
     finally:
@@ -180,7 +218,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, help="jobs per run (20k; quick 4k)")
     ap.add_argument("--n-default", type=int, help="jobs for arq defaults (4k; quick 1k)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (3; quick 2)")
+    ap.add_argument("--processes", type=int, help="compare 1 process with --processes N instead")
+    ap.add_argument("--cpu-ms", type=float, default=1.0, help="--processes: CPU per burn job (1)")
     args = ap.parse_args()
+    variants = scaling_variants(args.processes, args.cpu_ms) if args.processes else VARIANTS
     n = args.n or (4_000 if args.quick else 20_000)
     n_default = args.n_default or (1_000 if args.quick else 4_000)
     rounds = args.rounds or (2 if args.quick else 3)
@@ -191,36 +232,46 @@ def main() -> None:
         print_machine(machine(url))
         print(f"{n} jobs per run ({n_default} for arq defaults, timer-bound), {rounds} rounds; "
               f"logs in {logdir}")  # fmt: skip
-        results: dict[str, list[dict[str, Any]]] = {k: [] for k in VARIANTS}
-        names = list(VARIANTS)
+        results: dict[str, list[dict[str, Any]]] = {k: [] for k in variants}
+        names = list(variants)
         for rnd in range(rounds):
             order = rotated(names, rnd)
             for name in order:
-                res = run_once(name, url, n_default if name == "arq-default" else n, logdir, rnd)
+                jobs = n_default if name == "arq-default" else n
+                jobs = jobs // 4 if variants[name].cpu_ms else jobs
+                res = run_once(name, variants[name], url, jobs, logdir, rnd)
                 results[name].append(res)
                 print(f"round {rnd + 1} {name:16s} {res['n']:6d} jobs in {res['secs']:6.2f} s = "
                       f"{res['rate']:7.0f} jobs/s, {res['cmds']:.1f} cmds/job, "
                       f"worker CPU {res['worker_ms']:.3f} ms/job", flush=True)  # fmt: skip
 
         print()
-        print("## No-op job throughput (median of rounds)")
-        ours = median([x["rate"] for x in results["ours"]])
+        title = "--processes scaling" if args.processes else "No-op job throughput"
+        print(f"## {title} (median of rounds)")
         rows = []
-        for name, (label, *_rest) in VARIANTS.items():
+        for name, spec in variants.items():
             rs = results[name]
             rate = median([x["rate"] for x in rs])
+            # compared with ours on one process, same workload
+            base = median([x["rate"] for x in results["ours-cpu" if spec.cpu_ms else "ours"]])
             rows.append([
-                label, f"{rate:,.0f}", "1x" if name == "ours" else f"{ours / rate:.2f}x",
+                spec.label, f"{rate:,.0f}", f"{base / rate:.2f}x",
                 f"{median([x['cmds'] for x in rs]):.1f}",
                 f"{median([x['worker_ms'] for x in rs]):.3f}",
                 f"{median([x['server_us'] for x in rs]):.0f}",
             ])  # fmt: skip
         print(table(
-            ["variant", "jobs/s", "ours is", "Redis commands/job", "worker CPU ms/job",
+            ["variant", "jobs/s", "1 process is" if args.processes else "ours is",
+             "Redis commands/job", "worker CPU ms/job",
              "server CPU us/job"],
             rows,
         ))  # fmt: skip
-        for name in VARIANTS:
+        if args.processes:
+            for job in ("", "-cpu"):
+                one = median([x["rate"] for x in results[f"ours{job}"]])
+                many = median([x["rate"] for x in results[f"ours{job}-x{args.processes}"]])
+                print(f"--processes {args.processes}, ours{job}: {many / one:.2f}x one process")
+        for name in variants:
             last = results[name][-1]
             print(f"commands/job {name}: {fmt_breakdown(last['breakdown'], last['n'])}")
     finally:

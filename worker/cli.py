@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-name", help="name in logs and status (env WORKER_INSTANCE_NAME)")
     p.add_argument("--app", help="package.module:attribute of the App (env WORKER_APP)")
     p.add_argument("--redis-url", help="redis://, rediss:// or unix:// (env WORKER_REDIS_URL)")
+    p.add_argument(
+        "--processes", type=int, help="run: worker processes to run (env WORKER_PROCESSES, 1)"
+    )
     p.add_argument("--json", action="store_true", help="status, dead: print JSON")
     p.add_argument(
         "--retry",
@@ -95,7 +98,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(f"unknown command {args.command!r}; use one of: {', '.join(commands)}")
     try:
         settings = load_settings(
-            role=args.role, instance_name=args.instance_name, app=args.app, redis_url=args.redis_url
+            role=args.role,
+            instance_name=args.instance_name,
+            app=args.app,
+            redis_url=args.redis_url,
+            processes=args.processes,
         )
         code = commands[args.command](settings, args)
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at exit
@@ -154,12 +161,18 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 
         embedded = EmbeddedServer()
         url = embedded.start()
+        n = settings.processes
+        who = "for this process" if n == 1 else f"shared by the {n} worker processes of this run"
         log.warning(
-            "NO WORKER_REDIS_URL: STARTED A PRIVATE EMBEDDED REDIS SERVER for this process "
+            f"NO WORKER_REDIS_URL: STARTED A PRIVATE EMBEDDED REDIS SERVER {who} "
             "only; its data is deleted on exit. Set WORKER_REDIS_URL for anything real.",
             redis=url,
         )
     try:
+        if settings.processes > 1:  # a parent: N children, each a Runtime (worker.processes)
+            from worker.processes import run_processes
+
+            return run_processes(settings, redis_url=url, environ=os.environ)
         return _run_async(Runtime(settings, app, redis_url=url).run())
     finally:
         if embedded is not None:
@@ -250,7 +263,12 @@ def cmd_health(settings: Settings, _: argparse.Namespace) -> int:
         print("health server disabled (WORKER_HEALTH_PORT=0)", file=sys.stderr)
         return 1
     host = "127.0.0.1" if settings.health_host in ("0.0.0.0", "", "::") else settings.health_host
-    url = f"http://{host}:{settings.health_port}/healthz"
+    # --processes N: process i listens on WORKER_HEALTH_PORT + i; every one must be healthy
+    ports = [settings.health_port + i for i in range(settings.processes)]
+    return max(_healthz(f"http://{host}:{port}/healthz") for port in ports)
+
+
+def _healthz(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
             print(resp.read().decode())

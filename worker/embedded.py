@@ -66,8 +66,11 @@ def free_port() -> int:
         return port
 
 
-def _death_signal_hook() -> Callable[[], None] | None:
+def death_signal_hook() -> Callable[[], None] | None:
     """A ``preexec_fn`` arming ``PR_SET_PDEATHSIG``=SIGTERM in the child; ``None`` off Linux.
+
+    Used for the embedded server and for the worker processes of ``--processes N``
+    (:mod:`worker.processes`): either gets SIGTERM when this process dies without stopping it.
 
     The death signal fires when the *thread* that forked the child exits, not the process, so
     it is armed only when starting from the main thread (otherwise a short-lived worker thread,
@@ -237,7 +240,7 @@ class EmbeddedServer:
                     stdout=log,
                     stderr=log,
                     cwd=self._dir,
-                    preexec_fn=_death_signal_hook(),  # see _death_signal_hook
+                    preexec_fn=death_signal_hook(),  # see death_signal_hook
                     # Own session: a terminal's Ctrl-C or `timeout`'s group signal must reach
                     # only the worker, which drains against this server before stopping it.
                     start_new_session=True,

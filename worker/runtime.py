@@ -195,12 +195,7 @@ class Runtime:
             await groups["leadership"].stop(2.0)
             await w.leadership.release()
         await groups["work"].stop(s.shutdown_timeout_s + 5)
-        heartbeat = self.state.component("heartbeat")
-        if isinstance(heartbeat, Heartbeat):
-            try:
-                await heartbeat.deregister()
-            except Exception as exc:
-                log.warning("deregistration failed", error=str(exc))
+        await self._deregister()
         for hook in self.app.shutdown_hooks:
             try:
                 await hook(w.context)
@@ -209,4 +204,15 @@ class Runtime:
                     "shutdown hook failed", hook=getattr(hook, "__name__", "?"), error=str(exc)
                 )
         await groups["infra"].stop(2.0)
+        # Again, now that the heartbeat has stopped: a heartbeat write in flight during the
+        # first deregistration (sent after its boot-marker round trip) could re-add the record.
+        await self._deregister()
         log.info("worker stopped")
+
+    async def _deregister(self) -> None:
+        heartbeat = self.state.component("heartbeat")
+        if isinstance(heartbeat, Heartbeat):
+            try:
+                await heartbeat.deregister()
+            except Exception as exc:
+                log.warning("deregistration failed", error=str(exc))

@@ -124,6 +124,7 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(None, description="redis://, rediss:// or unix:// URL")
     redis_url_file: str | None = Field(None, description="file holding the Redis URL (a Secret)")
     app: str = Field(DEMO_APP, description="pkg.module:attr naming the App to run")
+    processes: int = Field(1, ge=1, le=64, description="worker processes this command runs")
     key_prefix: str = Field("worker:", min_length=1, max_length=64)
     redis_connect_timeout_s: float = Field(10.0, gt=0, le=DAY_S)
     allow_eviction: bool = False
@@ -195,12 +196,35 @@ class Settings(BaseSettings):
                 "WORKER_ORPHAN_STALE_S must be at least twice WORKER_HEARTBEAT_INTERVAL_S (got "
                 f"{self.orphan_stale_s} < 2 x {self.heartbeat_interval_s})"
             )
+        self._check_processes()
         self._resolve_redis_url()
         if not re.fullmatch(r"[\w.-]+(:[\w.]+)?", self.app) or ":" not in self.app:
             raise ValueError(
                 f"WORKER_APP: {self.app!r} is not of the form package.module:attribute"
             )
         return self
+
+    def _check_processes(self) -> None:
+        """``--processes N``: every child is instance ``<name>-<i>`` on health port
+        ``base + i`` (see :mod:`worker.processes`), and each is a separate leader candidate."""
+        n = self.processes
+        if n == 1:
+            return
+        if self.leader_election == "static" and self.role != "consumer":
+            raise ValueError(
+                f"WORKER_PROCESSES={n} with WORKER_LEADER_ELECTION=static would make every "
+                "process a leader; use WORKER_LEADER_ELECTION=redis (or one process)"
+            )
+        if self.health_port and self.health_port + n - 1 > 65535:
+            raise ValueError(
+                f"WORKER_HEALTH_PORT + WORKER_PROCESSES - 1 must be at most 65535 (process i "
+                f"listens on {self.health_port} + i; got {self.health_port + n - 1})"
+            )
+        if len(self.instance_name) + len(f"-{n - 1}") > 128:
+            raise ValueError(
+                f"WORKER_INSTANCE_NAME: at most {128 - len(f'-{n - 1}')} characters with "
+                f"WORKER_PROCESSES={n} (process i is named <name>-<i>)"
+            )
 
     def _resolve_redis_url(self) -> None:
         """Read ``redis_url_file`` (a mounted Secret) and check the URL redis-py will get."""
