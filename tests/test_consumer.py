@@ -4,6 +4,8 @@ itself on fakeredis and the real server (arq's records, results readable by arq'
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -219,15 +221,18 @@ async def test_guard_cancels_a_job_whose_claim_was_lost() -> None:
 class Loop:
     """A consumer running as a task on ``r``, with a client to enqueue."""
 
-    def __init__(self, r: Any, app: App, **config: Any) -> None:
+    def __init__(self, r: Any, app: App, instance: str = "i-1", **config: Any) -> None:
         self.client = Client(r, keys=KEYS, serialize=msgpack_dumps, app=app)
-        ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), "i-1")
+        ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), instance)
         store = self.client.store
+        config.setdefault("queues", tuple(app.queue_names()))
         cfg = ConsumerConfig(**{"poll_delay_s": 0.01, "idle_poll_max_s": 0.02, **config})
-        dead = DeadLetters(store, SystemClock(), instance_id="i-1", max_entries=100, keep_bytes=64)
+        dead = DeadLetters(
+            store, SystemClock(), instance_id=instance, max_entries=100, keep_bytes=64
+        )
         self.consumer = Consumer(
             app.jobs(), [], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
-            instance_id="i-1", config=cfg, dead=dead,
+            instance_id=instance, config=cfg, dead=dead,
         )  # fmt: skip
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -418,3 +423,160 @@ async def test_aborted_job_ends_with_a_failed_result(r: Any, loops: list[Loop]) 
     assert info.success is False and info.result["error"] == "CancelledError"
     assert await r.zscore(KEYS.queue, jid) is None
     assert await r.zcard(K.ARQ_ABORT) == 0
+
+
+# -- queues, retry policies, cluster-wide limits ----------------------------------------------
+
+
+async def test_queues_in_priority_order_and_routed_by_task(r: Any, loops: list[Loop]) -> None:
+    app = App("t", queues=("high", "default", "low"))
+    order: list[str] = []
+
+    @app.task(queue="high")
+    async def urgent(ctx: JobContext, n: int) -> None:
+        order.append(f"high-{n}")
+
+    @app.task
+    async def normal(ctx: JobContext, n: int) -> None:
+        order.append(f"default-{n}")
+
+    @app.task(queue="low")
+    async def later(ctx: JobContext, n: int) -> None:
+        order.append(f"low-{n}")
+
+    lp = Loop(r, app, concurrency=1)
+    for n in range(3):  # enqueued before any consumer runs: backlog in every queue
+        await lp.client.enqueue("later", n)
+        await lp.client.enqueue("normal", n)
+        await lp.client.enqueue("urgent", n)
+    assert await r.zcard(KEYS.queue_of("high")) == 3 and await r.zcard(KEYS.queue) == 3
+    loops.append(lp.start())
+    await eventually(lambda: len(order) == 9, what="every job")
+    assert [o.split("-")[0] for o in order] == ["high"] * 3 + ["default"] * 3 + ["low"] * 3
+    # the result names the queue the job ran from, as arq's does
+    jid = await lp.client.enqueue("later", 9)
+    await eventually(lambda: "low-9" in order)
+
+    async def kept() -> bool:
+        return bool(await r.exists(K.ARQ_RESULT + jid))
+
+    await eventually(kept)
+    info = deserialize_result(await r.get(K.ARQ_RESULT + jid), deserializer=msgpack_loads)
+    assert info.queue_name == KEYS.queue_of("low")
+
+
+async def test_a_consumer_takes_only_its_queues(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    ran: list[str] = []
+
+    @app.task(queue="emails")
+    async def mail(ctx: JobContext) -> None:
+        ran.append("mail")
+
+    @app.task
+    async def other(ctx: JobContext) -> None:
+        ran.append("other")
+
+    lp = Loop(r, app, queues=("emails",))
+    loops.append(lp.start())
+    await lp.client.enqueue("other")
+    await lp.client.enqueue("mail")
+    await lp.client.enqueue("mail", queue="default")  # explicit queue wins over the task's
+    await eventually(lambda: ran == ["mail"], what="the emails job")
+    await asyncio.sleep(0.2)
+    assert ran == ["mail"] and await r.zcard(KEYS.queue) == 2
+
+
+async def test_retry_on_with_a_delay_policy_then_set_aside(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    tries: list[int] = []
+    delays: list[int] = []
+
+    @app.task(max_tries=3, retry_on=ConnectionError, retry_delay=lambda n: 0.05 * n)
+    async def flaky(ctx: JobContext) -> None:
+        tries.append(ctx.job_try)
+        delays.append(int(time.time() * 1000))
+        raise ConnectionError("partner down")
+
+    @app.task(max_tries=3, retry_on=ConnectionError)
+    async def other_error(ctx: JobContext) -> None:
+        tries.append(100 + ctx.job_try)
+        raise ValueError("not retried")
+
+    lp = Loop(r, app)
+    loops.append(lp.start())
+    jid = await lp.client.enqueue("flaky")
+    await eventually(lambda: tries == [1, 2, 3], what="three tries")
+
+    async def dead() -> bool:
+        return await r.zscore(KEYS.dead, jid) is not None
+
+    await eventually(dead, what="set aside after the last try")
+    assert delays[1] - delays[0] >= 45 and delays[2] - delays[1] >= 95  # 50 ms, then 100 ms
+    rec = json.loads(await r.hget(KEYS.dead_jobs, jid))
+    assert "ConnectionError: partner down (after 3 tries)" in rec["reason"]
+    await lp.client.enqueue("other_error")
+    await eventually(lambda: 101 in tries)
+    await asyncio.sleep(0.2)
+    assert tries.count(101) == 1 and 102 not in tries  # not a retried exception: fails once
+
+
+async def test_max_concurrency_holds_across_consumers(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    running = 0
+    peak = 0
+    done: list[int] = []
+
+    @app.task(max_concurrency=2, max_tries=1)  # over the limit is a deferral, not a try
+    async def scarce(ctx: JobContext, n: int) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        done.append(n)
+
+    a, b = Loop(r, app, instance="a"), Loop(r, app, instance="b")
+    for n in range(12):
+        await a.client.enqueue("scarce", n)
+    loops += [a.start(), b.start()]
+    await eventually(lambda: len(done) == 12, within=20, what="every job")
+    assert peak <= 2 and sorted(done) == list(range(12))
+    assert await r.zcard(KEYS.dead) == 0  # nobody ran out of tries waiting
+    assert await r.zcard(KEYS.limit_slots("scarce")) == 0
+
+
+async def test_a_dead_holders_slot_comes_back_after_its_lease(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    done: list[str] = []
+
+    @app.task(max_concurrency=1)
+    async def single(ctx: JobContext) -> None:
+        done.append(ctx.job_id)
+
+    # a consumer that died (SIGKILL) while holding the only slot: nobody renews it
+    now = int(time.time() * 1000)
+    await r.zadd(KEYS.limit_slots("single"), {"ghost": now + 400})
+    lp = Loop(r, app, slot_lease_s=0.4)
+    loops.append(lp.start())
+    await lp.client.enqueue("single")
+    await asyncio.sleep(0.2)
+    assert done == []  # waiting for the slot
+    await eventually(lambda: len(done) == 1, within=5, what="the slot to come back")
+
+
+async def test_rate_limit_spreads_starts(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    starts: list[float] = []
+
+    @app.task(rate="5/s")
+    async def throttled(ctx: JobContext) -> None:
+        starts.append(time.monotonic())
+
+    lp = Loop(r, app)
+    for _ in range(10):
+        await lp.client.enqueue("throttled")
+    loops.append(lp.start())
+    await eventually(lambda: len(starts) == 10, within=10, what="every start")
+    # a burst of 5, then 5 more spread over about a second
+    assert starts[-1] - starts[0] >= 0.8, starts[-1] - starts[0]

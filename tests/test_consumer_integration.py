@@ -328,3 +328,35 @@ def test_dead_letters_page_by_page_and_a_truncated_payload_is_not_requeued(
     refused = cli("dead", "--retry", "big", env=env)
     assert refused.returncode == 1 and "big: truncated" in refused.stdout
     assert rsync.zscore(keys.dead, "big") is not None  # still set aside
+
+
+@pytest.mark.slow
+def test_a_sigkilled_consumers_concurrency_slot_comes_back(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    """max_concurrency=1 held by a consumer that is SIGKILLed mid-job: the slot's lease runs
+    out (nobody renews it) and the next job starts; never two at once. (The orphan bound is
+    long here, so the killed job is not re-run within the test and cannot take the slot.)"""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    slow_reap = {"WORKER_ORPHAN_STALE_S": "300"}
+    a = spawn("consumer", name="a", env=slow_reap)
+    enqueue(redis_url, prefix, "exclusive", "long", 60)
+    wait_until(lambda: rsync.hget(f"{prefix}ledger:exclusive-start", "long"), 30, what="long")
+    enqueue(redis_url, prefix, "exclusive", "short", 0.1)
+    b = spawn("consumer", name="b", env=slow_reap)
+    time.sleep(2)
+    assert rsync.hget(f"{prefix}ledger:exclusive-start", "short") is None  # the slot is taken
+    a.kill()
+    killed = time.monotonic()
+    wait_until(
+        lambda: rsync.hget(f"{prefix}ledger:exclusive-end", "short"), 40, what="the short job"
+    )
+    assert time.monotonic() - killed < 10 + 5  # the slot lease, and a claim round
+    assert rsync.hget(f"{prefix}ledger:exclusive-end", "long") is None  # killed mid-job
+    starts = {
+        k.decode(): float(v) for k, v in rsync.hgetall(f"{prefix}ledger:exclusive-start").items()
+    }
+    ends = {k.decode(): float(v) for k, v in rsync.hgetall(f"{prefix}ledger:exclusive-end").items()}
+    if "long" in ends:
+        assert ends["long"] <= starts["short"] or starts["long"] >= ends["short"]
+    assert b.alive()

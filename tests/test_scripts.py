@@ -263,6 +263,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
             KEYS.wake,
             "job",
             T,
+            3,
             1,
             T,
             KEYS_ids.periodic("job", T),
@@ -290,7 +291,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
     "REAP": (
         K.REAP,
         _seed_reap,
-        [KEYS.leader, KEYS.queue, KEYS.holds("dead"), KEYS.instances],
+        [KEYS.leader, KEYS.holds("dead"), KEYS.instances, KEYS.queue],
         [K.ARQ_IN_PROGRESS, "dead", 1000, T, KEYS.wake],
     ),
 }
@@ -328,7 +329,8 @@ async def test_fenced_script_refuses_and_writes_nothing(
 
 
 def _ticks_args(name: str, advance: int, ticks: list[int]) -> list[Any]:
-    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, len(ticks)]
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, 3]
+    args.append(len(ticks))
     for t in ticks:
         args += [t, KEYS_ids.periodic(name, t), f"payload-{t}".encode()]
     return args
@@ -548,7 +550,7 @@ async def test_checkpoint_cursor_compare_and_set(r: Any, version: str, cursor: s
 
 
 async def _reap(r: Any, instance: str, judged: int) -> int:
-    keys = [KEYS.leader, KEYS.queue, KEYS.holds(instance), KEYS.instances]
+    keys = [KEYS.leader, KEYS.holds(instance), KEYS.instances, KEYS.queue]
     args = [MINE, K.ARQ_IN_PROGRESS, instance, judged, T + 7, KEYS.wake]
     return int(await run(r, K.REAP, keys, args))
 

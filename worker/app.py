@@ -36,8 +36,11 @@ from worker.context import Context
 from worker.errors import ConfigError
 from worker.initializer import InitializerDef
 from worker.jobs import JobDef
+from worker.keys import DEFAULT_QUEUE
+from worker.limits import parse_rate
 from worker.periodic import CatchUp, PeriodicDef
 from worker.poller import PollerDef
+from worker.retry import RetryDelay, as_delay
 from worker.schedule import make_schedule
 from worker.services import Cardinality, ServiceDef, ServiceKeys
 
@@ -67,6 +70,9 @@ class App:
     services: dict[str, ServiceDef] = field(default_factory=dict)
     startup_hooks: list[Hook] = field(default_factory=list)
     shutdown_hooks: list[Hook] = field(default_factory=list)
+    #: Queues in priority order (consumers drain the first before the next). Unset: ``default``
+    #: then every other queue a task or periodic job names, in the order they were declared.
+    queues: tuple[str, ...] | None = None
 
     # -- registration -------------------------------------------------------------------------
     @overload
@@ -81,6 +87,11 @@ class App:
         timeout_s: float | None = None,
         max_tries: int | None = None,
         keep_result_s: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        retry_delay: float | RetryDelay | None = None,
+        max_concurrency: int | None = None,
+        rate: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -91,14 +102,42 @@ class App:
         timeout_s: float | None = None,
         max_tries: int | None = None,
         keep_result_s: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        retry_delay: float | RetryDelay | None = None,
+        max_concurrency: int | None = None,
+        rate: str | None = None,
     ) -> Any:
-        """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run."""
+        """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run.
+
+        ``queue``: where its jobs wait (consumers take queues in priority order, see
+        :attr:`App.queues`). ``retry_on``/``retry_delay``: exceptions retried automatically
+        while tries remain, and the wait before each retry (seconds, or a callable of the try
+        number; see :mod:`worker.retry`). ``max_concurrency``: at most this many run at once
+        across the cluster; ``rate``: at most ``"N/s"`` (``/m``, ``/h``) start cluster-wide.
+        Jobs over a limit wait (deferred), they never fail for it.
+        """
+        on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ConfigError("task max_concurrency must be at least 1")
+        parsed_rate = parse_rate(rate) if rate is not None else None
 
         def register(f: F) -> F:
             self._require_async("task", f)
             n = _check_name("task", name or f.__name__)
             self._unique_name(n)
-            self.tasks[n] = JobDef(n, f, timeout_s, max_tries, keep_result_s)
+            self.tasks[n] = JobDef(
+                n,
+                f,
+                timeout_s,
+                max_tries,
+                keep_result_s,
+                queue=_check_name("queue", queue),
+                retry_on=on,
+                retry_delay=as_delay(retry_delay),
+                max_concurrency=max_concurrency,
+                rate=parsed_rate,
+            )
             return f
 
         return register(fn) if fn is not None else register
@@ -114,6 +153,7 @@ class App:
         catch_up_limit: int = 10,
         catch_up_window: float | dt.timedelta | None = None,
         timeout_s: float | None = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx)`` to run once per tick of ``cron`` or ``every``.
 
@@ -137,8 +177,9 @@ class App:
             n = _check_name("periodic", name or f.__name__)
             self._unique_name(n)
             self.periodics[n] = PeriodicDef(
-                n, f, schedule, catch_up, catch_up_limit, timeout_s, window
-            )
+                n, f, schedule, catch_up, catch_up_limit, timeout_s, window,
+                queue=_check_name("queue", queue),
+            )  # fmt: skip
             return f
 
         return register
@@ -227,8 +268,33 @@ class App:
         return [*self.tasks.values(), *(p.job() for p in self.periodics.values())]
 
     # -- checks -------------------------------------------------------------------------------
+    def queue_names(self) -> list[str]:
+        """Every queue the app uses, in priority order (see :attr:`queues`)."""
+        if self.queues is not None:
+            return list(self.queues)
+        out = [DEFAULT_QUEUE]
+        for job in self.jobs():
+            if job.queue not in out:
+                out.append(job.queue)
+        return out
+
+    def queue_of(self, function: str) -> str:
+        """The queue jobs of ``function`` go to (``default`` for a name the app does not know)."""
+        job = self.tasks.get(function) or (
+            self.periodics[function].job() if function in self.periodics else None
+        )
+        return job.queue if job is not None else DEFAULT_QUEUE
+
     def validate(self) -> None:
         """Cross-checks that need the whole app (raise :class:`ConfigError`)."""
+        if self.queues is not None:
+            for q in self.queues:
+                _check_name("queue", q)
+            for job in self.jobs():
+                if job.queue not in self.queues:
+                    raise ConfigError(
+                        f"{job.name!r}: queue {job.queue!r} is not in App(queues={self.queues!r})"
+                    )
         for p in self.pollers.values():
             if p.task not in self.tasks:
                 raise ConfigError(f"poller {p.name!r}: task {p.task!r} is not registered")

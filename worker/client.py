@@ -17,7 +17,7 @@ job_serializer=..., job_deserializer=...)`` with the pair from
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 from uuid import uuid4
 
 from arq.connections import ArqRedis
@@ -26,6 +26,7 @@ from redis.asyncio import ConnectionPool
 
 from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
+from worker.keys import DEFAULT_QUEUE
 from worker.poller import BoundPoller, Pollers, due_ms
 from worker.serializer import Deserialize, Serialize, SerializerName, get_serializer, job_payload
 from worker.store import NewJob, Store
@@ -60,6 +61,13 @@ def connect_redis(
         job_deserializer=deserialize,
         default_queue_name=queue_name,
     )
+
+
+@runtime_checkable
+class _Routes(Protocol):
+    """An app that knows which queue each function's jobs go to."""
+
+    def queue_of(self, function: str) -> str: ...
 
 
 class Client:
@@ -113,6 +121,7 @@ class Client:
         job_id: str | None = None,
         defer_by: float = 0.0,
         defer_until: dt.datetime | None = None,
+        queue: str | None = None,
         **kwargs: Any,
     ) -> str | None:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
@@ -120,7 +129,9 @@ class Client:
 
         ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: enqueueing the same key
         twice while the first job is queued, in flight or its result is kept runs it once
-        (seed 002 §6.2's activation tasks).
+        (seed 002 §6.2's activation tasks). ``queue``: the queue to wait in; by default the
+        one the task declares (``@app.task(queue=...)``, when the client knows the app), else
+        ``default``.
         """
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
@@ -131,7 +142,9 @@ class Client:
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
         payload = job_payload(function, args, kwargs, now, self._serialize)
         ttl = self._expires_ms + max(0, score - now)
-        ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl)
+        if queue is None:
+            queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
+        ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
 
     def poller(self, name: str) -> BoundPoller:

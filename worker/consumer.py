@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import itertools
+import random
 import time
 from collections.abc import Awaitable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from worker.component import Component
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, Outcome
+from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
 from worker.store import Claimed, Finish, Store
@@ -82,6 +84,11 @@ class ConsumerConfig:
     max_payload_bytes: int = 4 * 1024 * 1024
     #: With no confirmed Redis round trip for this long, claims may have been reaped.
     doubt_s: float = 5.0
+    #: Queues to take jobs from, highest priority first.
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    #: Lease of a concurrency slot, renewed while its job runs (a dead holder's slot comes
+    #: back after at most this long).
+    slot_lease_s: float = 10.0
 
 
 def validate(record: Any) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
@@ -234,7 +241,7 @@ class Consumer(Component):
         self.hooks = list(hooks)
         self.context = context
         self.store = store
-        self.queue = store.keys.queue
+        self.slots: dict[str, str] = {}  # job id -> task, concurrency slots held
         self.instance_id = instance_id
         self.serialize, self.deserialize = serializer
         self.config = config
@@ -321,7 +328,7 @@ class Consumer(Component):
         if self._next_due is not None and self._next_due <= now:
             self._next_due = None
             return True
-        due = await self.store.queue_head()
+        due = await self.store.queue_head(self.config.queues)
         if due is None:
             return False
         if due <= now:
@@ -372,6 +379,7 @@ class Consumer(Component):
             holds_ttl_ms=ms(self.config.holds_ttl_s),
             max_payload=self.config.max_payload_bytes,
             retry_ttl_ms=RETRY_TTL_MS,
+            queues=self.config.queues,
         )
         self.guard.confirmed(sent)
         if (
@@ -417,6 +425,12 @@ class Consumer(Component):
             sent = self.clock.monotonic()
             try:
                 tokens = await self.store.claim_tokens(ids)
+                if self.slots:  # keep the concurrency slots of running jobs
+                    by_task: dict[str, list[str]] = {}
+                    for job_id, task in self.slots.items():
+                        by_task.setdefault(task, []).append(job_id)
+                    until = ms(self.clock.time() + self.config.slot_lease_s)
+                    await self.store.renew_slots(by_task, until)
             except Exception as exc:
                 log.warning("claim check failed", error=f"{type(exc).__name__}: {exc}")
                 await self.clock.wait(stop, interval)
@@ -482,7 +496,15 @@ class Consumer(Component):
             await self._run_job(claimed, run)
         except BaseException as exc:  # bookkeeping must never leave a run unaccounted for
             log.error("job bookkeeping failed", job_id=claimed.job_id, error=repr(exc))
-            self._end(Finish("retry", claimed.job_id, run.token, score_ms=claimed.score_ms))
+            self._end(
+                Finish(
+                    "retry",
+                    claimed.job_id,
+                    run.token,
+                    score_ms=claimed.score_ms,
+                    queue=claimed.queue,
+                )
+            )
         finally:
             self.running.pop(claimed.job_id, None)
             self._wake.set()
@@ -506,11 +528,14 @@ class Consumer(Component):
             job_try = enqueue_try
             await self.store.raise_try(job_id, job_try, RETRY_TTL_MS)
         max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
-        result_for = _ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, self.queue)
+        queue_key = self.store.keys.queue_of(c.queue)
+        result_for = _ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
         if job_try > max_tries:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
+        if (job.max_concurrency or job.rate) and not await self._within_limits(job, c, run):
+            return  # deferred: it waits for a slot, its try given back
 
         extra: dict[str, Any] = {}
         for hook in self.hooks:
@@ -537,43 +562,27 @@ class Consumer(Component):
                 result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
         except (Retry, RetryJob) as exc:
             outcome = "retry"
-            defer = exc.defer_score if isinstance(exc, Retry) else None
-            score = ms(self.clock.time()) + defer if defer else c.score_ms
-            self._end(Finish("retry", job_id, run.token, score_ms=score))
+            defer_ms = exc.defer_score if isinstance(exc, Retry) else None
+            if defer_ms is None and job.retry_delay is not None:
+                defer_ms = ms(job.retry_delay(job_try))
+            score = ms(self.clock.time()) + defer_ms if defer_ms else c.score_ms
+            self._end(Finish("retry", job_id, run.token, score_ms=score, queue=c.queue))
             self.totals["retried"] += 1
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()  # handled here: the run ends normally
-            if job_id in self.guard.lost:
-                outcome = "retry"  # another consumer runs it now: nothing to write
-                self.guard.lost.discard(job_id)
-                self.totals["lost"] += 1
-                if self.metrics is not None:
-                    self.metrics.claims_lost.inc()
-            elif run.aborted:
-                outcome = "failure"
-                aborted = asyncio.CancelledError("aborted")
-                data = result_for(False, aborted, start_ms, self.serialize) if keep > 0 else None
-                self._end(Finish("done", job_id, run.token, data, ms(keep)))
-                self.totals["failed"] += 1
-            else:  # shutdown timeout: it runs again
-                outcome = "retry"
-                self._end(Finish("retry", job_id, run.token, score_ms=c.score_ms))
-                self.totals["retried"] += 1
+            outcome = self._cancelled(c, run, result_for, start_ms, keep)
         except Exception as exc:
-            outcome = "failure"
-            log.info(
-                "job failed", job_id=job_id, function=fn_name, error=f"{type(exc).__name__}: {exc}"
-            )
-            data = result_for(False, exc, start_ms, self.serialize) if keep > 0 else None
-            self._end(Finish("done", job_id, run.token, data, ms(keep)))
-            self.totals["failed"] += 1
+            outcome = await self._failed(c, run, job, exc, result_for, start_ms, keep, max_tries)
         else:
             data = result_for(True, result, start_ms, self.serialize) if keep > 0 else None
-            self._end(Finish("done", job_id, run.token, data, ms(keep)))
+            self._end(Finish("done", job_id, run.token, data, ms(keep), queue=c.queue))
             self.totals["complete"] += 1
         finally:
+            if self.slots.pop(job_id, None) is not None:
+                with contextlib.suppress(Exception):
+                    await self.store.release_slot(job.name, job_id)
             if self.metrics is not None:
                 self.metrics.jobs.labels(fn_name, outcome).inc()
                 self.metrics.job_seconds.labels(fn_name).observe(time.perf_counter() - started)
@@ -582,6 +591,79 @@ class Consumer(Component):
                 await hook.ended(job_id, args, outcome)
             except Exception as exc:
                 log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    def _cancelled(
+        self, c: Claimed, run: _Run, result_for: _ResultFor, start_ms: int, keep: float
+    ) -> Outcome:
+        """A run cancelled: its claim was taken over, it was aborted, or the shutdown timeout
+        cut it (it runs again)."""
+        if c.job_id in self.guard.lost:
+            self.guard.lost.discard(c.job_id)  # another consumer runs it now: nothing to write
+            self.totals["lost"] += 1
+            if self.metrics is not None:
+                self.metrics.claims_lost.inc()
+            return "retry"
+        if run.aborted:
+            aborted = asyncio.CancelledError("aborted")
+            data = result_for(False, aborted, start_ms, self.serialize) if keep > 0 else None
+            self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+            self.totals["failed"] += 1
+            return "failure"
+        self._end(Finish("retry", c.job_id, run.token, score_ms=c.score_ms, queue=c.queue))
+        self.totals["retried"] += 1
+        return "retry"
+
+    async def _failed(
+        self,
+        c: Claimed,
+        run: _Run,
+        job: JobDef,
+        exc: Exception,
+        result_for: _ResultFor,
+        start_ms: int,
+        keep: float,
+        max_tries: int,
+    ) -> Outcome:
+        """A run that raised: retried when the task retries that exception and tries remain
+        (set aside once they are used up), else a failed result (arq semantics)."""
+        error = f"{type(exc).__name__}: {exc}"
+        if job.retry_on and isinstance(exc, job.retry_on):
+            if result_for.job_try < max_tries:
+                delay = job.retry_delay(result_for.job_try) if job.retry_delay else 0.0
+                score = ms(self.clock.time() + delay)
+                self._end(Finish("retry", c.job_id, run.token, score_ms=score, queue=c.queue))
+                self.totals["retried"] += 1
+                log.info("job failed; retrying", job_id=c.job_id, error=error, retry_in_s=delay)
+                return "retry"
+            reason = f"{error} (after {result_for.job_try} tries)"
+            bad = BadJob(reason, "retries")
+            await self._give_up(c, run, bad, start_ms, result_for, count=False)
+            return "failure"
+        log.info("job failed", job_id=c.job_id, function=job.name, error=error)
+        data = result_for(False, exc, start_ms, self.serialize) if keep > 0 else None
+        self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+        self.totals["failed"] += 1
+        return "failure"
+
+    async def _within_limits(self, job: JobDef, c: Claimed, run: _Run) -> bool:
+        """Take the task's concurrency slot and rate allowance; when over a limit, defer the
+        job (its try given back) and say so."""
+        now = ms(self.clock.time())
+        wait = 0
+        if job.max_concurrency:
+            lease = ms(self.config.slot_lease_s)
+            wait = await self.store.take_slot(job.name, c.job_id, now, lease, job.max_concurrency)
+            if not wait:
+                self.slots[c.job_id] = job.name
+        if not wait and job.rate:
+            wait = await self.store.take_rate(job.name, now, *job.rate)
+            if wait and self.slots.pop(c.job_id, None) is not None:
+                await self.store.release_slot(job.name, c.job_id)  # not starting after all
+        if not wait:
+            return True
+        wait = min(wait, 1000) + random.randint(0, 50)  # look again soon; spread the herd
+        self._end(Finish("defer", c.job_id, run.token, score_ms=now + wait, queue=c.queue))
+        return False
 
     def _decode(self, c: Claimed) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
         if c.payload is None:
@@ -609,22 +691,25 @@ class Consumer(Component):
         bad: BadJob,
         start_ms: int,
         result_for: _ResultFor | None = None,
+        *,
+        count: bool = True,
     ) -> None:
         """Set the job aside, keep a failed result (as arq does), take it off the queue."""
         try:
-            await self.dead.set_aside(c.job_id, bad.reason, bad.kind, c.payload, c.size)
+            await self.dead.set_aside(
+                c.job_id, bad.reason, bad.kind, c.payload, c.size, queue=c.queue
+            )
         except Exception as exc:
             log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
         keep = self.config.keep_result_s
         data = None
         if keep > 0:
-            rf = result_for or _ResultFor(
-                "<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, self.queue
-            )
+            queue = self.store.keys.queue_of(c.queue)
+            rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
             data = rf(False, _JobFailed(bad.reason), start_ms, self.serialize)
-        self._end(Finish("done", c.job_id, run.token, data, ms(keep)))
+        self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
         self.totals["failed"] += 1
-        if self.metrics is not None:
+        if count and self.metrics is not None:
             self.metrics.jobs.labels(
                 result_for.function if result_for else "<unknown>", "failure"
             ).inc()

@@ -28,6 +28,7 @@ from arq.constants import expires_extra_ms
 
 from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
+from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.store import Store
 
@@ -57,7 +58,13 @@ class DeadLetters:
         self.metrics = metrics
 
     async def set_aside(
-        self, job_id: str, reason: str, kind: str, payload: bytes | None, size: int
+        self,
+        job_id: str,
+        reason: str,
+        kind: str,
+        payload: bytes | None,
+        size: int,
+        queue: str = DEFAULT_QUEUE,
     ) -> None:
         """Record ``job_id`` (``kind`` labels the metric). ``payload`` is the whole payload when
         it was read; otherwise ``size`` bytes are still in Redis and are digested in chunks."""
@@ -72,6 +79,7 @@ class DeadLetters:
             "job_id": job_id,
             "reason": reason,
             "kind": kind,
+            "queue": queue,
             "at_ms": at_ms,
             "instance": self.instance_id,
             "size": max(size, 0),
@@ -125,7 +133,8 @@ async def retry_dead(redis: ArqRedis, keys: K.Keys, job_id: str, clock: Clock | 
         return "no payload"
     payload = base64.b64decode(payload_b64) if payload_b64 else b""
     now = ms((clock or SystemClock()).time())
-    result = await store.dead_retry(job_id, payload, expires_extra_ms, now)
+    queue = str(rec.get("queue") or DEFAULT_QUEUE) if rec else DEFAULT_QUEUE
+    result = await store.dead_retry(job_id, payload, expires_extra_ms, now, queue)
     return {1: "requeued", 0: "live", -1: "missing"}[result]
 
 

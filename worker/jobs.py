@@ -11,6 +11,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from worker.keys import DEFAULT_QUEUE
+from worker.retry import RetryDelay
+
 TaskFn = Callable[..., Awaitable[Any]]
 #: How a run of a job ended: ``retry`` covers arq's ``Retry`` and cancellation (it runs again).
 Outcome = Literal["success", "failure", "retry"]
@@ -19,13 +22,20 @@ Outcome = Literal["success", "failure", "retry"]
 @dataclass(frozen=True)
 class JobDef:
     """A function consumers run under ``name``. ``timeout_s``/``max_tries``/``keep_result_s``
-    override the process defaults when set."""
+    override the process defaults when set. ``queue`` is where its jobs wait; ``retry_on`` and
+    ``retry_delay`` retry it automatically (see :mod:`worker.retry`); ``max_concurrency`` and
+    ``rate`` limit it cluster-wide (see :mod:`worker.limits`)."""
 
     name: str
     fn: TaskFn
     timeout_s: float | None = None
     max_tries: int | None = None
     keep_result_s: float | None = None
+    queue: str = DEFAULT_QUEUE
+    retry_on: tuple[type[BaseException], ...] = ()
+    retry_delay: RetryDelay | None = None
+    max_concurrency: int | None = None
+    rate: tuple[int, float] | None = None  # (jobs, per seconds)
 
 
 class JobHook(Protocol):

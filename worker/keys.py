@@ -34,6 +34,7 @@ __all__ = [
     "CLAIM_STATIC",
     "DEAD_ADD",
     "DEAD_RETRY",
+    "DEFAULT_QUEUE",
     "DISPATCH",
     "ENQUEUE_TICKS",
     "FENCE_ERROR",
@@ -44,9 +45,11 @@ __all__ = [
     "LEASES_TAKE",
     "LEASE_RELEASE",
     "LEASE_RENEW",
+    "RATE_TAKE",
     "REAP",
     "RELEASE",
     "RENEW",
+    "SLOT_TAKE",
     "UNIQUE_ENQUEUE",
     "Keys",
 ]
@@ -56,6 +59,9 @@ ARQ_RESULT = result_key_prefix
 ARQ_IN_PROGRESS = in_progress_key_prefix
 ARQ_RETRY = retry_key_prefix
 ARQ_ABORT = abort_jobs_ss
+
+#: The queue jobs go to unless their task names another.
+DEFAULT_QUEUE = "default"
 
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
@@ -67,10 +73,15 @@ class Keys:
 
     prefix: str = "worker:"
 
-    # -- queue (arq's sorted set of job ids scored by due time in ms) --------------------------
+    # -- queues (arq's sorted sets of job ids scored by due time in ms) ------------------------
     @property
     def queue(self) -> str:
+        """The default queue (named ``default``)."""
         return f"{self.prefix}queue"
+
+    def queue_of(self, name: str) -> str:
+        """A named queue: ``default`` is :attr:`queue`, any other ``<prefix>queue:<name>``."""
+        return self.queue if name == DEFAULT_QUEUE else f"{self.prefix}queue:{name}"
 
     # -- leadership --------------------------------------------------------------------------
     @property
@@ -171,6 +182,15 @@ class Keys:
 
     def once(self, name: str) -> str:
         return f"{self.prefix}once:{name}"
+
+    # -- cluster-wide limits ------------------------------------------------------------------
+    def limit_slots(self, task: str) -> str:
+        """Sorted set: job id -> lease expiry (ms) of each run holding a concurrency slot."""
+        return f"{self.prefix}limit:{task}:slots"
+
+    def limit_rate(self, task: str) -> str:
+        """The rate limiter's theoretical arrival time (ms) for ``task``."""
+        return f"{self.prefix}limit:{task}:rate"
 
     # -- dead letters -------------------------------------------------------------------------
     @property
@@ -331,26 +351,29 @@ ENQUEUE_TICKS = (
 -- result; then record each job's newest due tick and wake idle consumers.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> periodic state hash (name -> last tick ms)
--- KEYS[3] -> arq queue (sorted set)
+-- KEYS[3..] -> the queues the jobs go to
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix ("arq:job:")
 -- ARGV[3] -> arq result key prefix ("arq:result:")
 -- ARGV[4] -> job key TTL in ms
 -- ARGV[5] -> wake channel
 -- ARGV[6..] -> per periodic job: name, newest due tick (recorded as last even if the policy
---              skipped it), n, then n triples (tick ms, job id, serialized arq job), ascending
+--              skipped it), its queue's index in KEYS, n, then n triples (tick ms, job id,
+--              serialized arq job), ascending
 -- Returns: per job, in order: enqueued, deduplicated (id existed), skipped (tick <= last)
 """
     + _FENCE
     + """
-local out, adds, records = {}, {}, {}
+local out, records = {}, {}
 local earliest = nil
 local i = 6
 while i <= #ARGV do
-  local name, advance, n = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local name, advance = ARGV[i], tonumber(ARGV[i + 1])
+  local queue, n = KEYS[tonumber(ARGV[i + 2])], tonumber(ARGV[i + 3])
   local last = tonumber(redis.call('HGET', KEYS[2], name) or '-1')
   local enqueued, dup, skipped = 0, 0, 0
-  for j = i + 3, i + 2 + 3 * n, 3 do
+  local adds = {}
+  for j = i + 4, i + 3 + 3 * n, 3 do
     local tick, id = tonumber(ARGV[j]), ARGV[j + 1]
     if tick <= last then
       skipped = skipped + 1
@@ -366,6 +389,9 @@ while i <= #ARGV do
       end
     end
   end
+  if #adds > 0 then
+    redis.call('ZADD', queue, unpack(adds))
+  end
   if advance > last then
     records[#records + 1] = name
     records[#records + 1] = string.format('%d', advance)
@@ -373,10 +399,9 @@ while i <= #ARGV do
   out[#out + 1] = enqueued
   out[#out + 1] = dup
   out[#out + 1] = skipped
-  i = i + 3 + 3 * n
+  i = i + 4 + 3 * n
 end
-if #adds > 0 then
-  redis.call('ZADD', KEYS[3], unpack(adds))
+if earliest ~= nil then
   redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
 end
 if #records > 0 then
@@ -508,9 +533,9 @@ REAP = (
 -- CLAIM), then forget the instance. A run of that instance that wakes up later finds its
 -- claim gone and can no longer finish the job (see FINISH).
 -- KEYS[1] -> leader lock
--- KEYS[2] -> arq queue
--- KEYS[3] -> the dead instance's holds set
--- KEYS[4] -> instances sorted set
+-- KEYS[2] -> the dead instance's holds set
+-- KEYS[3] -> instances sorted set
+-- KEYS[4..] -> the queues its jobs can be in
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> instance id
@@ -521,23 +546,26 @@ REAP = (
 """
     + _FENCE
     + """
-local score = redis.call('ZSCORE', KEYS[4], ARGV[3])
+local score = redis.call('ZSCORE', KEYS[3], ARGV[3])
 if score and tonumber(score) > tonumber(ARGV[4]) then
   return -1
 end
 local released = 0
 local prefix = ARGV[3] .. '/'
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  if redis.call('ZSCORE', KEYS[2], id) then
-    local claim = redis.call('GET', ARGV[2] .. id)
-    if claim and string.sub(claim, 1, #prefix) == prefix then
-      released = released + redis.call('DEL', ARGV[2] .. id)
-      redis.call('ZADD', KEYS[2], 'XX', ARGV[5], id)
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  for q = 4, #KEYS do
+    if redis.call('ZSCORE', KEYS[q], id) then
+      local claim = redis.call('GET', ARGV[2] .. id)
+      if claim and string.sub(claim, 1, #prefix) == prefix then
+        released = released + redis.call('DEL', ARGV[2] .. id)
+        redis.call('ZADD', KEYS[q], 'XX', ARGV[5], id)
+      end
+      break
     end
   end
 end
-redis.call('DEL', KEYS[3])
-redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[3])
 if released > 0 then
   redis.call('PUBLISH', ARGV[6], ARGV[5])
 end
@@ -680,18 +708,19 @@ return {ARGV[1], 1}
 # ---------------------------------------------------------------------------------------------
 
 CLAIM = """
--- Claim up to ARGV[2] due jobs for one consumer: per job an in-progress marker holding the
+-- Claim up to ARGV[2] due jobs for one consumer, from its queues in priority order (the first
+-- queue is drained before the next is read): per job an in-progress marker holding the
 -- caller's claim token (SET NX: a job claimed by anyone else, arq's own Worker included, is
 -- skipped), its try counter incremented, and at most ARGV[6] + 1 bytes of its payload (a larger
--- payload is reported by its size and never read whole). Claimed jobs stay in the queue but are
--- parked at the marker's expiry (ARGV[1] + ARGV[4]): the next claim reads only claimable ids,
--- and a job whose consumer died with nobody to reap it becomes due again when its marker
+-- payload is reported by its size and never read whole). Claimed jobs stay in their queue but
+-- are parked at the marker's expiry (ARGV[1] + ARGV[4]): the next claim reads only claimable
+-- ids, and a job whose consumer died with nobody to reap it becomes due again when its marker
 -- expires (arq's own fallback). Claimed ids join the caller's holds set in the same step, so
 -- orphan recovery knows them from the first instant. Per-job errors (a record of the wrong
 -- type) are reported, never fail the batch.
--- KEYS[1] -> arq queue
--- KEYS[2] -> the caller's holds set
--- KEYS[3] -> arq abort sorted set
+-- KEYS[1] -> the caller's holds set
+-- KEYS[2] -> arq abort sorted set
+-- KEYS[3..] -> the queues, highest priority first
 -- ARGV[1] -> now ms (jobs scored at or below are due)
 -- ARGV[2] -> most jobs to claim
 -- ARGV[3] -> claim token "<instance id>/<sequence>"
@@ -703,42 +732,54 @@ CLAIM = """
 -- ARGV[9] -> arq retry key prefix
 -- ARGV[10] -> retry counter TTL in ms
 -- Returns: {pending abort requests, then per claimed job: id, score, try (-1: the counter is
--- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, else too big)}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[2])
-local out = {redis.call('ZCARD', KEYS[3])}
-local claimed, parked = {}, {}
+-- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, else too big),
+-- the index of its queue in KEYS}
+local out = {redis.call('ZCARD', KEYS[2])}
+local claimed = {}
+local left = tonumber(ARGV[2])
 local max = tonumber(ARGV[6])
 local park = tonumber(ARGV[1]) + tonumber(ARGV[4])
-for i = 1, #due, 2 do
-  local id = due[i]
-  if redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
-    claimed[#claimed + 1] = id
-    parked[#parked + 1] = park
-    parked[#parked + 1] = id
-    local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
-    if not ok then
-      try = -1
-    elseif try == 1 then
-      redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
+for q = 3, #KEYS do
+  if left <= 0 then
+    break
+  end
+  local due = redis.call('ZRANGEBYSCORE', KEYS[q], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, left)
+  local parked = {}
+  for i = 1, #due, 2 do
+    local id = due[i]
+    if redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
+      claimed[#claimed + 1] = id
+      parked[#parked + 1] = park
+      parked[#parked + 1] = id
+      left = left - 1
+      local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
+      if not ok then
+        try = -1
+      elseif try == 1 then
+        redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
+      end
+      local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
+      if not okp then
+        payload = -1
+      elseif #payload == 0 then
+        payload = 0
+      elseif #payload > max then
+        payload = redis.call('STRLEN', ARGV[7] .. id)
+      end
+      out[#out + 1] = id
+      out[#out + 1] = due[i + 1]
+      out[#out + 1] = try
+      out[#out + 1] = payload
+      out[#out + 1] = q
     end
-    local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
-    if not okp then
-      payload = -1
-    elseif #payload == 0 then
-      payload = 0
-    elseif #payload > max then
-      payload = redis.call('STRLEN', ARGV[7] .. id)
-    end
-    out[#out + 1] = id
-    out[#out + 1] = due[i + 1]
-    out[#out + 1] = try
-    out[#out + 1] = payload
+  end
+  if #parked > 0 then
+    redis.call('ZADD', KEYS[q], 'XX', unpack(parked))
   end
 end
 if #claimed > 0 then
-  redis.call('ZADD', KEYS[1], 'XX', unpack(parked))
-  redis.call('SADD', KEYS[2], unpack(claimed))
-  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  redis.call('SADD', KEYS[1], unpack(claimed))
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
 end
 return out
 """
@@ -747,25 +788,29 @@ FINISH = """
 -- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker
 -- still equals its claim token): a run whose job was handed to another consumer meanwhile (it
 -- was reaped after a pause) writes nothing. "done": keep the result (if any), delete the job,
--- its try counter and marker, take it off the queue. "retry": drop the marker and put the job
--- back at the given score (its original one, or later when deferred) so it runs again. Either
--- way the id leaves the caller's holds set.
--- KEYS[1] -> arq queue
--- KEYS[2] -> the caller's holds set
--- KEYS[3] -> arq abort sorted set
+-- its try counter and marker, take it off its queue. "retry": drop the marker and put the job
+-- back at the given score (its original one, or later when deferred) so it runs again;
+-- "defer" does the same and also gives back the try the claim counted (the job did not run: a
+-- cluster-wide limit was reached). Either way the id leaves the caller's holds set.
+-- KEYS[1] -> the caller's holds set
+-- KEYS[2] -> arq abort sorted set
+-- KEYS[3..] -> the queues the jobs are in
 -- ARGV[1] -> arq job key prefix
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> arq retry key prefix
 -- ARGV[4] -> arq result key prefix
 -- ARGV[5] -> wake channel (a job put back is announced like a new one)
--- ARGV[6..] -> groups of five: op ("done" | "retry"), job id, claim token, result payload
---              ("" for none) or the score to run again at, result TTL in ms ("" for none)
+-- ARGV[6..] -> groups of six: op ("done" | "retry" | "defer"), job id, claim token, result
+--              payload ("" for none) or the score to run again at, result TTL in ms ("" for
+--              none), the index of the job's queue in KEYS
 -- Returns: {done, retried, refused (claim lost)}
 local done, retried, refused = 0, 0, 0
-local ids, dels, finished = {}, {}, {}
+local ids, dels = {}, {}
+local finished = {}
 local earliest = nil
-for i = 6, #ARGV, 5 do
+for i = 6, #ARGV, 6 do
   local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local queue = KEYS[tonumber(ARGV[i + 5])]
   ids[#ids + 1] = id
   if redis.call('GET', ARGV[2] .. id) ~= token then
     refused = refused + 1
@@ -776,12 +821,16 @@ for i = 6, #ARGV, 5 do
     dels[#dels + 1] = ARGV[1] .. id
     dels[#dels + 1] = ARGV[2] .. id
     dels[#dels + 1] = ARGV[3] .. id
-    finished[#finished + 1] = id
+    finished[queue] = finished[queue] or {}
+    table.insert(finished[queue], id)
     done = done + 1
   else
     dels[#dels + 1] = ARGV[2] .. id
+    if op == 'defer' then
+      redis.call('DECR', ARGV[3] .. id)
+    end
     if data ~= '' then
-      redis.call('ZADD', KEYS[1], 'XX', data, id)
+      redis.call('ZADD', queue, 'XX', data, id)
       if earliest == nil or tonumber(data) < earliest then
         earliest = tonumber(data)
       end
@@ -792,14 +841,15 @@ end
 if #dels > 0 then
   redis.call('DEL', unpack(dels))
 end
-if #finished > 0 then
-  redis.call('ZREM', KEYS[1], unpack(finished))
-  if redis.call('ZCARD', KEYS[3]) > 0 then
-    redis.call('ZREM', KEYS[3], unpack(finished))
+local aborts = redis.call('ZCARD', KEYS[2]) > 0
+for queue, gone in pairs(finished) do
+  redis.call('ZREM', queue, unpack(gone))
+  if aborts then
+    redis.call('ZREM', KEYS[2], unpack(gone))
   end
 end
 if #ids > 0 then
-  redis.call('SREM', KEYS[2], unpack(ids))
+  redis.call('SREM', KEYS[1], unpack(ids))
 end
 if earliest ~= nil then
   redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
@@ -832,4 +882,47 @@ end
 redis.call('ZREM', KEYS[1], unpack(old))
 redis.call('HDEL', KEYS[2], unpack(old))
 return #old
+"""
+
+# ---------------------------------------------------------------------------------------------
+# Cluster-wide limits (worker.limits)
+# ---------------------------------------------------------------------------------------------
+
+SLOT_TAKE = """
+-- Take a concurrency slot for a run: slots whose lease expired (a dead holder) are dropped
+-- first; a run already holding one keeps it (renewed).
+-- KEYS[1] -> the task's slots sorted set (job id -> lease expiry ms)
+-- ARGV[1] -> job id
+-- ARGV[2] -> now ms
+-- ARGV[3] -> lease expiry ms
+-- ARGV[4] -> most slots
+-- Returns: 0 when taken, else ms until the earliest slot's lease ends (at least 1).
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[4]) then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+  return 0
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return math.max(1, tonumber(first[2]) - tonumber(ARGV[2]))
+"""
+
+RATE_TAKE = """
+-- One start under a rate limit (generic cell rate algorithm): N per period, bursts up to N.
+-- KEYS[1] -> the task's theoretical arrival time (ms)
+-- ARGV[1] -> now ms
+-- ARGV[2] -> emission interval ms (period / N)
+-- ARGV[3] -> burst tolerance ms (period - interval)
+-- Returns: 0 when allowed (and counted), else ms to wait.
+local now = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]) or ARGV[1])
+if tat < now then
+  tat = now
+end
+local wait = tat - tonumber(ARGV[3]) - now
+if wait > 0 then
+  return math.ceil(wait)
+end
+local nxt = tat + tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.format('%d', nxt), 'PX', math.ceil(nxt - now) + 1000)
+return 0
 """

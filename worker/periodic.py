@@ -21,6 +21,7 @@ from worker.clock import Clock, ms
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import JobDef, Outcome, TaskFn
+from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
@@ -54,10 +55,11 @@ class PeriodicDef:
     catch_up_limit: int = 10
     timeout_s: float | None = None
     catch_up_window_s: float | None = None
+    queue: str = DEFAULT_QUEUE
 
     def job(self) -> JobDef:
         """What a consumer runs for each tick."""
-        return JobDef(self.name, self.fn, timeout_s=self.timeout_s)
+        return JobDef(self.name, self.fn, timeout_s=self.timeout_s, queue=self.queue)
 
 
 def plan_ticks(job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list[int], int]:
@@ -154,6 +156,7 @@ class PeriodicEnqueuer(LoopComponent):
                     )
                     for t in ticks
                 ],
+                job.queue,
             )
             for job, ticks, advance_to in due
         ]

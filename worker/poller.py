@@ -25,6 +25,7 @@ from worker.clock import Clock, ms
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import Outcome
+from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.serializer import Serialize, job_payload
 from worker.store import FencedStore, NewJob, Store
@@ -135,9 +136,11 @@ class PollingScheduler(LoopComponent):
         serialize: Serialize,
         clock: Clock,
         metrics: Metrics | None = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> None:
         super().__init__(f"poller:{poller.name}", clock, sla_s=max(30.0, poller.interval_s * 10))
         self.poller = poller
+        self.queue = queue  # the poller task's queue
         self.store = store
         self.serialize = serialize
         self.metrics = metrics
@@ -170,7 +173,7 @@ class PollingScheduler(LoopComponent):
             for item, score in due
         ]
         out = await self.store.dispatch(
-            p.name, shard_key, now_ms, ms(p.busy_defer_s), items, expires_extra_ms
+            p.name, shard_key, now_ms, ms(p.busy_defer_s), items, expires_extra_ms, self.queue
         )
         self.dispatched_total += out.dispatched
         self.health.extra["dispatched"] = self.dispatched_total

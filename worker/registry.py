@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from uuid import uuid4
 
 import structlog
 
 from worker.clock import Clock, ms
 from worker.component import LoopComponent
+from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.store import FencedStore, Store
 from worker.version import __version__
@@ -107,9 +109,11 @@ class OrphanReaper(LoopComponent):
         stale_s: float,
         interval_s: float,
         metrics: Metrics | None = None,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
     ) -> None:
         super().__init__("orphan-reaper", clock, sla_s=max(30.0, interval_s * 10))
         self.store = store
+        self.queues = list(queues)
         self.stale_s = stale_s
         self.interval_s = interval_s
         self.metrics = metrics
@@ -118,7 +122,7 @@ class OrphanReaper(LoopComponent):
         cutoff = ms(self.clock.time() - self.stale_s)
         for stale in await self.store.store.stale_instances(cutoff):
             released = await self.store.reap(
-                stale.instance_id, stale.heartbeat_ms, ms(self.clock.time())
+                stale.instance_id, stale.heartbeat_ms, ms(self.clock.time()), self.queues
             )
             if released is None:
                 continue  # it heartbeated meanwhile

@@ -132,6 +132,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         shutdown_timeout_s=s.shutdown_timeout_s,
         holds_ttl_s=max(s.job_timeout_s + 60, s.orphan_stale_s * 3),
         max_payload_bytes=s.max_payload_bytes,
+        queues=consumer_queues(w.app, s),
         # well inside the orphan bound: a consumer doubts its claims before they can be reaped
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
     )
@@ -201,7 +202,8 @@ def _initializer(w: Wiring, init: Any) -> Component:
 
 
 def _poller(w: Wiring, p: Any) -> Component:
-    return PollingScheduler(p, w.fence(), w.serializer[0], w.clock, w.metrics)
+    queue = w.app.queue_of(p.task)
+    return PollingScheduler(p, w.fence(), w.serializer[0], w.clock, w.metrics, queue)
 
 
 def _periodic(w: Wiring, _: Any) -> Component:
@@ -218,6 +220,7 @@ def _reaper(w: Wiring, _: Any) -> Component:
         stale_s=s.orphan_stale_s,
         interval_s=s.heartbeat_interval_s,
         metrics=w.metrics,
+        queues=w.app.queue_names(),
     )
 
 
@@ -320,6 +323,13 @@ def build(w: Wiring) -> dict[GroupName, list[Component]]:
             w.context = Context(s, w.redis, w.client, w.clock, w.instance_id, leader=w.leadership)
     w.singletons.components.extend(groups["singletons"])
     return groups
+
+
+def consumer_queues(app: App, settings: Settings) -> tuple[str, ...]:
+    """The queues a consumer takes jobs from, highest priority first: ``WORKER_QUEUES``, else
+    every queue the app uses."""
+    chosen = [q.strip() for q in settings.queues.split(",") if q.strip()]
+    return tuple(chosen or app.queue_names())
 
 
 def restart_backoff(settings: Settings) -> Callable[[], Backoff]:

@@ -142,6 +142,7 @@ class Settings(BaseSettings):
     keep_result_s: float = Field(3600.0, ge=0, le=WEEK_S)
     serializer: Literal["msgpack", "json", "pickle"] = "msgpack"
     max_payload_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+    queues: str = Field("", pattern=r"^[A-Za-z0-9_.-]*(,[A-Za-z0-9_.-]+)*$")
 
     # -- dead letters -------------------------------------------------------------------------
     dead_letter_max: int = Field(10_000, ge=1, le=10_000_000)

@@ -43,11 +43,23 @@ async def collect(
     clock = clock or SystemClock()
     store = Store(redis, keys)
     now = ms(clock.time())
+    queue_names = app.queue_names()
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.zcard(keys.queue)
-        pipe.zcount(keys.queue, "-inf", now)
+        for name in queue_names:
+            pipe.zcard(keys.queue_of(name))
+            pipe.zcount(keys.queue_of(name), "-inf", now)
         pipe.zcard(keys.dead)
-        depth, due, dead = await pipe.execute()
+        *counts, dead = await pipe.execute()
+    queues = [
+        {
+            "name": keys.queue_of(n),
+            "queue": n,
+            "depth": int(counts[2 * i]),
+            "due": int(counts[2 * i + 1]),
+        }
+        for i, n in enumerate(queue_names)
+    ]
+    depth, due = queues[0]["depth"], queues[0]["due"]
     lock, pttl = await store.read_lock()
     periodic = await store.periodic_last()
 
@@ -139,7 +151,8 @@ async def collect(
         },
         "instances": instances,
         "leader": leader,
-        "queue": {"name": keys.queue, "depth": int(depth), "due": int(due)},
+        "queue": {"name": keys.queue_of(queue_names[0]), "depth": depth, "due": due},
+        "queues": queues,
         "periodic": periodics,
         "pollers": pollers,
         "initializers": initializers,
@@ -179,12 +192,9 @@ def render(status: dict[str, Any]) -> str:
         )
     else:
         out.append("leader: none")
-    q = status["queue"]
-    out += [
-        f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)  "
-        f"dead letters: {status['dead_letters']}",
-        "",
-    ]
+    for q in status.get("queues") or [status["queue"]]:
+        out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)")
+    out += [f"dead letters: {status['dead_letters']}", ""]
     out += _table(
         ["INSTANCE", "ROLE", "LEADER", "IN FLIGHT", "HEARTBEAT", "HOST", "PID", "VERSION"],
         [

@@ -103,6 +103,7 @@ class Claimed:
     try_: int  # -1: the try counter is unusable
     payload: bytes | None
     size: int
+    queue: str = K.DEFAULT_QUEUE
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class Finish:
     result: bytes | None = None
     result_ttl_ms: int = 0
     score_ms: int | None = None
+    queue: str = K.DEFAULT_QUEUE
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,8 @@ class Store:
         self._claim = r.register_script(K.CLAIM)
         self._finish = r.register_script(K.FINISH)
         self._dead_add = r.register_script(K.DEAD_ADD)
+        self._slot_take = r.register_script(K.SLOT_TAKE)
+        self._rate_take = r.register_script(K.RATE_TAKE)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -253,10 +257,10 @@ class Store:
         await self.redis.delete(self.keys.once(name))
 
     # -- enqueueing ---------------------------------------------------------------------------
-    async def unique_enqueue(self, job: NewJob, ttl_ms: int) -> bool:
-        """Write an arq job unless its id is taken (queued, running or result kept)."""
+    async def unique_enqueue(self, job: NewJob, ttl_ms: int, queue: str = K.DEFAULT_QUEUE) -> bool:
+        """Write an arq job into ``queue`` unless its id is taken (queued, running or kept)."""
         ok = await self._unique_enqueue(
-            keys=[self.keys.queue],
+            keys=[self.keys.queue_of(queue)],
             args=[
                 job.job_id,
                 K.ARQ_JOB,
@@ -400,10 +404,16 @@ class Store:
         holds_ttl_ms: int,
         max_payload: int,
         retry_ttl_ms: int,
+        queues: Sequence[str] = (K.DEFAULT_QUEUE,),
     ) -> Claims:
-        """Claim up to ``limit`` due jobs under ``token`` (see ``keys.CLAIM``)."""
+        """Claim up to ``limit`` due jobs under ``token`` from ``queues``, highest priority
+        first (see ``keys.CLAIM``)."""
         raw = await self._claim(
-            keys=[self.keys.queue, self.keys.holds(instance_id), K.ARQ_ABORT],
+            keys=[
+                self.keys.holds(instance_id),
+                K.ARQ_ABORT,
+                *(self.keys.queue_of(q) for q in queues),
+            ],
             args=[
                 now_ms,
                 limit,
@@ -418,7 +428,7 @@ class Store:
             ],
         )
         jobs = []
-        for i in range(1, len(raw), 4):
+        for i in range(1, len(raw), 5):
             data = raw[i + 3]
             payload: bytes | None
             if isinstance(data, bytes):
@@ -428,29 +438,70 @@ class Store:
             else:
                 payload = None
             size = len(payload) if payload is not None else int(data)
-            jobs.append(Claimed(_s(raw[i]), int(float(raw[i + 1])), int(raw[i + 2]), payload, size))
+            queue = queues[int(raw[i + 4]) - 3]
+            jobs.append(
+                Claimed(_s(raw[i]), int(float(raw[i + 1])), int(raw[i + 2]), payload, size, queue)
+            )
         return Claims(jobs, int(raw[0]))
 
     async def finish(self, instance_id: str, runs: Sequence[Finish]) -> FinishOutcome:
         """Finish runs whose claims still hold (see ``keys.FINISH``)."""
         args: list[Any] = [K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake]
+        queues: list[str] = []
         for f in runs:
             if f.op == "done":
                 data: Any = f.result if f.result is not None else ""
                 ttl: Any = f.result_ttl_ms if f.result is not None else ""
             else:
                 data, ttl = ("" if f.score_ms is None else f.score_ms), ""
-            args += [f.op, f.job_id, f.token, data, ttl]
+            if f.queue not in queues:
+                queues.append(f.queue)
+            args += [f.op, f.job_id, f.token, data, ttl, queues.index(f.queue) + 3]
         done, retried, refused = await self._finish(
-            keys=[self.keys.queue, self.keys.holds(instance_id), K.ARQ_ABORT], args=args
+            keys=[
+                self.keys.holds(instance_id),
+                K.ARQ_ABORT,
+                *(self.keys.queue_of(q) for q in queues),
+            ],
+            args=args,
         )
         return FinishOutcome(int(done), int(retried), int(refused))
 
-    async def queue_head(self) -> int | None:
-        """The earliest score in the queue (ms), ``None`` when empty: one command, what an idle
-        consumer looks at between announcements."""
-        head = await self.redis.zrange(self.keys.queue, 0, 0, withscores=True)
-        return int(head[0][1]) if head else None
+    async def queue_head(self, queues: Sequence[str] = (K.DEFAULT_QUEUE,)) -> int | None:
+        """The earliest score in ``queues`` (ms), ``None`` when empty: one command per queue
+        in one round trip, what an idle consumer looks at between announcements."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.zrange(self.keys.queue_of(q), 0, 0, withscores=True)
+            heads = await pipe.execute()
+        scores = [int(h[0][1]) for h in heads if h]
+        return min(scores) if scores else None
+
+    # -- cluster-wide limits ------------------------------------------------------------------
+    async def take_slot(self, task: str, job_id: str, now_ms: int, lease_ms: int, most: int) -> int:
+        """Take (or keep) a concurrency slot of ``task``: 0, or ms until one may free up."""
+        wait = await self._slot_take(
+            keys=[self.keys.limit_slots(task)], args=[job_id, now_ms, now_ms + lease_ms, most]
+        )
+        return int(wait)
+
+    async def renew_slots(self, slots: Mapping[str, Sequence[str]], until_ms: int) -> None:
+        """Extend the leases of the slots held (task -> job ids) to ``until_ms``."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for task, job_ids in slots.items():
+                pipe.zadd(self.keys.limit_slots(task), dict.fromkeys(job_ids, until_ms), xx=True)
+            await pipe.execute()
+
+    async def release_slot(self, task: str, job_id: str) -> None:
+        await self.redis.zrem(self.keys.limit_slots(task), job_id)
+
+    async def take_rate(self, task: str, now_ms: int, jobs: int, per_s: float) -> int:
+        """Count one start under ``jobs`` per ``per_s``: 0, or ms to wait."""
+        interval = per_s * 1000 / jobs
+        wait = await self._rate_take(
+            keys=[self.keys.limit_rate(task)], args=[now_ms, interval, per_s * 1000 - interval]
+        )
+        return int(wait)
 
     async def claim_tokens(self, job_ids: Sequence[str]) -> list[str | None]:
         """The in-progress marker (claim token) of each job, ``None`` where there is none."""
@@ -521,10 +572,12 @@ class Store:
         raw = await self.redis.hget(self.keys.dead_jobs, job_id)
         return json.loads(raw) if raw else None
 
-    async def dead_retry(self, job_id: str, payload: bytes, ttl_ms: int, now_ms: int) -> int:
+    async def dead_retry(
+        self, job_id: str, payload: bytes, ttl_ms: int, now_ms: int, queue: str = K.DEFAULT_QUEUE
+    ) -> int:
         """Re-queue a dead letter: 1 re-queued, 0 the id is live, -1 not a dead letter."""
         result = await self._dead_retry(
-            keys=[self.keys.queue, self.keys.dead, self.keys.dead_jobs],
+            keys=[self.keys.queue_of(queue), self.keys.dead, self.keys.dead_jobs],
             args=[
                 job_id,
                 payload,
@@ -572,16 +625,19 @@ class FencedStore:
             raise
 
     async def enqueue_ticks(
-        self, due: Sequence[tuple[str, int, Sequence[NewJob]]], ttl_ms: int
+        self, due: Sequence[tuple[str, int, Sequence[NewJob], str]], ttl_ms: int
     ) -> list[TickOutcome]:
         """Enqueue the ticks of several periodic jobs in one step: per job ``(name, newest due
-        tick to record, ticks as jobs scored at their tick)`` (see ``keys.ENQUEUE_TICKS``)."""
+        tick to record, ticks as jobs scored at their tick, queue)`` (``keys.ENQUEUE_TICKS``)."""
         args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, self.keys.wake]
-        for name, advance_to, ticks in due:
-            args += [name, advance_to, len(ticks)]
+        queues: list[str] = []
+        for name, advance_to, ticks, queue in due:
+            if queue not in queues:
+                queues.append(queue)
+            args += [name, advance_to, queues.index(queue) + 3, len(ticks)]
             for t in ticks:
                 args += [t.score_ms, t.job_id, t.payload]
-        keys = [self.keys.periodic_state, self.keys.queue]
+        keys = [self.keys.periodic_state, *(self.keys.queue_of(q) for q in queues)]
         raw = await self._run(self.store.enqueue_ticks_script, keys, args)
         return [
             TickOutcome(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]))
@@ -596,12 +652,13 @@ class FencedStore:
         busy_defer_ms: int,
         items: Sequence[tuple[str, NewJob]],
         ttl_ms: int,
+        queue: str = K.DEFAULT_QUEUE,
     ) -> DispatchOutcome:
-        """Move due ``items`` of one shard into the queue, one job each (``keys.DISPATCH``)."""
+        """Move due ``items`` of one shard into ``queue``, one job each (``keys.DISPATCH``)."""
         args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms, self.keys.wake]
         for item, job in items:
             args += [item, job.job_id, job.payload]
-        keys = [self.keys.poll_inflight(poller), self.keys.queue, shard_key]
+        keys = [self.keys.poll_inflight(poller), self.keys.queue_of(queue), shard_key]
         sent, busy, dup, gone = await self._run(self.store.dispatch_script, keys, args)
         return DispatchOutcome(int(sent), int(busy), int(dup), int(gone))
 
@@ -643,10 +700,20 @@ class FencedStore:
         still this process's (see :class:`FencedPipeline`)."""
         return FencedPipeline(self)
 
-    async def reap(self, instance_id: str, judged_ms: int, now_ms: int) -> int | None:
-        """Release the jobs of a dead instance (due at ``now_ms``); ``None`` if it heartbeated
-        meanwhile."""
-        keys = [self.keys.queue, self.keys.holds(instance_id), self.keys.instances]
+    async def reap(
+        self,
+        instance_id: str,
+        judged_ms: int,
+        now_ms: int,
+        queues: Sequence[str] = (K.DEFAULT_QUEUE,),
+    ) -> int | None:
+        """Release the jobs of a dead instance (due at ``now_ms``, in whichever of ``queues``
+        they are); ``None`` if it heartbeated meanwhile."""
+        keys = [
+            self.keys.holds(instance_id),
+            self.keys.instances,
+            *(self.keys.queue_of(q) for q in queues),
+        ]
         args = [K.ARQ_IN_PROGRESS, instance_id, judged_ms, now_ms, self.keys.wake]
         released = int(await self._run(self.store.reap_script, keys, args))
         return None if released < 0 else released

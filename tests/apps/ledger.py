@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Mapping
 
 from worker import App, Context, JobContext
@@ -116,3 +117,11 @@ if os.environ.get("LEDGER_MAILBOXES"):
         finally:
             if await ctx.redis.get(marker) == str(os.getpid()).encode():
                 await ctx.redis.delete(marker)
+
+
+@app.task(max_concurrency=1)
+async def exclusive(ctx: JobContext, name: str, seconds: float) -> None:
+    """At most one at a time cluster-wide: records start/end times to check it."""
+    await ctx.redis.hset(_k(ctx, "exclusive-start"), name, time.time())
+    await asyncio.sleep(seconds)
+    await ctx.redis.hset(_k(ctx, "exclusive-end"), name, time.time())
