@@ -229,7 +229,7 @@ async def test_mixed_deployment_arq_worker_and_ours_on_one_queue_run_each_job_on
 
     async def rec(ctx: Any, n: int) -> int:
         await redis.hincrby(ledger, str(ctx["job_id"]), 1)
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.005)
         return n * 2
 
     app = App("mix")
@@ -246,11 +246,16 @@ async def test_mixed_deployment_arq_worker_and_ours_on_one_queue_run_each_job_on
     store = client.store
     ours = Consumer(
         app.jobs(), [], ctx, store, (ser, de), SystemClock(), instance_id="ours",
-        config=ConsumerConfig(concurrency=50, poll_delay_s=0.01, keep_result_s=60),
+        config=ConsumerConfig(concurrency=10, poll_delay_s=0.01, keep_result_s=60),
         dead=DeadLetters(store, SystemClock(), instance_id="ours"),
     )  # fmt: skip
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(arq_worker.main()), asyncio.create_task(ours.run(stop))]
+    tasks = [asyncio.create_task(arq_worker.main())]
+    for _ in range(500):  # arq's Worker first, so it surely takes a share; then both at once
+        if await redis.hlen(ledger) >= 20:
+            break
+        await asyncio.sleep(0.01)
+    tasks.append(asyncio.create_task(ours.run(stop)))
     try:
         await asyncio.wait_for(tasks[0], 45)
         for _ in range(600):

@@ -280,3 +280,35 @@ async def test_every_job_due_at_an_instant_goes_in_one_call(r: Any) -> None:
     e.clock.advance(0.5)  # type: ignore[attr-defined]
     await e.tick()
     assert calls == 1  # nothing due: no Redis call at all
+
+
+async def test_a_paused_job_skips_its_ticks_and_does_not_catch_up(r: Any) -> None:
+    await r.set(KEYS.leader, LOCK)
+    await r.hset(KEYS.periodic_state, mapping={"job": T0, "other": T0})
+    store = Store(r, KEYS)
+    await store.pause("periodic:job")
+    clock = clock_at(T0 + 3 * MIN + 10)
+    e = enqueuer(r, [pdef(), pdef(name="other")], clock)
+    await e.tick()
+    assert await queued(r) == ids("other", T0 + MIN, T0 + 2 * MIN, T0 + 3 * MIN)
+    assert await r.hget(KEYS.periodic_state, "job") == str(T0 + 3 * MIN).encode()  # advanced
+    await store.resume("periodic:job")
+    clock.advance(60)
+    e._read_at = float("-inf")
+    await e.tick()
+    assert ids("job", T0 + 4 * MIN)[0] in await queued(r)  # only ticks after the resume
+    assert ids("job", T0 + MIN)[0] not in await queued(r)
+
+
+async def test_trigger_runs_a_job_once_now(r: Any) -> None:
+    from worker.client import Client
+    from worker.periodic import trigger
+
+    clock = clock_at(T0 + 1234)
+    client = Client(r, keys=KEYS, serialize=msgpack_dumps, clock=clock)
+    job = pdef()
+    jid = await trigger(client, job)
+    assert jid == KEYS_ids.periodic("job", T0 + 1234)
+    assert await queued(r) == [jid]
+    assert await trigger(client, job) is None  # the same instant twice: once
+    assert await r.hget(KEYS.periodic_state, "job") is None  # the schedule did not move

@@ -242,3 +242,18 @@ async def test_client_without_app_has_no_pollers(r: Any) -> None:
         c.poller("cards")
     with pytest.raises(KeyError):
         client(r, make_app(), FakeClock()).poller("nope")
+
+
+async def test_a_paused_poller_dispatches_nothing(r: Any) -> None:
+    await r.set(KEYS.leader, LOCK)
+    app = make_app()
+    clock = FakeClock(NOW / 1000)
+    await client(r, app, clock).poller("cards").schedule_many(["a", "b"])
+    store = Store(r, KEYS)
+    await store.pause("poller:cards")
+    s = scheduler(r, app.pollers["cards"], clock)
+    await s.tick()
+    assert await queue_items(r) == Counter()
+    await store.resume("poller:cards")
+    await s.tick()
+    assert await queue_items(r) == Counter({"a": 1, "b": 1})

@@ -255,7 +255,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
     "ENQUEUE_TICKS": (
         K.ENQUEUE_TICKS,
         _seed_nothing,
-        [KEYS.leader, KEYS.periodic_state, KEYS.queue],
+        [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.queue],
         [
             K.ARQ_JOB,
             K.ARQ_RESULT,
@@ -263,7 +263,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
             KEYS.wake,
             "job",
             T,
-            3,
+            4,
             1,
             T,
             KEYS_ids.periodic("job", T),
@@ -273,8 +273,8 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
     "DISPATCH": (
         K.DISPATCH,
         _seed_dispatch,
-        [KEYS.leader, KEYS.poll_inflight("p"), KEYS.queue, KEYS.poll_shard("p", 0)],
-        [K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, 1000, KEYS.wake, "a", "id-a", b"p"],
+        [KEYS.leader, KEYS.poll_inflight("p"), KEYS.queue, KEYS.poll_shard("p", 0), KEYS.paused],
+        [K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, 1000, KEYS.wake, "p", "a", "id-a", b"p"],
     ),
     "INIT_BEGIN": (
         K.INIT_BEGIN,
@@ -329,7 +329,7 @@ async def test_fenced_script_refuses_and_writes_nothing(
 
 
 def _ticks_args(name: str, advance: int, ticks: list[int]) -> list[Any]:
-    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, 3]
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, 4]
     args.append(len(ticks))
     for t in ticks:
         args += [t, KEYS_ids.periodic(name, t), f"payload-{t}".encode()]
@@ -337,7 +337,7 @@ def _ticks_args(name: str, advance: int, ticks: list[int]) -> list[Any]:
 
 
 async def _enqueue_ticks(r: Any, name: str, advance: int, ticks: list[int]) -> list[int]:
-    keys = [KEYS.leader, KEYS.periodic_state, KEYS.queue]
+    keys = [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.queue]
     return list(await run(r, K.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks)))
 
 
@@ -405,8 +405,8 @@ INFLIGHT = KEYS.poll_inflight("p")
 
 
 async def _dispatch(r: Any, now: int, items: list[tuple[str, str]], defer: int = 1000) -> list[int]:
-    keys = [KEYS.leader, INFLIGHT, KEYS.queue, SHARD]
-    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer, KEYS.wake]
+    keys = [KEYS.leader, INFLIGHT, KEYS.queue, SHARD, KEYS.paused]
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer, KEYS.wake, "p"]
     for item, jid in items:
         args += [item, jid, f"job-for-{item}".encode()]
     return list(await run(r, K.DISPATCH, keys, args))

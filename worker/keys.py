@@ -167,6 +167,12 @@ class Keys:
         """arq's health-check key, one per instance (arq issue #291)."""
         return f"{self.prefix}arq-health:{instance_id}"
 
+    @property
+    def paused(self) -> str:
+        """Set of paused duties: ``periodic:<name>`` (ticks skipped), ``poller:<name>``
+        (nothing dispatched). ``python -m worker pause|resume`` edits it."""
+        return f"{self.prefix}paused"
+
     # -- per_key services ---------------------------------------------------------------------
     def service_members(self, service: str) -> str:
         """Sorted set: instance id -> last round (epoch ms) of processes running the service."""
@@ -347,11 +353,13 @@ ENQUEUE_TICKS = (
     """
 -- Fenced. Enqueue the due ticks of several periodic jobs in one step (one call per tick
 -- instant, whatever the number of jobs): each tick as an arq job with a deterministic id,
--- unless it is at or before the job's recorded last tick or its id already has a job or a
--- result; then record each job's newest due tick and wake idle consumers.
+-- unless it is at or before the job's recorded last tick, its id already has a job or a
+-- result, or the job is paused (its ticks are skipped, not caught up on resume); then record
+-- each job's newest due tick and wake idle consumers.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> periodic state hash (name -> last tick ms)
--- KEYS[3..] -> the queues the jobs go to
+-- KEYS[3] -> paused set ("periodic:<name>", "poller:<name>")
+-- KEYS[4..] -> the queues the jobs go to
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix ("arq:job:")
 -- ARGV[3] -> arq result key prefix ("arq:result:")
@@ -371,11 +379,12 @@ while i <= #ARGV do
   local name, advance = ARGV[i], tonumber(ARGV[i + 1])
   local queue, n = KEYS[tonumber(ARGV[i + 2])], tonumber(ARGV[i + 3])
   local last = tonumber(redis.call('HGET', KEYS[2], name) or '-1')
+  local paused = redis.call('SISMEMBER', KEYS[3], 'periodic:' .. name) == 1
   local enqueued, dup, skipped = 0, 0, 0
   local adds = {}
   for j = i + 4, i + 3 + 3 * n, 3 do
     local tick, id = tonumber(ARGV[j]), ARGV[j + 1]
-    if tick <= last then
+    if tick <= last or paused then
       skipped = skipped + 1
     elseif redis.call('EXISTS', ARGV[2] .. id, ARGV[3] .. id) > 0 then
       dup = dup + 1
@@ -420,6 +429,7 @@ DISPATCH = (
 -- KEYS[2] -> poller in-flight hash (item -> job id)
 -- KEYS[3] -> arq queue
 -- KEYS[4] -> shard sorted set (item -> due ms)
+-- KEYS[5] -> paused set (a paused poller dispatches nothing: "poller:<name>")
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix
 -- ARGV[3] -> arq result key prefix
@@ -427,14 +437,18 @@ DISPATCH = (
 -- ARGV[5] -> now in ms (items scored above it are not due)
 -- ARGV[6] -> push-back delay in ms for items still in flight
 -- ARGV[7] -> wake channel
--- ARGV[8..] -> triples: item, job id, serialized arq job
+-- ARGV[8] -> poller name
+-- ARGV[9..] -> triples: item, job id, serialized arq job
 -- Returns: {dispatched, still_in_flight, duplicate_ids, no_longer_due}
 """
     + _FENCE
     + """
 local now = tonumber(ARGV[5])
 local sent, busy, dup, gone = 0, 0, 0, 0
-for i = 8, #ARGV, 3 do
+if redis.call('SISMEMBER', KEYS[5], 'poller:' .. ARGV[8]) == 1 then
+  return {0, 0, 0, 0}
+end
+for i = 9, #ARGV, 3 do
   local item, id = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', KEYS[4], item)
   if (not score) or tonumber(score) > now then

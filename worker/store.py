@@ -543,6 +543,17 @@ class Store:
     async def clear_health(self, instance_id: str) -> None:
         await self.redis.delete(self.keys.arq_health(instance_id))
 
+    # -- operations on schedules ---------------------------------------------------------------
+    async def pause(self, duty: str) -> bool:
+        """Pause ``periodic:<name>`` or ``poller:<name>`` cluster-wide; ``True`` if it was not."""
+        return bool(await self.redis.sadd(self.keys.paused, duty))
+
+    async def resume(self, duty: str) -> bool:
+        return bool(await self.redis.srem(self.keys.paused, duty))
+
+    async def paused(self) -> set[str]:
+        return {_s(m) for m in await self.redis.smembers(self.keys.paused)}
+
     # -- jobs and dead letters ----------------------------------------------------------------
     async def job_payload(self, job_id: str) -> bytes | None:
         raw = await self.redis.get(K.ARQ_JOB + job_id)
@@ -634,10 +645,14 @@ class FencedStore:
         for name, advance_to, ticks, queue in due:
             if queue not in queues:
                 queues.append(queue)
-            args += [name, advance_to, queues.index(queue) + 3, len(ticks)]
+            args += [name, advance_to, queues.index(queue) + 4, len(ticks)]
             for t in ticks:
                 args += [t.score_ms, t.job_id, t.payload]
-        keys = [self.keys.periodic_state, *(self.keys.queue_of(q) for q in queues)]
+        keys = [
+            self.keys.periodic_state,
+            self.keys.paused,
+            *(self.keys.queue_of(q) for q in queues),
+        ]
         raw = await self._run(self.store.enqueue_ticks_script, keys, args)
         return [
             TickOutcome(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]))
@@ -655,10 +670,17 @@ class FencedStore:
         queue: str = K.DEFAULT_QUEUE,
     ) -> DispatchOutcome:
         """Move due ``items`` of one shard into ``queue``, one job each (``keys.DISPATCH``)."""
-        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms, self.keys.wake]
+        args: list[Any] = [
+            K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms, self.keys.wake, poller,
+        ]  # fmt: skip
         for item, job in items:
             args += [item, job.job_id, job.payload]
-        keys = [self.keys.poll_inflight(poller), self.keys.queue_of(queue), shard_key]
+        keys = [
+            self.keys.poll_inflight(poller),
+            self.keys.queue_of(queue),
+            shard_key,
+            self.keys.paused,
+        ]
         sent, busy, dup, gone = await self._run(self.store.dispatch_script, keys, args)
         return DispatchOutcome(int(sent), int(busy), int(dup), int(gone))
 
