@@ -206,3 +206,14 @@ def test_example_image_and_compose_pass_the_linters() -> None:
     text = (EXAMPLE / "Dockerfile").read_text()
     assert ".[examples]" in text and "WORKER_APP=jobs:app" in text
     assert "COPY examples/fastapi/api.py examples/fastapi/jobs.py /app/" in text
+
+
+def test_the_docs_point_at_the_web_app_path() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "(docs/migration.md)" in readme and "(examples/fastapi/)" in readme
+    assert '"worker:queue"' not in readme  # the plain-arq recipe derives it from the prefix
+    assert "Client.from_env" in readme and "### Two apps on one Redis" in readme
+    migration = (ROOT / "docs" / "migration.md").read_text()
+    for topic in ("--workers 4", "## 2. The cut-over", "## 4. Rollback", "ctx.once"):
+        assert topic in migration, topic
+    assert (EXAMPLE / "README.md").is_file()
