@@ -1,17 +1,20 @@
 """Enqueueing from anywhere (web apps, tasks, initializers): jobs, unique jobs, poll items.
 
 A :class:`Client` wraps an :class:`arq.connections.ArqRedis` configured with the framework's
-queue name and serializer, so what it writes is exactly what the consumers read::
+queue name and serializer, so what it writes is exactly what the consumers read. A web app
+reads the same ``WORKER_*`` settings as the workers (Redis URL or ``WORKER_REDIS_URL_FILE``,
+key prefix, serializer), so the two cannot disagree::
 
-    client = await worker.Client.connect("redis://redis:6379/0", app=app)
+    client = await worker.Client.from_env(app=app)   # or Client.connect(url, app=app, ...)
     await client.enqueue("send_report", 42)
     await client.enqueue("activate", pkg_id, unique_key=f"activate:{pkg_id}")
     await client.poller("cards").schedule("card-17", delay=30)
+    info = await client.job(job_id).result_info()     # arq's Job: status, result
     await client.close()
 
-Plain arq works too: ``arq.create_pool(settings, default_queue_name=f"{prefix}queue",
-job_serializer=..., job_deserializer=...)`` with the pair from
-:func:`worker.serializer.get_serializer`.
+Plain arq works too: ``arq.create_pool(RedisSettings.from_dsn(url), **arq_options(settings))``
+(:func:`arq_options`: the queue name derived from the key prefix, ``Keys(prefix).queue``, and
+the serializer pair of :func:`worker.serializer.get_serializer`).
 """
 
 from __future__ import annotations
@@ -22,13 +25,17 @@ from uuid import uuid4
 
 from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
+from arq.jobs import Job
 from redis.asyncio import ConnectionPool
 
 from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
+from worker.errors import ConfigError
 from worker.keys import DEFAULT_QUEUE
 from worker.poller import BoundPoller, Pollers, due_ms
+from worker.preflight import wait_for_redis
 from worker.serializer import Deserialize, Serialize, SerializerName, get_serializer, job_payload
+from worker.settings import Settings, load_settings
 from worker.store import NewJob, Store
 
 
@@ -68,6 +75,17 @@ class _Routes(Protocol):
     """An app that knows which queue each function's jobs go to."""
 
     def queue_of(self, function: str) -> str: ...
+
+
+def arq_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for a plain ``arq.create_pool`` that writes what the workers read:
+    the queue name derived from ``WORKER_KEY_PREFIX`` and the ``WORKER_SERIALIZER`` pair."""
+    serialize, deserialize = get_serializer(settings.serializer)
+    return {
+        "default_queue_name": K.Keys(settings.key_prefix).queue,
+        "job_serializer": serialize,
+        "job_deserializer": deserialize,
+    }
 
 
 class Client:
@@ -110,6 +128,40 @@ class Client:
         await redis.ping()
         return cls(redis, keys=keys, serialize=serialize, app=app)
 
+    @classmethod
+    async def from_settings(
+        cls, settings: Settings, *, app: Pollers | None = None, clock: Clock | None = None
+    ) -> Client:
+        """Connect with the workers' settings: the Redis URL (``WORKER_REDIS_URL`` or
+        ``WORKER_REDIS_URL_FILE``), ``WORKER_KEY_PREFIX`` and ``WORKER_SERIALIZER``. Waits up
+        to ``WORKER_REDIS_CONNECT_TIMEOUT_S`` for Redis; :class:`ConfigError` (one line) when
+        the URL is missing or Redis does not answer."""
+        url = settings.redis_url
+        if not url:
+            raise ConfigError(
+                "WORKER_REDIS_URL: not set (nor WORKER_REDIS_URL_FILE); the client needs the "
+                "Redis URL the workers use"
+            )
+        clock = clock or SystemClock()
+        serialize, deserialize = get_serializer(settings.serializer)
+        keys = K.Keys(settings.key_prefix)
+        redis = connect_redis(
+            url, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
+        )
+        try:
+            await wait_for_redis(redis, url, settings.redis_connect_timeout_s, clock)
+        except BaseException:
+            await redis.aclose(close_connection_pool=True)
+            raise
+        return cls(redis, keys=keys, serialize=serialize, app=app, clock=clock)
+
+    @classmethod
+    async def from_env(cls, *, app: Pollers | None = None, **overrides: Any) -> Client:
+        """:meth:`from_settings` with :func:`~worker.settings.load_settings` (``WORKER_*``
+        environment, ``WORKER_CONFIG_FILE``; ``overrides`` win): what a web app's lifespan
+        calls. Pass ``app`` (the workers' :class:`~worker.App`) to schedule poll items."""
+        return await cls.from_settings(load_settings(**overrides), app=app)
+
     async def close(self) -> None:
         await self.redis.aclose(close_connection_pool=True)
 
@@ -146,6 +198,20 @@ class Client:
             queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
         ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
+
+    def unique_job_id(self, unique_key: str) -> str:
+        """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""
+        return self.store.ids.unique(unique_key)
+
+    def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> Job:
+        """arq's :class:`~arq.jobs.Job` for ``job_id`` in ``queue``: ``await job.status()``,
+        ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
+        return Job(
+            job_id,
+            self.redis,
+            _queue_name=self.keys.queue_of(queue),
+            _deserializer=self.redis.job_deserializer,
+        )
 
     def poller(self, name: str) -> BoundPoller:
         """The shard queues of the app's poller ``name``."""

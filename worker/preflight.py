@@ -3,6 +3,9 @@
 - :func:`wait_for_redis`: Redis answers within ``WORKER_REDIS_CONNECT_TIMEOUT_S``;
 - :func:`check_redis_contract`: Redis must not evict keys (``maxmemory-policy noeviction``):
   an evicted lease is a second leader, an evicted job is a lost job.
+- :func:`check_app_identity`: no live instance of *another* app uses this key prefix (two
+  apps on one prefix share a queue and a leader lock, and each runs the other's jobs as
+  unknown functions);
 - :func:`bind_listeners`: the health server's socket is bound before any component starts,
   so a port in use fails start-up instead of crash-looping the health component.
 """
@@ -19,6 +22,7 @@ from redis.exceptions import ResponseError
 from worker.clock import Clock
 from worker.errors import ConfigError
 from worker.settings import Settings, mask_url
+from worker.store import Store
 
 #: The only ``maxmemory-policy`` under which no key is ever evicted.
 NOEVICTION = "noeviction"
@@ -100,6 +104,23 @@ async def check_redis_contract(redis: Any, settings: Settings) -> list[str]:
         f"Redis maxmemory-policy is {policy!r}, not {NOEVICTION!r}: keys may be evicted (a "
         f"second leader, lost jobs); running anyway because {ALLOW_EVICTION}=true"
     ]
+
+
+async def check_app_identity(store: Store, app_name: str) -> None:
+    """Refuse to start when live instances (heartbeat record not expired) of another app use
+    this key prefix: :class:`ConfigError` naming the prefix, the other apps and this one.
+
+    Instances of older versions (no app name in their record) are not counted. Two apps that
+    start at the same instant can both pass; ``status`` shows every app on the prefix.
+    """
+    others = {name: n for name, n in (await store.live_apps()).items() if name != app_name}
+    if not others:
+        return
+    users = ", ".join(f"app {name!r} ({n})" for name, n in sorted(others.items()))
+    raise ConfigError(
+        f"WORKER_KEY_PREFIX {store.keys.prefix!r} is in use by live instances of {users}; "
+        f"this is app {app_name!r} — give each app its own WORKER_KEY_PREFIX"
+    )
 
 
 def bind_listeners(host: str, port: int, backlog: int = 128) -> list[socket.socket]:

@@ -1,11 +1,11 @@
 """The instance registry (heartbeats), data-loss detection, and orphan recovery.
 
-Every process registers itself (id, role, name, host, pid, version, components, start time,
-last heartbeat) in a record that expires at about twice the heartbeat interval, and deletes it
-on clean exit. A sorted set of last-heartbeat times outlives the records: the leader's
-:class:`OrphanReaper` looks there for consumers whose heartbeat is stale and makes the jobs
-they held available again (arq alone would wait for its in-progress key to expire, 310 s by
-default). A live peer's jobs are never touched: reaping is guarded by the heartbeat score
+Every process registers itself (id, app name, role, name, host, pid, version, components, start
+time, last heartbeat) in a record that expires at about twice the heartbeat interval, and
+deletes it on clean exit. A sorted set of last-heartbeat times outlives the records: the
+leader's :class:`OrphanReaper` looks there for consumers whose heartbeat is stale and makes the
+jobs they held available again (arq alone would wait for its in-progress key to expire, 310 s
+by default). A live peer's jobs are never touched: reaping is guarded by the heartbeat score
 (seed 004 #1).
 
 The heartbeat also watches the dataset's boot marker: a process that saw one marker and then
@@ -47,6 +47,7 @@ class Heartbeat(LoopComponent):
         role: str,
         interval_s: float,
         metrics: Metrics | None = None,
+        app: str | None = None,
     ) -> None:
         super().__init__("heartbeat", clock, sla_s=max(10.0, interval_s * 5))
         self.store = store
@@ -58,6 +59,7 @@ class Heartbeat(LoopComponent):
         self.data_losses = 0
         self.static = {
             "id": instance_id,
+            "app": app,  # App.name: start-up refuses a prefix live instances of another app use
             "name": instance_name,
             "role": role,
             "host": socket.gethostname(),

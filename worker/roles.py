@@ -112,6 +112,7 @@ def _heartbeat(w: Wiring, _: Any) -> Component:
         role=s.role,
         interval_s=s.heartbeat_interval_s,
         metrics=w.metrics,
+        app=w.app.name,
     )
 
 

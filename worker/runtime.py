@@ -29,7 +29,7 @@ from worker.client import Client, connect_redis
 from worker.clock import Clock, SystemClock
 from worker.component import Component, Group
 from worker.metrics import Metrics
-from worker.preflight import check_redis_contract, wait_for_redis
+from worker.preflight import check_app_identity, check_redis_contract, wait_for_redis
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
@@ -157,6 +157,7 @@ class Runtime:
             await wait_for_redis(redis, self.redis_url, s.redis_connect_timeout_s, self.clock)
             for warning in await check_redis_contract(redis, s):
                 log.warning(warning)
+            await check_app_identity(Store(redis, self.keys), self.app.name)
             w = self._build(redis)
             self.metrics.info.labels(s.role, s.instance_name, __version__).set(1)
             log.info(

@@ -1,6 +1,7 @@
 """``python -m worker status``: the cluster as Redis sees it, as a table or JSON.
 
-Instances with role and heartbeat age, the leader with epoch and lease, queue depth,
+The apps on the key prefix (one is right; several share a queue and a leader lock), instances
+with app, role and heartbeat age, the leader with epoch and lease, queue depth,
 periodic last/next tick, poller backlog per shard, initializer state, dead letters and the
 server's eviction policy. No secrets: the Redis URL is masked.
 """
@@ -70,6 +71,10 @@ async def collect(
         info["alive"] = rec is not None
         instances.append(info)
     instances.sort(key=lambda i: (i.get("role", ""), i.get("name", "")))
+    apps: dict[str, int] = {}
+    for inst in instances:
+        if inst["alive"] and isinstance(inst.get("app"), str):
+            apps[inst["app"]] = apps.get(inst["app"], 0) + 1
 
     leader: dict[str, Any] = {"held": lock is not None}
     if lock is not None:
@@ -149,6 +154,8 @@ async def collect(
             "eviction_allowed": allow_eviction,
             "verdict": eviction_verdict(policy, allow_eviction),
         },
+        "prefix": keys.prefix,
+        "apps": dict(sorted(apps.items())),
         "instances": instances,
         "leader": leader,
         "queue": {"name": keys.queue_of(queue_names[0]), "depth": depth, "due": due},
@@ -174,9 +181,26 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     ]
 
 
+def _apps_line(apps: dict[str, int], prefix: str) -> str:
+    """Which apps live instances on this prefix belong to; several is a misconfiguration."""
+    if not apps:
+        return f"app: no live instances on key prefix {prefix!r}"
+    if len(apps) == 1:
+        ((name, n),) = apps.items()
+        return f"app: {name} ({n} live instance{'' if n == 1 else 's'}) on key prefix {prefix!r}"
+    listed = ", ".join(f"{name} ({n})" for name, n in apps.items())
+    return (
+        f"apps: {listed} SHARE key prefix {prefix!r} (one queue, one leader lock): give each "
+        "app its own WORKER_KEY_PREFIX"
+    )
+
+
 def render(status: dict[str, Any]) -> str:
     """A readable multi-table view of :func:`collect`'s result."""
     out: list[str] = [f"cluster status at {status['at']}", ""]
+    apps: dict[str, int] | None = status.get("apps")
+    if apps is not None:
+        out.append(_apps_line(apps, status.get("prefix", "?")))
     rd = status.get("redis")
     if rd is not None:
         verdict = "" if rd["ok"] else f" ({rd['verdict']})"
@@ -196,10 +220,11 @@ def render(status: dict[str, Any]) -> str:
         out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)")
     out += [f"dead letters: {status['dead_letters']}", ""]
     out += _table(
-        ["INSTANCE", "ROLE", "LEADER", "IN FLIGHT", "HEARTBEAT", "HOST", "PID", "VERSION"],
+        ["INSTANCE", "APP", "ROLE", "LEADER", "IN FLIGHT", "HEARTBEAT", "HOST", "PID", "VERSION"],
         [
             [
                 i.get("name", i.get("id")),
+                i.get("app"),
                 i.get("role"),
                 f"yes (epoch {i.get('epoch')})" if i.get("is_leader") else "",
                 i.get("in_flight"),

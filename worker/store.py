@@ -365,6 +365,16 @@ class Store:
             for i, (_, score), rec in zip(ids, members, records, strict=True)
         ]
 
+    async def live_apps(self) -> dict[str, int]:
+        """Live instances (their record has not expired) per app name. Records without an app
+        name (written by older versions) are not counted."""
+        counts: dict[str, int] = {}
+        for _, _, rec in await self.instances():
+            app = rec.get("app") if rec is not None else None
+            if isinstance(app, str):
+                counts[app] = counts.get(app, 0) + 1
+        return counts
+
     async def set_holds(self, instance_id: str, job_ids: Iterable[str], ttl_ms: int) -> None:
         """Replace the set of job ids ``instance_id`` is running (for orphan recovery)."""
         key = self.keys.holds(instance_id)
