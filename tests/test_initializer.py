@@ -264,3 +264,23 @@ async def test_due_times(r: Any) -> None:
         "later": 1_234_500,
         "none": NOW_S * 1000,
     }
+
+
+async def test_due_as_a_delay_or_a_datetime(r: Any) -> None:
+    import datetime as dt
+
+    async def gen(ctx: Context, cursor: str | None) -> AsyncIterator[Any]:
+        yield (
+            "1",
+            {
+                "in-30s": dt.timedelta(seconds=30),
+                "at": dt.datetime.fromtimestamp(DUE_S, dt.UTC),
+                "now": 0,
+            },
+        )
+
+    init = initializer(r, Source())
+    init.init = InitializerDef("seed", gen, "v1", poller="cards")  # type: ignore[arg-type]
+    await init.run(asyncio.Event())
+    items = await shard_items(r)
+    assert items == {"in-30s": (NOW_S + 30) * 1000, "at": DUE_S * 1000, "now": NOW_S * 1000}

@@ -207,3 +207,15 @@ def test_plan_and_build_read_the_same_rows() -> None:
         frozenset({"all", "leader", "consumer"}),
         frozenset({"all", "leader"}),
     }
+
+
+async def test_metrics_carry_no_created_series() -> None:
+    metrics = Metrics()
+    metrics.jobs.labels("t", "success").inc()
+    metrics.job_seconds.labels("t").observe(0.1)
+    server = HealthServer(
+        View(), metrics, FakeClock(), host="127.0.0.1", port=0, bind_and_listen=False
+    )
+    body = (await server.metrics(make_mocked_request("GET", "/metrics"))).body
+    text = body.decode()  # type: ignore[union-attr]
+    assert "worker_jobs_total" in text and "_created" not in text

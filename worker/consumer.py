@@ -217,6 +217,7 @@ class _Run:
     task: asyncio.Task[None] | None = None
     aborted: bool = False
     started: float = field(default=0.0)
+    ended: bool = False  # its end is recorded (or queued to be): no claim to check any more
 
 
 class Consumer(Component):
@@ -421,7 +422,7 @@ class Consumer(Component):
             await self.clock.wait((stop, self.guard.wanted), interval)
             if stop.is_set() or not (self.running or self.guard.wanted.is_set()):
                 continue
-            ids = list(self.running)
+            ids = [job_id for job_id, run in self.running.items() if not run.ended]
             sent = self.clock.monotonic()
             try:
                 tokens = await self.store.claim_tokens(ids)
@@ -438,7 +439,9 @@ class Consumer(Component):
             lost = {
                 job_id
                 for job_id, token in zip(ids, tokens, strict=True)
-                if job_id in self.running and token != self.running[job_id].token
+                if job_id in self.running
+                and not self.running[job_id].ended  # ended meanwhile: FINISH may have run
+                and token != self.running[job_id].token
             }
             self.guard.checked(sent, lost)
             for job_id in lost:
@@ -510,6 +513,9 @@ class Consumer(Component):
             self._wake.set()
 
     def _end(self, finish: Finish) -> None:
+        run = self.running.get(finish.job_id)
+        if run is not None:
+            run.ended = True
         self._ended.append(finish)
 
     async def _run_job(self, c: Claimed, run: _Run) -> None:

@@ -10,6 +10,7 @@ version starts from the beginning.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 
@@ -24,7 +25,9 @@ from worker.store import FencedStore
 
 log = structlog.get_logger("worker.initializer")
 
-InitBatch = tuple[str, Mapping[str, float] | None]
+#: When an item is due: epoch seconds or an aware datetime (absolute), or a timedelta from now.
+Due = float | dt.datetime | dt.timedelta
+InitBatch = tuple[str, Mapping[str, Due] | None]
 InitFn = Callable[[Context, str | None], AsyncGenerator[InitBatch, None]]
 
 
@@ -33,9 +36,11 @@ class InitializerDef:
     """Runs once per cluster per ``version`` on the leader, resumable from its checkpoint.
 
     The function is an async generator ``fn(ctx, cursor)`` starting after ``cursor`` (``None``
-    on a fresh run) and yielding ``(next_cursor, items)``: ``items`` maps poll items to due
-    times (epoch seconds; 0 = due now) for ``poller``, or is ``None`` when the batch did its own
-    (idempotent) writes. Each batch and its checkpoint are written atomically.
+    on a fresh run) and yielding ``(next_cursor, items)``: ``items`` maps poll items to when
+    they are due for ``poller`` — an absolute time (epoch seconds or an aware ``datetime``; 0 =
+    due now) or a delay from now (a ``timedelta``: ``{card: timedelta(seconds=30)}``) — or is
+    ``None`` when the batch did its own (idempotent) writes. Each batch and its checkpoint are
+    written atomically.
     """
 
     name: str
@@ -101,7 +106,7 @@ class Initializer(Component):
         log.info("initializer done", version=i.version, items=total)
 
     async def _write(
-        self, cursor: str | None, next_cursor: str, items: Mapping[str, float], *, last: bool
+        self, cursor: str | None, next_cursor: str, items: Mapping[str, Due], *, last: bool
     ) -> int:
         rows: list[tuple[str, int, str]] = []
         if items:
@@ -112,6 +117,10 @@ class Initializer(Component):
             now = self.clock.time()
             keys = self.store.keys
             for item, due in items.items():
+                if isinstance(due, dt.timedelta):
+                    due = now + due.total_seconds()
+                elif isinstance(due, dt.datetime):
+                    due = due.timestamp()
                 shard = keys.poll_shard(self.poller.name, self.poller.shard_of(str(item)))
                 rows.append((shard, ms(float(due) if due else now), str(item)))
         added = await self.store.checkpoint(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# Counters and histograms export a `*_created` series each by default: it doubles the series
+# for no use here (process start is `worker_info`'s and the scrape's business).
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Metrics:
