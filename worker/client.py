@@ -7,6 +7,7 @@ queue name and serializer, so what it writes is exactly what the consumers read:
     await client.enqueue("send_report", 42)
     await client.enqueue("activate", pkg_id, unique_key=f"activate:{pkg_id}")
     await client.poller("cards").schedule("card-17", delay=30)
+    await client.broadcast("pricing", {"version": 7})  # every process's handlers
     await client.close()
 
 Plain arq works too: ``arq.create_pool(settings, default_queue_name=f"{prefix}queue",
@@ -25,6 +26,7 @@ from arq.constants import expires_extra_ms
 from redis.asyncio import ConnectionPool
 
 from worker import keys as K
+from worker.broadcast import publish
 from worker.clock import Clock, SystemClock, ms
 from worker.poller import BoundPoller, Pollers, due_ms
 from worker.serializer import Deserialize, Serialize, SerializerName, get_serializer, job_payload
@@ -75,8 +77,11 @@ class Client:
         clock: Clock | None = None,
         expires_ms: int = expires_extra_ms,
         store: Store | None = None,
+        origin: str | None = None,
     ) -> None:
         self.redis = redis
+        #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
+        self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
         self.store = store or Store(redis, keys)
         self.app = app
@@ -133,6 +138,14 @@ class Client:
         ttl = self._expires_ms + max(0, score - now)
         ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl)
         return jid if ok else None
+
+    async def broadcast(self, topic: str, data: Any = None) -> int | None:
+        """Send ``data`` (any value the serializer takes) to the ``@app.on_broadcast(topic)``
+        handlers of every live process, whatever its role, this one included; a process that
+        is reconnecting catches up (see :mod:`worker.broadcast`). Returns the message's
+        sequence number in its topic, or ``None`` when refused because it was sent from a
+        handler it would trigger again (a loop)."""
+        return await publish(self.store, self._serialize, topic, data, origin=self.origin)
 
     def poller(self, name: str) -> BoundPoller:
         """The shard queues of the app's poller ``name``."""
