@@ -37,7 +37,9 @@ and its *chain*, the topics whose handlers caused it. A broadcast sent from insi
 a topic already in that chain, the handler's own topic included, is refused with a warning,
 so neither a process nor a ping-pong between replicas can re-trigger a topic (seed 004:
 subscribers never re-broadcast). Cascades to other topics (a config change that invalidates a
-cache) go through.
+cache) go through. The chain follows a handler's own calls and the tasks it starts, not the
+jobs it enqueues: a handler that enqueues a job which broadcasts the same topic is a loop
+this cannot see (give such a job a ``unique_key``).
 """
 
 from __future__ import annotations
@@ -307,22 +309,15 @@ class BroadcastListener(Component):
             try:
                 await h.fn(self.context, data)
             except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
                 if attempt >= h.tries:
                     log.error(
-                        "broadcast handler failed; giving up",
-                        error=f"{type(exc).__name__}: {exc}",
-                        tries=attempt,
-                        exc_info=exc,
-                        **fields,
+                        "broadcast handler failed; giving up", error=error, exc_info=exc, **fields
                     )
                     self._count(msg.topic, "failed")
                     return False
                 log.warning(
-                    "broadcast handler failed; retrying",
-                    error=f"{type(exc).__name__}: {exc}",
-                    attempt=attempt,
-                    retry_in_s=delay,
-                    **fields,
+                    "broadcast handler failed; retrying", error=error, retry_in_s=delay, **fields
                 )
                 self._count(msg.topic, "retried")
             else:
