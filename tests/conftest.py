@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 
 from tests.realredis import RealRedis
+from worker.client import Client
 from worker.ids import LockValue
 from worker.serializer import get_serializer
 
@@ -83,6 +84,20 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def client_call(url: str, prefix: str, method: str, *args: Any) -> Any:
+    """Run one :class:`worker.Client` call from a synchronous test, on a fresh connection:
+    ``client_call(url, prefix, "broadcast", "pricing", data)``, ``…, "enqueue", "task", 1)``."""
+
+    async def call() -> Any:
+        client = await Client.connect(url, key_prefix=prefix)
+        try:
+            return await getattr(client, method)(*args)
+        finally:
+            await client.close()
+
+    return asyncio.run(call())
 
 
 @pytest.fixture(scope="session")

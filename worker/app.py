@@ -1,4 +1,4 @@
-"""The user-facing registry: tasks, periodic jobs, pollers, initializers and services.
+"""The user-facing registry: tasks, periodic jobs, pollers, initializers, services, broadcasts.
 
 Every background duty declares its cardinality here and the framework enforces it::
 
@@ -20,6 +20,9 @@ Every background duty declares its cardinality here and the framework enforces i
 
     @app.service(cardinality="singleton")                    # long-running loop, one cluster-wide
     async def imap_idle(ctx, stop) -> None: ...
+
+    @app.on_broadcast("pricing")                             # in every process, each message once
+    async def drop_prices(ctx, data) -> None: ...
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from worker.broadcast import BroadcastDef, OnStart
 from worker.context import Context
 from worker.errors import ConfigError
 from worker.initializer import InitializerDef
@@ -68,6 +72,7 @@ class App:
     pollers: dict[str, PollerDef] = field(default_factory=dict)
     initializers: dict[str, InitializerDef] = field(default_factory=dict)
     services: dict[str, ServiceDef] = field(default_factory=dict)
+    broadcasts: list[BroadcastDef] = field(default_factory=list)
     startup_hooks: list[Hook] = field(default_factory=list)
     shutdown_hooks: list[Hook] = field(default_factory=list)
     #: Queues in priority order (consumers drain the first before the next). Unset: ``default``
@@ -249,6 +254,27 @@ class App:
             if n in self.services:
                 raise ConfigError(f"service {n!r} is registered twice")
             self.services[n] = ServiceDef(n, f, cardinality, keys)
+            return f
+
+        return register
+
+    def on_broadcast(
+        self, topic: str, *, on_start: OnStart = "latest", tries: int = 5
+    ) -> Callable[[F], F]:
+        """Handle ``topic``'s broadcasts in every process, whatever its role:
+        ``async def fn(ctx, data) -> None``. A topic may have several handlers; each runs once
+        per message, in order, retried with backoff up to ``tries`` runs. ``on_start``:
+        ``"latest"`` hands a starting process the topic's newest message, ``"none"`` only what
+        is sent after (see :mod:`worker.broadcast`)."""
+        _check_name("broadcast topic", topic)
+        if on_start not in ("latest", "none"):
+            raise ConfigError(f"on_broadcast on_start={on_start!r}: use 'latest' or 'none'")
+        if tries < 1:
+            raise ConfigError("on_broadcast tries must be at least 1")
+
+        def register(f: F) -> F:
+            self._require_async("broadcast handler", f)
+            self.broadcasts.append(BroadcastDef(topic, f, on_start, tries))
             return f
 
         return register

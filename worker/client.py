@@ -10,6 +10,7 @@ key prefix, serializer), so the two cannot disagree::
     await client.enqueue("activate", pkg_id, unique_key=f"activate:{pkg_id}")
     await client.poller("cards").schedule("card-17", delay=30)
     info = await client.job(job_id).result_info()     # arq's Job: status, result
+    await client.broadcast("pricing", {"version": 7})  # every process's handlers
     await client.close()
 
 Plain arq works too: ``arq.create_pool(RedisSettings.from_dsn(url), **arq_options(settings))``
@@ -29,6 +30,7 @@ from arq.jobs import Job
 from redis.asyncio import ConnectionPool
 
 from worker import keys as K
+from worker.broadcast import publish
 from worker.clock import Clock, SystemClock, ms
 from worker.errors import ConfigError
 from worker.keys import DEFAULT_QUEUE
@@ -101,8 +103,11 @@ class Client:
         clock: Clock | None = None,
         expires_ms: int = expires_extra_ms,
         store: Store | None = None,
+        origin: str | None = None,
     ) -> None:
         self.redis = redis
+        #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
+        self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
         self.store = store or Store(redis, keys)
         self.app = app
@@ -212,6 +217,14 @@ class Client:
             _queue_name=self.keys.queue_of(queue),
             _deserializer=self.redis.job_deserializer,
         )
+
+    async def broadcast(self, topic: str, data: Any = None) -> int | None:
+        """Send ``data`` (any value the serializer takes) to the ``@app.on_broadcast(topic)``
+        handlers of every live process, whatever its role, this one included; a process that
+        is reconnecting catches up (see :mod:`worker.broadcast`). Returns the message's
+        sequence number in its topic, or ``None`` when refused because it was sent from a
+        handler it would trigger again (a loop)."""
+        return await publish(self.store, self._serialize, topic, data, origin=self.origin)
 
     def poller(self, name: str) -> BoundPoller:
         """The shard queues of the app's poller ``name``."""

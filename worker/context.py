@@ -6,6 +6,7 @@ Both offer the cross-replica helpers, so users never hand-roll locks:
 - ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly resets, seed 002 §6.3).
 - ``ctx.once(key, ttl)`` – side-effect dedup (seed 000's reminder ``dedup_key``).
 - ``ctx.poller(name)`` – schedule items on a poller's shard queues.
+- ``ctx.broadcast(topic, data)`` – every process's ``@app.on_broadcast(topic)`` handlers.
 
 Singleton services also get a handle on the lease: ``ctx.is_leading()`` (cheap, never raises),
 ``ctx.leader_epoch()`` and ``ctx.fenced_pipeline()`` (Redis writes that commit only while this
@@ -86,6 +87,10 @@ class Context:
 
     def poller(self, name: str) -> BoundPoller:
         return self.client.poller(name)
+
+    async def broadcast(self, topic: str, data: Any = None) -> int | None:
+        """See :meth:`worker.client.Client.broadcast`."""
+        return await self.client.broadcast(topic, data)
 
     @asynccontextmanager
     async def mutex(self, key: str, ttl: float) -> AsyncIterator[bool]:
@@ -169,6 +174,9 @@ class JobContext(dict[str, Any]):
 
     def poller(self, name: str) -> BoundPoller:
         return self.context.poller(name)
+
+    async def broadcast(self, topic: str, data: Any = None) -> int | None:
+        return await self.context.broadcast(topic, data)
 
     def mutex(self, key: str, ttl: float) -> AbstractAsyncContextManager[bool]:
         return self.context.mutex(key, ttl)

@@ -29,6 +29,7 @@ from arq.constants import (
 __all__ = [
     "ACQUIRE",
     "BOOT",
+    "BROADCAST",
     "CHECKPOINT",
     "CLAIM",
     "CLAIM_STATIC",
@@ -181,6 +182,12 @@ class Keys:
     def service_lease(self, service: str, key: str) -> str:
         """Lease of one key of a per_key service: value = owning instance id, PX = lease TTL."""
         return f"{self.prefix}svc:{service}:lease:{key}"
+
+    # -- broadcasts ---------------------------------------------------------------------------
+    def broadcast(self, topic: str) -> str:
+        """Stream of a broadcast topic's recent messages (capped; see ``BROADCAST``): entry
+        fields ``seq``, ``origin``, ``chain``, ``data``. The stream id is the read cursor."""
+        return f"{self.prefix}bcast:{topic}"
 
     # -- job helpers --------------------------------------------------------------------------
     def mutex(self, name: str) -> str:
@@ -702,6 +709,32 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+BROADCAST = """
+-- Append a message to a broadcast topic's stream, numbered one above the newest entry's
+-- sequence (the newest entry always survives the cap, so numbers never repeat while the
+-- stream exists), and cap the stream at ARGV[1] entries (exact MAXLEN: small streams). The
+-- entry id is every reader's cursor; XREAD BLOCK on the stream is the wake-up.
+-- KEYS[1] -> the topic's stream
+-- ARGV[1] -> history: entries kept (MAXLEN)
+-- ARGV[2] -> origin: the sender's instance id (or a client's id)
+-- ARGV[3] -> chain: comma-separated topics whose handlers caused this message ("" if none)
+-- ARGV[4] -> payload (serialized {"data": ...})
+-- Returns: {entry id, sequence number}.
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local seq = 1
+if newest[1] then
+  local fields = newest[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'seq' then
+      seq = tonumber(fields[i + 1]) + 1
+    end
+  end
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*',
+  'seq', seq, 'origin', ARGV[2], 'chain', ARGV[3], 'data', ARGV[4])
+return {id, seq}
 """
 
 BOOT = """

@@ -72,6 +72,14 @@ class Metrics:
             "pause or partition); they were cancelled and wrote nothing.",
             registry=r,
         )
+        self.broadcasts = Counter(
+            "worker_broadcasts",
+            "Broadcast messages by topic and outcome: received (read by this process), handled, "
+            "retried, failed (a handler gave up, per handler), missed (trimmed from the history "
+            "before this process read them).",
+            ["topic", "outcome"],
+            registry=r,
+        )
         self.restarts = Counter(
             "worker_component_restarts",
             "Component restarts after errors.",

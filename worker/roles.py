@@ -6,9 +6,10 @@ for a role without touching Redis; :func:`build` makes the components from the s
 the printed plan and what runs cannot drift. This module and the CLI are the only places that
 know roles.
 
-Groups: ``infra`` (heartbeat, health server) and ``work`` (consumer, per-process services) run
-in every process for its whole life; ``leadership`` holds the elector, which starts the
-``singletons`` group while it holds the lease and stops it on losing it.
+Groups: ``infra`` (heartbeat, health server) and ``work`` (consumer, broadcast listener,
+per-process services) run in every process for its whole life; ``leadership`` holds the
+elector, which starts the ``singletons`` group while it holds the lease and stops it on losing
+it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any, Literal
 from arq.connections import ArqRedis
 
 from worker.app import App
+from worker.broadcast import NAME as BROADCAST_NAME
+from worker.broadcast import BroadcastListener
 from worker.client import Client
 from worker.clock import Clock
 from worker.component import Backoff, Component, Group
@@ -63,6 +66,8 @@ class Wiring:
     client: Client
     process: ProcessView
     consumer_redis: Callable[[], ArqRedis]
+    #: A connection of its own for the broadcast listener's blocking reads.
+    broadcast_redis: Callable[[], ArqRedis]
     leader_store: Callable[[], Store]
     singletons: Group
     leadership: Leadership | None = None
@@ -162,6 +167,17 @@ def _consumer(w: Wiring, _: Any) -> Component:
     )
 
 
+def _broadcast(w: Wiring, _: Any) -> Component:
+    return BroadcastListener(
+        w.app.broadcasts,
+        w.context,
+        Store(w.broadcast_redis(), w.store.keys),
+        w.serializer[1],
+        w.clock,
+        metrics=w.metrics,
+    )
+
+
 def _process_service(w: Wiring, sv: Any) -> Component:
     if sv.cardinality == "per_process":
         return Service(sv, w.context, w.clock)
@@ -235,6 +251,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(EVERY, "infra", one("heartbeat"), _heartbeat),
     Spec(EVERY, "infra", one("health-server", lambda a, s: bool(s.health_port)), _health),
     Spec(EVERY, "work", one("consumer"), _consumer),
+    Spec(EVERY, "work", one(BROADCAST_NAME, lambda a, s: bool(a.broadcasts)), _broadcast),
     Spec(
         EVERY,
         "work",

@@ -98,6 +98,7 @@ class Runtime:
             app=self.app,
             clock=self.clock,
             store=store,
+            origin=self.instance_id,
         )
         backoff = roles.restart_backoff(s)
 
@@ -119,6 +120,8 @@ class Runtime:
             client=client,
             process=self.state,
             consumer_redis=lambda: self._connect("consumer", socket_timeout_s=None),
+            # blocking reads wait BLOCK_MS; a dead peer is noticed at the socket timeout
+            broadcast_redis=lambda: self._connect("broadcast", socket_timeout_s=10),
             leader_store=lease_store,
             singletons=Group("singletons", [], backoff=backoff, on_restart=self._count_restart),
         )

@@ -34,6 +34,20 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _entry(key: str, entry_id: Any, fields: Mapping[Any, Any]) -> BroadcastEntry:
+    f = {_s(k): v for k, v in fields.items()}
+    chain = _s(f.get("chain", b""))
+    data = f.get("data", b"")
+    return BroadcastEntry(
+        key,
+        _s(entry_id),
+        int(f.get("seq", 0)),
+        _s(f.get("origin", b"")),
+        tuple(chain.split(",")) if chain else (),
+        data if isinstance(data, bytes) else str(data).encode(),
+    )
+
+
 # -- typed results ------------------------------------------------------------------------------
 
 
@@ -127,6 +141,20 @@ class Finish:
 
 
 @dataclass(frozen=True)
+class BroadcastEntry:
+    """One message of a broadcast topic's stream (see ``keys.BROADCAST``): ``entry_id`` is
+    the readers' cursor, ``seq`` the topic's message number, ``chain`` the topics whose
+    handlers caused it."""
+
+    key: str
+    entry_id: str
+    seq: int
+    origin: str
+    chain: tuple[str, ...]
+    payload: bytes
+
+
+@dataclass(frozen=True)
 class FinishOutcome:
     done: int
     retried: int
@@ -158,6 +186,7 @@ class Store:
         self._dead_add = r.register_script(K.DEAD_ADD)
         self._slot_take = r.register_script(K.SLOT_TAKE)
         self._rate_take = r.register_script(K.RATE_TAKE)
+        self._broadcast = r.register_script(K.BROADCAST)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -401,6 +430,45 @@ class Store:
 
     async def service_leave(self, service: str, instance_id: str) -> None:
         await self.redis.zrem(self.keys.service_members(service), instance_id)
+
+    # -- broadcasts -------------------------------------------------------------------------------
+    async def broadcast(
+        self, topic: str, payload: bytes, *, origin: str, chain: Sequence[str], history: int
+    ) -> tuple[str, int]:
+        """Append a message to ``topic``'s stream, capped at ``history`` entries: ``(entry
+        id, sequence number)`` (see ``keys.BROADCAST``)."""
+        entry_id, seq = await self._broadcast(
+            keys=[self.keys.broadcast(topic)], args=[history, origin, ",".join(chain), payload]
+        )
+        return _s(entry_id), int(seq)
+
+    async def broadcast_newest(
+        self, stream_keys: Sequence[str]
+    ) -> dict[str, BroadcastEntry | None]:
+        """The newest message of each stream (``None``: the stream is empty or absent)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in stream_keys:
+                pipe.xrevrange(key, "+", "-", count=1)
+            raw = await pipe.execute()
+        return {
+            key: _entry(key, rows[0][0], rows[0][1]) if rows else None
+            for key, rows in zip(stream_keys, raw, strict=True)
+        }
+
+    async def broadcast_read(
+        self, cursors: Mapping[str, str], *, count: int, block_ms: int
+    ) -> list[BroadcastEntry]:
+        """Messages after each stream's cursor (``XREAD BLOCK``: waits up to ``block_ms`` for
+        the first), up to ``count`` per stream, oldest first per stream."""
+        streams: dict[Any, Any] = dict(cursors)
+        raw = await self.redis.xread(streams, count=count, block=block_ms)
+        if isinstance(raw, dict):  # RESP3: {key: [entries]}
+            found = [(key, rows[0] if rows else []) for key, rows in raw.items()]
+        else:  # RESP2: [[key, entries], ...]
+            found = raw or []
+        return [
+            _entry(_s(key), entry_id, fields) for key, rows in found for entry_id, fields in rows
+        ]
 
     # -- the consumer ---------------------------------------------------------------------------
     async def claim(
