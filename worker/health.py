@@ -99,6 +99,7 @@ class HealthServer(Component):
             "status": "ok" if live else "failing",
             "overdue": overdue,
             "loop_lag_s": round(self.loop_lag_s, 4),
+            "unready": self.process.unready_reasons(),  # shown here, judged by /readyz only
             "warnings": self.process.warnings(),
         }
 
