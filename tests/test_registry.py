@@ -35,6 +35,8 @@ class View:
         self.ready = True
         self.shutting_down = False
         self.components = components or {}
+        self.unready: list[str] = []
+        self.warned: list[str] = []
 
     def describe(self) -> dict[str, Any]:
         return {"components": ["consumer"], "is_leader": False, "in_flight": 2}
@@ -44,6 +46,12 @@ class View:
 
     def component_health(self) -> dict[str, dict[str, Any]]:
         return self.components
+
+    def unready_reasons(self) -> list[str]:
+        return self.unready
+
+    def warnings(self) -> list[str]:
+        return self.warned
 
 
 def heartbeat(r: Any, clock: FakeClock, instance: str = "i-1") -> Heartbeat:

@@ -18,8 +18,11 @@ Every background duty declares its cardinality here and the framework enforces i
     async def load_cards(ctx, cursor):
         yield "next-cursor", {"card-1": 0.0}
 
-    @app.service(cardinality="singleton")                    # long-running loop, one cluster-wide
-    async def imap_idle(ctx, stop) -> None: ...
+    @app.service(cardinality="singleton", sla_s=60)          # long-running loop, one cluster-wide
+    async def imap_idle(ctx, stop) -> None: ...              # ctx.alive() at least every 60 s
+
+    @app.health_check(timeout_s=5, interval_s=30)            # a dependency: fails readiness
+    async def database(ctx) -> None: ...
 
     @app.on_broadcast("pricing")                             # in every process, each message once
     async def drop_prices(ctx, data) -> None: ...
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from worker.broadcast import BroadcastDef, OnStart
+from worker.checks import HealthCheckDef
 from worker.context import Context
 from worker.errors import ConfigError
 from worker.initializer import InitializerDef
@@ -73,6 +77,7 @@ class App:
     initializers: dict[str, InitializerDef] = field(default_factory=dict)
     services: dict[str, ServiceDef] = field(default_factory=dict)
     broadcasts: list[BroadcastDef] = field(default_factory=list)
+    health_checks: dict[str, HealthCheckDef] = field(default_factory=dict)
     startup_hooks: list[Hook] = field(default_factory=list)
     shutdown_hooks: list[Hook] = field(default_factory=list)
     #: Queues in priority order (consumers drain the first before the next). Unset: ``default``
@@ -159,10 +164,14 @@ class App:
         catch_up_window: float | dt.timedelta | None = None,
         timeout_s: float | None = None,
         queue: str = DEFAULT_QUEUE,
+        max_staleness: float | dt.timedelta | None = None,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx)`` to run once per tick of ``cron`` or ``every``.
 
-        See :class:`PeriodicDef` for the catch-up policy after a failover.
+        See :class:`PeriodicDef` for the catch-up policy after a failover. ``max_staleness``:
+        the job's last success may be at most this old (seconds or a timedelta); ``doctor``
+        fails, and the leader reports the job as stale (``/status``, ``/readyz`` body,
+        ``worker_periodic_stale``), beyond it.
         """
         schedule = make_schedule(cron, every, tz)
         if catch_up not in ("skip", "latest", "all"):
@@ -176,6 +185,9 @@ class App:
         )
         if window is not None and window <= 0:
             raise ConfigError("periodic catch_up_window must be positive")
+        staleness = _seconds(max_staleness)
+        if staleness is not None and staleness <= 0:
+            raise ConfigError("periodic max_staleness must be positive")
 
         def register(f: F) -> F:
             self._require_async("periodic", f)
@@ -183,7 +195,7 @@ class App:
             self._unique_name(n)
             self.periodics[n] = PeriodicDef(
                 n, f, schedule, catch_up, catch_up_limit, timeout_s, window,
-                queue=_check_name("queue", queue),
+                queue=_check_name("queue", queue), max_staleness_s=staleness,
             )  # fmt: skip
             return f
 
@@ -237,23 +249,31 @@ class App:
         cardinality: Cardinality = "singleton",
         name: str | None = None,
         keys: ServiceKeys | None = None,
+        sla_s: float | None = None,
     ) -> Callable[[F], F]:
         """Register a loop that runs until ``stop`` is set: ``async def fn(ctx, stop)``, or for
         ``cardinality="per_key"`` ``async def fn(ctx, stop, key)`` with ``keys=`` a collection
-        or a ``(ctx) -> keys`` callable."""
+        or a ``(ctx) -> keys`` callable.
+
+        ``sla_s``: the loop (each key's loop) must report progress within this many seconds,
+        by calling ``ctx.alive()`` or, written as an async generator, by yielding; otherwise
+        ``/healthz`` fails on the process running it."""
         if cardinality not in ("singleton", "per_process", "per_key"):
             raise ConfigError(
                 f"service cardinality={cardinality!r}: use 'singleton', 'per_process' or 'per_key'"
             )
         if (cardinality == "per_key") != (keys is not None):
             raise ConfigError("service keys=... is required for per_key services and only for them")
+        if sla_s is not None and sla_s <= 0:
+            raise ConfigError("service sla_s must be positive")
 
         def register(f: F) -> F:
-            self._require_async("service", f)
+            if not inspect.isasyncgenfunction(f):
+                self._require_async("service", f)
             n = _check_name("service", name or f.__name__)
             if n in self.services:
                 raise ConfigError(f"service {n!r} is registered twice")
-            self.services[n] = ServiceDef(n, f, cardinality, keys)
+            self.services[n] = ServiceDef(n, f, cardinality, keys, sla_s)
             return f
 
         return register
@@ -278,6 +298,32 @@ class App:
             return f
 
         return register
+
+    def health_check(
+        self,
+        fn: Callable[[Context], Awaitable[None]] | None = None,
+        *,
+        name: str | None = None,
+        timeout_s: float = 5.0,
+        interval_s: float = 15.0,
+    ) -> Any:
+        """Register ``async def fn(ctx) -> None`` that raises when a dependency (a database, an
+        IMAP server) is unusable. Every process runs it in the background every ``interval_s``
+        seconds, cancelled after ``timeout_s``; never on a probe request. While its latest run
+        failed (or before its first run ended) ``/readyz`` answers 503; ``/healthz`` stays 200
+        (restarting the process does not bring a database back). ``/status`` shows each."""
+        if timeout_s <= 0 or interval_s <= 0:
+            raise ConfigError("health_check timeout_s and interval_s must be positive")
+
+        def register(f: Callable[[Context], Awaitable[None]]) -> Any:
+            self._require_async("health_check", f)
+            n = _check_name("health_check", name or str(getattr(f, "__name__", "check")))
+            if n in self.health_checks:
+                raise ConfigError(f"health_check {n!r} is registered twice")
+            self.health_checks[n] = HealthCheckDef(n, f, timeout_s, interval_s)
+            return f
+
+        return register(fn) if fn is not None else register
 
     def on_startup(self, fn: Hook) -> Hook:
         """Run ``async def fn(ctx)`` once per process before any component starts."""
@@ -367,6 +413,10 @@ def load_app(spec: str) -> App:
         raise ConfigError(f"WORKER_APP: {spec!r} is a {type(obj).__name__}, not a worker.App")
     obj.validate()
     return obj
+
+
+def _seconds(value: float | dt.timedelta | None) -> float | None:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else value
 
 
 def _one_line(exc: BaseException) -> str:

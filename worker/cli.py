@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="worker",
         description="Role-split background worker on arq. Commands: run (default), plan, "
-        "status, health, dead.",
+        "status, health, dead, doctor.",
     )
     p.add_argument(
         "command", nargs="?", default="run", help="run | plan | status | health (default: run)"
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--processes", type=int, help="run: worker processes to run (env WORKER_PROCESSES, 1)"
     )
-    p.add_argument("--json", action="store_true", help="status, dead: print JSON")
+    p.add_argument("--json", action="store_true", help="status, dead, doctor: print JSON")
     p.add_argument(
         "--retry",
         action="append",
@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "status": cmd_status,
         "health": cmd_health,
         "dead": cmd_dead,
+        "doctor": cmd_doctor,
     }
     if args.command not in commands:
         _fail(f"unknown command {args.command!r}; use one of: {', '.join(commands)}")
@@ -255,6 +256,22 @@ async def _dead(settings: Settings, args: argparse.Namespace) -> int:
         pages = max(1, -(-total // dead.PAGE))
         print(f"page {page} of {pages}: {len(records)} of {total} dead-lettered jobs shown")
     return 0
+
+
+def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
+    """The N-replica acceptance checklist (``worker.doctor``); exit 1 if a check fails."""
+    from worker import doctor
+
+    app = load_app(settings.app)
+
+    async def run() -> doctor.Report:
+        async with _admin_redis(settings, "doctor") as (redis, keys):
+            limits = doctor.Limits.from_settings(settings)
+            return await doctor.diagnose(redis, keys, app, limits=limits)
+
+    report = _run_async(run())
+    print(json.dumps(report.to_json(), indent=2) if args.json else doctor.render(report))
+    return 0 if report.ok else 1
 
 
 def cmd_health(settings: Settings, _: argparse.Namespace) -> int:

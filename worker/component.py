@@ -10,6 +10,13 @@ with its name and restarted with capped exponential backoff; it never kills the 
 stalls the others. A component that keeps failing is *not live*: liveness fails when it has
 restarted ``CRASH_LOOP_RESTARTS`` times within ``CRASH_LOOP_WINDOW_S`` or sat in backoff past
 its SLA. A group is a set of components started and stopped together.
+
+Progress, not only "process alive" (seed 003): a component with an SLA must report an
+iteration (``Health.ok``) within it; a service reports through ``ctx.alive()``. A component
+that supervises loops of its own (a ``per_key`` service: one loop per key) lists their health
+in ``Health.parts``, and is overdue when one of them is. Besides liveness, a component can hold
+the process *unready* (``Health.unready``: failing dependency checks) or report problems that
+fail no probe (``Health.warnings``: stale periodic jobs).
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ CRASH_LOOP_RESTARTS = 5
 CRASH_LOOP_WINDOW_S = 300.0
 #: SLA for components that declare none, used only to judge time spent in backoff.
 DEFAULT_BACKOFF_SLA_S = 120.0
+#: States in which a component owes no progress (``waiting``: a singleton service waiting for
+#: its lease to settle).
+AT_REST = frozenset({"idle", "stopped", "finished", "fenced", "waiting"})
 
 
 @dataclass
@@ -52,6 +62,17 @@ class Health:
     failing_since: float | None = None  # monotonic: first failure of the current streak
     extra: dict[str, Any] = field(default_factory=dict)
     recent_restarts: deque[float] = field(default_factory=lambda: deque(maxlen=CRASH_LOOP_RESTARTS))
+    #: Loops this component supervises itself (a per_key service's key loops), by name.
+    parts: dict[str, Health] = field(default_factory=dict)
+    #: Why this component holds the process unready (``/readyz`` 503), e.g. failing checks.
+    unready: list[str] = field(default_factory=list)
+    #: Problems reported on the probes and ``/status`` without failing them.
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        """Running or restarting (its ``unready`` and ``warnings`` count)."""
+        return self.state in ("running", "backoff")
 
     def ok(self, now: float) -> None:
         self.iterations += 1
@@ -72,9 +93,12 @@ class Health:
     def overdue(self, now: float) -> bool:
         """True when the component is not making progress: a running one has not completed an
         iteration within its SLA, one in backoff has failed for longer than its SLA, or it is
-        crash-looping."""
-        if self.state in ("idle", "stopped", "finished", "fenced"):
+        crash-looping; or one of its ``parts`` is overdue."""
+        if self.state in AT_REST:
             return False
+        return self._overdue(now) or any(p.overdue(now) for p in list(self.parts.values()))
+
+    def _overdue(self, now: float) -> bool:
         if self.crash_looping(now):
             return True
         if self.state == "backoff":
@@ -91,7 +115,7 @@ class Health:
         error = self.last_error
         if error is not None and not errors:
             error = error.split(":", 1)[0]
-        return {
+        out: dict[str, Any] = {
             "state": self.state,
             "iterations": self.iterations,
             "restarts": self.restarts,
@@ -102,6 +126,13 @@ class Health:
             "last_error": error,
             **self.extra,
         }
+        if self.parts:
+            out["overdue_parts"] = sorted(n for n, p in list(self.parts.items()) if p.overdue(now))
+        if self.unready:
+            out["unready"] = list(self.unready)
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
+        return out
 
 
 class Component(ABC):

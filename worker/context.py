@@ -8,6 +8,9 @@ Both offer the cross-replica helpers, so users never hand-roll locks:
 - ``ctx.poller(name)`` – schedule items on a poller's shard queues.
 - ``ctx.broadcast(topic, data)`` – every process's ``@app.on_broadcast(topic)`` handlers.
 
+Services report progress with ``ctx.alive()`` (each service loop gets its own context, bound to
+its component's health: a loop that stops calling it within its ``sla_s`` fails ``/healthz``).
+
 Singleton services also get a handle on the lease: ``ctx.is_leading()`` (cheap, never raises),
 ``ctx.leader_epoch()`` and ``ctx.fenced_pipeline()`` (Redis writes that commit only while this
 process still holds the lease).
@@ -15,8 +18,9 @@ process still holds the lease).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +53,21 @@ class Context:
     instance_id: str
     state: dict[str, Any] = field(default_factory=dict)
     leader: LeaderView | None = None
+    #: Set on a service loop's own context (see :meth:`bound`): reports its progress.
+    progress: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def alive(self) -> None:
+        """Report that the service loop this context belongs to made progress: cheap, sync,
+        safe from a thread (``asyncio.to_thread``). A service declared with ``sla_s`` that
+        does not call it within ``sla_s`` seconds makes ``/healthz`` fail. A no-op outside a
+        service (the process context, job contexts)."""
+        if self.progress is not None:
+            self.progress()
+
+    def bound(self, progress: Callable[[], None]) -> Context:
+        """A copy for one service loop whose :meth:`alive` calls ``progress`` (``state`` and
+        everything else shared)."""
+        return dataclasses.replace(self, progress=progress)
 
     @property
     def keys(self) -> K.Keys:

@@ -4,7 +4,13 @@
   iteration within its SLA and is not crash-looping ("process alive" is not "work
   progressing", seed 003). It stays 200 during a graceful shutdown so the kubelet does not kill
   a draining pod (seed 004).
-- ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives.
+- ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives, and while a
+  dependency check (``@app.health_check``) fails: a database being down makes a process unable
+  to do useful work (readiness), but restarting it does not help (so never liveness).
+- Stale periodic jobs (a last success older than ``max_staleness``) are *reported* in both
+  bodies (``warnings``) and in metrics, but fail neither probe: a user job failing is fixed by
+  a human, and a leader that Kubernetes restarts or stops routing to would fix nothing (every
+  leader would be judged alike). ``python -m worker doctor`` fails on them.
 - ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets; a
   component's last error shows as its exception class unless ``WORKER_STATUS_SHOW_ERRORS``).
 
@@ -93,6 +99,8 @@ class HealthServer(Component):
             "status": "ok" if live else "failing",
             "overdue": overdue,
             "loop_lag_s": round(self.loop_lag_s, 4),
+            "unready": self.process.unready_reasons(),  # shown here, judged by /readyz only
+            "warnings": self.process.warnings(),
         }
 
     async def healthz(self, _: web.Request) -> web.Response:
@@ -100,12 +108,19 @@ class HealthServer(Component):
         return web.json_response(body, status=200 if live else 503)
 
     async def readyz(self, _: web.Request) -> web.Response:
-        ready = self.process.ready
-        body = {"ready": ready, "shutting_down": self.process.shutting_down}
+        unready = self.process.unready_reasons()
+        ready = self.process.ready and not unready
+        body = {
+            "ready": ready,
+            "shutting_down": self.process.shutting_down,
+            "unready": unready,
+            "warnings": self.process.warnings(),
+        }
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(self, _: web.Request) -> web.Response:
         m = self.metrics_
+        m.ready.set(1 if self.process.ready and not self.process.unready_reasons() else 0)
         for name, h in self.process.component_health().items():
             if h["seconds_since_ok"] is not None:
                 m.since_ok.labels(name).set(h["seconds_since_ok"])

@@ -11,6 +11,9 @@ never two loops on the same mailbox. Every process that runs the service
 
 The lease is what guarantees exclusivity; hashing only spreads the work. A process that cannot
 renew its leases for the renew deadline stops its loops before the leases can expire.
+
+Each key loop has its own health (its own ``sla_s`` and ``ctx.alive()``), listed in the
+service's ``Health.parts``: one stalled or crash-looping key makes the service overdue.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import structlog
 from worker.clock import Clock, ms
 from worker.component import Backoff, Component, supervise
 from worker.context import Context
-from worker.services import ServiceDef
+from worker.services import ServiceDef, run_service
 from worker.store import Store
 
 log = structlog.get_logger("worker.keyed")
@@ -49,14 +52,17 @@ class _KeyLoop(Component):
     """One key's loop: ``fn(ctx, stop, key)`` under the usual supervision."""
 
     def __init__(self, service: ServiceDef, key: str, context: Context, clock: Clock) -> None:
-        super().__init__(f"service:{service.name}[{key}]", clock)
+        super().__init__(f"service:{service.name}[{key}]", clock, sla_s=service.sla_s)
         self.service = service
         self.key = key
-        self.context = context
+        self.context = context.bound(self.alive)
+
+    def alive(self) -> None:
+        self.health.ok(self.clock.monotonic())
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.health.ok(self.clock.monotonic())
-        await self.service.fn(self.context, stop, self.key)
+        self.alive()
+        await run_service(self.service.fn, self.context, stop, self.key)
 
 
 @dataclass
@@ -181,10 +187,12 @@ class KeyedService(Component):
         stop = asyncio.Event()
         task = asyncio.create_task(supervise(loop, stop, backoff=self._backoff()), name=loop.name)
         self.running[key] = _Running(stop, task)
+        self.health.parts[key] = loop.health
         log.info("per-key loop started", key=key)
 
     async def _stop_key(self, key: str, *, release: bool) -> None:
         run = self.running.pop(key)
+        self.health.parts.pop(key, None)
         run.stop.set()
         _, pending = await asyncio.wait({run.task}, timeout=self.stop_grace_s)
         if pending:

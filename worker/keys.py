@@ -46,6 +46,7 @@ __all__ = [
     "LEASES_TAKE",
     "LEASE_RELEASE",
     "LEASE_RENEW",
+    "PERIODIC_RESULT",
     "RATE_TAKE",
     "REAP",
     "RELEASE",
@@ -131,6 +132,14 @@ class Keys:
         """Hash: periodic job name -> last enqueued tick (epoch ms)."""
         return f"{self.prefix}periodic:last"
 
+    @property
+    def periodic_runs(self) -> str:
+        """Hash of how periodic runs ended, written by the consumers that ran them:
+        ``<name>:success`` and ``<name>:failure`` -> JSON ``{at_ms, tick_ms, instance[,
+        error]}`` of the most recent such end, ``<name>:failing_since`` -> end time (ms) of
+        the first failure since the last success."""
+        return f"{self.prefix}periodic:runs"
+
     # -- pollers ------------------------------------------------------------------------------
     def poll_shard(self, poller: str, shard: int) -> str:
         """Sorted set of items due for polling, scored by due time (epoch ms).
@@ -163,6 +172,18 @@ class Keys:
     def holds(self, instance_id: str) -> str:
         """Set of arq job ids the instance is running (for orphan recovery)."""
         return f"{self.prefix}instance:{instance_id}:jobs"
+
+    @property
+    def holds_pattern(self) -> str:
+        """SCAN pattern of every holds set (``doctor`` looks for ones nobody owns)."""
+        return f"{self.prefix}instance:*:jobs"
+
+    def holds_owner(self, key: str) -> str | None:
+        """The instance id of a holds set key, or ``None`` if ``key`` is not one."""
+        head, tail = f"{self.prefix}instance:", ":jobs"
+        if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
+            return key[len(head) : -len(tail)]
+        return None
 
     def arq_health(self, instance_id: str) -> str:
         """arq's health-check key, one per instance (arq issue #291)."""
@@ -597,6 +618,24 @@ return released
 # ---------------------------------------------------------------------------------------------
 # Unfenced helpers (any process)
 # ---------------------------------------------------------------------------------------------
+
+PERIODIC_RESULT = """
+-- Record how a run of a periodic job ended (the consumer that ran it, once per run's end): the
+-- most recent success or failure, and since when the job has been failing without a success.
+-- KEYS[1] -> periodic results hash
+-- ARGV[1] -> job name
+-- ARGV[2] -> outcome: "success" or "failure"
+-- ARGV[3] -> the record (JSON: at_ms, tick_ms, instance, error)
+-- ARGV[4] -> when the run ended (ms)
+-- Returns: 1
+redis.call('HSET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], ARGV[3])
+if ARGV[2] == 'success' then
+  redis.call('HDEL', KEYS[1], ARGV[1] .. ':failing_since')
+else
+  redis.call('HSETNX', KEYS[1], ARGV[1] .. ':failing_since', ARGV[4])
+end
+return 1
+"""
 
 UNIQUE_ENQUEUE = """
 -- Enqueue an arq job unless a job or result with the same id exists (what arq's enqueue_job

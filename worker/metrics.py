@@ -97,6 +97,26 @@ class Metrics:
             "Jobs of dead consumers made available again.",
             registry=r,
         )
+        self.check_up = Gauge(
+            "worker_health_check_up",
+            "1 while the dependency check's latest run passed, 0 while it fails.",
+            ["check"],
+            registry=r,
+        )
+        self.periodic_success_age = Gauge(
+            "worker_periodic_last_success_age_seconds",
+            "Seconds since the periodic job's last successful run ended, cluster-wide (exported "
+            "by the leader; absent until a run succeeded).",
+            ["job"],
+            registry=r,
+        )
+        self.periodic_stale = Gauge(
+            "worker_periodic_stale",
+            "1 while the periodic job's last success is older than its max_staleness (exported "
+            "by the leader, for jobs that declare max_staleness).",
+            ["job"],
+            registry=r,
+        )
         self.ready = Gauge("worker_ready", "1 while /readyz answers 200.", registry=r)
         self.data_loss = Counter(
             "worker_redis_data_loss",

@@ -6,10 +6,22 @@ per the job's policy. Ticks are enqueued by a fenced script as jobs with determi
 ``<prefix>periodic:<name>:<tick ms>``: two leaders overlapping for a moment, or a paused leader
 waking up, cannot enqueue a tick twice. A consumer running a tick learns its instant from the
 job id (:class:`TickHook`), so ``ctx.tick`` is the scheduled time, not the run time.
+
+Health means progress (seed 003): the same hook records how each run ended, cluster-wide, in
+one Redis hash (``<prefix>periodic:runs``: the most recent success and failure with time, tick,
+instance and error class, and since when the job has failed without a success), one script
+call per run's end. ``status`` shows it; the leader's enqueuer exports the age of each job's
+last success (``worker_periodic_last_success_age_seconds``) and, for jobs declared with
+``max_staleness``, reports a stale job in ``/status``, the probes' bodies and
+``worker_periodic_stale``, without failing a probe (see :mod:`worker.health`); ``doctor``
+fails on it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,7 +38,7 @@ from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
-from worker.store import FencedStore, NewJob, TickOutcome
+from worker.store import FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 
 log = structlog.get_logger("worker.periodic")
 
@@ -46,7 +58,8 @@ class PeriodicDef:
     failover): ``all`` enqueues each, oldest first, at most ``catch_up_limit`` of the most
     recent; ``latest`` enqueues only the newest missed tick; ``skip`` enqueues none.
     ``catch_up_window_s`` (optional) additionally drops missed ticks older than that many
-    seconds, whatever the policy.
+    seconds, whatever the policy. ``max_staleness_s`` (optional): the last success may be at
+    most this old (see :func:`freshness`).
     """
 
     name: str
@@ -57,10 +70,80 @@ class PeriodicDef:
     timeout_s: float | None = None
     catch_up_window_s: float | None = None
     queue: str = DEFAULT_QUEUE
+    max_staleness_s: float | None = None
 
     def job(self) -> JobDef:
-        """What a consumer runs for each tick."""
-        return JobDef(self.name, self.fn, timeout_s=self.timeout_s, queue=self.queue)
+        """What a consumer runs for each tick: the function, noting the class of the error it
+        raises for :class:`TickHook` (a hook sees only the outcome)."""
+        fn = self.fn
+
+        @functools.wraps(fn)
+        async def run(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(ctx, *args, **kwargs)
+            except Exception as exc:
+                _note(ctx, type(exc).__name__)
+                raise
+            except asyncio.CancelledError:
+                _note(ctx, CANCELLED)
+                raise
+
+        return JobDef(self.name, run, timeout_s=self.timeout_s, queue=self.queue)
+
+
+#: The error recorded for a run that failed by cancellation (its timeout, or an abort).
+CANCELLED = "timeout or abort"
+#: Key of the run's error note in its ctx (set by :class:`TickHook`, filled by ``job()``).
+ERROR_NOTE = "_periodic_error"
+
+
+class _ErrorNote:
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<periodic error note {self.error!r}>"
+
+
+def _note(ctx: Any, error: str) -> None:
+    note = ctx.get(ERROR_NOTE) if isinstance(ctx, Mapping) else None
+    if isinstance(note, _ErrorNote):
+        note.error = error
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How recently a periodic job succeeded: seconds since its last success ended, seconds
+    since its first failure after that (``None`` when not failing), and whether that is beyond
+    its ``max_staleness``."""
+
+    success_age_s: float | None
+    failing_for_s: float | None
+    stale: bool
+
+    def explain(self, limit_s: float | None) -> str:
+        if self.success_age_s is not None:
+            text = f"last success {self.success_age_s:.0f}s ago"
+        elif self.failing_for_s is not None:
+            text = f"no success recorded, failing for {self.failing_for_s:.0f}s"
+        else:
+            text = "no run recorded yet"
+        return text + (f" (max_staleness {limit_s:g}s)" if limit_s is not None else "")
+
+
+def freshness(job: PeriodicDef, runs: PeriodicRuns | None, now_ms: int) -> Freshness:
+    """Judge ``job``'s recorded runs at ``now_ms`` (pure). Stale: the last success is older
+    than ``max_staleness``, or, with no success on record, the job has failed for longer. A
+    job that never ran is not stale here (``doctor``'s schedule check judges its ticks)."""
+    ok = runs.success if runs is not None else None
+    since = runs.failing_since_ms if runs is not None else None
+    age = max(0.0, (now_ms - int(ok["at_ms"])) / 1000) if ok and "at_ms" in ok else None
+    failing = max(0.0, (now_ms - since) / 1000) if since is not None else None
+    limit = job.max_staleness_s
+    ref = age if age is not None else failing
+    return Freshness(age, failing, limit is not None and ref is not None and ref > limit)
 
 
 def plan_ticks(job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list[int], int]:
@@ -100,6 +183,8 @@ class PeriodicEnqueuer(LoopComponent):
 
     #: How often the recorded last ticks are read back from Redis while leading.
     REFRESH_S = 30.0
+    #: How often the recorded run ends (last success per job) are read while leading.
+    RUNS_REFRESH_S = 5.0
 
     def __init__(
         self,
@@ -117,14 +202,46 @@ class PeriodicEnqueuer(LoopComponent):
         self._last: dict[str, int] = {}
         self._next: dict[str, int] = {}  # name -> next tick after the recorded last one
         self._read_at = float("-inf")
+        self._runs: dict[str, PeriodicRuns] = {}
+        self._runs_at = float("-inf")
 
     async def setup(self) -> None:
         self._read_at = float("-inf")  # a new term: read the state again
+        self._runs_at = float("-inf")
+
+    async def teardown(self) -> None:
+        # not leading any more: another process exports the freshness now
+        self.health.warnings = []
+        if self.metrics is not None:
+            for job in self.jobs:
+                for gauge in (self.metrics.periodic_success_age, self.metrics.periodic_stale):
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(job.name)
+
+    async def report_freshness(self, now_ms: int) -> None:
+        """Read the recorded run ends (every ``RUNS_REFRESH_S``); export each job's last
+        success age and staleness, and warn about stale jobs."""
+        if self.clock.monotonic() - self._runs_at >= self.RUNS_REFRESH_S:
+            self._runs = await self.store.store.periodic_runs()
+            self._runs_at = self.clock.monotonic()
+        warnings = []
+        for job in self.jobs:
+            f = freshness(job, self._runs.get(job.name), now_ms)
+            if f.stale:
+                warnings.append(f"periodic {job.name}: stale, {f.explain(job.max_staleness_s)}")
+            if self.metrics is None:
+                continue
+            if f.success_age_s is not None:
+                self.metrics.periodic_success_age.labels(job.name).set(f.success_age_s)
+            if job.max_staleness_s is not None:
+                self.metrics.periodic_stale.labels(job.name).set(1 if f.stale else 0)
+        self.health.warnings = warnings
 
     async def tick(self) -> float:
         if not self.jobs:
             return 60.0
         now_ms = ms(self.clock.time())
+        await self.report_freshness(now_ms)
         if self.clock.monotonic() - self._read_at >= self.REFRESH_S:
             self._last = await self.store.store.periodic_last()
             self._next.clear()
@@ -184,20 +301,43 @@ class PeriodicEnqueuer(LoopComponent):
 
 
 class TickHook:
-    """Consumer hook: a periodic job's ``ctx.tick`` comes from its job id."""
+    """Consumer hook: a periodic job's ``ctx.tick`` comes from its job id, and how each of its
+    runs ended (success, or failure with the error's class; not a retry: it runs again) is
+    recorded cluster-wide with one script call (:meth:`Store.periodic_result`)."""
 
-    def __init__(self, ids: JobIds, names: Sequence[str]) -> None:
-        self.ids = ids
+    #: Runs begun but not ended kept at most (ends always follow; this only bounds a leak).
+    MAX_OPEN = 10_000
+
+    def __init__(
+        self, store: Store, names: Sequence[str], clock: Clock, *, instance_id: str = ""
+    ) -> None:
+        self.store = store
+        self.ids: JobIds = store.ids
         self.names = frozenset(names)
+        self.clock = clock
+        self.instance_id = instance_id
+        self._open: dict[str, tuple[str, int, _ErrorNote]] = {}
 
     def context(self, job_id: str) -> Mapping[str, Any]:
         parsed = self.ids.parse_periodic(job_id)
         if parsed is None or parsed[0] not in self.names:
             return {}
-        return {"tick_ms": parsed[1]}
+        note = _ErrorNote()
+        if len(self._open) >= self.MAX_OPEN:
+            self._open.pop(next(iter(self._open)))
+        self._open[job_id] = (parsed[0], parsed[1], note)
+        return {"tick_ms": parsed[1], ERROR_NOTE: note}
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
-        return None
+        run = self._open.pop(job_id, None)
+        if run is None or outcome == "retry":
+            return
+        name, tick_ms, note = run
+        at_ms = ms(self.clock.time())
+        record: dict[str, Any] = {"at_ms": at_ms, "tick_ms": tick_ms, "instance": self.instance_id}
+        if outcome == "failure":
+            record["error"] = note.error or CANCELLED
+        await self.store.periodic_result(name, outcome, record, at_ms)
 
 
 async def trigger(client: Client, job: PeriodicDef) -> str | None:

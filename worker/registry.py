@@ -8,6 +8,12 @@ jobs they held available again (arq alone would wait for its in-progress key to 
 by default). A live peer's jobs are never touched: reaping is guarded by the heartbeat score
 (seed 004 #1).
 
+Each record also carries this host's clock offset to the Redis server, measured on the previous
+heartbeat: the server's ``TIME`` read in the heartbeat's own transaction minus the midpoint of
+the local wall clock before and after it (``clock_offset_ms``), exact to within half the round
+trip (``clock_rtt_ms`` / 2). ``doctor`` compares the offsets of all instances: clock skew
+between hosts moves cron ticks and can make the orphan reaper judge a live consumer stale.
+
 The heartbeat also watches the dataset's boot marker: a process that saw one marker and then
 finds another (or none) knows Redis lost its data (a restart without persistence, a failover
 to a replica that missed writes, a FLUSHALL) and says so loudly, once per loss.
@@ -57,6 +63,8 @@ class Heartbeat(LoopComponent):
         self.metrics = metrics
         self.marker: str | None = None
         self.data_losses = 0
+        #: (offset of the server's clock to ours, round trip), both ms, from the last heartbeat
+        self.clock_offset: tuple[float, float] | None = None
         self.static = {
             "id": instance_id,
             "app": app,  # App.name: start-up refuses a prefix live instances of another app use
@@ -72,7 +80,15 @@ class Heartbeat(LoopComponent):
         now = ms(self.clock.time())
         await self.check_boot_marker(now)
         record = {**self.static, **self.process.describe(), "heartbeat_ms": now}
-        await self.store.heartbeat(self.instance_id, record, ms(self.interval_s * 2.5), now)
+        if self.clock_offset is not None:
+            record["clock_offset_ms"], record["clock_rtt_ms"] = self.clock_offset
+        before = self.clock.time()
+        server_ms = await self.store.heartbeat(
+            self.instance_id, record, ms(self.interval_s * 2.5), now
+        )
+        after = self.clock.time()
+        rtt = (after - before) * 1000
+        self.clock_offset = (round(server_ms - (before + after) * 500, 1), round(rtt, 1))
         return self.interval_s
 
     async def check_boot_marker(self, now_ms: int) -> bool:

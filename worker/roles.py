@@ -23,6 +23,8 @@ from arq.connections import ArqRedis
 from worker.app import App
 from worker.broadcast import NAME as BROADCAST_NAME
 from worker.broadcast import BroadcastListener
+from worker.checks import NAME as CHECKS_NAME
+from worker.checks import HealthChecks
 from worker.client import Client
 from worker.clock import Clock
 from worker.component import Backoff, Component, Group
@@ -126,6 +128,10 @@ def _health(w: Wiring, _: Any) -> Component:
     return HealthServer(w.process, w.metrics, w.clock, host=s.health_host, port=s.health_port)
 
 
+def _checks(w: Wiring, _: Any) -> Component:
+    return HealthChecks(list(w.app.health_checks.values()), w.context, w.clock, w.metrics)
+
+
 def _consumer(w: Wiring, _: Any) -> Component:
     s = w.settings
     config = ConsumerConfig(
@@ -142,7 +148,9 @@ def _consumer(w: Wiring, _: Any) -> Component:
         # well inside the orphan bound: a consumer doubts its claims before they can be reaped
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
     )
-    hooks: list[JobHook] = [TickHook(w.store.ids, list(w.app.periodics))]
+    hooks: list[JobHook] = [
+        TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id)
+    ]
     if w.app.pollers:
         hooks.append(InflightHook(w.store, w.app.pollers))
     dead = DeadLetters(
@@ -250,6 +258,7 @@ def _singleton_service(w: Wiring, sv: Any) -> Component:
 SPECS: tuple[Spec, ...] = (
     Spec(EVERY, "infra", one("heartbeat"), _heartbeat),
     Spec(EVERY, "infra", one("health-server", lambda a, s: bool(s.health_port)), _health),
+    Spec(EVERY, "infra", one(CHECKS_NAME, lambda a, s: bool(a.health_checks)), _checks),
     Spec(EVERY, "work", one("consumer"), _consumer),
     Spec(EVERY, "work", one(BROADCAST_NAME, lambda a, s: bool(a.broadcasts)), _broadcast),
     Spec(

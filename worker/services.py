@@ -5,11 +5,23 @@ in every process; ``per_key`` ones run once per key cluster-wide (see :mod:`work
 The function gets ``(ctx, stop)`` (``per_key``: ``(ctx, stop, key)``) and must return soon
 after ``stop`` is set; blocking calls belong in ``asyncio.to_thread`` so they never freeze the
 loop.
+
+Progress (seed 003): a service declared with ``sla_s`` must report progress within that many
+seconds, or ``/healthz`` fails on the process running it. It reports by calling
+``ctx.alive()`` (each loop gets a context bound to its own health: the service's, or for
+``per_key`` the key loop's), or, written as an async generator, by yielding::
+
+    @app.service(sla_s=60)
+    async def mailbox(ctx, stop):
+        while not stop.is_set():
+            await fetch_new_mail()
+            yield            # progress: same as ctx.alive()
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,7 +32,8 @@ from worker.context import Context
 from worker.views import LeaderView
 
 Cardinality = Literal["singleton", "per_process", "per_key"]
-ServiceFn = Callable[..., Awaitable[None]]
+#: ``async def fn(ctx, stop[, key])``, or an async generator whose every yield reports progress.
+ServiceFn = Callable[..., Any]
 #: Keys of a per_key service: a fixed collection, or ``(ctx) -> keys`` (sync or async),
 #: re-read every round so keys can come and go (e.g. mailboxes configured in a database).
 ServiceKeys = Iterable[str] | Callable[[Context], Any]
@@ -30,12 +43,29 @@ ServiceKeys = Iterable[str] | Callable[[Context], Any]
 class ServiceDef:
     """A long-running loop. ``singleton``: ``fn(ctx, stop)`` on the leader only;
     ``per_process``: ``fn(ctx, stop)`` in every process; ``per_key``: ``fn(ctx, stop, key)``
-    once per key cluster-wide, keys spread across all processes (see :mod:`worker.keyed`)."""
+    once per key cluster-wide, keys spread across all processes (see :mod:`worker.keyed`).
+    ``sla_s``: each loop must report progress (``ctx.alive()`` or a yield) within this many
+    seconds to count as live (``None``: alive is enough)."""
 
     name: str
     fn: ServiceFn
     cardinality: Cardinality = "singleton"
     keys: ServiceKeys | None = None
+    sla_s: float | None = None
+
+
+async def run_service(fn: ServiceFn, context: Context, *args: Any) -> None:
+    """Run a service function to its end: a coroutine is awaited; an async generator is
+    iterated, each yield reporting progress through ``context.alive()``."""
+    result = fn(context, *args)
+    if inspect.isasyncgen(result):
+        try:
+            async for _ in result:
+                context.alive()
+        finally:
+            await result.aclose()
+    elif isinstance(result, Awaitable):
+        await result
 
 
 class Service(Component):
@@ -49,13 +79,24 @@ class Service(Component):
     def __init__(
         self, service: ServiceDef, context: Context, clock: Clock, leader: LeaderView | None = None
     ) -> None:
-        super().__init__(f"service:{service.name}", clock)
+        super().__init__(f"service:{service.name}", clock, sla_s=service.sla_s)
         self.service = service
-        self.context = context
+        self.context = context.bound(self.alive)
         self.leader = leader
 
-    async def run(self, stop: asyncio.Event) -> None:
-        if self.leader is not None and not await self.leader.settled(stop):
-            return
+    def alive(self) -> None:
+        """The service made progress (``ctx.alive()``)."""
         self.health.ok(self.clock.monotonic())
-        await self.service.fn(self.context, stop)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.leader is not None:
+            self.health.state = "waiting"  # owes no progress until the lease has settled
+            try:
+                if not await self.leader.settled(stop):
+                    return
+            finally:
+                if self.health.state == "waiting":
+                    self.health.state = "running"
+        self.health.started = self.clock.monotonic()
+        self.alive()
+        await run_service(self.service.fn, self.context, stop)

@@ -1,9 +1,10 @@
 """``python -m worker status``: the cluster as Redis sees it, as a table or JSON.
 
 The apps on the key prefix (one is right; several share a queue and a leader lock), instances
-with app, role and heartbeat age, the leader with epoch and lease, queue depth,
-periodic last/next tick, poller backlog per shard, initializer state, dead letters and the
-server's eviction policy. No secrets: the Redis URL is masked.
+with app, role and heartbeat age, the leader with epoch and lease, queue depth, periodic
+last/next tick and last success/failure (time, tick, error class), poller backlog per shard,
+initializer state, dead letters and the server's eviction policy. No secrets: the Redis URL is
+masked.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from arq.connections import ArqRedis
 from worker import keys as K
 from worker.app import App
 from worker.clock import Clock, SystemClock, ms
+from worker.periodic import freshness
 from worker.poller import BoundPoller
 from worker.preflight import NOEVICTION, eviction_verdict, read_eviction_policy
 from worker.store import Store
@@ -63,6 +65,7 @@ async def collect(
     depth, due = queues[0]["depth"], queues[0]["due"]
     lock, pttl = await store.read_lock()
     periodic = await store.periodic_last()
+    runs = await store.periodic_runs()
 
     instances = []
     for instance_id, heartbeat_ms, rec in await store.instances():
@@ -89,15 +92,26 @@ async def collect(
         leader["lease_age_s"] = holder.get("lease_age_s") if holder else None
 
     last = periodic
-    periodics = [
-        {
-            "name": p.name,
-            "schedule": p.schedule.describe(),
-            "last_tick": _iso(last.get(p.name)),
-            "next_tick": _iso(p.schedule.next(now)),
-        }
-        for p in app.periodics.values()
-    ]
+    periodics = []
+    for pd in app.periodics.values():
+        run = runs.get(pd.name)
+        fresh = freshness(pd, run, now)
+        periodics.append(
+            {
+                "name": pd.name,
+                "schedule": pd.schedule.describe(),
+                "last_tick": _iso(last.get(pd.name)),
+                "next_tick": _iso(pd.schedule.next(now)),
+                "last_success": _run_end(run.success if run else None),
+                "last_failure": _run_end(run.failure if run else None),
+                "failing_since": _iso(run.failing_since_ms if run else None),
+                "success_age_s": None
+                if fresh.success_age_s is None
+                else round(fresh.success_age_s, 1),
+                "max_staleness_s": pd.max_staleness_s,
+                "stale": fresh.stale,
+            }
+        )
     pollers = []
     for p in app.pollers.values():
         shards = await BoundPoller(p, store, clock).backlog()
@@ -166,6 +180,26 @@ async def collect(
         "per_key_services": services,
         "dead_letters": int(dead),
     }
+
+
+def _run_end(rec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A recorded run end with readable times."""
+    if rec is None:
+        return None
+    return {**rec, "at": _iso(rec.get("at_ms")), "tick": _iso(rec.get("tick_ms"))}
+
+
+def _ago(at_iso: str | None, now_iso: str) -> str | None:
+    if at_iso is None:
+        return None
+    delta = dt.datetime.fromisoformat(now_iso) - dt.datetime.fromisoformat(at_iso)
+    return f"{max(0, round(delta.total_seconds()))}s ago"
+
+
+def _failure_cell(rec: dict[str, Any] | None, now_iso: str) -> str | None:
+    if rec is None:
+        return None
+    return f"{_ago(rec.get('at'), now_iso)} {rec.get('error') or '?'}"
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
@@ -240,9 +274,17 @@ def render(status: dict[str, Any]) -> str:
         out += [
             "",
             *_table(
-                ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK"],
+                ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK", "LAST SUCCESS", "LAST FAILURE"],
                 [
-                    [p["name"], p["schedule"], p["last_tick"], p["next_tick"]]
+                    [
+                        p["name"],
+                        p["schedule"],
+                        p["last_tick"],
+                        p["next_tick"],
+                        (_ago((p.get("last_success") or {}).get("at"), status["at"]) or "-")
+                        + (" STALE" if p.get("stale") else ""),
+                        _failure_cell(p.get("last_failure"), status["at"]),
+                    ]
                     for p in status["periodic"]
                 ],
             ),

@@ -102,6 +102,17 @@ class InitProgress:
 
 
 @dataclass(frozen=True)
+class PeriodicRuns:
+    """How a periodic job's runs ended, cluster-wide: the most recent success and failure
+    (``{at_ms, tick_ms, instance[, error]}``) and the end of the first failure since the last
+    success."""
+
+    success: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+    failing_since_ms: int | None = None
+
+
+@dataclass(frozen=True)
 class Stale:
     instance_id: str
     heartbeat_ms: int
@@ -187,6 +198,7 @@ class Store:
         self._slot_take = r.register_script(K.SLOT_TAKE)
         self._rate_take = r.register_script(K.RATE_TAKE)
         self._broadcast = r.register_script(K.BROADCAST)
+        self._periodic_result = r.register_script(K.PERIODIC_RESULT)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -358,6 +370,31 @@ class Store:
         raw = await self.redis.hgetall(self.keys.periodic_state)
         return {_s(k): int(v) for k, v in raw.items()}
 
+    async def periodic_result(
+        self, name: str, outcome: str, record: Mapping[str, Any], at_ms: int
+    ) -> None:
+        """Record how a run of periodic job ``name`` ended (``success`` or ``failure``)."""
+        await self._periodic_result(
+            keys=[self.keys.periodic_runs], args=[name, outcome, json.dumps(record), at_ms]
+        )
+
+    async def periodic_runs(self) -> dict[str, PeriodicRuns]:
+        """How the runs of every periodic job ended (see :class:`PeriodicRuns`)."""
+        raw = {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.keys.periodic_runs)).items()}
+        fields: dict[str, dict[str, Any]] = {}
+        for key, value in raw.items():
+            name, _, kind = key.rpartition(":")
+            try:
+                fields.setdefault(name, {})[kind] = (
+                    int(value) if kind == "failing_since" else json.loads(value)
+                )
+            except ValueError:
+                continue  # a foreign or damaged field: ignore it
+        return {
+            name: PeriodicRuns(f.get("success"), f.get("failure"), f.get("failing_since"))
+            for name, f in fields.items()
+        }
+
     # -- initializers -------------------------------------------------------------------------
     async def init_state(self, name: str) -> dict[str, str]:
         raw = await self.redis.hgetall(self.keys.init_state(name))
@@ -366,11 +403,15 @@ class Store:
     # -- instance registry --------------------------------------------------------------------
     async def heartbeat(
         self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, now_ms: int
-    ) -> None:
+    ) -> float:
+        """Write the instance's record and heartbeat score; returns the server's clock (``TIME``,
+        in ms) read in the same transaction, for the clock-offset estimate."""
         async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.time()
             pipe.set(self.keys.instance(instance_id), json.dumps(record, default=str), px=ttl_ms)
             pipe.zadd(self.keys.instances, {instance_id: now_ms})
-            await pipe.execute()
+            (sec, usec), _, _ = await pipe.execute()
+        return int(sec) * 1000 + int(usec) / 1000
 
     async def deregister(self, instance_id: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -403,6 +444,44 @@ class Store:
             if isinstance(app, str):
                 counts[app] = counts.get(app, 0) + 1
         return counts
+
+    async def holds_sets(self) -> dict[str, int]:
+        """Every holds set in Redis: instance id -> number of job ids in it (``SCAN``)."""
+        found: dict[str, int] = {}
+        async for key in self.redis.scan_iter(match=self.keys.holds_pattern, count=1000):
+            owner = self.keys.holds_owner(_s(key))
+            if owner is not None:
+                found[owner] = int(await self.redis.scard(key))
+        return found
+
+    async def server_time_ms(self) -> float:
+        """The server's clock (``TIME``) in ms."""
+        sec, usec = await self.redis.time()
+        return int(sec) * 1000 + int(usec) / 1000
+
+    async def lease_counters(self) -> tuple[int | None, dict[str, str]]:
+        """The epoch counter and the lease state hash (``epoch``, ``renewed_ms``, ``released``)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.leader_epoch)
+            pipe.hgetall(self.keys.leader_state)
+            counter, state = await pipe.execute()
+        return (
+            int(counter) if counter is not None else None,
+            {_s(k): _s(v) for k, v in state.items()},
+        )
+
+    async def queue_heads(self, keys: Sequence[str]) -> list[int | None]:
+        """The earliest score (ms) of each sorted set, ``None`` where it is empty."""
+        if not keys:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.zrange(key, 0, 0, withscores=True)
+            heads = await pipe.execute()
+        return [int(h[0][1]) if h else None for h in heads]
+
+    async def dead_count(self) -> int:
+        return int(await self.redis.zcard(self.keys.dead))
 
     async def set_holds(self, instance_id: str, job_ids: Iterable[str], ttl_ms: int) -> None:
         """Replace the set of job ids ``instance_id`` is running (for orphan recovery)."""

@@ -60,6 +60,12 @@ class ProcessView(Protocol):
     def component_health(self) -> dict[str, dict[str, Any]]:
         """Each component's health snapshot by name."""
 
+    def unready_reasons(self) -> list[str]:
+        """Why running components hold the process unready (failing dependency checks)."""
+
+    def warnings(self) -> list[str]:
+        """Problems running components report without failing a probe (stale periodic jobs)."""
+
 
 class _Lease(Protocol):
     def is_leading(self) -> bool: ...
@@ -98,7 +104,8 @@ class ProcessState:
             "epoch": lease.epoch if lease is not None else None,
             "lease_age_s": round(age, 3) if age is not None else None,
             "in_flight": getattr(consumer, "in_flight", 0),
-            "ready": self.ready,
+            "ready": self.ready and not self.unready_reasons(),
+            "unready": self.unready_reasons(),
             "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
         }
 
@@ -111,6 +118,14 @@ class ProcessState:
             "plan": {"enabled": self.enabled, "disabled": self.disabled},
             "settings": s.redacted(),
         }
+
+    def unready_reasons(self) -> list[str]:
+        active = [c for g in self.groups.values() for c in g.components if c.health.active]
+        return [r for c in active for r in c.health.unready]
+
+    def warnings(self) -> list[str]:
+        active = [c for g in self.groups.values() for c in g.components if c.health.active]
+        return [w for c in active for w in c.health.warnings]
 
     def component_health(self) -> dict[str, dict[str, Any]]:
         now = self.clock.monotonic()
