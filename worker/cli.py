@@ -192,14 +192,15 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 async def _admin_redis(settings: Settings, what: str) -> AsyncIterator[tuple[Any, Any]]:
     """A short-lived client for an admin command; Redis errors become one-line ConfigErrors."""
     from worker import keys as K
-    from worker.client import connect_redis
+    from worker.connection import connect_redis
     from worker.serializer import get_serializer
 
-    if settings.redis_url is None:
+    target = settings.redis_target()
+    if target is None:
         raise ConfigError(f"WORKER_REDIS_URL is required for {what} (which Redis to read?)")
     keys = K.Keys(settings.key_prefix)
     ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
-    redis = connect_redis(settings.redis_url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    redis = connect_redis(target, queue_name=keys.queue, serialize=ser, deserialize=de)
     try:
         yield redis, keys
     except (ConfigError, BrokenPipeError):  # BrokenPipeError: printing into a closed pipe

@@ -121,6 +121,18 @@ class Keys:
         return f"{self.prefix}boot"
 
     @property
+    def probe(self) -> str:
+        """Counter INCRed only to measure replication: a ``WAIT`` right after it confirms that
+        the replicas have every write the primary made before it (see ``Store.confirm``)."""
+        return f"{self.prefix}probe"
+
+    @property
+    def abort(self) -> str:
+        """arq's sorted set of abort requests (``arq:abort``, what ``arq.jobs.Job.abort()``
+        writes); with a hash-tagged prefix (Redis Cluster) ``<prefix>abort``, in the app's slot."""
+        return f"{self.prefix}abort" if self.prefix.startswith("{") else ARQ_ABORT
+
+    @property
     def wake(self) -> str:
         """Pub/sub channel every enqueue publishes the earliest due time (ms) on, so idle
         consumers claim at once instead of at their next poll."""

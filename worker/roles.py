@@ -165,7 +165,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         w.app.jobs(),
         hooks,
         w.context,
-        Store(w.consumer_redis(), w.store.keys),
+        w.store.with_redis(w.consumer_redis()),
         w.serializer,
         w.clock,
         instance_id=w.instance_id,
@@ -179,7 +179,7 @@ def _broadcast(w: Wiring, _: Any) -> Component:
     return BroadcastListener(
         w.app.broadcasts,
         w.context,
-        Store(w.broadcast_redis(), w.store.keys),
+        w.store.with_redis(w.broadcast_redis()),
         w.serializer[1],
         w.clock,
         metrics=w.metrics,
