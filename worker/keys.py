@@ -127,10 +127,18 @@ class Keys:
         return f"{self.prefix}probe"
 
     @property
+    def slot_tag(self) -> str:
+        """The Redis Cluster hash tag the prefix starts with (``{shop}``), or ``""``: every job
+        id must then start with it, so arq's per-job keys share the app's slot."""
+        if self.prefix.startswith("{") and "}" in self.prefix:
+            return self.prefix[: self.prefix.index("}") + 1]
+        return ""
+
+    @property
     def abort(self) -> str:
         """arq's sorted set of abort requests (``arq:abort``, what ``arq.jobs.Job.abort()``
         writes); with a hash-tagged prefix (Redis Cluster) ``<prefix>abort``, in the app's slot."""
-        return f"{self.prefix}abort" if self.prefix.startswith("{") else ARQ_ABORT
+        return f"{self.prefix}abort" if self.slot_tag else ARQ_ABORT
 
     @property
     def wake(self) -> str:
@@ -829,14 +837,18 @@ CLAIM = """
 -- ARGV[8] -> arq in-progress key prefix
 -- ARGV[9] -> arq retry key prefix
 -- ARGV[10] -> retry counter TTL in ms
+-- ARGV[11] -> the hash tag every job id must start with ("{app}": Redis Cluster, where a job's
+--             keys must share the app's slot), or "" for no check
 -- Returns: {pending abort requests, then per claimed job: id, score, try (-1: the counter is
--- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, else too big),
--- the index of its queue in KEYS}
+-- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, -2 an id
+-- outside the app's hash slot, taken off the queue and never touched, else too big), the index
+-- of its queue in KEYS}
 local out = {redis.call('ZCARD', KEYS[2])}
 local claimed = {}
 local left = tonumber(ARGV[2])
 local max = tonumber(ARGV[6])
 local park = tonumber(ARGV[1]) + tonumber(ARGV[4])
+local tag = ARGV[11] or ''
 for q = 3, #KEYS do
   if left <= 0 then
     break
@@ -845,7 +857,16 @@ for q = 3, #KEYS do
   local parked = {}
   for i = 1, #due, 2 do
     local id = due[i]
-    if redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
+    if tag ~= '' and string.sub(id, 1, #tag) ~= tag then
+      -- its job keys live in another slot: reading them would fail the whole script
+      redis.call('ZREM', KEYS[q], id)
+      left = left - 1
+      out[#out + 1] = id
+      out[#out + 1] = due[i + 1]
+      out[#out + 1] = -1
+      out[#out + 1] = -2
+      out[#out + 1] = q
+    elseif redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
       claimed[#claimed + 1] = id
       parked[#parked + 1] = park
       parked[#parked + 1] = id

@@ -131,10 +131,15 @@ class Stale:
     heartbeat_ms: int
 
 
+#: ``Claimed.size`` of a job id outside the app's Redis Cluster hash slot (see ``keys.CLAIM``).
+FOREIGN = -2
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A job this consumer now holds. ``payload`` is ``None`` when it was not read: ``size`` is
-    then 0 (missing: the job expired), -1 (not a string) or its size (larger than allowed)."""
+    then 0 (missing: the job expired), -1 (not a string), :data:`FOREIGN` (an id outside the
+    app's hash slot: taken off the queue, not claimed) or its size (larger than allowed)."""
 
     job_id: str
     score_ms: int
@@ -600,6 +605,16 @@ class Store:
             {_s(k): _s(v) for k, v in state.items()},
         )
 
+    async def queue_depths(self, queues: Sequence[str], now_ms: int) -> list[tuple[int, int]]:
+        """Per queue: ``(due and not claimed, all)`` (claimed jobs are parked in the future)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                key = self.keys.queue_of(q)
+                pipe.zcount(key, "-inf", now_ms)
+                pipe.zcard(key)
+            raw = await pipe.execute()
+        return [(int(raw[2 * i]), int(raw[2 * i + 1])) for i in range(len(queues))]
+
     async def queue_heads(self, keys: Sequence[str]) -> list[int | None]:
         """The earliest score (ms) of each sorted set, ``None`` where it is empty."""
         if not keys:
@@ -645,10 +660,15 @@ class Store:
         self, topic: str, payload: bytes, *, origin: str, chain: Sequence[str], history: int
     ) -> tuple[str, int]:
         """Append a message to ``topic``'s stream, capped at ``history`` entries: ``(entry
-        id, sequence number)`` (see ``keys.BROADCAST``)."""
-        entry_id, seq = await self._broadcast(
-            keys=[self.keys.broadcast(topic)], args=[history, origin, ",".join(chain), payload]
+        id, sequence number)`` (see ``keys.BROADCAST``); :class:`NotReplicated` when the
+        replicas did not confirm it (a failover could lose it: send it again)."""
+        (entry_id, seq), acked = await self._eval(
+            self._broadcast,
+            [self.keys.broadcast(topic)],
+            [history, origin, ",".join(chain), payload],
         )
+        if not self.replicated(acked):
+            raise self._short("broadcast", acked)
         return _s(entry_id), int(seq)
 
     async def broadcast_newest(
@@ -713,6 +733,7 @@ class Store:
                 K.ARQ_IN_PROGRESS,
                 K.ARQ_RETRY,
                 retry_ttl_ms,
+                self.keys.slot_tag,
             ],
         )
         jobs = []
