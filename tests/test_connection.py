@@ -261,7 +261,7 @@ async def test_cluster_pool_serves_the_app_slot_and_follows_its_failover(
     cluster: Cluster,
 ) -> None:
     r = connect_redis(
-        cluster.url, queue_name="{conn}:queue", serialize=SER, deserialize=DE, socket_timeout_s=5
+        cluster.url(), queue_name="{conn}:queue", serialize=SER, deserialize=DE, socket_timeout_s=5
     )
     try:
         slot = key_slot(b"{conn}:queue")

@@ -365,6 +365,7 @@ class Cluster:
             for j in range(replicas)
         ]
         self.replicas_per_master = replicas
+        self.slot = 0
 
     @property
     def nodes(self) -> list[Node]:
@@ -429,9 +430,31 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
     def url(self) -> str:
+        """``redis+cluster://`` naming the first primaries as seed nodes."""
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.masters)
+
+    # -- the slot an app lives in: the same interface as SentinelSet's primary ------------------
+    def watch(self, slot: int) -> Cluster:
+        """Make :meth:`primary` and the fault helpers about ``slot`` (an app's hash slot)."""
+        self.slot = slot
+        return self
+
+    def primary(self) -> Node:
+        return self.owner(self.slot)
+
+    def restart(self, node: Node) -> None:
+        """Start a killed node again: with its nodes.conf it rejoins as a replica of the node
+        that took its slots over."""
+        node.start()
+
+    def wait_replica(self, node: Node, timeout: float = 60.0) -> None:
+        wait_for(
+            lambda: node.synced_replica_of(self.primary()),
+            timeout,
+            f"{node} to rejoin as a synced replica",
+            interval=0.2,
+        )
 
     def owner(self, slot: int) -> Node:
         """The node serving ``slot`` as the live nodes see it."""
@@ -451,9 +474,11 @@ class Cluster:
                         return found
         raise LookupError(f"no live node serves slot {slot}")
 
-    def wait_failover(self, slot: int, old: Node, timeout: float = 30.0) -> Node:
+    def wait_failover(self, old: Node, timeout: float = 30.0) -> Node:
+        """Wait until a node other than ``old`` serves the watched slot as a primary."""
+
         def promoted() -> Node | None:
-            node = self.owner(slot)
+            node = self.owner(self.slot)
             return node if node is not old and node.role() == "master" else None
 
-        return wait_for(promoted, timeout, f"slot {slot} to fail over")  # type: ignore[no-any-return]
+        return wait_for(promoted, timeout, f"slot {self.slot} to fail over")  # type: ignore[no-any-return]
