@@ -89,6 +89,9 @@ class ConsumerConfig:
     #: Lease of a concurrency slot, renewed while its job runs (a dead holder's slot comes
     #: back after at most this long).
     slot_lease_s: float = 10.0
+    #: Burst mode (``python -m worker run --burst``, arq's ``burst``): once nothing runs and no
+    #: job is due in ``queues``, stop claiming, drain, and set :attr:`Consumer.emptied`.
+    burst: bool = False
 
 
 def validate(record: Any) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
@@ -261,6 +264,8 @@ class Consumer(Component):
         self._summary_at = clock.monotonic()
         self._summary_totals = dict(self.totals)
         self._health_at = -HEALTH_EVERY_S
+        #: Burst mode: set once the queues had nothing due and nothing ran (then it drains).
+        self.emptied = asyncio.Event()
 
     @property
     def in_flight(self) -> int:
@@ -285,6 +290,9 @@ class Consumer(Component):
                     self.health.ok(now)
                     await self._housekeeping(now)
                     backoff = 0.0
+                    if self.config.burst and not claimed and await self._nothing_left():
+                        self.emptied.set()
+                        break
                 except (RedisError, OSError, TimeoutError) as exc:
                     # Redis away: running jobs go on (their ends are written later); no new
                     # work; liveness fails once this lasts longer than the SLA.
@@ -308,6 +316,13 @@ class Consumer(Component):
                 with contextlib.suppress(Exception):
                     await self.store.clear_health(self.instance_id)
 
+    async def _nothing_left(self) -> bool:
+        """Burst mode: nothing runs, no end waits to be written, no job is due."""
+        if self.running or self._ended:
+            return False
+        due = await self.store.queue_head(self.config.queues)
+        return due is None or due > ms(self.clock.time())
+
     def _next_delay(self, claimed: int) -> float:
         """``poll_delay_s`` while busy; idle, until the next announced due time, at most
         ``idle_poll_max_s`` (the fallback for jobs a plain arq client enqueued unannounced)."""
@@ -323,7 +338,7 @@ class Consumer(Component):
         """Claim when busy, woken by an enqueue, or an announced due time came; an idle
         consumer otherwise looks at the head of the queue only (one command)."""
         now = ms(self.clock.time())
-        if self.running or self._woken:
+        if self.running or self._woken or self.config.burst:
             self._woken = False
             return True
         if self._next_due is not None and self._next_due <= now:

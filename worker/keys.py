@@ -165,6 +165,12 @@ class Keys:
         """Sorted set: instance id -> last heartbeat (epoch ms). Outlives the instance hash."""
         return f"{self.prefix}instances"
 
+    @property
+    def apps(self) -> str:
+        """Hash: app name -> its manifest (JSON, see :mod:`worker.manifest`), written by every
+        process at start; admin commands describe the running app from it."""
+        return f"{self.prefix}apps"
+
     def instance(self, instance_id: str) -> str:
         """Hash describing one live process; expires at about twice the heartbeat interval."""
         return f"{self.prefix}instance:{instance_id}"

@@ -205,6 +205,12 @@ class Settings(BaseSettings):
             )
         return self
 
+    @property
+    def health_port_explicit(self) -> bool:
+        """``WORKER_HEALTH_PORT`` (or ``--health-port``, or the config file) names the port: a
+        taken port then fails start-up. Left at the default, a taken 8080 moves to a free one."""
+        return "health_port" in self.model_fields_set
+
     def _check_processes(self) -> None:
         """``--processes N``: every child is instance ``<name>-<i>`` on health port
         ``base + i`` (see :mod:`worker.processes`), and each is a separate leader candidate."""

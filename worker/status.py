@@ -66,6 +66,7 @@ async def collect(
     lock, pttl = await store.read_lock()
     periodic = await store.periodic_last()
     runs = await store.periodic_runs()
+    paused = await store.paused()
 
     instances = []
     for instance_id, heartbeat_ms, rec in await store.instances():
@@ -110,6 +111,8 @@ async def collect(
                 else round(fresh.success_age_s, 1),
                 "max_staleness_s": pd.max_staleness_s,
                 "stale": fresh.stale,
+                "catch_up": pd.catch_up,
+                "paused": f"periodic:{pd.name}" in paused,
             }
         )
     pollers = []
@@ -119,6 +122,7 @@ async def collect(
             {
                 "name": p.name,
                 "task": p.task,
+                "paused": f"poller:{p.name}" in paused,
                 "in_flight": await store.poll_in_flight(p.name),
                 "waiting": sum(s["waiting"] for s in shards),
                 "due": sum(s["due"] for s in shards),
@@ -169,6 +173,7 @@ async def collect(
             "verdict": eviction_verdict(policy, allow_eviction),
         },
         "prefix": keys.prefix,
+        "described_app": app.name,
         "apps": dict(sorted(apps.items())),
         "instances": instances,
         "leader": leader,
@@ -277,7 +282,7 @@ def render(status: dict[str, Any]) -> str:
                 ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK", "LAST SUCCESS", "LAST FAILURE"],
                 [
                     [
-                        p["name"],
+                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
                         p["schedule"],
                         p["last_tick"],
                         p["next_tick"],
@@ -296,7 +301,7 @@ def render(status: dict[str, Any]) -> str:
                 ["POLLER", "TASK", "WAITING", "DUE", "IN FLIGHT", "PER SHARD (due)"],
                 [
                     [
-                        p["name"],
+                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
                         p["task"],
                         p["waiting"],
                         p["due"],

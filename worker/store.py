@@ -445,6 +445,22 @@ class Store:
                 counts[app] = counts.get(app, 0) + 1
         return counts
 
+    async def write_manifest(self, app: str, manifest: str) -> None:
+        """Record ``app``'s manifest (JSON) for admin commands (``<prefix>apps``)."""
+        await self.redis.hset(self.keys.apps, app, manifest)
+
+    async def manifests(self) -> dict[str, dict[str, Any]]:
+        """Every recorded app manifest by app name (unreadable entries are skipped)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, raw in (await self.redis.hgetall(self.keys.apps)).items():
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                out[_s(name)] = data
+        return out
+
     async def holds_sets(self) -> dict[str, int]:
         """Every holds set in Redis: instance id -> number of job ids in it (``SCAN``)."""
         found: dict[str, int] = {}

@@ -100,6 +100,7 @@ class ProcessState:
         age = lease.lease_age() if lease is not None else None
         return {
             "components": self.enabled,
+            "health_port": getattr(self.component("health-server"), "port", None),
             "is_leader": bool(lease is not None and lease.is_leading()),
             "epoch": lease.epoch if lease is not None else None,
             "lease_age_s": round(age, 3) if age is not None else None,
