@@ -26,6 +26,7 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import ms
 from worker.periodic import trigger as trigger_periodic
+from worker.settings import Settings
 
 log = structlog.get_logger("worker.actions")
 
@@ -233,3 +234,34 @@ def _ids(job_ids: Sequence[str]) -> str:
     if len(job_ids) <= 3:
         return ", ".join(job_ids)
     return f"{', '.join(job_ids[:3])} and {len(job_ids) - 3} more"
+
+
+async def handoff_command(settings: Settings, app: App, *, force: bool = False) -> int:
+    """``python -m worker handoff``: ask for the handoff, then wait (up to the lease TTL plus
+    a poll) for another epoch to hold the lease and print who leads. Exit 0 when the lease
+    moved, 1 when the request was refused or nothing moved in time."""
+    client = await Client.from_settings(settings, app=app)
+    try:
+        outcome = await Operations(client, app, Actor.local()).handoff(force=force)
+        print(outcome.message)
+        if not outcome.ok:
+            return 1
+        epoch = outcome.details["epoch"]
+        deadline = (
+            client.clock.monotonic() + settings.leader_ttl_s + settings.leader_poll_interval_s
+        )
+        while client.clock.monotonic() < deadline:
+            lock, _ = await client.store.read_lock()
+            if lock is not None and lock.epoch > epoch:
+                who = next(
+                    (h.instance for h in await client.store.leader_history(5)
+                     if h.epoch == lock.epoch and h.instance),
+                    "a standby",
+                )  # fmt: skip
+                print(f"epoch {lock.epoch} is held by {who}")
+                return 0
+            await client.clock.sleep(0.1)
+        print("the lease did not move in time; `python -m worker status` shows who leads")
+        return 1
+    finally:
+        await client.close()

@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-all", action="store_true", help="dead: re-queue every one")
     p.add_argument("--purge", action="store_true", help="dead: forget every one")
     p.add_argument("--page", type=int, help="dead: page of 100 to list, newest first (default 1)")
+    p.add_argument("--host", help="web: address to listen on (env WORKER_WEB_HOST, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="web: port (env WORKER_WEB_PORT, 8090)")
+    p.add_argument(
+        "--no-auth", action="store_true", help="web: viewing without the token (actions need it)"
+    )
+    p.add_argument("--force", action="store_true", help="handoff: ask even with no standby")
     return p
 
 
@@ -94,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "health": cmd_health,
         "dead": cmd_dead,
         "doctor": cmd_doctor,
+        "web": cmd_web,
+        "handoff": cmd_handoff,
     }
     if args.command not in commands:
         _fail(f"unknown command {args.command!r}; use one of: {', '.join(commands)}")
@@ -272,6 +280,25 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     report = _run_async(run())
     print(json.dumps(report.to_json(), indent=2) if args.json else doctor.render(report))
     return 0 if report.ok else 1
+
+
+def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    """The operator console (``worker.web``) until SIGTERM/SIGINT."""
+    from worker.web import serve
+
+    if settings.redis_url is None:
+        raise ConfigError("WORKER_REDIS_URL is required for web (which Redis to show?)")
+    _setup_logging(settings)
+    auth = False if args.no_auth else None
+    app = load_app(settings.app)
+    return _run_async(serve(settings, app, host=args.host, port=args.port, auth=auth))
+
+
+def cmd_handoff(settings: Settings, args: argparse.Namespace) -> int:
+    """Ask the leader for a planned handoff to a standby (``worker.actions``)."""
+    from worker.actions import handoff_command
+
+    return _run_async(handoff_command(settings, load_app(settings.app), force=args.force))
 
 
 def cmd_health(settings: Settings, _: argparse.Namespace) -> int:

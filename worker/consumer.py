@@ -703,7 +703,14 @@ class Consumer(Component):
         """Set the job aside, keep a failed result (as arq does), take it off the queue."""
         try:
             await self.dead.set_aside(
-                c.job_id, bad.reason, bad.kind, c.payload, c.size, queue=c.queue
+                c.job_id,
+                bad.reason,
+                bad.kind,
+                c.payload,
+                c.size,
+                queue=c.queue,
+                task=result_for.function if result_for else None,
+                tries=c.try_ if c.try_ >= 0 else None,
             )
         except Exception as exc:
             log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
