@@ -48,7 +48,9 @@ CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 
 def _find(names: tuple[str, ...]) -> str | None:
     for name in names:
-        found = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
+        found = shutil.which(name) or (
+            f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None
+        )
         if found:
             return found
     return None
@@ -62,7 +64,10 @@ def browser_paths() -> tuple[str, str]:
     except ImportError:
         chromium = None
     if chromium is None or driver is None:
-        why = "headless Chromium, chromedriver and selenium are needed (apt-get install chromium chromium-driver; pip install -e '.[test]')"
+        why = (
+            "headless Chromium, chromedriver and selenium are needed (apt-get install chromium "
+            "chromium-driver; pip install -e '.[test]')"
+        )
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the browser tests: {why}")
         pytest.skip(why)
@@ -86,7 +91,9 @@ def browser(browser_paths: tuple[str, str], tmp_path: Path) -> Iterator[Any]:
         f"--user-data-dir={tmp_path / 'chromium'}",
     ):
         options.add_argument(arg)
-    service = Service(executable_path=browser_paths[1], log_output=str(tmp_path / "chromedriver.log"))
+    service = Service(
+        executable_path=browser_paths[1], log_output=str(tmp_path / "chromedriver.log")
+    )
     driver = webdriver.Chrome(service=service, options=options)
     driver.set_page_load_timeout(30)
     try:
@@ -248,7 +255,9 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     lock = LockValue.parse(rsync.get(f"{prefix}leader"))
     assert lock is not None
     instances = _instances(rsync, prefix)
-    leader = next(n for n, rec in instances.items() if rec.get("epoch") == lock.epoch and rec["is_leader"])
+    leader = next(
+        n for n, rec in instances.items() if rec.get("epoch") == lock.epoch and rec["is_leader"]
+    )
     rows = page.rows("#instances tbody tr", "data-instance")
     assert set(rows) == set(instances)
     page.until(lambda: page.text("#leader-name") == leader, "the leader's name")
@@ -291,7 +300,10 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
         lambda: next((a for a in _audit(rsync, prefix) if a["action"] == "trigger"), None), 10
     )
     assert (trigger["target"], trigger["who"], trigger["via"], trigger["ok"]) == (
-        "data_cleanup", "ada", "web", True,
+        "data_cleanup",
+        "ada",
+        "web",
+        True,
     )
     job_id = trigger["message"].split("enqueued ", 1)[1]
     wait_until(lambda: rsync.exists(f"arq:result:{job_id}"), 20, what="the triggered run")
@@ -322,7 +334,8 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     hostile = next(
         j
         for j in ids
-        if b"onerror" in base64.b64decode(json.loads(rsync.hget(f"{prefix}dead:jobs", j))["payload_b64"])  # type: ignore[arg-type]
+        if b"onerror"
+        in base64.b64decode(json.loads(rsync.hget(f"{prefix}dead:jobs", j))["payload_b64"])  # type: ignore[arg-type]
     )
     page.click(f'#dead a[data-open="{hostile}"]')
     shown = page.until(
@@ -338,8 +351,10 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     page.click(f'#dead input.pick[data-job="{ids[0]}"]')
     page.click("#requeue-selected")
     wait_until(
-        lambda: json.loads(rsync.hget(f"{prefix}dead:jobs", ids[0]) or b'{"at_ms": 0}')["at_ms"]
-        > before_ms,
+        lambda: (
+            json.loads(rsync.hget(f"{prefix}dead:jobs", ids[0]) or b'{"at_ms": 0}')["at_ms"]
+            > before_ms
+        ),
         20,
         what="the re-queued job ran again (and was set aside again)",
     )
@@ -375,7 +390,9 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     assert before is not None
     page.click("#handoff", confirm=True)
     after = wait_until(
-        lambda: (v := LockValue.parse(rsync.get(f"{prefix}leader"))) and v.epoch > before.epoch and v,
+        lambda: (
+            (v := LockValue.parse(rsync.get(f"{prefix}leader"))) and v.epoch > before.epoch and v
+        ),
         20,
         what="another epoch",
     )
