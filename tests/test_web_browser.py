@@ -381,6 +381,7 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(forged, timeout=10)
+    refused.value.close()  # the error holds the response's socket
     assert refused.value.code == 403
     assert not rsync.smembers(f"{prefix}paused")
 
