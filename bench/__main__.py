@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operations": ("bench.operations", "start-up, drain, orphaned job re-run"),
     "leader": ("bench.leader", "1,000 periodic jobs every second; 10,000 per_key leases"),
     "latency": ("bench.latency", "idle wake-up and tick start latency"),
+    "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
 }
 
 

@@ -256,9 +256,11 @@ def spawn(redis_url: str, tmp_path: Path) -> Iterator[Spawn]:
             **(env or {}),
         }
         full = {k: v for k, v in full.items() if v is not None}  # None: unset it
-        p = WorkerProc(
-            [command, "--role", role, "--instance-name", name], full, tmp_path / f"{name}.log", name
-        )
+        # run takes --role/--instance-name; another command (web) gets them from the env
+        args = [command, "--role", role, "--instance-name", name] if command == "run" else [command]
+        if command != "run":
+            full.setdefault("WORKER_INSTANCE_NAME", name)
+        p = WorkerProc(args, full, tmp_path / f"{name}.log", name)
         procs.append(p)
         return p
 

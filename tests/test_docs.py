@@ -24,7 +24,8 @@ def test_config_file_lists_every_default(monkeypatch: object) -> None:
     text = (ROOT / "config" / "worker.toml").read_text()
     data = tomllib.loads(text)
     defaults = Settings.model_construct()  # defaults without reading the environment
-    unset = {"instance_name", "redis_url", "redis_url_file"}  # no TOML value: commented out
+    # no TOML value: commented out
+    unset = {"instance_name", "redis_url", "redis_url_file", "web_token", "web_token_file"}
     missing = set(Settings.model_fields) - set(data) - unset
     assert not missing, f"config/worker.toml lacks {missing}"
     for name in unset:

@@ -163,6 +163,27 @@ def _parser() -> argparse.ArgumentParser:
             "written periodic:NAME or poller:NAME when both exist.",
         )
         c.add_argument("name", metavar="NAME", help="a periodic job or a poller")
+
+    web = command(
+        "web",
+        "the operator console (a web page on this cluster)",
+        "Serve the operator console: instances, leader, periodic jobs, pollers, queues, dead "
+        "letters, leadership history; token-guarded actions. Reads only Redis. Without "
+        "WORKER_REDIS_URL it uses a local worker's embedded server.",
+    )
+    web.add_argument("--host", help="address to listen on (env WORKER_WEB_HOST, 127.0.0.1)")
+    web.add_argument("--port", type=int, help="port (env WORKER_WEB_PORT, 8090; 0: any free)")
+    web.add_argument(
+        "--no-auth", action="store_true", help="viewing without the token (actions need it)"
+    )
+
+    handoff = command(
+        "handoff",
+        "move the leader lease to a standby (planned)",
+        "Ask the leader to stop its singletons and release the lease so a standby takes over "
+        "at once; waits and prints who leads (exit 1 if refused or nothing moved).",
+    )
+    handoff.add_argument("--force", action="store_true", help="ask even with no live standby")
     return p
 
 
@@ -170,7 +191,7 @@ def _parser() -> argparse.ArgumentParser:
 #: that ``worker --role all`` names none).
 _VALUE_OPTIONS = {
     "--app", "--redis-url", "--role", "--instance-name", "--processes", "--health-port",
-    "--instance", "--page", "--retry",
+    "--instance", "--page", "--retry", "--host", "--port",
 }  # fmt: skip
 
 
@@ -228,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "trigger": cmd_trigger,
         "pause": cmd_pause,
         "resume": cmd_resume,
+        "web": cmd_web,
+        "handoff": cmd_handoff,
     }
     args = _parser().parse_args(
         _with_command(sys.argv[1:] if argv is None else argv, list(commands))
@@ -542,6 +565,37 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
 
 def _probe_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
+    """The operator console (``worker.web``) until SIGTERM/SIGINT."""
+    from worker.web import serve
+    from worker.web.app import check_auth
+
+    _setup_logging(settings)
+    auth = False if args.no_auth else None
+    check_auth(settings.web_token, settings.web_auth if auth is None else auth)  # before Redis
+    settings, app = _run_async(_admin_target(settings, "web"))
+    return _run_async(serve(settings, app, host=args.host, port=args.port, auth=auth))
+
+
+def cmd_handoff(settings: Settings, args: argparse.Namespace) -> int:
+    """Ask the leader for a planned handoff to a standby (``worker.actions``)."""
+    from worker.actions import handoff_command
+
+    settings, app = _run_async(_admin_target(settings, "handoff"))
+    return _run_async(handoff_command(settings, app, force=args.force))
+
+
+async def _admin_target(settings: Settings, what: str) -> tuple[Settings, App]:
+    """The Redis (configured, else the local embedded server) and the app (the one the live
+    instances run, unless ``--app``) that a long-lived admin command works on."""
+    from worker import admin
+
+    async with admin.connect(settings, what) as a:
+        app = await admin.resolve_app(settings, a.store)
+    admin.flush_notes()
+    return settings.model_copy(update={"redis_url": a.url}), app
 
 
 def _healthz(url: str) -> int:

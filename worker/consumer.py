@@ -416,7 +416,7 @@ class Consumer(Component):
         ended, self._ended = self._ended, []
         sent = self.clock.monotonic()
         try:
-            out = await self.store.finish(self.instance_id, ended)
+            out = await self.store.finish(self.instance_id, ended, now_ms=ms(self.clock.time()))
         except Exception:
             self._ended = ended + self._ended  # try again next round; the claims still hold
             raise
@@ -627,7 +627,7 @@ class Consumer(Component):
         if run.aborted:
             aborted = asyncio.CancelledError("aborted")
             data = result_for(False, aborted, start_ms, self.serialize) if keep > 0 else None
-            self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+            self._end(Finish("failed", c.job_id, run.token, data, ms(keep), queue=c.queue))
             self.totals["failed"] += 1
             return "failure"
         self._end(Finish("retry", c.job_id, run.token, score_ms=c.score_ms, queue=c.queue))
@@ -662,7 +662,7 @@ class Consumer(Component):
             return "failure"
         log.info("job failed", job_id=c.job_id, function=job.name, error=error)
         data = result_for(False, exc, start_ms, self.serialize) if keep > 0 else None
-        self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+        self._end(Finish("failed", c.job_id, run.token, data, ms(keep), queue=c.queue))
         self.totals["failed"] += 1
         return "failure"
 
@@ -718,7 +718,14 @@ class Consumer(Component):
         """Set the job aside, keep a failed result (as arq does), take it off the queue."""
         try:
             await self.dead.set_aside(
-                c.job_id, bad.reason, bad.kind, c.payload, c.size, queue=c.queue
+                c.job_id,
+                bad.reason,
+                bad.kind,
+                c.payload,
+                c.size,
+                queue=c.queue,
+                task=result_for.function if result_for else None,
+                tries=c.try_ if c.try_ >= 0 else None,
             )
         except Exception as exc:
             log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
@@ -728,7 +735,7 @@ class Consumer(Component):
             queue = self.store.keys.queue_of(c.queue)
             rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
             data = rf(False, _JobFailed(bad.reason), start_ms, self.serialize)
-        self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+        self._end(Finish("failed", c.job_id, run.token, data, ms(keep), queue=c.queue))
         self.totals["failed"] += 1
         if count and self.metrics is not None:
             self.metrics.jobs.labels(

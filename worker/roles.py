@@ -228,7 +228,7 @@ def _leadership(w: Wiring, _: Any) -> Component:
         s.leader_renew_deadline_s,
         s.leader_poll_interval_s,
     )
-    return LeaderElector(w.leader_store(), timing, w.clock, **common)
+    return LeaderElector(w.leader_store(), timing, w.clock, instance=s.instance_name, **common)
 
 
 def _initializer(w: Wiring, init: Any) -> Component:

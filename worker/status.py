@@ -53,12 +53,14 @@ async def collect(
             pipe.zcount(keys.queue_of(name), "-inf", now)
         pipe.zcard(keys.dead)
         *counts, dead = await pipe.execute()
+    heads = await store.queue_heads([keys.queue_of(n) for n in queue_names])
     queues = [
         {
             "name": keys.queue_of(n),
             "queue": n,
             "depth": int(counts[2 * i]),
             "due": int(counts[2 * i + 1]),
+            "oldest_due_age_s": _lag(heads[i], now),
         }
         for i, n in enumerate(queue_names)
     ]
@@ -112,12 +114,19 @@ async def collect(
                 "max_staleness_s": pd.max_staleness_s,
                 "stale": fresh.stale,
                 "catch_up": pd.catch_up,
+                "queue": pd.queue,
                 "paused": f"periodic:{pd.name}" in paused,
             }
         )
     pollers = []
     for p in app.pollers.values():
-        shards = await BoundPoller(p, store, clock).backlog()
+        shards: list[dict[str, Any]] = [
+            dict(s) for s in await BoundPoller(p, store, clock).backlog()
+        ]
+        shard_heads = await store.queue_heads([keys.poll_shard(p.name, s) for s in range(p.shards)])
+        for shard, head in zip(shards, shard_heads, strict=True):
+            shard["lag_s"] = _lag(head, now)
+        lags = [s["lag_s"] for s in shards if s["lag_s"] is not None]
         pollers.append(
             {
                 "name": p.name,
@@ -126,6 +135,7 @@ async def collect(
                 "in_flight": await store.poll_in_flight(p.name),
                 "waiting": sum(s["waiting"] for s in shards),
                 "due": sum(s["due"] for s in shards),
+                "lag_s": max(lags) if lags else None,
                 "shards": shards,
             }
         )
@@ -185,6 +195,14 @@ async def collect(
         "per_key_services": services,
         "dead_letters": int(dead),
     }
+
+
+def _lag(head_ms: int | None, now_ms: int) -> float | None:
+    """How long the oldest due entry of a sorted set (its lowest score) has waited, in
+    seconds; ``None`` when nothing is due."""
+    if head_ms is None or head_ms > now_ms:
+        return None
+    return round((now_ms - head_ms) / 1000, 1)
 
 
 def _run_end(rec: dict[str, Any] | None) -> dict[str, Any] | None:
