@@ -43,11 +43,14 @@ FROM ${PYTHON_IMAGE} AS runtime
 
 # A container has its own network namespace: probes from outside (kubelet, docker) reach the
 # health server only on all interfaces. Outside a container the default stays 127.0.0.1.
+# The port is set explicitly: a configured port is strict (taken: exit 2, one line), where the
+# unconfigured default moves to a free port so two local workers do not clash.
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH="/opt/venv/bin:${PATH}" \
-    WORKER_HEALTH_HOST=0.0.0.0
+    WORKER_HEALTH_HOST=0.0.0.0 \
+    WORKER_HEALTH_PORT=8080
 
 RUN groupadd --system --gid 10001 worker \
  && useradd --system --uid 10001 --gid 10001 --no-create-home \

@@ -122,6 +122,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    from worker.logs import configure_logging
+
+    configure_logging("WARNING", "console")  # as a production process: no per-tick lines
     n_wake, n_tick = (50, 20) if args.quick else (200, 60)
     server, url = start_server()
     try:

@@ -239,6 +239,9 @@ def main() -> None:
     ap.add_argument("--window", type=float, help="seconds measured (30; quick 10)")
     ap.add_argument("--keys", type=int, default=10_000)
     args = ap.parse_args()
+    from worker.logs import configure_logging
+
+    configure_logging("WARNING", "console")  # as a production process: no per-tick lines
     window = args.window or (10.0 if args.quick else 30.0)
     Requests.install()
     server, url = start_server()

@@ -86,18 +86,25 @@ def wait_until(
         time.sleep(interval)
 
 
-def client_call(url: str, prefix: str, method: str, *args: Any) -> Any:
+def client_call(url: str, prefix: str, method: str, *args: Any, **kwargs: Any) -> Any:
     """Run one :class:`worker.Client` call from a synchronous test, on a fresh connection:
     ``client_call(url, prefix, "broadcast", "pricing", data)``, ``…, "enqueue", "task", 1)``."""
 
     async def call() -> Any:
         client = await Client.connect(url, key_prefix=prefix)
         try:
-            return await getattr(client, method)(*args)
+            return await getattr(client, method)(*args, **kwargs)
         finally:
             await client.close()
 
     return asyncio.run(call())
+
+
+@pytest.fixture(autouse=True)
+def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: Any) -> None:
+    """Each test's worker processes announce themselves (``worker.local``) in a directory of
+    its own, so one test's embedded server or health port is never another test's."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("xdg")))
 
 
 @pytest.fixture(scope="session")
@@ -235,7 +242,7 @@ def spawn(redis_url: str, tmp_path: Path) -> Iterator[Spawn]:
         name: str | None = None,
         app: str = "tests.apps.ledger:app",
         command: str = "run",
-        env: dict[str, str] | None = None,
+        env: dict[str, str | None] | None = None,
     ) -> WorkerProc:
         name = name or f"{role}-{len(procs) + 1}"
         full = {
@@ -248,9 +255,12 @@ def spawn(redis_url: str, tmp_path: Path) -> Iterator[Spawn]:
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        p = WorkerProc(
-            [command, "--role", role, "--instance-name", name], full, tmp_path / f"{name}.log", name
-        )
+        full = {k: v for k, v in full.items() if v is not None}  # None: unset it
+        # run takes --role/--instance-name; another command (web) gets them from the env
+        args = [command, "--role", role, "--instance-name", name] if command == "run" else [command]
+        if command != "run":
+            full.setdefault("WORKER_INSTANCE_NAME", name)
+        p = WorkerProc(args, full, tmp_path / f"{name}.log", name)
         procs.append(p)
         return p
 

@@ -75,7 +75,13 @@ def test_validate_rejects_non_maps() -> None:
 # -- the claim and finish scripts -------------------------------------------------------------
 
 
-async def claim(store: Store, token: str, limit: int = 10, max_payload: int = 1000) -> Any:
+async def claim(
+    store: Store,
+    token: str,
+    limit: int = 10,
+    max_payload: int = 1000,
+    queues: tuple[str, ...] = ("default",),
+) -> Any:
     return await store.claim(
         "me",
         token,
@@ -85,6 +91,7 @@ async def claim(store: Store, token: str, limit: int = 10, max_payload: int = 10
         holds_ttl_ms=60_000,
         max_payload=max_payload,
         retry_ttl_ms=60_000,
+        queues=queues,
     )
 
 
@@ -141,6 +148,7 @@ async def test_finish_writes_only_while_the_claim_holds(r: Any) -> None:
             Finish("done", "stolen", "me/1", b"mine", 5000),
             Finish("retry", "again", "me/1", score_ms=T + 3000),
         ],
+        now_ms=T,
     )
     assert (out.done, out.retried, out.refused) == (1, 1, 1)
     assert await r.get(K.ARQ_RESULT + "done") == b"result"
@@ -155,6 +163,37 @@ async def test_finish_writes_only_while_the_claim_holds(r: Any) -> None:
     assert await r.exists(K.ARQ_IN_PROGRESS + "again") == 0
     assert await r.zscore(KEYS.queue, "again") == T + 3000
     assert await r.smembers(KEYS.holds("me")) == set()
+
+
+async def test_finish_counts_finished_runs_per_queue_and_minute(r: Any) -> None:
+    store = Store(r, KEYS)
+    jobs = {"a1": "default", "a2": "default", "a3": "default", "b1": "mail", "r1": "default"}
+    for jid, queue in jobs.items():
+        await r.zadd(KEYS.queue_of(queue), {jid: T})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await claim(store, "me/1", queues=("default", "mail"))
+    runs = [
+        Finish("done", "a1", "me/1"),
+        Finish("failed", "a2", "me/1"),
+        Finish("done", "b1", "me/1", queue="mail"),
+        Finish("retry", "r1", "me/1", score_ms=T),  # runs again: not counted
+    ]
+    out = await store.finish("me", runs[:2], now_ms=T)
+    assert (out.done, out.retried) == (2, 0)
+    await store.finish("me", runs[2:], now_ms=T + 60_000)  # the next minute
+    # a stolen run is not counted either
+    await r.set(K.ARQ_IN_PROGRESS + "a3", b"other/1")
+    await store.finish("me", [Finish("done", "a3", "me/1")], now_ms=T)
+    hour = T // 3_600_000
+    assert await r.hgetall(KEYS.stats("default", hour)) == {
+        f"{T // 60_000}:done".encode(): b"1",
+        f"{T // 60_000}:failed".encode(): b"1",
+    }
+    assert 0 < await r.pttl(KEYS.stats("default", hour)) <= K.STATS_TTL_MS
+    series = await store.throughput(["default", "mail"], T + 60_000, minutes=3)
+    minute = T // 60_000 * 60_000
+    assert series["default"] == [(minute - 60_000, 0, 0), (minute, 1, 1), (minute + 60_000, 0, 0)]
+    assert series["mail"] == [(minute - 60_000, 0, 0), (minute, 0, 0), (minute + 60_000, 1, 0)]
 
 
 # -- the claim guard ------------------------------------------------------------------------------

@@ -360,3 +360,60 @@ def test_a_sigkilled_consumers_concurrency_slot_comes_back(
     if "long" in ends:
         assert ends["long"] <= starts["short"] or starts["long"] >= ends["short"]
     assert b.alive()
+
+
+@pytest.mark.slow
+def test_a_consumer_sigkilled_mid_batch_loses_no_job_and_duplicates_only_its_own(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    """600 short jobs, two consumers claiming in batches (concurrency 20 each), a leader to
+    reap; one consumer is SIGKILLed while it holds a batch. Every job completes (its arq result
+    is written: none lost); a job ran to its end twice only if the killed consumer held it at
+    the kill (its run ended, its FINISH never landed): at most its concurrency, 20."""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    small = {"WORKER_CONCURRENCY": "20"}
+
+    async def enqueue_all() -> list[str]:
+        client = await Client.connect(redis_url, app=ledger_app, key_prefix=prefix)
+        try:
+            out = []
+            for i in range(600):
+                job_id = await client.enqueue("slow_job", 0.2, job_id=f"{prefix}j{i:03d}")
+                assert job_id is not None
+                out.append(job_id)
+            return out
+        finally:
+            await client.close()
+
+    spawn("leader", name="reaper")
+    victim = spawn("consumer", name="victim", env=small)
+    survivor = spawn("consumer", name="survivor", env=small)
+    keys = K.Keys(prefix)
+
+    def registered() -> bool:
+        names = {m.decode().rsplit("-", 1)[0] for m in rsync.zrange(keys.instances, 0, -1)}
+        return {"victim", "survivor", "reaper"} <= names
+
+    wait_until(registered, 60, what="both consumers and the leader")
+    ids = asyncio.run(enqueue_all())
+
+    def victim_holds_a_batch() -> bool:
+        ids = [m.decode() for m in rsync.zrange(keys.instances, 0, -1)]
+        victim_id = next((i for i in ids if i.startswith("victim-")), None)
+        running = rsync.scard(keys.holds(victim_id)) if victim_id else 0
+        return running >= 10 and len(ledger(rsync, prefix, "slow-done")) >= 100
+
+    wait_until(victim_holds_a_batch, 60, interval=0.01, what="the victim mid-batch")
+    victim.kill()
+    wait_until(
+        lambda: len(ledger(rsync, prefix, "slow-done")) == 600, 90, what="every job to complete"
+    )
+    done = ledger(rsync, prefix, "slow-done")
+    assert set(done) == set(ids), "a job never completed"
+    twice = [j for j, n in done.items() if n > 1]
+    assert len(twice) <= 20, twice
+    assert all(n <= 2 for n in done.values())
+    started = ledger(rsync, prefix, "slow-started")
+    assert sum(started.values()) > 600, "the kill interrupted no job: the test proved nothing"
+    wait_until(lambda: sum(rsync.exists(f"arq:result:{j}") for j in ids) == 600, 30, what="results")
+    assert survivor.alive()

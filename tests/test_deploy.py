@@ -195,8 +195,12 @@ def test_manifest_list_is_complete() -> None:
 
 @pytest.mark.parametrize(
     "kroot,extra",
-    [(K8S, ["--load-restrictor=LoadRestrictionsNone"]), (K8S / "demo-redis", [])],
-    ids=["k8s", "demo-redis"],
+    [
+        (K8S, ["--load-restrictor=LoadRestrictionsNone"]),
+        (K8S / "demo-redis", []),
+        (K8S / "web", ["--load-restrictor=LoadRestrictionsNone"]),
+    ],
+    ids=["k8s", "demo-redis", "web"],
 )
 def test_kustomize_build(kroot: Path, extra: list[str]) -> None:
     kubectl = shutil.which("kubectl")
@@ -633,3 +637,60 @@ def test_keda_overlay_builds_and_replaces_the_hpa() -> None:
         _validate(obj)
         if obj["kind"] != "Namespace":
             assert obj["metadata"].get("namespace") == "worker", obj["metadata"]["name"]
+
+
+# --------------------------------------------------------------------------- the console
+
+
+def _console_objects() -> list[dict[str, Any]]:
+    return [doc for path in sorted((K8S / "web").glob("*.yaml")) for doc in _load_docs(path)]
+
+
+def test_console_deployment() -> None:
+    """deploy/k8s/web: `python -m worker web` with the token and the Redis URL from mounted
+    Secrets, listening on all interfaces on the port the Service and the policy name."""
+    (dep,) = [o for o in _console_objects() if o["kind"] == "Deployment"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels == {"app.kubernetes.io/name": "worker", "app.kubernetes.io/component": "web"}
+    pod = dep["spec"]["template"]["spec"]
+    c = _worker_container(dep)
+    assert c["args"][0] == "web"
+    env = {e["name"]: e for e in c["env"]}
+    assert all(name in ALLOWED_SETTINGS for name in env if name.startswith("WORKER_"))
+    assert "WORKER_WEB_TOKEN" not in env and "WORKER_REDIS_URL" not in env
+    assert "WORKER_WEB_AUTH" not in env, "viewing must need the token in a cluster"
+    assert env["WORKER_WEB_HOST"]["value"] == "0.0.0.0"
+    port = int(env["WORKER_WEB_PORT"]["value"])
+    assert {"name": "http", "containerPort": port, "protocol": "TCP"} in c["ports"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for var, secret, key in (
+        ("WORKER_WEB_TOKEN_FILE", "worker-web", "WORKER_WEB_TOKEN"),
+        ("WORKER_REDIS_URL_FILE", "worker-redis", "WORKER_REDIS_URL"),
+    ):
+        path = Path(env[var]["value"])
+        mount = mounts[str(path.parent)]
+        assert mount.get("readOnly") is True
+        items = volumes[mount["name"]]["secret"]
+        assert items["secretName"] == secret
+        assert items["items"] == [{"key": key, "path": path.name}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/", "port": "http"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    policy = next(o for o in _all_objects() if o["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_console_is_not_exposed_by_default() -> None:
+    """A ClusterIP Service (port-forward to reach it), no Ingress, and not in the main root."""
+    (svc,) = [o for o in _console_objects() if o["kind"] == "Service"]
+    assert svc["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "web"
+    assert all("nodePort" not in p for p in svc["spec"]["ports"])
+    assert not [o for o in _all_objects() if o["kind"] in ("Ingress", "Gateway", "HTTPRoute")]
+    main = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    assert not [r for r in main if "web" in r], "the console is opt-in"
+    assert "Secret" not in {o["kind"] for o in _console_objects()}

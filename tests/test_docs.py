@@ -31,6 +31,8 @@ def test_config_file_lists_every_default(monkeypatch: object) -> None:
         "redis_url_file",
         "sentinel_username",
         "sentinel_password",
+        "web_token",
+        "web_token_file",
     }
     missing = set(Settings.model_fields) - set(data) - unset
     assert not missing, f"config/worker.toml lacks {missing}"

@@ -485,3 +485,27 @@ async def test_a_standby_learns_the_current_epoch_from_every_refused_campaign(
     b = start("elector", clients(), runs, clock=clock)
     await eventually(lambda: b.leader.health.iterations >= 1, clock=clock)
     assert b.leader.floor == 41 and not b.leader.is_leading()
+
+
+async def test_a_planned_handoff_moves_the_lease_to_a_standby(
+    clients: Any, runs: list[Run], rsync: redis_sync.Redis
+) -> None:
+    a = start("elector", clients(), runs)
+    await eventually(lambda: a.leader.is_leading(), what="a leads")
+    b = start("elector", clients(), runs)
+    await asyncio.sleep(3 * FAST.poll_interval_s)
+    assert not b.leader.is_leading()
+    first = a.leader.epoch
+    assert first is not None
+    assert await clients().request_handoff(5_000) == first
+    # the request is heard on pub/sub (or at the next renew): a stops its singletons and
+    # releases; b takes over without waiting for an expiry, and a stays a standby meanwhile
+    await eventually(lambda: b.leader.is_leading(), within=2 * FAST.ttl_s, what="b leads")
+    assert a.probe.events[-1][0] == "stop" and not a.leader.is_leading()
+    assert (b.leader.epoch or 0) == first + 1
+    history = await clients().leader_history()
+    assert [h.reason for h in history[:2]] == ["after handoff", "handoff"]
+    assert a.leader.health.extra["last_loss"] == "handoff requested"
+    assert rsync.exists(KEYS.leader_handoff) == 0
+    await asyncio.sleep(a.leader.handoff_pause_s + 3 * FAST.poll_interval_s)  # type: ignore[attr-defined]
+    assert b.leader.is_leading() and not a.leader.is_leading()  # a campaigns again, and loses

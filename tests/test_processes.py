@@ -310,9 +310,13 @@ def test_children_names_ports_environment_and_no_recursion(clean_env: None) -> N
         assert not any("s3cret" in a for a in cmd), "the password must not be on a command line"
         child = launcher.env(i)
         assert child["WORKER_PROCESSES"] == "1"
-        assert child["WORKER_HEALTH_PORT"] == str(8080 + i)
+        assert "WORKER_HEALTH_PORT" not in child  # the default: each takes a free port
         assert child["WORKER_REDIS_URL"] == url and child["WORKER_REDIS_URL_FILE"] == ""
         assert child["OTHER"] == "x"
+    # a configured port: child i on port + i (strict)
+    fixed = load_settings(processes=3, health_port=9100, redis_url=url)
+    ports = [Launcher(fixed, {}, url).env(i)["WORKER_HEALTH_PORT"] for i in range(3)]
+    assert ports == ["9100", "9101", "9102"]
     # a health port of 0 stays 0 for every child
     off = load_settings(processes=2, health_port=0, redis_url=url)
     assert [Launcher(off, {}, url).env(i)["WORKER_HEALTH_PORT"] for i in range(2)] == ["0", "0"]
@@ -555,7 +559,7 @@ def test_role_all_without_a_url_shares_one_embedded_server(tmp_path: Path) -> No
 
         starts = wait_until(both_started, timeout=60, what="both children started")
         banner = next(e for e in events() if "EMBEDDED" in str(e.get("event")))
-        assert "shared by the 2 worker processes" in banner["event"]
+        assert "for the 2 worker processes of this run" in banner["event"]
         urls = {e["redis"] for e in starts}
         assert urls == {banner["redis"]} and banner["redis"].startswith("unix://"), urls
         names = sorted(e["instance"] for e in starts)

@@ -33,7 +33,7 @@ from worker.errors import NotReplicated
 from worker.leader import LeaderElector, LeaderTiming
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
-from worker.store import FencedStore, NewJob, Store
+from worker.store import FencedStore, NewJob, Renewal, Store
 
 KEYS = K.Keys("rep:")
 WAIT1 = Replication(1, 200)
@@ -148,7 +148,7 @@ async def test_lease_not_confirmed_is_not_led_and_a_renew_not_confirmed_fails(
     assert lock is not None and lock.epoch > 1 and elector.is_leading()
     with lagging(pair), pytest.raises(NotReplicated, match="lease renew"):
         await store.renew_lock(lock, 3000)
-    assert await store.renew_lock(lock, 3000) is True
+    assert await store.renew_lock(lock, 3000) == Renewal.RENEWED
 
 
 async def test_fenced_writes_count_only_once_replicated(r: Any, pair: Pair) -> None:

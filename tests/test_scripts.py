@@ -15,7 +15,7 @@ from redis.exceptions import ResponseError
 
 from worker import keys as K
 from worker.ids import JobIds, LockValue
-from worker.store import Acquired, Refused, Store
+from worker.store import Acquired, LeaderChange, Refused, Renewal, Store
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
@@ -126,6 +126,79 @@ async def test_acquire_gap_depends_on_how_the_previous_lease_ended(r: Any) -> No
         and mine.gap_ms == 0
         and mine.lock.epoch == expired.lock.epoch + 1
     )
+
+
+async def test_leadership_history_notes_a_data_loss(r: Any) -> None:
+    store = Store(r, KEYS)
+    a = await store.acquire("tokA", 5000, instance="a")
+    assert isinstance(a, Acquired)
+    await r.flushall()  # Redis lost its data; the candidate remembers the epoch it saw
+    b = await store.acquire("tokB", 5000, floor=a.lock.epoch, instance="b")
+    assert isinstance(b, Acquired)
+    (entry,) = await store.leader_history()
+    assert (entry.epoch, entry.reason, entry.instance) == (a.lock.epoch + 1, "data loss", "b")
+    assert abs(entry.at_ms - await store.server_time_ms()) < 60_000
+
+
+async def test_leadership_history_reasons_and_cap(r: Any) -> None:
+    store = Store(r, KEYS)
+    a = await store.acquire("tokA", 5000, instance="a")
+    assert isinstance(a, Acquired)
+    assert await store.release_lock(a.lock, reason="handoff", instance="a")
+    b = await store.acquire("tokB", 5000, instance="b")
+    assert isinstance(b, Acquired)
+    assert await store.release_lock(b.lock, instance="b")
+    c = await store.acquire("tokC", 5000, instance="c")
+    assert isinstance(c, Acquired)
+    await r.delete(KEYS.leader)
+    d = await store.acquire("tokD", 5000, instance="d|x")
+    assert isinstance(d, Acquired)
+    again = await store.acquire("tokD", 5000, instance="d|x")  # its own lock: a lost reply
+    assert isinstance(again, Acquired)
+    await r.persist(KEYS.leader)
+    e = await store.acquire("tokE", 5000, instance="e")
+    assert isinstance(e, Acquired)
+    assert [(h.epoch, h.reason, h.instance) for h in await store.leader_history()] == [
+        (6, "replaced", "e"),
+        (5, "retried", "d|x"),
+        (4, "after expiry", "d|x"),
+        (3, "after release", "c"),
+        (2, "released", "b"),
+        (2, "after handoff", "b"),
+        (1, "handoff", "a"),
+        (1, "first", "a"),
+    ]
+    for i in range(K.HISTORY_KEEP + 5):
+        await r.delete(KEYS.leader)
+        await store.acquire(f"tok{i}", 5000, instance="n")
+    assert await r.llen(KEYS.leader_history) == K.HISTORY_KEEP
+    entry = LeaderChange(12, T, "first", "a|b")
+    assert LeaderChange.parse(str(entry)) == entry
+    assert LeaderChange.parse(b"x|1|y|z") is None
+
+
+async def test_handoff_request_reaches_only_the_epoch_it_targets(r: Any) -> None:
+    store = Store(r, KEYS)
+    assert await store.request_handoff(5000) is None  # nobody leads
+    a = await store.acquire("tokA", 5000)
+    assert isinstance(a, Acquired)
+    assert await store.renew_lock(a.lock, 5000) == Renewal.RENEWED
+    assert await store.request_handoff(5000) == a.lock.epoch
+    assert 0 < await r.pttl(KEYS.leader_handoff) <= 5000
+    assert await store.renew_lock(a.lock, 5000) == Renewal.HANDOFF
+    assert await store.renew_lock(LockValue(a.lock.epoch, "x"), 5000) == Renewal.LOST
+    # the release serves the request; the next acquisition is "after handoff", without a gap
+    assert await store.release_lock(a.lock, reason="handoff")
+    assert await r.exists(KEYS.leader_handoff) == 0
+    b = await store.acquire("tokB", 5000, bound_ms=BOUND)
+    assert isinstance(b, Acquired) and b.gap_ms == 0
+    assert await store.renew_lock(b.lock, 5000) == Renewal.RENEWED
+    # a request for an older epoch is void: a new acquisition deletes it
+    assert await store.request_handoff(5000) == b.lock.epoch
+    await r.delete(KEYS.leader)
+    c = await store.acquire("tokC", 5000)
+    assert isinstance(c, Acquired)
+    assert await r.exists(KEYS.leader_handoff) == 0
 
 
 async def test_boot_marker_is_created_once(r: Any) -> None:

@@ -98,6 +98,9 @@ class ConsumerConfig:
     #: Lease of a concurrency slot, renewed while its job runs (a dead holder's slot comes
     #: back after at most this long).
     slot_lease_s: float = 10.0
+    #: Burst mode (``python -m worker run --burst``, arq's ``burst``): once nothing runs and no
+    #: job is due in ``queues``, stop claiming, drain, and set :attr:`Consumer.emptied`.
+    burst: bool = False
 
 
 def validate(record: Any) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
@@ -275,6 +278,8 @@ class Consumer(Component):
         self._summary_at = clock.monotonic()
         self._summary_totals = dict(self.totals)
         self._health_at = -HEALTH_EVERY_S
+        #: Burst mode: set once the queues had nothing due and nothing ran (then it drains).
+        self.emptied = asyncio.Event()
 
     @property
     def in_flight(self) -> int:
@@ -299,6 +304,9 @@ class Consumer(Component):
                     self.health.ok(now)
                     await self._housekeeping(now)
                     backoff = 0.0
+                    if self.config.burst and not claimed and await self._nothing_left():
+                        self.emptied.set()
+                        break
                 except (RedisError, OSError, TimeoutError) as exc:
                     # Redis away: running jobs go on (their ends are written later); no new
                     # work; liveness fails once this lasts longer than the SLA.
@@ -322,6 +330,13 @@ class Consumer(Component):
                 with contextlib.suppress(Exception):
                     await self.store.clear_health(self.instance_id)
 
+    async def _nothing_left(self) -> bool:
+        """Burst mode: nothing runs, no end waits to be written, no job is due."""
+        if self.running or self._ended:
+            return False
+        due = await self.store.queue_head(self.config.queues)
+        return due is None or due > ms(self.clock.time())
+
     def _next_delay(self, claimed: int) -> float:
         """``poll_delay_s`` while busy; idle, until the next announced due time, at most
         ``idle_poll_max_s`` (the fallback for jobs a plain arq client enqueued unannounced)."""
@@ -337,7 +352,7 @@ class Consumer(Component):
         """Claim when busy, woken by an enqueue, or an announced due time came; an idle
         consumer otherwise looks at the head of the queue only (one command)."""
         now = ms(self.clock.time())
-        if self.running or self._woken or self._unconfirmed:
+        if self.running or self._woken or self._unconfirmed or self.config.burst:
             self._woken = False
             return True
         if self._next_due is not None and self._next_due <= now:
@@ -450,7 +465,9 @@ class Consumer(Component):
     async def _flush(self) -> None:
         if self._resend:
             sent = self.clock.monotonic()
-            again = await self.store.finish(self.instance_id, self._resend, resend=True)
+            again = await self.store.finish(
+                self.instance_id, self._resend, now_ms=ms(self.clock.time()), resend=True
+            )
             self.guard.confirmed(sent)
             if not again.replicated:
                 return  # the replicas still lag: new ends wait behind these
@@ -461,7 +478,7 @@ class Consumer(Component):
         ended, self._ended = self._ended, []
         sent = self.clock.monotonic()
         try:
-            out = await self.store.finish(self.instance_id, ended)
+            out = await self.store.finish(self.instance_id, ended, now_ms=ms(self.clock.time()))
         except Exception:
             # It may or may not have been applied (the reply was lost): send the same ends again
             # (the claims still hold) until a round trip is confirmed.
@@ -690,7 +707,7 @@ class Consumer(Component):
         if run.aborted:
             aborted = asyncio.CancelledError("aborted")
             data = result_for(False, aborted, start_ms, self.serialize) if keep > 0 else None
-            self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+            self._end(Finish("failed", c.job_id, run.token, data, ms(keep), queue=c.queue))
             self.totals["failed"] += 1
             return "failure"
         self._end(Finish("retry", c.job_id, run.token, score_ms=c.score_ms, queue=c.queue))
@@ -725,7 +742,7 @@ class Consumer(Component):
             return "failure"
         log.info("job failed", job_id=c.job_id, function=job.name, error=error)
         data = result_for(False, exc, start_ms, self.serialize) if keep > 0 else None
-        self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+        self._end(Finish("failed", c.job_id, run.token, data, ms(keep), queue=c.queue))
         self.totals["failed"] += 1
         return "failure"
 
@@ -788,7 +805,14 @@ class Consumer(Component):
         """Set the job aside, keep a failed result (as arq does), take it off the queue."""
         try:
             await self.dead.set_aside(
-                c.job_id, bad.reason, bad.kind, c.payload, max(c.size, 0), queue=c.queue
+                c.job_id,
+                bad.reason,
+                bad.kind,
+                c.payload,
+                max(c.size, 0),
+                queue=c.queue,
+                task=result_for.function if result_for else None,
+                tries=c.try_ if c.try_ >= 0 else None,
             )
         except Exception as exc:
             log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
@@ -801,7 +825,7 @@ class Consumer(Component):
             queue = self.store.keys.queue_of(c.queue)
             rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
             data = rf(False, _JobFailed(bad.reason), start_ms, self.serialize)
-        self._end(Finish("done", c.job_id, run.token, data, ms(keep), queue=c.queue))
+        self._end(Finish("failed", c.job_id, run.token, data, ms(keep), queue=c.queue))
         self.totals["failed"] += 1
         if count and self.metrics is not None:
             self.metrics.jobs.labels(

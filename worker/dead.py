@@ -65,9 +65,13 @@ class DeadLetters:
         payload: bytes | None,
         size: int,
         queue: str = DEFAULT_QUEUE,
+        *,
+        task: str | None = None,
+        tries: int | None = None,
     ) -> None:
         """Record ``job_id`` (``kind`` labels the metric). ``payload`` is the whole payload when
-        it was read; otherwise ``size`` bytes are still in Redis and are digested in chunks."""
+        it was read; otherwise ``size`` bytes are still in Redis and are digested in chunks.
+        ``task`` and ``tries``: the job's function and try number, when known."""
         if payload is not None:
             digest, head = hashlib.sha256(payload).hexdigest(), payload[: self.keep_bytes]
         elif size > 0:
@@ -80,6 +84,8 @@ class DeadLetters:
             "reason": reason,
             "kind": kind,
             "queue": queue,
+            "task": task,
+            "tries": tries,
             "at_ms": at_ms,
             "instance": self.instance_id,
             "size": max(size, 0),

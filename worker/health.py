@@ -32,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from worker.clock import Clock
 from worker.component import Component
 from worker.metrics import Metrics
-from worker.preflight import bind_listeners
+from worker.preflight import bind_health, bind_listeners
 from worker.views import ProcessView
 
 log = structlog.get_logger("worker.health")
@@ -53,16 +53,27 @@ class HealthServer(Component):
         host: str,
         port: int,
         bind_and_listen: bool = True,
+        strict: bool = True,
     ) -> None:
         """Binds the socket at once (like ``socketserver.TCPServer``); raises
-        :class:`~worker.errors.ConfigError` when it cannot."""
+        :class:`~worker.errors.ConfigError` when it cannot. Not ``strict`` (the default port,
+        not configured): a taken port moves to the next free one, logged; :attr:`port` is the
+        port bound."""
         super().__init__("health-server", clock, sla_s=30.0)
         self.process = process
         self.metrics_ = metrics
         self.host = host
         self.port = port
         self.loop_lag_s = 0.0
-        self._sockets: list[socket.socket] = bind_listeners(host, port) if bind_and_listen else []
+        self._sockets: list[socket.socket] = []
+        if bind_and_listen:
+            self._sockets, self.port = bind_health(host, port, strict=strict)
+            if self.port != port:
+                log.warning(
+                    f"health port {port} is in use (another local worker?); serving the probes "
+                    f"on {self.port}. Set WORKER_HEALTH_PORT to choose it.",
+                    port=self.port,
+                )
 
     def build_app(self) -> web.Application:
         app = web.Application()

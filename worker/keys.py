@@ -40,6 +40,8 @@ __all__ = [
     "ENQUEUE_TICKS",
     "FENCE_ERROR",
     "FINISH",
+    "HANDOFF",
+    "HISTORY_KEEP",
     "INFLIGHT_CLEAR",
     "INIT_BEGIN",
     "LEASES_RENEW",
@@ -67,6 +69,11 @@ DEFAULT_QUEUE = "default"
 
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
+
+#: Leadership changes kept in ``<prefix>leader:history`` (newest first).
+HISTORY_KEEP = 100
+#: How long the per-minute throughput counters of an hour are kept after their last write.
+STATS_TTL_MS = 2 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,25 @@ class Keys:
         acquire/renew) and ``released`` (the epoch released cleanly), so an acquisition knows
         how long the previous holder may still believe it leads."""
         return f"{self.prefix}leader:state"
+
+    @property
+    def leader_history(self) -> str:
+        """List of the last :data:`HISTORY_KEEP` leadership changes, newest first, each
+        ``<epoch>|<server ms>|<reason>|<instance>`` (written by ACQUIRE and RELEASE; parsed by
+        ``Store.leader_history``)."""
+        return f"{self.prefix}leader:history"
+
+    @property
+    def leader_handoff(self) -> str:
+        """A planned handoff request: value = the epoch it targets, short PX. The leader of that
+        epoch sees it on its next renew (or at once, on :attr:`leader_handoff_channel`),
+        releases the lease and stays a standby for a while, so another candidate takes over."""
+        return f"{self.prefix}leader:handoff"
+
+    @property
+    def leader_handoff_channel(self) -> str:
+        """Pub/sub channel a handoff request is published on (the targeted epoch)."""
+        return f"{self.prefix}leader:handoff-requested"
 
     @property
     def boot(self) -> str:
@@ -185,6 +211,12 @@ class Keys:
         """Sorted set: instance id -> last heartbeat (epoch ms). Outlives the instance hash."""
         return f"{self.prefix}instances"
 
+    @property
+    def apps(self) -> str:
+        """Hash: app name -> its manifest (JSON, see :mod:`worker.manifest`), written by every
+        process at start; admin commands describe the running app from it."""
+        return f"{self.prefix}apps"
+
     def instance(self, instance_id: str) -> str:
         """Hash describing one live process; expires at about twice the heartbeat interval."""
         return f"{self.prefix}instance:{instance_id}"
@@ -246,6 +278,19 @@ class Keys:
         """The rate limiter's theoretical arrival time (ms) for ``task``."""
         return f"{self.prefix}limit:{task}:rate"
 
+    # -- throughput and the operators' log ------------------------------------------------------
+    def stats(self, queue: str, hour: int) -> str:
+        """Hash of one queue's finished runs in one hour (``hour`` = epoch ms // 3,600,000):
+        ``<minute>:done`` and ``<minute>:failed`` -> count, ``minute`` = epoch ms // 60,000.
+        Written by FINISH (one HINCRBY per batch and outcome); expires
+        :data:`STATS_TTL_MS` after its last write, so each hour's key goes by itself."""
+        return f"{self.prefix}stats:{queue}:{hour}"
+
+    @property
+    def audit(self) -> str:
+        """List of the operators' recent actions (console and CLI), newest first, JSON each."""
+        return f"{self.prefix}audit"
+
     # -- dead letters -------------------------------------------------------------------------
     @property
     def dead(self) -> str:
@@ -268,17 +313,23 @@ ACQUIRE = """
 -- holding the caller's own token is an acquisition whose reply the caller never got (client
 -- timeout): it is replaced by a fresh one, so the caller's deadline is measured from this call.
 -- A lock without expiry (left by an old static leader) is stale and replaced too.
--- Every acquisition is announced, and answers how long singleton services must wait: a lease
--- that was not released cleanly (expired, deleted, lost with Redis's data, stale) may still
--- be believed held by its old holder until that holder's renew deadline plus stop grace.
+-- Every acquisition is announced, appended to the history (why: first, after release, after
+-- handoff, after expiry, replaced, retried, data loss), and answers how long singleton
+-- services must wait: a lease that was not released cleanly (expired, deleted, lost with
+-- Redis's data, stale) may still be believed held by its old holder until that holder's renew
+-- deadline plus stop grace. A pending handoff request is void (it targeted an older epoch).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
--- KEYS[3] -> lease state hash (epoch, renewed_ms, released)
+-- KEYS[3] -> lease state hash (epoch, renewed_ms, released, released_why)
+-- KEYS[4] -> history list
+-- KEYS[5] -> handoff request
 -- ARGV[1] -> random token of the campaigning process
 -- ARGV[2] -> lease TTL in ms
 -- ARGV[3] -> epoch floor: the highest epoch the caller has seen (0 if none)
 -- ARGV[4] -> safety bound in ms: renew deadline + stop grace of a holder
 -- ARGV[5] -> announce channel
+-- ARGV[6] -> the caller's instance name (for the history)
+-- ARGV[7] -> history entries kept
 -- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
 -- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", 0,
 -- the holder's lock value} (the caller learns the current epoch; the epoch counter is raised
@@ -287,25 +338,38 @@ local current = redis.call('GET', KEYS[1])
 local floor = tonumber(ARGV[3])
 local stale = current and redis.call('PTTL', KEYS[1]) == -1
 local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
+local counter = redis.call('GET', KEYS[2])
 if current and not stale and not mine then
-  if tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
+  if tonumber(counter or '0') < floor then
     redis.call('SET', KEYS[2], floor)
   end
   return {'', 0, current}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released')
+local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released', 'released_why')
 local bound = tonumber(ARGV[4])
 local gap = bound
+local why = 'first'
 if stale then
   gap = bound
+  why = 'replaced'
 elseif current then
   gap = 0
+  why = 'retried'
 elseif prev[1] and prev[3] == prev[1] then
   gap = 0
+  why = 'after release'
+  if prev[4] == 'handoff' then
+    why = 'after handoff'
+  end
 elseif prev[2] then
   gap = math.max(0, tonumber(prev[2]) + bound - now)
+  why = 'after expiry'
+elseif counter then
+  why = 'after expiry'
+elseif floor > 0 then
+  why = 'data loss'
 end
 local epoch = redis.call('INCR', KEYS[2])
 if epoch <= floor then
@@ -314,7 +378,10 @@ if epoch <= floor then
 end
 local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', now, 'released', '')
+redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', now, 'released', '', 'released_why', '')
+redis.call('DEL', KEYS[5])
+redis.call('LPUSH', KEYS[4], epoch .. '|' .. now .. '|' .. why .. '|' .. ARGV[6])
+redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[7]) - 1)
 redis.call('PUBLISH', ARGV[5], value)
 if stale then
   return {value, gap, current}
@@ -324,20 +391,50 @@ return {value, gap, ''}
 
 RENEW = """
 -- Renew the leader lease: compare the whole value, *replace* the TTL (never add to it) and
--- record the server time of the renew (read by the next acquisition, see ACQUIRE).
+-- record the server time of the renew (read by the next acquisition, see ACQUIRE). Also tell
+-- the leader whether an operator asked it to hand the lease over (see HANDOFF).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> lease state hash
+-- KEYS[3] -> handoff request
 -- ARGV[1] -> lock value held by the caller
 -- ARGV[2] -> lease TTL in ms
--- Returns: 1 if renewed, 0 if the lock is not (or no longer) the caller's.
+-- ARGV[3] -> the caller's epoch
+-- Returns: 1 if renewed, 2 if renewed and a handoff of this epoch is requested, 0 if the lock
+-- is not (or no longer) the caller's.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HSET', KEYS[2], 'renewed_ms', now)
+  if redis.call('GET', KEYS[3]) == ARGV[3] then
+    return 2
+  end
   return 1
 end
 return 0
+"""
+
+HANDOFF = """
+-- Ask the current leader to hand the lease over (an operator's planned handoff): record the
+-- request for the current epoch and publish it; the leader of that epoch releases the lease
+-- (RELEASE, reason "handoff") and stays a standby for a while. The request expires unseen
+-- when no leader acts on it.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> handoff request
+-- ARGV[1] -> how long the request stands, ms
+-- ARGV[2] -> handoff channel
+-- Returns: the epoch the request targets, or 0 when nobody holds the lease.
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return 0
+end
+local epoch = string.match(current, '^(%d+):')
+if not epoch then
+  return 0
+end
+redis.call('SET', KEYS[2], epoch, 'PX', ARGV[1])
+redis.call('PUBLISH', ARGV[2], epoch)
+return tonumber(epoch)
 """
 
 LEASE_RENEW = """
@@ -356,16 +453,26 @@ return 0
 
 RELEASE = """
 -- Release the lease if it is the caller's, record the clean release (the next holder need not
--- wait for this one, see ACQUIRE) and tell standbys at once.
+-- wait for this one, see ACQUIRE) and why, append it to the history, void a handoff request
+-- (it is being served) and tell standbys at once.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> lease state hash
+-- KEYS[3] -> history list
+-- KEYS[4] -> handoff request
 -- ARGV[1] -> lock value held by the caller
 -- ARGV[2] -> pub/sub channel standbys listen on
 -- ARGV[3] -> the caller's epoch
+-- ARGV[4] -> why: "released" (shutdown) or "handoff"
+-- ARGV[5] -> the caller's instance name (for the history)
+-- ARGV[6] -> history entries kept
 -- Returns: 1 if released, 0 if the lock was not the caller's.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[2], 'released', ARGV[3])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('DEL', KEYS[1], KEYS[4])
+  redis.call('HSET', KEYS[2], 'released', ARGV[3], 'released_why', ARGV[4])
+  redis.call('LPUSH', KEYS[3], ARGV[3] .. '|' .. now .. '|' .. ARGV[4] .. '|' .. ARGV[5])
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[6]) - 1)
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 1
 end
@@ -906,34 +1013,42 @@ return out
 FINISH = """
 -- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker
 -- still equals its claim token): a run whose job was handed to another consumer meanwhile (it
--- was reaped after a pause) writes nothing. "done": keep the result (if any), delete the job,
--- its try counter and marker, take it off its queue. "retry": drop the marker and put the job
--- back at the given score (its original one, or later when deferred) so it runs again;
--- "defer" does the same and also gives back the try the claim counted (the job did not run: a
--- cluster-wide limit was reached). Either way the id leaves the caller's holds set.
+-- was reaped after a pause) writes nothing. "done" (succeeded) and "failed" (will not run
+-- again): keep the result (if any), delete the job, its try counter and marker, take it off its
+-- queue, and count it in its queue's per-minute counters (one HINCRBY per queue and outcome per
+-- batch). "retry": drop the marker and put the job back at the given score (its original one,
+-- or later when deferred) so it runs again; "defer" does the same and also gives back the try
+-- the claim counted (the job did not run: a cluster-wide limit was reached). Either way the id
+-- leaves the caller's holds set.
 -- KEYS[1] -> the caller's holds set
 -- KEYS[2] -> arq abort sorted set
--- KEYS[3..] -> the queues the jobs are in
+-- KEYS[3..2+n] -> the queues the jobs are in
+-- KEYS[3+n..2+2n] -> each queue's throughput hash for the current hour (same order)
 -- ARGV[1] -> arq job key prefix
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> arq retry key prefix
 -- ARGV[4] -> arq result key prefix
 -- ARGV[5] -> wake channel (a job put back is announced like a new one)
--- ARGV[6..] -> groups of six: op ("done" | "retry" | "defer"), job id, claim token, result
---              payload ("" for none) or the score to run again at, result TTL in ms ("" for
---              none), the index of the job's queue in KEYS
--- Returns: {done, retried, refused (claim lost)}
+-- ARGV[6] -> the current minute (epoch ms // 60000): the counters' field prefix
+-- ARGV[7] -> n, the number of queues
+-- ARGV[8] -> the counters' TTL in ms
+-- ARGV[9..] -> groups of six: op ("done" | "failed" | "retry" | "defer"), job id, claim token,
+--              result payload ("" for none) or the score to run again at, result TTL in ms (""
+--              for none), the index of the job's queue in KEYS
+-- Returns: {done, retried, refused (claim lost)} ("done" counts failed runs too)
 local done, retried, refused = 0, 0, 0
 local ids, dels = {}, {}
 local finished = {}
+local counts = {}
 local earliest = nil
-for i = 6, #ARGV, 6 do
+for i = 9, #ARGV, 6 do
   local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local queue = KEYS[tonumber(ARGV[i + 5])]
+  local q = tonumber(ARGV[i + 5])
+  local queue = KEYS[q]
   ids[#ids + 1] = id
   if redis.call('GET', ARGV[2] .. id) ~= token then
     refused = refused + 1
-  elseif op == 'done' then
+  elseif op == 'done' or op == 'failed' then
     if data ~= '' then
       redis.call('SET', ARGV[4] .. id, data, 'PX', ttl)
     end
@@ -942,6 +1057,8 @@ for i = 6, #ARGV, 6 do
     dels[#dels + 1] = ARGV[3] .. id
     finished[queue] = finished[queue] or {}
     table.insert(finished[queue], id)
+    counts[q] = counts[q] or {done = 0, failed = 0}
+    counts[q][op] = counts[q][op] + 1
     done = done + 1
   else
     dels[#dels + 1] = ARGV[2] .. id
@@ -966,6 +1083,16 @@ for queue, gone in pairs(finished) do
   if aborts then
     redis.call('ZREM', KEYS[2], unpack(gone))
   end
+end
+local n = tonumber(ARGV[7])
+for q, c in pairs(counts) do
+  local stats = KEYS[q + n]
+  for outcome, count in pairs(c) do
+    if count > 0 then
+      redis.call('HINCRBY', stats, ARGV[6] .. ':' .. outcome, count)
+    end
+  end
+  redis.call('PEXPIRE', stats, ARGV[8])
 end
 if #ids > 0 then
   redis.call('SREM', KEYS[1], unpack(ids))

@@ -8,7 +8,10 @@ when
 - the renew deadline passes, measured on the monotonic clock from when the last *successful*
   renew was sent (so a renew that lands late cannot stretch the lease in our mind),
 - a renew answers "not yours", or
-- any fenced write is refused (:meth:`Leadership.lost`, called by the fenced store).
+- any fenced write is refused (:meth:`Leadership.lost`, called by the fenced store), or
+- an operator requests a planned handoff (``python -m worker handoff``, the console): the
+  leader stops its singletons, releases the lease (standbys campaign at once) and stays a
+  standby for ``handoff_pause_s`` so another candidate takes over.
 
 With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``) an acquisition or a renew counts only once
 the replicas confirmed it: a lease the primary granted but no replica has is never acted on,
@@ -38,7 +41,7 @@ from worker.clock import Clock, ms
 from worker.component import Component, Group
 from worker.ids import LockValue
 from worker.metrics import Metrics
-from worker.store import Refused, Store
+from worker.store import Refused, Renewal, Store
 
 log = structlog.get_logger("worker.leader")
 
@@ -169,12 +172,16 @@ class Leadership(Component):
             self.metrics.leader_epoch.set(0)
         return lock
 
-    async def _step_down(self, reason: str) -> None:
+    async def _step_down(self, reason: str, *, planned: bool = False) -> LockValue | None:
+        """Forget the lease and stop the singletons; returns the lock given up."""
         lock = self._forget()
         if lock is None:
-            return
+            return None
         self.health.extra["last_loss"] = reason
-        log.warning("leadership lost; stepping down", epoch=lock.epoch, reason=reason)
+        if planned:
+            log.info("stepping down", epoch=lock.epoch, reason=reason)
+        else:
+            log.warning("leadership lost; stepping down", epoch=lock.epoch, reason=reason)
         if self.metrics is not None:
             self.metrics.leader_transitions.labels("lost").inc()
         if self.singletons is not None and not await self.singletons.stop(self.stop_grace_s):
@@ -184,6 +191,7 @@ class Leadership(Component):
                 reason=reason,
             )
             os._exit(EXIT_UNFENCED)
+        return lock
 
     async def retire(self) -> None:
         """Shutdown, step one: start no singleton again and stop the running ones."""
@@ -211,6 +219,8 @@ class LeaderElector(Leadership):
         singletons: Group | None = None,
         stop_grace_s: float = 5.0,
         metrics: Metrics | None = None,
+        instance: str = "",
+        handoff_pause_s: float | None = None,
     ) -> None:
         super().__init__(
             clock,
@@ -222,6 +232,13 @@ class LeaderElector(Leadership):
         self.store = store
         self.timing = timing
         self.token = uuid4().hex
+        #: this process's name in the leadership history
+        self.instance = instance
+        #: after handing the lease over, campaign again only after this long (default: the
+        #: lease TTL), so a standby takes over; with none, this process leads again then
+        self.handoff_pause_s = timing.ttl_s if handoff_pause_s is None else handoff_pause_s
+        self._handoff = asyncio.Event()
+        self._quiet_until = float("-inf")
         self._last_renew_sent: float | None = None
         #: Renew deadline + stop grace: how long a holder may believe it leads, and keep its
         #: singletons running, after its last successful renew.
@@ -237,6 +254,11 @@ class LeaderElector(Leadership):
         try:
             while not stop.is_set():
                 if self._lock is None:
+                    pause = self._quiet_until - self.clock.monotonic()
+                    if pause > 0:  # just handed the lease over: let a standby take it
+                        self.health.ok(self.clock.monotonic())
+                        await self.clock.wait(stop, min(pause, 1.0))
+                        continue
                     await self._campaign()
                     self.health.ok(self.clock.monotonic())
                     if self._lock is None:
@@ -258,6 +280,7 @@ class LeaderElector(Leadership):
                     ms(self.timing.ttl_s),
                     floor=self.floor,
                     bound_ms=ms(self.safety_bound_s),
+                    instance=self.instance,
                 ),
                 self.timing.renew_deadline_s,
             )
@@ -285,17 +308,23 @@ class LeaderElector(Leadership):
                 replaced=won.replaced,
             )
         self._last_renew_sent = sent
+        self._handoff.clear()
         self._elected(won.lock, won.gap_ms / 1000)
 
     async def _lead(self, stop: asyncio.Event) -> None:
         """Renew until stopped, lost, or past the deadline."""
         t = self.timing
         while self._lock is not None and not stop.is_set():
-            await self.clock.wait((stop, self._lost), t.renew_interval_s * random.uniform(0.8, 1.0))
+            await self.clock.wait(
+                (stop, self._lost, self._handoff), t.renew_interval_s * random.uniform(0.8, 1.0)
+            )
             if stop.is_set():
                 return  # shutdown releases after stopping the singletons
             if self._lost.is_set():
                 await self._step_down(self._lost_reason or "fenced write refused")
+                return
+            if self._handoff.is_set():
+                await self._hand_over()
                 return
             assert self._last_renew_sent is not None
             sent = self.clock.monotonic()
@@ -318,6 +347,27 @@ class LeaderElector(Leadership):
                 return
             self._last_renew_sent = sent
             self.health.ok(self.clock.monotonic())
+            if ok == Renewal.HANDOFF:
+                await self._hand_over()
+                return
+
+    async def _hand_over(self) -> None:
+        """A planned handoff: stop the singletons, release the lease (clean: the next holder
+        need not wait, see ``keys.ACQUIRE``) and stay a standby for ``handoff_pause_s``."""
+        self._handoff.clear()
+        lock = await self._step_down("handoff requested", planned=True)
+        if lock is None:
+            return
+        self._quiet_until = self.clock.monotonic() + self.handoff_pause_s
+        if self.metrics is not None:
+            self.metrics.leader_transitions.labels("handoff").inc()
+        try:
+            released = await asyncio.wait_for(
+                self.store.release_lock(lock, reason="handoff", instance=self.instance), 2.0
+            )
+            log.info("leadership handed over", epoch=lock.epoch, released=released)
+        except Exception as exc:
+            log.warning("lease release failed; it expires by itself", error=str(exc))
 
     async def _listen(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
         """Pub/sub: a release wakes the campaign loop; an acquisition by anyone else makes a
@@ -326,15 +376,23 @@ class LeaderElector(Leadership):
         redis: Redis = self.store.redis
         keys = self.store.keys
         announce = keys.leader_announce.encode()
+        handoff = keys.leader_handoff_channel.encode()
         listen_s = min(1.0, self.timing.renew_deadline_s / 4)
         while not stop.is_set():
             pubsub = redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(keys.leader_channel, keys.leader_announce)
+                await pubsub.subscribe(
+                    keys.leader_channel, keys.leader_announce, keys.leader_handoff_channel
+                )
                 while not stop.is_set():
                     # shorter than the lease connection's socket timeout (deadline / 2)
                     msg = await pubsub.get_message(timeout=listen_s)
                     if msg is None or msg.get("type") != "message":
+                        continue
+                    if msg.get("channel") == handoff:
+                        epoch = self.epoch
+                        if epoch is not None and msg.get("data") == str(epoch).encode():
+                            self._handoff.set()  # the renew would tell too, a bit later
                         continue
                     if msg.get("channel") != announce:
                         wake.set()
@@ -358,7 +416,9 @@ class LeaderElector(Leadership):
         if lock is None:
             return
         try:
-            released = await asyncio.wait_for(self.store.release_lock(lock), timeout=2.0)
+            released = await asyncio.wait_for(
+                self.store.release_lock(lock, instance=self.instance), timeout=2.0
+            )
             log.info("leadership released", released=released)
         except Exception as exc:
             log.warning("lease release failed; it expires by itself", error=str(exc))
@@ -404,7 +464,7 @@ class StaticLeader(Leadership):
     async def _renew(self, lock: LockValue) -> bool:
         """Renew the lease; False only when it is no longer ours (errors: try again later)."""
         try:
-            return await self.store.renew_lock(lock, ms(self.ttl_s))
+            return bool(await self.store.renew_lock(lock, ms(self.ttl_s)))
         except Exception as exc:
             log.warning("static lease renew failed", error=f"{type(exc).__name__}: {exc}")
             return True

@@ -7,8 +7,9 @@
 - :func:`check_app_identity`: no live instance of *another* app uses this key prefix (two
   apps on one prefix share a queue and a leader lock, and each runs the other's jobs as
   unknown functions);
-- :func:`bind_listeners`: the health server's socket is bound before any component starts,
-  so a port in use fails start-up instead of crash-looping the health component.
+- :func:`bind_health`: the health server's socket is bound before any component starts,
+  so a configured port in use fails start-up instead of crash-looping the health component
+  (the default port, taken locally by another worker, moves to a free one).
 """
 
 from __future__ import annotations
@@ -157,13 +158,46 @@ def bind_listeners(host: str, port: int, backlog: int = 128) -> list[socket.sock
     ``WORKER_HEALTH_HOST`` or ``WORKER_HEALTH_PORT`` if that is impossible."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as exc:
-        raise ConfigError(
-            f"WORKER_HEALTH_HOST: cannot listen on {where}: unknown host ({exc.strerror})"
-        ) from None
+        return _listen(host, port, backlog)
+    except OSError as exc:
+        raise ConfigError(_bind_error(where, exc)) from None
+
+
+#: How many ports after a taken default port :func:`bind_health` tries.
+FREE_PORT_TRIES = 20
+
+
+def bind_health(
+    host: str, port: int, *, strict: bool, backlog: int = 128
+) -> tuple[list[socket.socket], int]:
+    """Bind the health server's sockets; return them and the port.
+
+    ``strict`` (the port was configured): a taken port is a :class:`ConfigError` (exit 2).
+    Otherwise (the default port, a local run) the next free one of the following
+    :data:`FREE_PORT_TRIES` is taken, so a second local process does not clash with the first.
+    """
+    try:
+        return _listen(host, port, backlog), port
+    except OSError as exc:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if strict or exc.errno != errno.EADDRINUSE or not port:
+            raise ConfigError(_bind_error(where, exc)) from None
+        first = exc
+    for candidate in range(port + 1, min(port + FREE_PORT_TRIES, 65535) + 1):
+        try:
+            return _listen(host, candidate, backlog), candidate
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise ConfigError(_bind_error(f"{host}:{candidate}", exc)) from None
+    raise ConfigError(
+        _bind_error(where, first) + f" (and the next {FREE_PORT_TRIES}); set WORKER_HEALTH_PORT"
+    )
+
+
+def _listen(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Bind and listen on every address of ``host``; ``OSError`` (``socket.gaierror`` for an
+    unknown host) when any fails, with every socket closed."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     try:
         for family, kind, proto, _, addr in dict.fromkeys(infos):
@@ -174,14 +208,16 @@ def bind_listeners(host: str, port: int, backlog: int = 128) -> list[socket.sock
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(addr)
             sock.listen(backlog)
-    except OSError as exc:
+    except OSError:
         for sock in socks:
             sock.close()
-        raise ConfigError(_bind_error(where, exc)) from None
+        raise
     return socks
 
 
 def _bind_error(where: str, exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"WORKER_HEALTH_HOST: cannot listen on {where}: unknown host ({exc.strerror})"
     if exc.errno == errno.EADDRINUSE:
         return f"WORKER_HEALTH_PORT: cannot listen on {where}: address already in use"
     if exc.errno == errno.EACCES:

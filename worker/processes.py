@@ -53,8 +53,12 @@ def child_name(settings: Settings, index: int) -> str:
     return f"{settings.instance_name}-{index}"
 
 
-def child_health_port(settings: Settings, index: int) -> int:
-    """Health port of child ``index``: ``WORKER_HEALTH_PORT + index`` (0 stays 0: disabled)."""
+def child_health_port(settings: Settings, index: int) -> int | None:
+    """Health port of child ``index``: ``WORKER_HEALTH_PORT + index`` when the port is
+    configured (0 stays 0: disabled); ``None`` at the default port: each child takes the first
+    free port from it (``python -m worker health`` finds them)."""
+    if not settings.health_port_explicit:
+        return None
     return settings.health_port + index if settings.health_port else 0
 
 
@@ -202,7 +206,8 @@ class Supervisor:
 class Launcher:
     """Starts child ``index`` as ``python -m worker run`` with this command's settings.
 
-    The child is instance ``<name>-<index>`` on health port ``base + index``, gets
+    The child is instance ``<name>-<index>`` on health port ``base + index`` (a configured
+    port; at the default each child takes the next free one), gets
     ``WORKER_PROCESSES=1`` (it never starts children itself) and the parent's environment
     otherwise. ``redis_url``, when given (a ``--redis-url`` flag, the shared embedded server),
     is passed in the environment, never on the command line; a URL read from
@@ -226,7 +231,9 @@ class Launcher:
     def env(self, index: int) -> dict[str, str]:
         env = dict(self.environ)
         env[f"{ENV_PREFIX}PROCESSES"] = "1"
-        env[f"{ENV_PREFIX}HEALTH_PORT"] = str(child_health_port(self.settings, index))
+        port = child_health_port(self.settings, index)
+        if port is not None:
+            env[f"{ENV_PREFIX}HEALTH_PORT"] = str(port)
         if self.redis_url is not None and not self.settings.redis_url_file:
             env[f"{ENV_PREFIX}REDIS_URL"] = self.redis_url
             env[f"{ENV_PREFIX}REDIS_URL_FILE"] = ""  # outranks one in WORKER_CONFIG_FILE

@@ -74,6 +74,8 @@ class Wiring:
     broadcast_redis: Callable[[], ArqRedis]
     leader_store: Callable[[], Store]
     singletons: Group
+    #: ``run --burst``: the consumer exits once no job is due (see ``ConsumerConfig.burst``).
+    burst: bool = False
     leadership: Leadership | None = None
     fenced: FencedStore | None = None
     #: Built right after the leadership, so user code gets the lease (``ctx.is_leading()``).
@@ -127,7 +129,14 @@ def _heartbeat(w: Wiring, _: Any) -> Component:
 
 def _health(w: Wiring, _: Any) -> Component:
     s = w.settings
-    return HealthServer(w.process, w.metrics, w.clock, host=s.health_host, port=s.health_port)
+    return HealthServer(
+        w.process,
+        w.metrics,
+        w.clock,
+        host=s.health_host,
+        port=s.health_port,
+        strict=s.health_port_explicit,
+    )
 
 
 def _checks(w: Wiring, _: Any) -> Component:
@@ -149,6 +158,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         queues=consumer_queues(w.app, s),
         # well inside the orphan bound: a consumer doubts its claims before they can be reaped
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
+        burst=w.burst,
     )
     hooks: list[JobHook] = [
         TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id)
@@ -220,7 +230,7 @@ def _leadership(w: Wiring, _: Any) -> Component:
         s.leader_renew_deadline_s,
         s.leader_poll_interval_s,
     )
-    return LeaderElector(w.leader_store(), timing, w.clock, **common)
+    return LeaderElector(w.leader_store(), timing, w.clock, instance=s.instance_name, **common)
 
 
 def _initializer(w: Wiring, init: Any) -> Component:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 from uuid import uuid4
 
 import structlog
@@ -23,12 +24,13 @@ from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from worker import keys as K
-from worker import roles
+from worker import local, manifest, roles
 from worker.app import App
 from worker.client import Client
-from worker.clock import Clock, SystemClock
+from worker.clock import Clock, SystemClock, ms
 from worker.component import Component, Group
 from worker.connection import connect_redis, parse_redis_url
+from worker.consumer import Consumer
 from worker.metrics import Metrics
 from worker.preflight import check_app_identity, check_redis_contract, wait_for_redis
 from worker.registry import Heartbeat
@@ -45,9 +47,17 @@ class Runtime:
     """One worker process: dependencies, components, signals, ordered shutdown."""
 
     def __init__(
-        self, settings: Settings, app: App, *, redis_url: str, clock: Clock | None = None
+        self,
+        settings: Settings,
+        app: App,
+        *,
+        redis_url: str,
+        clock: Clock | None = None,
+        burst: bool = False,
     ) -> None:
+        """``burst``: the consumer runs what is due and the process exits (``run --burst``)."""
         self.settings = settings
+        self.burst = burst
         self.app = app
         self.redis_url = redis_url
         self.target = parse_redis_url(
@@ -74,6 +84,7 @@ class Runtime:
         self._signals = 0
         self._signal_name = ""
         self._clients: list[Redis] = []
+        self._announced: Path | None = None
 
     @property
     def instance_id(self) -> str:
@@ -132,6 +143,7 @@ class Runtime:
             broadcast_redis=lambda: self._connect("broadcast", socket_timeout_s=10),
             leader_store=lease_store,
             singletons=Group("singletons", [], backoff=backoff, on_restart=self._count_restart),
+            burst=self.burst,
         )
         built = roles.build(w)
         for name in roles.GROUP_ORDER:
@@ -168,8 +180,13 @@ class Runtime:
             await wait_for_redis(redis, self.redis_url, s.redis_connect_timeout_s, self.clock)
             for warning in await check_redis_contract(redis, s, self.replication):
                 log.warning(warning)
-            await check_app_identity(Store(redis, self.keys), self.app.name)
+            store = Store(redis, self.keys)
+            await check_app_identity(store, self.app.name)
             w = self._build(redis)
+            # what admin commands describe (``status`` without ``--app``)
+            written = ms(self.clock.time())
+            await store.write_manifest(self.app.name, manifest.dumps(self.app, written_ms=written))
+            self._announce()
             self.metrics.info.labels(s.role, s.instance_name, __version__).set(1)
             log.info(
                 "worker starting",
@@ -189,12 +206,45 @@ class Runtime:
                 self.state.groups[name].start()  # the leadership starts the singletons itself
             self.state.ready = True
             self.metrics.ready.set(1)
+            consumer = self.state.component("consumer")
+            if self.burst and isinstance(consumer, Consumer):
+                return await self._burst(w, consumer)
             await self._stop.wait()
             await self._shutdown(w)
             return 0
         finally:
+            local.withdraw(self._announced)
             for c in self._clients:
                 await c.aclose(close_connection_pool=True)
+
+    def _announce(self) -> None:
+        """Tell this host's admin commands about this process (``python -m worker health``
+        finds the port it bound; see :mod:`worker.local`)."""
+        s, health = self.settings, self.state.component("health-server")
+        self._announced = local.announce(
+            "worker",
+            {
+                "instance": s.instance_name,
+                "instance_id": self.instance_id,
+                "role": s.role,
+                "app": self.app.name,
+                "health_host": s.health_host,
+                "health_port": getattr(health, "port", None),
+            },
+        )
+
+    async def _burst(self, w: roles.Wiring, consumer: Consumer) -> int:
+        """Until the consumer found nothing due (or a signal); exit 1 if a job failed."""
+        emptied = asyncio.create_task(consumer.emptied.wait())
+        stopped = asyncio.create_task(self._stop.wait())
+        await asyncio.wait((emptied, stopped), return_when=asyncio.FIRST_COMPLETED)
+        emptied.cancel()
+        stopped.cancel()
+        if consumer.emptied.is_set() and not self._stop.is_set():
+            log.info("burst: no job is due; stopping", **consumer.totals)
+            self.request_shutdown("burst")
+        await self._shutdown(w)
+        return 1 if consumer.totals["failed"] else 0
 
     async def _shutdown(self, w: roles.Wiring) -> None:
         s, groups = self.settings, self.state.groups

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -59,6 +59,8 @@ SHUTDOWN_RELEASE_S = 2.0
 SHUTDOWN_WORK_SLACK_S = 5.0
 SHUTDOWN_INFRA_STOP_S = 2.0
 SAFE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
+#: Shortest console token accepted (``WORKER_WEB_TOKEN``).
+MIN_TOKEN_CHARS = 16
 SAFE_NAME_CHARS = "A-Z a-z 0-9 . _ : -"
 #: ``key_prefix`` may start with one Redis Cluster hash tag, ``{shop}:``: every key of the app
 #: then lives in one hash slot (required with a ``redis+cluster://`` URL).
@@ -133,6 +135,13 @@ class Settings(BaseSettings):
     health_port: int = Field(8080, ge=0, le=65535)
     status_show_errors: bool = False
 
+    # -- operator console (python -m worker web) ----------------------------------------------
+    web_host: str = "127.0.0.1"
+    web_port: int = Field(8090, ge=0, le=65535)
+    web_token: SecretStr | None = None
+    web_token_file: str | None = None
+    web_auth: bool = True
+
     # -- leadership ---------------------------------------------------------------------------
     leader_election: Literal["redis", "static"] = "redis"
     leader_ttl_s: float = Field(10.0, gt=0, le=DAY_S)
@@ -192,11 +201,18 @@ class Settings(BaseSettings):
                 "WORKER_LEADER_RENEW_DEADLINE_S (the lease connection's socket timeout; got "
                 f"{self.redis_wait_timeout_s} >= {self.leader_renew_deadline_s} / 2)"
             )
+        self._resolve_web_token()
         if not re.fullmatch(r"[\w.-]+(:[\w.]+)?", self.app) or ":" not in self.app:
             raise ValueError(
                 f"WORKER_APP: {self.app!r} is not of the form package.module:attribute"
             )
         return self
+
+    @property
+    def health_port_explicit(self) -> bool:
+        """``WORKER_HEALTH_PORT`` (or ``--health-port``, or the config file) names the port: a
+        taken port then fails start-up. Left at the default, a taken 8080 moves to a free one."""
+        return "health_port" in self.model_fields_set
 
     def _check_processes(self) -> None:
         """``--processes N``: every child is instance ``<name>-<i>`` on health port
@@ -273,6 +289,27 @@ class Settings(BaseSettings):
         """The ``WAIT`` policy of durable writes (see :class:`worker.connection.Replication`)."""
         return Replication(self.wait_replicas(), ms_round(self.redis_wait_timeout_s))
 
+    def _resolve_web_token(self) -> None:
+        """Read ``web_token_file`` (a mounted Secret); a token must be long enough to guess
+        at no better than by chance."""
+        name = "WORKER_WEB_TOKEN"
+        if self.web_token_file:
+            if self.web_token is not None:
+                raise ValueError("WORKER_WEB_TOKEN and WORKER_WEB_TOKEN_FILE are both set; set one")
+            self.web_token = SecretStr(
+                _read_secret_file(self.web_token_file, "WORKER_WEB_TOKEN_FILE")
+            )
+            name = "WORKER_WEB_TOKEN_FILE"
+        if self.web_token is None:
+            return
+        token = self.web_token.get_secret_value()
+        if len(token) < MIN_TOKEN_CHARS or token != token.strip():
+            raise ValueError(
+                f"{name}: the token must be at least {MIN_TOKEN_CHARS} characters without "
+                "surrounding whitespace (e.g. python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))')"
+            )
+
     def worst_case_shutdown_s(self) -> float:
         """Longest a graceful shutdown can take, SIGTERM to exit, for this role: the steps
         of ``Runtime._shutdown`` at their limits. A container's grace period (Kubernetes
@@ -294,6 +331,7 @@ class Settings(BaseSettings):
         data["redis_url"] = mask_url(self.redis_url)
         if self.sentinel_password is not None:
             data["sentinel_password"] = "***"
+        data["web_token"] = "***" if self.web_token is not None else None
         return data
 
     @classmethod
@@ -353,15 +391,20 @@ def _check_config_file(path: str) -> None:
 
 
 def _read_url_file(path: str) -> str:
+    return _read_secret_file(path, "WORKER_REDIS_URL_FILE")
+
+
+def _read_secret_file(path: str, name: str) -> str:
+    """The stripped text of a mounted secret file; ``ValueError`` naming ``name``."""
     try:
         with open(path, encoding="utf-8") as f:
-            url = f.read().strip()
+            value = f.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ValueError(f"WORKER_REDIS_URL_FILE: cannot read {path!r}: {reason}") from None
-    if not url:
-        raise ValueError(f"WORKER_REDIS_URL_FILE: {path!r} is empty")
-    return url
+        raise ValueError(f"{name}: cannot read {path!r}: {reason}") from None
+    if not value:
+        raise ValueError(f"{name}: {path!r} is empty")
+    return value
 
 
 def env_names() -> set[str]:
@@ -401,4 +444,6 @@ def _one_line(exc: ValidationError, overrides: dict[str, Any]) -> str:
     shown = mask_url(value) if field == "redis_url" and isinstance(value, str) else value
     if field == "sentinel_password" and value is not None:
         shown = "***"
+    if field == "web_token":
+        shown = "***"  # never echo a secret
     return f"{name}: invalid value {shown!r}; {msg[0].lower()}{msg[1:]}"

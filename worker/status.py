@@ -53,12 +53,14 @@ async def collect(
             pipe.zcount(keys.queue_of(name), "-inf", now)
         pipe.zcard(keys.dead)
         *counts, dead = await pipe.execute()
+    heads = await store.queue_heads([keys.queue_of(n) for n in queue_names])
     queues = [
         {
             "name": keys.queue_of(n),
             "queue": n,
             "depth": int(counts[2 * i]),
             "due": int(counts[2 * i + 1]),
+            "oldest_due_age_s": _lag(heads[i], now),
         }
         for i, n in enumerate(queue_names)
     ]
@@ -66,6 +68,7 @@ async def collect(
     lock, pttl = await store.read_lock()
     periodic = await store.periodic_last()
     runs = await store.periodic_runs()
+    paused = await store.paused()
 
     instances = []
     for instance_id, heartbeat_ms, rec in await store.instances():
@@ -110,18 +113,29 @@ async def collect(
                 else round(fresh.success_age_s, 1),
                 "max_staleness_s": pd.max_staleness_s,
                 "stale": fresh.stale,
+                "catch_up": pd.catch_up,
+                "queue": pd.queue,
+                "paused": f"periodic:{pd.name}" in paused,
             }
         )
     pollers = []
     for p in app.pollers.values():
-        shards = await BoundPoller(p, store, clock).backlog()
+        shards: list[dict[str, Any]] = [
+            dict(s) for s in await BoundPoller(p, store, clock).backlog()
+        ]
+        shard_heads = await store.queue_heads([keys.poll_shard(p.name, s) for s in range(p.shards)])
+        for shard, head in zip(shards, shard_heads, strict=True):
+            shard["lag_s"] = _lag(head, now)
+        lags = [s["lag_s"] for s in shards if s["lag_s"] is not None]
         pollers.append(
             {
                 "name": p.name,
                 "task": p.task,
+                "paused": f"poller:{p.name}" in paused,
                 "in_flight": await store.poll_in_flight(p.name),
                 "waiting": sum(s["waiting"] for s in shards),
                 "due": sum(s["due"] for s in shards),
+                "lag_s": max(lags) if lags else None,
                 "shards": shards,
             }
         )
@@ -169,6 +183,7 @@ async def collect(
             "verdict": eviction_verdict(policy, allow_eviction),
         },
         "prefix": keys.prefix,
+        "described_app": app.name,
         "apps": dict(sorted(apps.items())),
         "instances": instances,
         "leader": leader,
@@ -180,6 +195,14 @@ async def collect(
         "per_key_services": services,
         "dead_letters": int(dead),
     }
+
+
+def _lag(head_ms: int | None, now_ms: int) -> float | None:
+    """How long the oldest due entry of a sorted set (its lowest score) has waited, in
+    seconds; ``None`` when nothing is due."""
+    if head_ms is None or head_ms > now_ms:
+        return None
+    return round((now_ms - head_ms) / 1000, 1)
 
 
 def _run_end(rec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -277,7 +300,7 @@ def render(status: dict[str, Any]) -> str:
                 ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK", "LAST SUCCESS", "LAST FAILURE"],
                 [
                     [
-                        p["name"],
+                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
                         p["schedule"],
                         p["last_tick"],
                         p["next_tick"],
@@ -296,7 +319,7 @@ def render(status: dict[str, Any]) -> str:
                 ["POLLER", "TASK", "WAITING", "DUE", "IN FLIGHT", "PER SHARD (due)"],
                 [
                     [
-                        p["name"],
+                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
                         p["task"],
                         p["waiting"],
                         p["due"],

@@ -22,6 +22,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 from redis.asyncio import Redis
@@ -82,6 +83,41 @@ class Acquired:
     #: confirmed by the replicas the WAIT policy requires (a lease that is not may be lost
     #: with the primary: its holder must not act on it).
     replicated: bool = True
+
+
+class Renewal(IntEnum):
+    """What a renew of the lease found (``keys.RENEW``); truthy when the lease was renewed."""
+
+    LOST = 0
+    RENEWED = 1
+    #: renewed, and an operator asked this epoch to hand the lease over (``keys.HANDOFF``)
+    HANDOFF = 2
+
+
+@dataclass(frozen=True)
+class LeaderChange:
+    """One entry of the leadership history (``keys.leader_history``): ``epoch`` acquired or
+    given up at ``at_ms`` (the server's clock) by ``instance``, and why (``first``, ``after
+    release``, ``after handoff``, ``after expiry``, ``replaced``, ``retried``, ``data loss``
+    for an acquisition; ``released``, ``handoff`` for a release)."""
+
+    epoch: int
+    at_ms: int
+    reason: str
+    instance: str
+
+    def __str__(self) -> str:
+        return f"{self.epoch}|{self.at_ms}|{self.reason}|{self.instance}"
+
+    @classmethod
+    def parse(cls, raw: str | bytes) -> LeaderChange | None:
+        """The entry ACQUIRE or RELEASE wrote (``<epoch>|<ms>|<reason>|<instance>``; the
+        instance name is last and may hold anything), ``None`` if unreadable."""
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        parts = text.split("|", 3)
+        if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+            return None
+        return cls(int(parts[0]), int(parts[1]), parts[2], parts[3])
 
 
 @dataclass(frozen=True)
@@ -159,8 +195,9 @@ class Claims:
 
 @dataclass(frozen=True)
 class Finish:
-    """How one run ended: ``done`` (``result`` kept for ``result_ttl_ms``, if any) or ``retry``
-    (at ``score_ms`` if given, else where it was)."""
+    """How one run ended: ``done`` (succeeded) or ``failed`` (will not run again), ``result``
+    kept for ``result_ttl_ms`` if any; or ``retry`` / ``defer`` (at ``score_ms`` if given,
+    else where it was)."""
 
     op: str
     job_id: str
@@ -205,6 +242,7 @@ class Store:
         self.ids = JobIds(keys.prefix)
         r = redis
         self._acquire = r.register_script(K.ACQUIRE)
+        self._handoff = r.register_script(K.HANDOFF)
         self._renew = r.register_script(K.RENEW)
         self._claim_static = r.register_script(K.CLAIM_STATIC)
         self._release = r.register_script(K.RELEASE)
@@ -307,38 +345,67 @@ class Store:
 
     # -- the leader lock ----------------------------------------------------------------------
     async def acquire(
-        self, token: str, ttl_ms: int, *, floor: int = 0, bound_ms: int = 0
+        self,
+        token: str,
+        ttl_ms: int,
+        *,
+        floor: int = 0,
+        bound_ms: int = 0,
+        instance: str = "",
     ) -> Acquired | Refused:
-        """Take the lease with a new epoch above ``floor`` if free, announcing it; ``bound_ms``
-        is a holder's renew deadline + stop grace (see ``keys.ACQUIRE``)."""
+        """Take the lease with a new epoch above ``floor`` if free, announcing it and noting
+        it (by ``instance``) in the history; ``bound_ms`` is a holder's renew deadline + stop
+        grace (see ``keys.ACQUIRE``)."""
         k = self.keys
         (value, gap, other), acked = await self._eval(
             self._acquire,
-            [k.leader, k.leader_epoch, k.leader_state],
-            [token, ttl_ms, floor, bound_ms, k.leader_announce],
+            [k.leader, k.leader_epoch, k.leader_state, k.leader_history, k.leader_handoff],
+            [token, ttl_ms, floor, bound_ms, k.leader_announce, instance, K.HISTORY_KEEP],
         )
         lock = LockValue.parse(value) if value else None
         if lock is None:
             return Refused(LockValue.parse(other))
         return Acquired(lock, int(gap), _s(other), self.replicated(acked))
 
-    async def renew_lock(self, lock: LockValue, ttl_ms: int) -> bool:
-        """Replace the lease's TTL if it is still ``lock`` (and record when, server time).
+    async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:
+        """Replace the lease's TTL if it is still ``lock`` (and record when, server time);
+        :attr:`Renewal.HANDOFF` when an operator asked this epoch to hand over.
         :class:`NotReplicated` when renewed but not confirmed (a failed renew, not a lost lease)."""
         done, acked = await self._eval(
-            self._renew, [self.keys.leader, self.keys.leader_state], [str(lock), ttl_ms]
+            self._renew,
+            [self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
+            [str(lock), ttl_ms, lock.epoch],
         )
-        if int(done) == 1 and not self.replicated(acked):
+        renewal = Renewal(int(done))
+        if renewal and not self.replicated(acked):
             raise self._short("lease renew", acked)
-        return int(done) == 1
+        return renewal
 
-    async def release_lock(self, lock: LockValue) -> bool:
-        """Delete the lease if it is ``lock``, record the clean release, wake the standbys."""
+    async def release_lock(
+        self, lock: LockValue, *, reason: str = "released", instance: str = ""
+    ) -> bool:
+        """Delete the lease if it is ``lock``, record the clean release (``reason``:
+        ``released`` or ``handoff``) in the lease state and the history, wake the standbys."""
+        k = self.keys
         done = await self._release(
-            keys=[self.keys.leader, self.keys.leader_state],
-            args=[str(lock), self.keys.leader_channel, lock.epoch],
+            keys=[k.leader, k.leader_state, k.leader_history, k.leader_handoff],
+            args=[str(lock), k.leader_channel, lock.epoch, reason, instance, K.HISTORY_KEEP],
         )
         return bool(done)
+
+    async def request_handoff(self, ttl_ms: int) -> int | None:
+        """Ask the current leader to hand the lease over (``keys.HANDOFF``): the epoch the
+        request targets, ``None`` when nobody holds the lease."""
+        epoch = await self._handoff(
+            keys=[self.keys.leader, self.keys.leader_handoff],
+            args=[ttl_ms, self.keys.leader_handoff_channel],
+        )
+        return int(epoch) or None
+
+    async def leader_history(self, limit: int = K.HISTORY_KEEP) -> list[LeaderChange]:
+        """The most recent leadership changes, newest first."""
+        raw = await self.redis.lrange(self.keys.leader_history, 0, limit - 1)
+        return [c for c in map(LeaderChange.parse, raw) if c is not None]
 
     async def claim_static(self, token: str, ttl_ms: int) -> LockValue:
         """Always-leader mode: take the lock unconditionally (it expires unless renewed)."""
@@ -580,6 +647,22 @@ class Store:
                 counts[app] = counts.get(app, 0) + 1
         return counts
 
+    async def write_manifest(self, app: str, manifest: str) -> None:
+        """Record ``app``'s manifest (JSON) for admin commands (``<prefix>apps``)."""
+        await self.redis.hset(self.keys.apps, app, manifest)
+
+    async def manifests(self) -> dict[str, dict[str, Any]]:
+        """Every recorded app manifest by app name (unreadable entries are skipped)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, raw in (await self.redis.hgetall(self.keys.apps)).items():
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                out[_s(name)] = data
+        return out
+
     async def holds_sets(self) -> dict[str, int]:
         """Every holds set in Redis: instance id -> number of job ids in it (``SCAN``)."""
         found: dict[str, int] = {}
@@ -764,33 +847,64 @@ class Store:
         return tokens, self.replicated(acked)
 
     async def finish(
-        self, instance_id: str, runs: Sequence[Finish], *, resend: bool = False
+        self, instance_id: str, runs: Sequence[Finish], *, now_ms: int, resend: bool = False
     ) -> FinishOutcome:
-        """Finish runs whose claims still hold (see ``keys.FINISH``). ``resend``: these runs
-        were sent before without a confirmation (they may have been applied: the probe makes
-        the ``WAIT`` measure now)."""
-        args: list[Any] = [K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake]
+        """Finish runs whose claims still hold, counting finished runs per queue in the
+        minute of ``now_ms`` (see ``keys.FINISH``). ``resend``: these runs were sent before
+        without a confirmation (they may have been applied: the probe makes the ``WAIT``
+        measure now)."""
         queues: list[str] = []
+        groups: list[Any] = []
         for f in runs:
-            if f.op == "done":
+            if f.op in ("done", "failed"):
                 data: Any = f.result if f.result is not None else ""
                 ttl: Any = f.result_ttl_ms if f.result is not None else ""
             else:
                 data, ttl = ("" if f.score_ms is None else f.score_ms), ""
             if f.queue not in queues:
                 queues.append(f.queue)
-            args += [f.op, f.job_id, f.token, data, ttl, queues.index(f.queue) + 3]
+            groups += [f.op, f.job_id, f.token, data, ttl, queues.index(f.queue) + 3]
+        minute, hour = now_ms // 60_000, now_ms // 3_600_000
+        args: list[Any] = [
+            K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake,
+            minute, len(queues), K.STATS_TTL_MS, *groups,
+        ]  # fmt: skip
         (done, retried, refused), acked = await self._eval(
             self._finish,
             [
                 self.keys.holds(instance_id),
                 self.keys.abort,
                 *(self.keys.queue_of(q) for q in queues),
+                *(self.keys.stats(q, hour) for q in queues),
             ],
             args,
             probe=resend,
         )
         return FinishOutcome(int(done), int(retried), int(refused), self.replicated(acked))
+
+    async def throughput(
+        self, queues: Sequence[str], now_ms: int, minutes: int = 60
+    ) -> dict[str, list[tuple[int, int, int]]]:
+        """Per queue, the last ``minutes`` minutes up to ``now_ms``, oldest first: ``(minute
+        start ms, done, failed)`` from the counters FINISH keeps (two hashes per queue)."""
+        hour = now_ms // 3_600_000
+        hours = range(hour - (minutes + 59) // 60, hour + 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                for h in hours:
+                    pipe.hgetall(self.keys.stats(q, h))
+            raw = await pipe.execute()
+        last = now_ms // 60_000
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for i, q in enumerate(queues):
+            fields: dict[str, int] = {}
+            for part in raw[i * len(hours) : (i + 1) * len(hours)]:
+                fields.update({_s(k): int(v) for k, v in part.items()})
+            out[q] = [
+                (m * 60_000, fields.get(f"{m}:done", 0), fields.get(f"{m}:failed", 0))
+                for m in range(last - minutes + 1, last + 1)
+            ]
+        return out
 
     async def queue_head(self, queues: Sequence[str] = (K.DEFAULT_QUEUE,)) -> int | None:
         """The earliest score in ``queues`` (ms), ``None`` when empty: one command per queue
@@ -936,6 +1050,36 @@ class Store:
             pipe.delete(self.keys.dead, self.keys.dead_jobs)
             count, _ = await pipe.execute()
         return int(count)
+
+    async def dead_remove(self, job_ids: Sequence[str]) -> int:
+        """Forget the given dead letters; returns how many were dead-lettered."""
+        if not job_ids:
+            return 0
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(self.keys.dead, *job_ids)
+            pipe.hdel(self.keys.dead_jobs, *job_ids)
+            removed, _ = await pipe.execute()
+        return int(removed)
+
+    # -- the operators' log -------------------------------------------------------------------
+    async def audit(self, entry: Mapping[str, Any], keep: int) -> None:
+        """Append an operator's action (JSON) to the capped log, newest first."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(self.keys.audit, json.dumps(entry, default=str))
+            pipe.ltrim(self.keys.audit, 0, keep - 1)
+            await pipe.execute()
+
+    async def audit_log(self, limit: int) -> list[dict[str, Any]]:
+        """The most recent operator actions, newest first."""
+        out = []
+        for raw in await self.redis.lrange(self.keys.audit, 0, limit - 1):
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                out.append(entry)
+        return out
 
 
 class FencedStore:

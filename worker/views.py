@@ -100,6 +100,7 @@ class ProcessState:
         age = lease.lease_age() if lease is not None else None
         return {
             "components": self.enabled,
+            "health_port": getattr(self.component("health-server"), "port", None),
             "is_leader": bool(lease is not None and lease.is_leading()),
             "epoch": lease.epoch if lease is not None else None,
             "lease_age_s": round(age, 3) if age is not None else None,
@@ -107,7 +108,24 @@ class ProcessState:
             "ready": self.ready and not self.unready_reasons(),
             "unready": self.unready_reasons(),
             "uptime_s": round(self.clock.monotonic() - self.started_at, 1),
+            "health": self.health_summary(),
         }
+
+    def health_summary(self) -> dict[str, str]:
+        """One word per running component for the heartbeat record: ``ok``, ``overdue``,
+        ``crash-looping``, or its state when at rest or backing off."""
+        now, out = self.clock.monotonic(), {}
+        for c in (c for g in self.groups.values() for c in g.components):
+            h = c.health
+            if not h.active:
+                continue
+            if h.crash_looping(now):
+                out[c.name] = "crash-looping"
+            elif h.overdue(now):
+                out[c.name] = "overdue"
+            else:
+                out[c.name] = "ok" if h.state == "running" else h.state
+        return out
 
     def identity(self) -> dict[str, Any]:
         s = self.settings

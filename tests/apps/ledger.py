@@ -60,6 +60,12 @@ async def record(ctx: JobContext, key: str) -> None:
     await ctx.redis.hincrby(_k(ctx, "records"), key, 1)
 
 
+@app.task
+async def fail(ctx: JobContext, key: str) -> None:
+    await ctx.redis.hincrby(_k(ctx, "failed"), key, 1)
+    raise ValueError(f"fails on purpose: {key}")
+
+
 @app.initializer(version=os.environ.get("LEDGER_INIT_VERSION", "v1"), poller="items")
 async def seed(ctx: Context, cursor: str | None) -> AsyncIterator[tuple[str, Mapping[str, float]]]:
     total = int(os.environ.get("LEDGER_INIT_ITEMS", "0"))

@@ -1,0 +1,267 @@
+"""Operator actions, one implementation for the console and the command line.
+
+Re-queue and purge dead letters, run a periodic job now, pause and resume a periodic job or a
+poller, ask the leader for a planned handoff. Each action returns an :class:`Outcome` and is
+recorded with who asked, through what and when: one structlog line (``operator action``) and
+an entry in the capped ``<prefix>audit`` list the console shows. The work itself is done by
+the modules that own it (:mod:`worker.dead`, :func:`worker.periodic.trigger`,
+:meth:`Store.pause <worker.store.Store.pause>`, :meth:`Store.request_handoff
+<worker.store.Store.request_handoff>`), so an action has the same effect whichever door it
+came through.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+from worker import dead
+from worker.app import App
+from worker.client import Client
+from worker.clock import ms
+from worker.periodic import trigger as trigger_periodic
+from worker.settings import Settings
+
+log = structlog.get_logger("worker.actions")
+
+#: Operator actions kept in ``<prefix>audit``.
+AUDIT_KEEP = 200
+#: How long a handoff request stands when no leader acts on it.
+HANDOFF_REQUEST_TTL_S = 30.0
+#: The component every leader candidate runs (standbys included).
+CANDIDATE = "leader-election"
+
+DutyKind = Literal["periodic", "poller"]
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asks: a name (as the operator gave it), the door (``web`` or ``cli``) and, for
+    the console, the peer address."""
+
+    name: str
+    via: str
+    remote: str | None = None
+
+    @classmethod
+    def local(cls) -> Actor:
+        """The user running a command on this host (``user@host``, through ``cli``)."""
+        try:
+            user = getpass.getuser()
+        except Exception:  # no user name in a container without one
+            user = "unknown"
+        return cls(f"{user}@{socket.gethostname()}", "cli")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action did: ``ok`` is false when it was refused or did nothing it was asked
+    to; ``message`` is one line for a person; ``details`` holds counts and ids."""
+
+    action: str
+    target: str
+    ok: bool
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Operations:
+    """The actions on one cluster (``client``: the workers' settings; ``app``: what they
+    run), on behalf of ``actor``."""
+
+    def __init__(self, client: Client, app: App, actor: Actor) -> None:
+        self.client = client
+        self.app = app
+        self.actor = actor
+        self.store = client.store
+
+    # -- dead letters -------------------------------------------------------------------------
+    async def requeue_dead(self, job_ids: Sequence[str] | None = None) -> Outcome:
+        """Put dead-lettered jobs back on their queue (``None``: every one), as
+        ``python -m worker dead --retry ID`` / ``--retry-all`` do."""
+        ids = list(job_ids) if job_ids is not None else await self._all_dead()
+        results: Counter[str] = Counter()
+        failed: dict[str, str] = {}
+        for job_id in ids:  # one at a time, as the CLI: each is its own script call
+            outcome = await dead.retry_dead(self.client.redis, self.client.keys, job_id)
+            results[outcome] += 1
+            if outcome != "requeued" and len(failed) < 100:
+                failed[job_id] = outcome
+        target = "all" if job_ids is None else _ids(ids)
+        n = results["requeued"]
+        message = f"re-queued {n} of {len(ids)} dead-lettered job{'s' if len(ids) != 1 else ''}"
+        if failed:
+            message += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(results.items())) + ")"
+        return await self._record(
+            Outcome(
+                "requeue",
+                target,
+                ok=bool(ids) and not failed,
+                message=message,
+                details={"results": dict(results), "not_requeued": failed},
+            )
+        )
+
+    async def purge_dead(self, job_ids: Sequence[str] | None = None) -> Outcome:
+        """Forget dead letters (``None``: every one, as ``dead --purge``)."""
+        if job_ids is None:
+            n = await dead.purge_dead(self.client.redis, self.client.keys)
+            target = "all"
+        else:
+            n = await self.store.dead_remove(list(job_ids))
+            target = _ids(job_ids)
+        message = f"purged {n} dead-lettered job{'s' if n != 1 else ''}"
+        return await self._record(Outcome("purge", target, ok=True, message=message))
+
+    async def _all_dead(self) -> list[str]:
+        return await dead.all_dead_ids(self.client.redis, self.client.keys)
+
+    # -- periodic jobs and pollers ------------------------------------------------------------
+    async def trigger(self, name: str) -> Outcome:
+        """Run periodic job ``name`` once now (:func:`worker.periodic.trigger`)."""
+        job = self.app.periodics.get(name)
+        if job is None:
+            return await self._record(
+                Outcome("trigger", name, ok=False, message=f"no periodic job {name!r}")
+            )
+        job_id = await trigger_periodic(self.client, job)
+        if job_id is None:
+            message = f"{name}: a run for this instant is already enqueued"
+        else:
+            message = f"{name}: enqueued {job_id}"
+        return await self._record(
+            Outcome(
+                "trigger", name, ok=job_id is not None, message=message, details={"job": job_id}
+            )
+        )
+
+    async def pause(self, kind: DutyKind, name: str) -> Outcome:
+        """Pause a periodic job (its ticks are skipped) or a poller (nothing is dispatched),
+        cluster-wide (:meth:`Store.pause <worker.store.Store.pause>`)."""
+        return await self._set_paused(kind, name, paused=True)
+
+    async def resume(self, kind: DutyKind, name: str) -> Outcome:
+        return await self._set_paused(kind, name, paused=False)
+
+    async def _set_paused(self, kind: DutyKind, name: str, *, paused: bool) -> Outcome:
+        action = "pause" if paused else "resume"
+        known = self.app.periodics if kind == "periodic" else self.app.pollers
+        duty = f"{kind}:{name}"
+        if kind not in ("periodic", "poller") or name not in known:
+            return await self._record(
+                Outcome(action, duty, ok=False, message=f"no {kind} {name!r}")
+            )
+        changed = await (self.store.pause(duty) if paused else self.store.resume(duty))
+        state = "paused" if paused else "running"
+        message = f"{duty}: {state}" + ("" if changed else f" (it already was {state})")
+        return await self._record(
+            Outcome(action, duty, ok=True, message=message, details={"changed": changed})
+        )
+
+    # -- leadership ---------------------------------------------------------------------------
+    async def handoff(self, *, force: bool = False) -> Outcome:
+        """Ask the leader to hand the lease over: it stops its singletons, releases the lease
+        and stays a standby for a while, so another candidate takes over at once. Refused
+        when no live standby would take it (``force``: ask anyway; the same process then
+        leads again after its pause)."""
+        lock, _ = await self.store.read_lock()
+        if lock is None:
+            return await self._record(
+                Outcome("handoff", "leader", ok=False, message="no leader holds the lease")
+            )
+        standbys = [
+            rec.get("name") or i
+            for i, _, rec in await self.store.instances()
+            if rec is not None
+            and CANDIDATE in (rec.get("components") or [])
+            and not rec.get("is_leader")
+        ]
+        if not standbys and not force:
+            return await self._record(
+                Outcome(
+                    "handoff",
+                    f"epoch {lock.epoch}",
+                    ok=False,
+                    message="no live standby (a leader or all process that is not leading) "
+                    "would take the lease over",
+                )
+            )
+        epoch = await self.store.request_handoff(ms(HANDOFF_REQUEST_TTL_S))
+        if epoch is None:
+            return await self._record(
+                Outcome("handoff", "leader", ok=False, message="no leader holds the lease")
+            )
+        return await self._record(
+            Outcome(
+                "handoff",
+                f"epoch {epoch}",
+                ok=True,
+                message=f"asked the leader of epoch {epoch} to hand over; standbys: "
+                + (", ".join(map(str, standbys)) or "none"),
+                details={"epoch": epoch, "standbys": standbys},
+            )
+        )
+
+    # -- the record ---------------------------------------------------------------------------
+    async def _record(self, outcome: Outcome) -> Outcome:
+        at_ms = ms(self.client.clock.time())
+        entry = {
+            "at_ms": at_ms,
+            "who": self.actor.name,
+            "via": self.actor.via,
+            "remote": self.actor.remote,
+            **{k: v for k, v in outcome.to_json().items() if k != "details"},
+        }
+        log.info("operator action", **{k: v for k, v in entry.items() if k != "at_ms"})
+        try:
+            await self.store.audit(entry, AUDIT_KEEP)
+        except Exception as exc:  # the action is done; a lost log line must not undo that
+            log.warning("could not record the action in Redis", error=f"{type(exc).__name__}")
+        return outcome
+
+
+def _ids(job_ids: Sequence[str]) -> str:
+    """A short description of the job ids an action was asked for."""
+    if len(job_ids) <= 3:
+        return ", ".join(job_ids)
+    return f"{', '.join(job_ids[:3])} and {len(job_ids) - 3} more"
+
+
+async def handoff_command(settings: Settings, app: App, *, force: bool = False) -> int:
+    """``python -m worker handoff``: ask for the handoff, then wait (up to the lease TTL plus
+    a poll) for another epoch to hold the lease and print who leads. Exit 0 when the lease
+    moved, 1 when the request was refused or nothing moved in time."""
+    client = await Client.from_settings(settings, app=app)
+    try:
+        outcome = await Operations(client, app, Actor.local()).handoff(force=force)
+        print(outcome.message)
+        if not outcome.ok:
+            return 1
+        epoch = outcome.details["epoch"]
+        deadline = (
+            client.clock.monotonic() + settings.leader_ttl_s + settings.leader_poll_interval_s
+        )
+        while client.clock.monotonic() < deadline:
+            lock, _ = await client.store.read_lock()
+            if lock is not None and lock.epoch > epoch:
+                who = next(
+                    (h.instance for h in await client.store.leader_history(5)
+                     if h.epoch == lock.epoch and h.instance),
+                    "a standby",
+                )  # fmt: skip
+                print(f"epoch {lock.epoch} is held by {who}")
+                return 0
+            await client.clock.sleep(0.1)
+        print("the lease did not move in time; `python -m worker status` shows who leads")
+        return 1
+    finally:
+        await client.close()

@@ -1,0 +1,190 @@
+"""The console's JSON views: what the page shows, read from Redis only.
+
+:func:`overview` is one document for every panel but the dead letters: the cluster view of
+:func:`worker.status.collect` (the same reads as ``python -m worker status``), the doctor's
+verdict (:func:`worker.doctor.diagnose`, at most every :data:`DOCTOR_EVERY_S`), per-minute
+throughput per queue, leadership history and the operators' recent actions. Dead letters are
+paged (:func:`dead_page`), one at a time in detail (:func:`dead_detail`, payload preview cut to
+:data:`PREVIEW_BYTES`). Payloads are hostile input: they are decoded only with msgpack or JSON
+(never unpickled) and returned as text for the page to show as text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker import doctor, status
+from worker.app import App
+from worker.client import Client
+from worker.clock import ms
+from worker.serializer import json_loads, msgpack_loads
+
+#: How often the doctor's checklist runs for the banner (it reads more than the overview).
+DOCTOR_EVERY_S = 5.0
+#: Dead letters per page (largest page a client may ask for: :data:`MAX_PAGE`).
+PAGE = 50
+MAX_PAGE = 500
+#: Payload bytes shown in a dead letter's detail.
+PREVIEW_BYTES = 4096
+#: Leadership changes and operator actions in the overview.
+RECENT = 25
+#: Minutes of throughput per queue.
+MINUTES = 60
+
+
+@dataclass
+class ConsoleState:
+    """What the console reads with: the workers' client and app, how to judge the cluster,
+    and the doctor's last report."""
+
+    client: Client
+    app: App
+    serializer: str = "msgpack"
+    redis_url: str = ""  # masked
+    limits: doctor.Limits = field(default_factory=doctor.Limits)
+    _doctor: tuple[float, dict[str, Any]] | None = None
+
+    async def doctor_report(self) -> dict[str, Any]:
+        """The checklist's verdict, re-run at most every :data:`DOCTOR_EVERY_S`."""
+        now = self.client.clock.monotonic()
+        if self._doctor is None or now - self._doctor[0] >= DOCTOR_EVERY_S:
+            report = await doctor.diagnose(
+                self.client.redis, self.client.keys, self.app, limits=self.limits
+            )
+            self._doctor = (now, report.to_json())
+        return self._doctor[1]
+
+
+async def overview(state: ConsoleState) -> dict[str, Any]:
+    """Every panel but the dead letters (see module docstring)."""
+    client = state.client
+    store = client.store
+    now_ms = ms(client.clock.time())
+    cluster = await status.collect(
+        client.redis,
+        client.keys,
+        state.app,
+        client.clock,
+        allow_eviction=state.limits.allow_eviction,
+    )
+    series = await store.throughput(state.app.queue_names(), now_ms, MINUTES)
+    for q in cluster["queues"]:
+        points = series.get(q["queue"], [])
+        q["throughput"] = [[at, done, failed] for at, done, failed in points]
+        q["done_last_hour"] = sum(p[1] for p in points)
+        q["failed_last_hour"] = sum(p[2] for p in points)
+    report = await state.doctor_report()
+    history = [
+        {"epoch": h.epoch, "at_ms": h.at_ms, "reason": h.reason, "instance": h.instance}
+        for h in await store.leader_history(RECENT)
+    ]
+    return {
+        "now_ms": now_ms,
+        "redis_url": state.redis_url,
+        "banners": banners(cluster, report),
+        "cluster": cluster,
+        "doctor": {
+            "ok": report["ok"],
+            "at": report["at"],
+            "failed": report["failed"],
+            "checks": [
+                {"name": c["name"], "status": c["status"], "summary": c["summary"]}
+                for c in report["checks"]
+            ],
+        },
+        "history": history,
+        "audit": await store.audit_log(RECENT),
+    }
+
+
+def banners(cluster: dict[str, Any], report: dict[str, Any]) -> list[dict[str, str]]:
+    """What the page shouts about: no leader, failing doctor checks."""
+    out = []
+    if not cluster["leader"]["held"]:
+        out.append(
+            {
+                "level": "error",
+                "text": "No leader holds the lock: no periodic ticks, poll dispatch or "
+                "singleton services run until a leader candidate takes it.",
+            }
+        )
+    for check in report["checks"]:
+        if check["status"] == "fail" and not (check["name"] == "leader" and out):
+            out.append({"level": "error", "text": f"doctor: {check['name']}: {check['summary']}"})
+    return out
+
+
+async def dead_page(state: ConsoleState, page: int, size: int = PAGE) -> dict[str, Any]:
+    """One page of dead letters, newest first, without payloads."""
+    size = max(1, min(size, MAX_PAGE))
+    store = state.client.store
+    total = await store.dead_count()
+    pages = max(1, math.ceil(total / size))
+    page = max(1, min(page, pages))
+    items = []
+    for job_id, rec in await store.dead_records(size, (page - 1) * size):
+        record: dict[str, Any] = rec if rec is not None else {"job_id": job_id, "reason": "?"}
+        payload = _payload(record)
+        record.pop("payload_b64", None)
+        if not record.get("task"):
+            record["task"] = _task_of(payload, state.serializer)
+        items.append(record)
+    return {"total": total, "page": page, "pages": pages, "size": size, "items": items}
+
+
+async def dead_detail(state: ConsoleState, job_id: str) -> dict[str, Any] | None:
+    """One dead letter with a preview of its payload (text; cut to :data:`PREVIEW_BYTES`)."""
+    record = await state.client.store.dead_record(job_id)
+    if record is None:
+        return None
+    payload = _payload(record)
+    record.pop("payload_b64", None)
+    if not record.get("task"):
+        record["task"] = _task_of(payload, state.serializer)
+    record["preview"] = preview(payload, state.serializer)
+    return record
+
+
+def _payload(record: dict[str, Any]) -> bytes:
+    raw = record.get("payload_b64")
+    if not isinstance(raw, str):
+        return b""
+    try:
+        return base64.b64decode(raw)
+    except ValueError:
+        return b""
+
+
+def _decode(payload: bytes, serializer: str) -> Any:
+    """The payload decoded with msgpack or JSON (pickle is never loaded here); ``None`` when
+    it does not decode (cut short, another format, hostile)."""
+    loads = {"msgpack": msgpack_loads, "json": json_loads}.get(serializer)
+    if loads is None or not payload:
+        return None
+    try:
+        return loads(payload)
+    except Exception:
+        return None
+
+
+def _task_of(payload: bytes, serializer: str) -> str | None:
+    record = _decode(payload, serializer)
+    fn = record.get("f") if isinstance(record, dict) else None
+    return fn[:256] if isinstance(fn, str) else None
+
+
+def preview(payload: bytes, serializer: str, limit: int = PREVIEW_BYTES) -> dict[str, Any]:
+    """A text preview of a payload: the decoded record as JSON when it decodes, else the
+    bytes as text (undecodable bytes escaped); ``truncated`` when cut to ``limit``."""
+    decoded = _decode(payload, serializer)
+    if decoded is not None:
+        text = json.dumps(decoded, indent=2, default=repr, ensure_ascii=False)
+        kind = serializer
+    else:
+        text = payload.decode("utf-8", errors="backslashreplace")
+        kind = "raw"
+    return {"format": kind, "text": text[:limit], "truncated": len(text) > limit}

@@ -1,0 +1,471 @@
+// The worker console: polls the JSON API and renders it. Everything shown is set as text
+// (textContent, never innerHTML): names, reasons and payloads come from Redis and are hostile.
+"use strict";
+
+const REFRESH_MS = 2000;
+const DEAD_PAGE = 50;
+const store = window.sessionStorage;
+const state = {
+  token: store.getItem("worker.token") || "",
+  operator: store.getItem("worker.operator") || "",
+  view: "cluster",
+  overview: null,
+  deadPage: 1,
+  dead: null,
+  selected: new Set(),
+  detail: null,
+  timer: null,
+  busy: false,
+};
+
+// -- helpers ------------------------------------------------------------------------------------
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else if (k === "onclick") node.addEventListener("click", v);
+    else if (k === "title") node.title = v;
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function fill(tableId, rows, empty) {
+  const body = $(tableId).tBodies[0];
+  const cols = $(tableId).tHead.rows[0].cells.length;
+  body.replaceChildren(...(rows.length ? rows : [el("tr", { class: "empty" },
+    el("td", { colspan: cols }, empty || "none"))]));
+}
+
+function ago(ms, now) {
+  if (ms === null || ms === undefined) return "–";
+  return duration((now - ms) / 1000) + " ago";
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return "–";
+  s = Math.max(0, s);
+  if (s < 60) return (s < 10 ? s.toFixed(1) : Math.round(s)) + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m " + Math.round(s % 60) + "s";
+  if (s < 86400) return Math.floor(s / 3600) + "h " + Math.round((s % 3600) / 60) + "m";
+  return Math.floor(s / 86400) + "d " + Math.round((s % 86400) / 3600) + "h";
+}
+
+function isoAgo(iso, now) {
+  return iso ? ago(Date.parse(iso), now) : "–";
+}
+
+function isoIn(iso, now) {
+  if (!iso) return "–";
+  const s = (Date.parse(iso) - now) / 1000;
+  return s >= 0 ? "in " + duration(s) : duration(-s) + " ago";
+}
+
+function clock(ms) {
+  return ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) + "Z" : "–";
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  if (n < 1024) return n + " B";
+  if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";
+  return (n / 1048576).toFixed(1) + " MiB";
+}
+
+function toast(text, ok) {
+  const t = $("toast");
+  t.textContent = text;
+  t.className = ok ? "ok" : "bad";
+  t.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => { t.hidden = true; }, 6000);
+}
+
+// -- the API ------------------------------------------------------------------------------------
+class AuthError extends Error {}
+
+async function call(path, body) {
+  const headers = { "Accept": "application/json" };
+  if (state.token) headers["Authorization"] = "Bearer " + state.token;
+  if (state.operator) headers["X-Worker-Operator"] = state.operator;
+  const init = { headers, cache: "no-store", credentials: "omit" };
+  if (body !== undefined) {
+    init.method = "POST";
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, init);
+  let data = null;
+  try { data = await resp.json(); } catch (e) { data = null; }
+  if (resp.status === 401) throw new AuthError((data && data.error) || "token needed");
+  if (!resp.ok) throw new Error((data && data.error) || resp.status + " " + resp.statusText);
+  return data;
+}
+
+async function act(path, body, confirmText) {
+  if (confirmText && !window.confirm(confirmText)) return null;
+  if (!state.token) {
+    showLogin("Actions need the console's token.");
+    return null;
+  }
+  try {
+    const out = await call(path, body);
+    toast(out.message, out.ok);
+    await refresh();
+    return out;
+  } catch (e) {
+    if (e instanceof AuthError) showLogin(e.message);
+    else toast(e.message, false);
+    return null;
+  }
+}
+
+// -- sign-in ------------------------------------------------------------------------------------
+function showLogin(why) {
+  $("login-why").textContent = why || "This console needs its token (WORKER_WEB_TOKEN).";
+  $("login").hidden = false;
+  $("operator").value = state.operator;
+  $("token").focus();
+}
+
+function setupLogin() {
+  $("login-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    state.token = $("token").value.trim();
+    state.operator = $("operator").value.trim();
+    store.setItem("worker.token", state.token);
+    store.setItem("worker.operator", state.operator);
+    $("token").value = "";
+    try {
+      await call("api/overview");
+      $("login").hidden = true;
+      $("login-error").textContent = "";
+      await refresh();
+    } catch (e) {
+      $("login-error").textContent = e.message;
+    }
+  });
+  $("signout").addEventListener("click", () => {
+    state.token = "";
+    store.removeItem("worker.token");
+    showLogin("Signed out.");
+  });
+}
+
+// -- refresh ------------------------------------------------------------------------------------
+async function refresh() {
+  if (state.busy) return;
+  state.busy = true;
+  clearTimeout(state.timer);
+  try {
+    const data = await call("api/overview");
+    state.overview = data;
+    render(data);
+    if (state.view === "dead") await loadDead();
+    $("main").hidden = false;
+    $("signout").hidden = !state.token;
+    $("updated").textContent = "updated " + clock(data.now_ms).slice(11);
+    $("updated").className = "";
+  } catch (e) {
+    if (e instanceof AuthError) {
+      showLogin(e.message);
+    } else {
+      $("updated").textContent = "not updated: " + e.message;
+      $("updated").className = "error";
+    }
+  } finally {
+    state.busy = false;
+    state.timer = setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+function render(d) {
+  const c = d.cluster, now = d.now_ms;
+  $("prefix").textContent = "prefix " + c.prefix;
+  $("redis-url").textContent = d.redis_url;
+  $("banners").replaceChildren(...d.banners.map((b) =>
+    el("div", { class: "banner " + b.level }, b.text)));
+  renderCluster(d, now);
+  renderSchedules(c, now);
+  renderQueues(c, now);
+  renderActivity(d, now);
+}
+
+function renderCluster(d, now) {
+  const c = d.cluster, ld = c.leader;
+  $("leader-name").textContent = ld.held ? (ld.instance || "?") : "none";
+  $("leader-detail").textContent = ld.held
+    ? "epoch " + ld.epoch + " · lease age " + duration(ld.lease_age_s) +
+      " · ttl " + (ld.ttl_remaining_s === null ? "none" : ld.ttl_remaining_s + "s")
+    : "no process holds the lock";
+  $("card-leader").className = "card " + (ld.held ? "good" : "bad");
+  $("handoff").disabled = !ld.held;
+  const live = c.instances.filter((i) => i.alive);
+  $("instances-count").textContent = live.length;
+  $("apps").textContent = Object.entries(c.apps).map(([a, n]) => a + " (" + n + ")").join(", ") ||
+    "no live instances";
+  const queued = c.queues.reduce((s, q) => s + q.depth, 0);
+  $("queued").textContent = queued;
+  $("queued-detail").textContent = c.queues.reduce((s, q) => s + q.due, 0) + " due now";
+  $("dead-count").textContent = c.dead_letters;
+  $("dead-badge").textContent = c.dead_letters ? c.dead_letters : "";
+  $("doctor-verdict").textContent = d.doctor.ok ? "passing" : "failing";
+  $("doctor-detail").textContent = d.doctor.ok ? "every check passes"
+    : d.doctor.failed.join(", ");
+  $("doctor-verdict").parentElement.className = "card " + (d.doctor.ok ? "good" : "bad");
+
+  fill("instances", c.instances.map((i) => {
+    const health = Object.entries(i.health || {});
+    const bad = health.filter(([, h]) => h !== "ok");
+    return el("tr", { "data-instance": i.name || i.id, class: i.alive ? "" : "stale" },
+      el("td", {}, i.name || i.id),
+      el("td", {}, i.app || "–"),
+      el("td", {}, i.role || "–"),
+      el("td", {}, i.version || "–"),
+      el("td", { class: "leader-flag" }, i.is_leader ? "leader · epoch " + i.epoch : ""),
+      el("td", {}, i.is_leader ? duration(i.lease_age_s) : "–"),
+      el("td", { class: "num" }, i.in_flight === undefined ? "–" : i.in_flight),
+      el("td", {}, duration(i.heartbeat_age_s) + " ago" + (i.alive ? "" : " · STALE")),
+      el("td", { class: bad.length ? "warn" : "",
+        title: health.map(([n, h]) => n + ": " + h).join("\n") },
+      health.length ? (bad.length ? bad.map(([n, h]) => n + " " + h).join(", ")
+        : health.length + " ok") : "–"));
+  }), "no instance has registered");
+
+  $("doctor").replaceChildren(...d.doctor.checks.map((ch) =>
+    el("li", { class: ch.status, "data-check": ch.name },
+      el("span", { class: "mark" }, { ok: "✓", warn: "!", fail: "✗" }[ch.status]),
+      el("b", {}, ch.name), " ", ch.summary)));
+}
+
+function pauseButtons(kind, name, paused) {
+  return paused
+    ? el("button", { type: "button", class: "act", "data-action": "resume", "data-name": name,
+      onclick: () => act("api/resume", { kind, name }) }, "Resume")
+    : el("button", { type: "button", class: "act", "data-action": "pause", "data-name": name,
+      onclick: () => act("api/pause", { kind, name }) }, "Pause");
+}
+
+function renderSchedules(c, now) {
+  fill("periodic", c.periodic.map((p) => {
+    const ok = p.last_success, bad = p.last_failure;
+    return el("tr", { "data-periodic": p.name, class: p.paused ? "paused" : "" },
+      el("td", {}, p.name),
+      el("td", {}, p.schedule),
+      el("td", { title: p.next_tick || "" }, isoIn(p.next_tick, now)),
+      el("td", { title: p.last_tick || "", class: "last-tick" }, isoAgo(p.last_tick, now)),
+      el("td", { class: p.stale ? "warn" : "", title: ok ? ok.at : "" },
+        ok ? isoAgo(ok.at, now) + (p.stale ? " · STALE" : "") : "never"),
+      el("td", { class: bad ? "bad" : "", title: bad ? bad.at : "" },
+        bad ? isoAgo(bad.at, now) + " · " + (bad.error || "?") : "–"),
+      el("td", {}, p.catch_up),
+      el("td", { class: "state" }, p.paused ? "paused" : "running"),
+      el("td", { class: "actions" },
+        el("button", { type: "button", class: "act", "data-action": "trigger", "data-name": p.name,
+          onclick: () => act("api/periodic/trigger", { name: p.name }) }, "Run now"),
+        pauseButtons("periodic", p.name, p.paused)));
+  }), "no periodic jobs");
+
+  fill("pollers", c.pollers.map((p) => el("tr", { "data-poller": p.name,
+    class: p.paused ? "paused" : "" },
+  el("td", {}, p.name),
+  el("td", {}, p.task),
+  el("td", { class: "num" }, p.waiting),
+  el("td", { class: "num" }, p.due),
+  el("td", { class: p.lag_s > 60 ? "warn" : "" }, p.lag_s === null ? "–" : duration(p.lag_s)),
+  el("td", { class: "num" }, p.in_flight),
+  el("td", { class: "shards" }, p.shards.map((s) => s.waiting + "/" + s.due).join("  ")),
+  el("td", { class: "state" }, p.paused ? "paused" : "running"),
+  el("td", { class: "actions" }, pauseButtons("poller", p.name, p.paused)))), "no pollers");
+
+  fill("initializers", c.initializers.map((i) => el("tr", { "data-initializer": i.name },
+    el("td", {}, i.name),
+    el("td", {}, i.version),
+    el("td", {}, i.stored_version || "–"),
+    el("td", { class: "num" }, i.batches),
+    el("td", { class: "num" }, i.items),
+    el("td", {}, i.cursor || "–"),
+    el("td", { class: i.done ? "good" : "warn" }, i.done ? "done" : "in progress"))),
+  "no initializers");
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function chart(points) {
+  const w = 240, h = 36, n = points.length || 1, bw = w / n;
+  const top = Math.max(1, ...points.map((p) => p[1] + p[2]));
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+  svg.setAttribute("width", w);
+  svg.setAttribute("height", h);
+  svg.setAttribute("class", "chart");
+  points.forEach((p, i) => {
+    const done = (p[1] / top) * h, failed = (p[2] / top) * h;
+    for (const [cls, y, hh] of [["done", h - done, done], ["failed", h - done - failed, failed]]) {
+      if (hh <= 0) continue;
+      const r = document.createElementNS(SVG, "rect");
+      r.setAttribute("x", (i * bw).toFixed(2));
+      r.setAttribute("y", y.toFixed(2));
+      r.setAttribute("width", Math.max(1, bw - 1).toFixed(2));
+      r.setAttribute("height", Math.max(0.5, hh).toFixed(2));
+      r.setAttribute("class", cls);
+      const t = document.createElementNS(SVG, "title");
+      t.textContent = clock(p[0]).slice(11, 16) + " " + p[1] + " done, " + p[2] + " failed";
+      r.append(t);
+      svg.append(r);
+    }
+  });
+  return svg;
+}
+
+function renderQueues(c, now) {
+  fill("queues", c.queues.map((q) => el("tr", { "data-queue": q.queue },
+    el("td", {}, q.queue),
+    el("td", { class: "num depth" }, q.depth),
+    el("td", { class: "num" }, q.due),
+    el("td", { class: q.oldest_due_age_s > 60 ? "warn" : "" },
+      q.oldest_due_age_s === null ? "–" : duration(q.oldest_due_age_s)),
+    el("td", { class: "num done" }, q.done_last_hour),
+    el("td", { class: "num failed" + (q.failed_last_hour ? " bad" : "") }, q.failed_last_hour),
+    el("td", {}, chart(q.throughput)))), "no queues");
+}
+
+function renderActivity(d, now) {
+  fill("history", d.history.map((h) => el("tr", { "data-epoch": h.epoch },
+    el("td", { class: "num" }, h.epoch),
+    el("td", {}, h.instance || "–"),
+    el("td", { title: clock(h.at_ms) }, ago(h.at_ms, now)),
+    el("td", {}, h.reason))), "no leadership change recorded");
+  fill("audit", d.audit.map((a) => el("tr", { class: a.ok ? "" : "refused" },
+    el("td", { title: clock(a.at_ms) }, ago(a.at_ms, now)),
+    el("td", {}, a.who + (a.remote ? " (" + a.remote + ")" : "")),
+    el("td", {}, a.via),
+    el("td", {}, a.action),
+    el("td", {}, a.target),
+    el("td", {}, a.message))), "no actions yet");
+}
+
+// -- dead letters -------------------------------------------------------------------------------
+async function loadDead() {
+  const d = await call("api/dead?page=" + state.deadPage + "&size=" + DEAD_PAGE);
+  state.dead = d;
+  state.deadPage = d.page;
+  const now = state.overview ? state.overview.now_ms : Date.now();
+  $("page-info").textContent = "page " + d.page + " of " + d.pages + " · " + d.total + " total";
+  $("prev").disabled = d.page <= 1;
+  $("next").disabled = d.page >= d.pages;
+  fill("dead", d.items.map((r) => el("tr", { "data-job": r.job_id,
+    class: state.detail === r.job_id ? "chosen" : "" },
+  el("td", {}, el("input", { type: "checkbox", class: "pick", "data-job": r.job_id,
+    "aria-label": "select " + r.job_id, checked: state.selected.has(r.job_id) }),),
+  el("td", { class: "job" }, el("a", { href: "#dead", "data-open": r.job_id,
+    onclick: (ev) => { ev.preventDefault(); openDetail(r.job_id); } }, r.job_id)),
+  el("td", {}, r.task || "?"),
+  el("td", { class: "reason" }, r.reason),
+  el("td", { class: "num" }, r.tries === null || r.tries === undefined ? "–" : r.tries),
+  el("td", { class: "num" }, bytes(r.size) + (r.truncated ? " (cut)" : "")),
+  el("td", {}, r.queue || "default"),
+  el("td", { title: clock(r.at_ms) }, ago(r.at_ms, now)))), "no dead letters");
+  for (const box of document.querySelectorAll("#dead input.pick")) {
+    box.addEventListener("change", () => {
+      if (box.checked) state.selected.add(box.dataset.job);
+      else state.selected.delete(box.dataset.job);
+      updateSelection();
+    });
+  }
+  updateSelection();
+}
+
+function updateSelection() {
+  const n = state.selected.size;
+  $("requeue-selected").disabled = n === 0;
+  $("purge-selected").disabled = n === 0;
+  $("requeue-selected").textContent = "Re-queue selected" + (n ? " (" + n + ")" : "");
+  $("purge-selected").textContent = "Purge selected" + (n ? " (" + n + ")" : "");
+}
+
+async function openDetail(jobId) {
+  try {
+    const r = await call("api/dead/" + encodeURIComponent(jobId));
+    state.detail = jobId;
+    $("dead-detail").hidden = false;
+    $("detail-title").textContent = r.job_id;
+    const fields = [["task", r.task || "?"], ["reason", r.reason], ["kind", r.kind],
+      ["queue", r.queue], ["tries", r.tries], ["size", bytes(r.size)],
+      ["sha256", r.sha256], ["instance", r.instance], ["set aside", clock(r.at_ms)]];
+    $("detail-fields").replaceChildren(...fields.flatMap(([k, v]) =>
+      [el("dt", {}, k), el("dd", {}, v === null || v === undefined ? "–" : v)]));
+    $("detail-format").textContent = "(" + r.preview.format +
+      (r.preview.truncated || r.truncated ? ", cut short" : "") + ")";
+    $("detail-payload").textContent = r.preview.text || "(empty)";
+  } catch (e) {
+    toast(e.message, false);
+  }
+}
+
+function setupDead() {
+  const selected = () => Array.from(state.selected);
+  const done = (out) => { if (out) { state.selected.clear(); updateSelection(); } };
+  $("requeue-selected").addEventListener("click", async () =>
+    done(await act("api/dead/requeue", { ids: selected() })));
+  $("purge-selected").addEventListener("click", async () =>
+    done(await act("api/dead/purge", { ids: selected() },
+      "Purge " + state.selected.size + " dead letters? They cannot be re-queued afterwards.")));
+  $("requeue-all").addEventListener("click", async () =>
+    done(await act("api/dead/requeue", { all: true }, "Re-queue every dead letter?")));
+  $("purge-all").addEventListener("click", async () =>
+    done(await act("api/dead/purge", { all: true },
+      "Purge every dead letter? They cannot be re-queued afterwards.")));
+  $("detail-requeue").addEventListener("click", async () => {
+    if (await act("api/dead/requeue", { ids: [state.detail] })) closeDetail();
+  });
+  $("detail-purge").addEventListener("click", async () => {
+    if (await act("api/dead/purge", { ids: [state.detail] }, "Purge " + state.detail + "?"))
+      closeDetail();
+  });
+  $("detail-close").addEventListener("click", closeDetail);
+  $("prev").addEventListener("click", () => { state.deadPage -= 1; loadDead(); });
+  $("next").addEventListener("click", () => { state.deadPage += 1; loadDead(); });
+  $("select-page").addEventListener("change", (ev) => {
+    for (const box of document.querySelectorAll("#dead input.pick")) {
+      box.checked = ev.target.checked;
+      if (box.checked) state.selected.add(box.dataset.job);
+      else state.selected.delete(box.dataset.job);
+    }
+    updateSelection();
+  });
+}
+
+function closeDetail() {
+  state.detail = null;
+  $("dead-detail").hidden = true;
+}
+
+// -- views --------------------------------------------------------------------------------------
+function show(view) {
+  const known = ["cluster", "schedules", "queues", "dead", "activity"];
+  state.view = known.includes(view) ? view : "cluster";
+  for (const s of document.querySelectorAll(".view")) s.hidden = s.dataset.view !== state.view;
+  for (const a of document.querySelectorAll("#tabs a")) {
+    a.classList.toggle("on", a.dataset.tab === state.view);
+  }
+  if (state.view === "dead" && state.overview) loadDead().catch((e) => toast(e.message, false));
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  setupLogin();
+  setupDead();
+  $("handoff").addEventListener("click", () => act("api/leader/handoff", {},
+    "Ask the leader to hand its lease over to a standby?"));
+  window.addEventListener("hashchange", () => show(location.hash.slice(1)));
+  show(location.hash.slice(1));
+  refresh();
+});
