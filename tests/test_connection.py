@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio.sentinel import SentinelManagedSSLConnection
@@ -243,6 +244,57 @@ async def test_client_from_env_follows_a_failover(
         with after.client() as direct:
             assert direct.exists(f"arq:job:{client.unique_job_id('b')}")
         sentinels.wait_replica(before, timeout=60)
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow
+async def test_cli_and_console_use_sentinel_and_follow_a_failover(
+    sentinels: SentinelSet, cli: CliRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin commands and the operator console connect through the Sentinels (passwords
+    for the Sentinels and for the data nodes), and the console keeps answering across a
+    failover with the connection it opened at start."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tests.apps.ledger import app as ledger
+    from worker.web import create_app
+
+    env = {
+        "WORKER_REDIS_URL": sentinels.url(),
+        "WORKER_SENTINEL_PASSWORD": "sentinel-pw",
+        "WORKER_KEY_PREFIX": "conn-admin:",
+        "WORKER_APP": "tests.apps.ledger:app",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    client = await Client.from_env(app=ledger)
+    try:
+        await client.enqueue("record", "k")
+        done = cli("status", "--json", env=env)
+        assert done.returncode == 0, done.stderr
+        assert "data-pw" not in done.stdout + done.stderr
+        assert "sentinel-pw" not in done.stdout + done.stderr
+        wrong = cli("status", env={**env, "WORKER_SENTINEL_PASSWORD": "nope"})
+        assert wrong.returncode == 2 and "sentinel-pw" not in wrong.stderr
+        console = create_app(client, ledger, token="t0ken", redis_url=sentinels.url())
+        http: TestClient[Any, Any] = TestClient(TestServer(console))
+        await http.start_server()
+        try:
+            auth = {"Authorization": "Bearer t0ken"}
+            first = await http.get("/api/overview", headers=auth)
+            assert first.status == 200 and "data-pw" not in await first.text()
+            before = sentinels.primary()
+            assert sentinels.manual_failover() is not before
+            deadline = time.monotonic() + 20
+            while (await http.get("/api/overview", headers=auth)).status != 200:
+                assert time.monotonic() < deadline, "the console did not reconnect"
+                await asyncio.sleep(0.2)
+            done = cli("status", "--json", env=env)
+            assert done.returncode == 0, done.stderr
+            sentinels.wait_replica(before, timeout=60)
+        finally:
+            await http.close()
     finally:
         await client.close()
 

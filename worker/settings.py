@@ -92,7 +92,9 @@ class Settings(BaseSettings):
     # -- identity and wiring ------------------------------------------------------------------
     role: Role = Field("all", description="all | leader | consumer")
     instance_name: str = Field(default_factory=default_instance_name, min_length=1, max_length=128)
-    redis_url: str | None = Field(None, description="redis://, rediss:// or unix:// URL")
+    redis_url: str | None = Field(
+        None, description="redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"
+    )
     redis_url_file: str | None = Field(None, description="file holding the Redis URL (a Secret)")
     app: str = Field(DEMO_APP, description="pkg.module:attr naming the App to run")
     processes: int = Field(1, ge=1, le=64, description="worker processes this command runs")
