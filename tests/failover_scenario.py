@@ -6,13 +6,14 @@ that is never faulted.
 One run:
 
 1. 3 ``leader`` + 2 ``consumer`` processes of tests/apps/failover.py against
-   ``redis+sentinel://`` (WAIT 1 by default), a client enqueueing ``record`` jobs all along;
-2. kill 1: the primary is SIGKILLed right after a tick was enqueued on it (its replication
-   may not have happened), while the initializer is mid-way;
-3. the old primary comes back (it rejoins as a replica), poll items fall due;
-4. kill 2: the new primary is SIGKILLed right after a poll dispatch batch; the first victim is
-   promoted back;
-5. everything settles; the ledgers are counted.
+   ``redis+sentinel://`` (WAIT 1 by default) or ``redis+cluster://`` (the node serving the
+   app's slot), a client enqueueing ``record`` jobs all along;
+2. kill 1: the primary is SIGKILLed right after an initializer batch was checkpointed on it
+   (its replication may not have happened), the initializer mid-way;
+3. kill 2: right after a tick was enqueued on it;
+4. poll items fall due; kill 3: right after a poll dispatch batch;
+5. after each kill the old primary comes back and rejoins as a replica (so the next kill has
+   a replica to promote); everything settles; the ledgers are counted.
 
 :class:`Outcome` holds what was counted: ticks run twice or never, poll items run twice or
 never, acknowledged enqueues never run (lost) or run twice, overlaps of the singleton
@@ -121,6 +122,9 @@ class Enqueuer(threading.Thread):
         self.wait_replicas = wait_replicas
         self.acked: list[str] = []
         self.failed = 0
+        #: (first failed call, next acknowledged call) wall times: the client's outages
+        self.outages: list[tuple[float, float]] = []
+        self._failing_since: float | None = None
         self.errors: dict[str, int] = {}
         self._halt = threading.Event()
 
@@ -135,15 +139,21 @@ class Enqueuer(threading.Thread):
         try:
             while not self._halt.is_set():
                 n += 1
+                started = time.time()
                 try:
                     job_id = await client.enqueue("record", n)
                 except Exception as exc:  # not acknowledged: it may or may not run
                     self.failed += 1
+                    if self._failing_since is None:
+                        self._failing_since = started
                     name = type(exc).__name__
                     self.errors[name] = self.errors.get(name, 0) + 1
                 else:
                     if job_id is not None:
                         self.acked.append(job_id)
+                    if self._failing_since is not None:
+                        self.outages.append((self._failing_since, time.time()))
+                        self._failing_since = None
                 await asyncio.sleep(self.every_s)
         finally:
             await client.close()
@@ -175,6 +185,8 @@ class Outcome:
     acked: int = 0
     unacked: int = 0
     enqueue_errors: dict[str, int] = field(default_factory=dict)
+    #: longest stretch from a failed enqueue to the next acknowledged one (s)
+    enqueue_outage_s: float = 0.0
     jobs: dict[str, int] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
     overlaps: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
@@ -220,6 +232,7 @@ class Outcome:
             "acked_enqueues": self.acked,
             "unacked_enqueues": self.unacked,
             "enqueue_errors": self.enqueue_errors,
+            "longest_enqueue_outage_s": round(self.enqueue_outage_s, 2),
             "lost_acked_jobs": len(self.lost),
             "job_duplicates": len(self.job_duplicates),
             "singleton_intervals": self.intervals,
@@ -258,7 +271,7 @@ class Scenario:
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.s = topology
-        name = f"fo{uuid.uuid4().hex[:6]}"
+        self.name = name = f"fo{uuid.uuid4().hex[:6]}"
         if isinstance(topology, Cluster):  # every key of the app in one slot: a tagged prefix
             self.prefix = f"{{{name}}}:"
             topology.watch(key_slot(f"{self.prefix}queue".encode()))
@@ -324,9 +337,9 @@ class Scenario:
     def start_workers(self) -> None:
         env = self.env()
         for i in range(self.n_leaders):
-            self.procs.append(Proc("leader", f"{self.prefix}leader-{i}", env, self.logs))
+            self.procs.append(Proc("leader", f"{self.name}-leader-{i}", env, self.logs))
         for i in range(self.n_consumers):
-            self.procs.append(Proc("consumer", f"{self.prefix}consumer-{i}", env, self.logs))
+            self.procs.append(Proc("consumer", f"{self.name}-consumer-{i}", env, self.logs))
 
     def stop_workers(self) -> None:
         for p in self.procs:
@@ -352,6 +365,13 @@ class Scenario:
         before = self._on_primary(lambda c: c.hget(key, "tick"))
         return self._kill_when(
             "right after a tick was enqueued", lambda c: c.hget(key, "tick") != before
+        )
+
+    def kill_after_checkpoint(self) -> Kill:
+        key = f"{self.prefix}init:seed"
+        before = self._on_primary(lambda c: c.hget(key, "cursor"))
+        return self._kill_when(
+            "right after an initializer batch", lambda c: c.hget(key, "cursor") != before
         )
 
     def kill_after_dispatch(self) -> Kill:
@@ -403,26 +423,24 @@ class Scenario:
             enq.start()
             time.sleep(1.0)
 
-            # kill 1: just after a tick, while the initializer is mid-way
-            k1 = self.kill_after_tick()
-            self.wait_first_tick_after(k1)
-            victim1 = next(n for n in self.s.nodes if n.port == k1.port)
-
-            # poll items fall due over the next seconds; the first victim comes back
+            # kill 1: just after an initializer batch, the initializer mid-way
+            self._recover(self.kill_after_checkpoint())
+            # kill 2: just after a tick
+            self._recover(self.kill_after_tick())
+            # kill 3: poll items fall due over the next seconds; just after a dispatch batch
             self._schedule_items(count=600, spread_s=20.0)
-            self.bring_back(victim1)
-
-            # kill 2: just after a dispatch batch; the first victim is promoted back
-            k2 = self.kill_after_dispatch()
-            self.wait_first_tick_after(k2)
-            victim2 = next(n for n in self.s.nodes if n.port == k2.port)
-            self.bring_back(victim2)
+            self._recover(self.kill_after_dispatch())
         finally:
             enq.stop()
         self._settle(enq)
         self.stop_workers()
         self._count(enq)
         return o
+
+    def _recover(self, kill: Kill) -> None:
+        """Wait for the first tick due after ``kill``, then bring the killed node back."""
+        self.wait_first_tick_after(kill)
+        self.bring_back(next(n for n in self.s.nodes if n.port == kill.port))
 
     def _schedule_items(self, count: int, spread_s: float) -> None:
         async def go() -> None:
@@ -476,6 +494,7 @@ class Scenario:
         o.items = {k: int(v) for k, v in self.ledger.hgetall(self._lk("items")).items()}
         o.jobs = {k: int(v) for k, v in self.ledger.hgetall(self._lk("jobs")).items()}
         o.acked, o.unacked, o.enqueue_errors = len(enq.acked), enq.failed, dict(enq.errors)
+        o.enqueue_outage_s = max((b - a for a, b in enq.outages), default=0.0)
         o.lost = [j for j in enq.acked if j not in o.jobs]
         o.overlaps, o.intervals = self._overlaps()
         with self.primary_client() as c:

@@ -478,7 +478,10 @@ class Cluster:
         """Wait until a node other than ``old`` serves the watched slot as a primary."""
 
         def promoted() -> Node | None:
-            node = self.owner(self.slot)
+            try:
+                node = self.owner(self.slot)
+            except LookupError:  # the live nodes still name the dead one: not yet
+                return None
             return node if node is not old and node.role() == "master" else None
 
         return wait_for(promoted, timeout, f"slot {self.slot} to fail over")  # type: ignore[no-any-return]
