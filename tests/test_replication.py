@@ -275,3 +275,38 @@ async def _claimed(r: Any, job_ids: list[str | None]) -> bool:
 
 async def _done(r: Any, job_ids: list[str | None]) -> bool:
     return all([not await r.exists(K.ARQ_JOB + j) for j in job_ids if j])
+
+
+async def test_a_claim_whose_reply_was_lost_is_given_back(r: Any, pair: Pair) -> None:
+    """CLAIM ran (and replicated) but its reply never arrived: a dropped connection, or a
+    primary SIGKILLed during the WAIT and replaced by the replica that has the claim. The jobs
+    are held in this consumer's name and no run of it knows them; the next round gives them
+    back, and each runs once (before: they waited for their markers to expire, ~5 min)."""
+    app = App("rep")
+    ran: list[str] = []
+
+    @app.task
+    async def work(ctx: JobContext, n: int) -> None:
+        ran.append(ctx.job_id)
+
+    consumer, client = loop_for(r, app, "c3")
+    job_ids = [await client.enqueue("work", i) for i in range(3)]
+    real = consumer.store.claim
+    lost: list[Any] = []
+
+    async def claim_then_drop(*args: Any, **kwargs: Any) -> Any:
+        out = await real(*args, **kwargs)
+        if not lost and out.jobs:
+            lost.append(out)
+            raise RedisConnectionError("Connection reset by peer (the reply was lost)")
+        return out
+
+    consumer.store.claim = claim_then_drop  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    await eventually(lambda: _done(r, job_ids), what="the jobs given back and run")
+    assert lost and {c.job_id for c in lost[0].jobs} == set(job_ids)
+    assert sorted(ran) == sorted(j for j in job_ids if j)  # once each
+    assert await r.scard(KEYS.holds("c3")) == 0
+    stop.set()
+    await asyncio.wait_for(task, 10)

@@ -270,6 +270,8 @@ class Consumer(Component):
         self._unconfirmed_token = ""
         #: ends sent without a confirmation (or whose round trip failed): sent again until one is
         self._resend: list[Finish] = []
+        #: a claim round trip failed: it may have claimed jobs no run of ours knows about
+        self._claims_in_doubt = False
         self._wake = asyncio.Event()
         self._seq = itertools.count(1)
         self._woken = True  # claim on the first round
@@ -352,7 +354,13 @@ class Consumer(Component):
         """Claim when busy, woken by an enqueue, or an announced due time came; an idle
         consumer otherwise looks at the head of the queue only (one command)."""
         now = ms(self.clock.time())
-        if self.running or self._woken or self._unconfirmed or self.config.burst:
+        if (
+            self.running
+            or self._woken
+            or self._unconfirmed
+            or self._claims_in_doubt
+            or self.config.burst
+        ):
             self._woken = False
             return True
         if self._next_due is not None and self._next_due <= now:
@@ -395,6 +403,8 @@ class Consumer(Component):
         self._wake.set()
 
     async def _claim_round(self) -> int:
+        if self._claims_in_doubt:
+            await self._release_unknown()
         if self._unconfirmed:
             return await self._confirm_claims()
         free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
@@ -402,17 +412,24 @@ class Consumer(Component):
             return 0
         token = f"{self.instance_id}/{next(self._seq)}"
         sent = self.clock.monotonic()
-        claims = await self.store.claim(
-            self.instance_id,
-            token,
-            now_ms=ms(self.clock.time()),
-            limit=free,
-            in_progress_ttl_ms=self.in_progress_ttl_ms,
-            holds_ttl_ms=ms(self.config.holds_ttl_s),
-            max_payload=self.config.max_payload_bytes,
-            retry_ttl_ms=RETRY_TTL_MS,
-            queues=self.config.queues,
-        )
+        try:
+            claims = await self.store.claim(
+                self.instance_id,
+                token,
+                now_ms=ms(self.clock.time()),
+                limit=free,
+                in_progress_ttl_ms=self.in_progress_ttl_ms,
+                holds_ttl_ms=ms(self.config.holds_ttl_s),
+                max_payload=self.config.max_payload_bytes,
+                retry_ttl_ms=RETRY_TTL_MS,
+                queues=self.config.queues,
+            )
+        except BaseException:
+            # The script may have run and its reply been lost (a dropped connection, a primary
+            # that failed over after replicating it): jobs claimed in our name that no run of
+            # ours will finish. Give them back before claiming again.
+            self._claims_in_doubt = True
+            raise
         self.guard.confirmed(sent)
         if claims.jobs and not claims.replicated:
             self._unconfirmed, self._unconfirmed_token = claims.jobs, token
@@ -433,6 +450,21 @@ class Consumer(Component):
         if claims.aborts_pending:
             await self._abort_requested()
         return len(claims.jobs)
+
+    async def _release_unknown(self) -> None:
+        """Make the jobs held in our name that we do not know about due again (a claim whose
+        reply was lost); the runs we know (running, held, ending) keep their claims."""
+        known = {*self.running, *(c.job_id for c in self._unconfirmed)}
+        known |= {f.job_id for f in (*self._ended, *self._resend)}
+        released = await self.store.release_own(
+            self.instance_id, sorted(known), ms(self.clock.time()), self.config.queues
+        )
+        self._claims_in_doubt = False
+        if released:
+            log.warning(
+                "gave back jobs claimed in a round trip whose reply was lost; they run again",
+                jobs=released,
+            )
 
     def _start(self, jobs: Sequence[Claimed], token: str) -> None:
         for job in jobs:

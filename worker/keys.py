@@ -746,6 +746,48 @@ return released
 # Unfenced helpers (any process)
 # ---------------------------------------------------------------------------------------------
 
+RELEASE_OWN = """
+-- Give back the claims of this instance that it does not know about: a CLAIM whose reply was
+-- lost (the connection dropped, the primary failed over after replicating it) holds jobs no run
+-- of the instance will ever finish, and they would wait for their markers to expire. Per id in
+-- the instance's holds set that is not among the runs the instance knows (ARGV[5..]), still
+-- queued and claimed with a token of this instance ("<instance id>/"): drop the marker and make
+-- the job due now; then forget the released ids in the holds set.
+-- KEYS[1] -> the instance's holds set
+-- KEYS[2..] -> the queues its jobs can be in
+-- ARGV[1] -> arq in-progress key prefix
+-- ARGV[2] -> instance id
+-- ARGV[3] -> now ms: the score released jobs are due at
+-- ARGV[4] -> wake channel
+-- ARGV[5..] -> job ids the instance knows it holds (running, held or ending)
+-- Returns: number of jobs released
+local known = {}
+for i = 5, #ARGV do
+  known[ARGV[i]] = true
+end
+local released = 0
+local prefix = ARGV[2] .. '/'
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if not known[id] then
+    for q = 2, #KEYS do
+      if redis.call('ZSCORE', KEYS[q], id) then
+        local claim = redis.call('GET', ARGV[1] .. id)
+        if claim and string.sub(claim, 1, #prefix) == prefix then
+          released = released + redis.call('DEL', ARGV[1] .. id)
+          redis.call('ZADD', KEYS[q], 'XX', ARGV[3], id)
+          redis.call('SREM', KEYS[1], id)
+        end
+        break
+      end
+    end
+  end
+end
+if released > 0 then
+  redis.call('PUBLISH', ARGV[4], ARGV[3])
+end
+return released
+"""
+
 PERIODIC_RESULT = """
 -- Record how a run of a periodic job ended (the consumer that ran it, once per run's end): the
 -- most recent success or failure, and since when the job has been failing without a success.

@@ -255,6 +255,7 @@ class Store:
         self._dead_retry = r.register_script(K.DEAD_RETRY)
         self._boot = r.register_script(K.BOOT)
         self._claim = r.register_script(K.CLAIM)
+        self._release_own = r.register_script(K.RELEASE_OWN)
         self._finish = r.register_script(K.FINISH)
         self._dead_add = r.register_script(K.DEAD_ADD)
         self._slot_take = r.register_script(K.SLOT_TAKE)
@@ -306,8 +307,9 @@ class Store:
         acked = rep.replicas
         if rep.enabled:
             raw = out.pop()
-            if probe:
-                out.pop()
+            probed = out.pop() if probe else None
+            if isinstance(probed, Exception):  # READONLY: a demoted primary
+                raise RedisConnectionError(f"probe write refused: {probed}")
             if isinstance(raw, Exception):  # "WAIT cannot be used with replica instances"
                 raise RedisConnectionError(f"WAIT refused: {raw}")
             acked = int(raw)
@@ -783,6 +785,26 @@ class Store:
         ]
 
     # -- the consumer ---------------------------------------------------------------------------
+    async def release_own(
+        self,
+        instance_id: str,
+        known: Iterable[str],
+        now_ms: int,
+        queues: Sequence[str] = (K.DEFAULT_QUEUE,),
+    ) -> int:
+        """Make the jobs ``instance_id`` holds but does not know about due again (a claim
+        whose reply was lost; see ``keys.RELEASE_OWN``): how many. :class:`NotReplicated`
+        when the replicas did not confirm it (a failover could bring the claims back)."""
+        released, acked = await self._eval(
+            self._release_own,
+            [self.keys.holds(instance_id), *(self.keys.queue_of(q) for q in queues)],
+            [K.ARQ_IN_PROGRESS, instance_id, now_ms, self.keys.wake, *known],
+            probe=True,
+        )
+        if not self.replicated(acked):
+            raise self._short("release of unknown claims", acked)
+        return int(released)
+
     async def claim(
         self,
         instance_id: str,
