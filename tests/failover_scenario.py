@@ -189,6 +189,8 @@ class Outcome:
     enqueue_outage_s: float = 0.0
     jobs: dict[str, int] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
+    #: the state of (the first five) lost jobs on the primary at the end
+    lost_state: list[dict[str, Any]] = field(default_factory=list)
     overlaps: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     intervals: int = 0
     init_done: bool = False
@@ -197,6 +199,8 @@ class Outcome:
     init_batches: dict[int, int] = field(default_factory=dict)
     kills: list[Kill] = field(default_factory=list)
     epochs: list[int] = field(default_factory=list)
+    #: (wall time, port) each time the primary serving the app changed, as the harness saw it
+    primaries: list[tuple[float, int]] = field(default_factory=list)
     exit_codes: dict[str, int | None] = field(default_factory=dict)
 
     @property
@@ -222,10 +226,20 @@ class Outcome:
         return {j: n for j, n in self.jobs.items() if n > 1}
 
     def summary(self) -> dict[str, Any]:
+        def clock(t: float) -> str:
+            return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}"
+
         return {
             "ticks": len(self.ticks),
             "tick_duplicates": len(self.tick_duplicates),
             "tick_misses": len(self.tick_misses),
+            **(
+                {"missed_ticks_at": [clock(t / 1000) for t in self.tick_misses]}
+                if self.tick_misses
+                else {}
+            ),
+            "kills_at": [f"{clock(k.at)} :{k.port}" for k in self.kills],
+            "primaries": [f"{clock(at)} :{port}" for at, port in self.primaries],
             "items": self.items_expected,
             "item_duplicates": len(self.item_duplicates),
             "item_misses": self.item_misses,
@@ -234,6 +248,7 @@ class Outcome:
             "enqueue_errors": self.enqueue_errors,
             "longest_enqueue_outage_s": round(self.enqueue_outage_s, 2),
             "lost_acked_jobs": len(self.lost),
+            **({"lost_jobs": self.lost_state} if self.lost else {}),
             "job_duplicates": len(self.job_duplicates),
             "singleton_intervals": self.intervals,
             "singleton_overlaps": len(self.overlaps),
@@ -408,9 +423,24 @@ class Scenario:
         self.say(f"old primary :{node.port} is a synced replica again")
 
     # -- the run ------------------------------------------------------------------------------
+    def _watch(self, stop: threading.Event) -> None:
+        """Record each change of the primary (every 0.1 s) into the outcome."""
+        seen: int | None = None
+        while not stop.wait(0.1):
+            try:
+                port = self.s.primary().port
+            except (redis.RedisError, LookupError, OSError):
+                continue
+            if port != seen:
+                self.outcome.primaries.append((time.time(), port))
+                seen = port
+
     def run(self) -> Outcome:
         o = self.outcome
         enq = Enqueuer(self.s.url(), self.prefix, wait_replicas=self.wait_replicas)
+        stop_watch = threading.Event()
+        watch = threading.Thread(target=self._watch, args=(stop_watch,), daemon=True)
+        watch.start()
         try:
             self.start_workers()
             wait_for(lambda: len(self.ticks()) >= 3, 60, "three ticks", interval=0.1)
@@ -432,6 +462,8 @@ class Scenario:
             self._recover(self.kill_after_dispatch())
         finally:
             enq.stop()
+            stop_watch.set()
+            watch.join(5)
         self._settle(enq)
         self.stop_workers()
         self._count(enq)
@@ -496,6 +528,7 @@ class Scenario:
         o.acked, o.unacked, o.enqueue_errors = len(enq.acked), enq.failed, dict(enq.errors)
         o.enqueue_outage_s = max((b - a for a, b in enq.outages), default=0.0)
         o.lost = [j for j in enq.acked if j not in o.jobs]
+        o.lost_state = [self._job_state(j) for j in o.lost[:5]]
         o.overlaps, o.intervals = self._overlaps()
         with self.primary_client() as c:
             state = c.hgetall(f"{self.prefix}init:seed")
@@ -513,6 +546,24 @@ class Scenario:
             if e.get("event") == "leadership acquired"
         ]
         o.epochs = [epoch for _, epoch in sorted(acquired)]  # in the order they were acquired
+
+    def _job_state(self, job_id: str) -> dict[str, Any]:
+        """Where an acknowledged job that never ran is now (for the report)."""
+        from worker import keys as K
+
+        def read(c: redis.Redis) -> dict[str, Any]:
+            return {
+                "job": job_id,
+                "record": bool(c.exists(K.ARQ_JOB + job_id)),
+                "claim": c.get(K.ARQ_IN_PROGRESS + job_id),
+                "claim_ttl_ms": c.pttl(K.ARQ_IN_PROGRESS + job_id),
+                "queued_at": c.zscore(f"{self.prefix}queue", job_id),
+                "tries": c.get(K.ARQ_RETRY + job_id),
+                "result": bool(c.exists(K.ARQ_RESULT + job_id)),
+                "dead": bool(c.hexists(f"{self.prefix}dead:jobs", job_id)),
+            }
+
+        return dict(self._on_primary(read))
 
     def _overlaps(self) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
         runs = [json.loads(x) for x in self.ledger.lrange(self._lk("intervals"), 0, -1)]

@@ -260,7 +260,8 @@ class SentinelSet:
         for node in self.nodes:
             with contextlib.suppress(Exception):
                 node.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if not os.environ.get("WORKER_TOPOLOGY_KEEP"):  # keep the nodes' logs to read
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> SentinelSet:
         return self.start()
@@ -422,7 +423,8 @@ class Cluster:
         for node in self.nodes:
             with contextlib.suppress(Exception):
                 node.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if not os.environ.get("WORKER_TOPOLOGY_KEEP"):  # keep the nodes' logs to read
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> Cluster:
         return self.start()
