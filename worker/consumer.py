@@ -22,7 +22,11 @@ but the loop is the framework's, for what arq's ``Worker`` cannot give:
   tokens unchanged), so a job that runs exists, claimed by us, on whichever replica is promoted;
   a batch of ends the replicas did not confirm (or whose round trip failed) is sent again, with
   the same claim tokens, until it is confirmed: a new primary that lost it still holds our
-  claims, finishes the jobs, and never hands them to another consumer.
+  claims, finishes the jobs, and never hands them to another consumer;
+- **a claim whose reply was lost** (a dropped connection; a primary killed during the ``WAIT``
+  after replicating the claim) does not strand its jobs until their markers expire: before
+  claiming again the consumer gives back every job held in its name that it does not know
+  (``Store.release_own``).
 
 Semantics follow arq: retries on ``Retry``/cancellation up to ``max_tries``, job timeouts,
 deferred jobs, ``keep_result``, aborts through ``arq:abort``.
