@@ -1,8 +1,9 @@
 """The first hour of a new user, driven as they would drive it: real ``python -m worker``
 processes, a real server, the command line and the HTTP probes.
 
-- a second terminal runs ``status`` with no settings at all and finds the demo's embedded
-  server; it says which, and fails with one line once the demo is gone;
+- a second terminal runs ``status`` (and the ``web`` console) with no settings at all and
+  finds the demo's embedded server; it says which, and fails with one line once the demo is
+  gone;
 - ``status`` describes the app the live instances run (not the default demo), warns when
   ``--app`` disagrees, and describes the last app when nothing runs;
 - two local workers do not clash on the health port; ``health`` probes each, or the one named;
@@ -72,6 +73,24 @@ def test_a_second_terminal_finds_the_demo_by_itself(cli: CliRun, tmp_path: Path)
         pasted = cli("status", "--json", env={"WORKER_REDIS_URL": url.group(1)})
         assert pasted.returncode == 0 and json.loads(pasted.stdout)["described_app"] == "demo"
         assert "embedded Redis" not in pasted.stderr
+        # the console, the same way: no URL, no app
+        token = "first-hour-token-0123456789"
+        web = WorkerProc(
+            ["web", "--port", "0"], _user_env(WORKER_WEB_TOKEN=token), tmp_path / "web.log", "web"
+        )
+        try:
+            found = wait_until(
+                lambda: re.search(r"worker console: (http://\S+)", web.log()), 60, what="console"
+            )
+            assert f"using the embedded Redis of the local worker (pid {demo.pid})" in web.log()
+            request = urllib.request.Request(
+                found.group(1) + "api/overview", headers={"X-Worker-Token": token}
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                overview = json.load(response)
+            assert overview["cluster"]["described_app"] == "demo"
+        finally:
+            web.close()
 
         demo.signal(signal.SIGINT)  # Ctrl-C
         assert demo.proc.wait(60) == 0
