@@ -15,6 +15,7 @@ at the worst moments) is in tests/test_failover.py.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ import pytest
 import redis as redis_sync
 from redis.crc import key_slot
 
-from tests.conftest import Spawn, client_call, wait_until
+from tests.conftest import CliRun, Spawn, client_call, wait_until
 from tests.test_demo import run_demo
 from tests.test_faults import (
     test_initializer_once_per_cluster_resumes_after_sigkill as test_cluster_initializer_resumes_after_sigkill,  # noqa: E501
@@ -76,7 +77,12 @@ def test_the_demo_on_a_cluster(
 
 
 def test_apps_live_in_their_own_slots_and_a_foreign_job_id_is_dead_lettered(
-    spawn: Spawn, cluster: Cluster, rsync: redis_sync.Redis, redis_url: str, key_prefix: str
+    spawn: Spawn,
+    cluster: Cluster,
+    rsync: redis_sync.Redis,
+    redis_url: str,
+    key_prefix: str,
+    cli: CliRun,
 ) -> None:
     consumer = spawn("consumer", name="consumer")
     wait_until(lambda: rsync.zcard(f"{key_prefix}instances") == 1, timeout=30, what="start")
@@ -99,6 +105,11 @@ def test_apps_live_in_their_own_slots_and_a_foreign_job_id_is_dead_lettered(
         lambda: rsync.hget(f"{key_prefix}ledger:records", "k2") == b"1", timeout=20, what="run"
     )
     assert consumer.alive()
+    # the command line reads the app through the same slot-pinned connection
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": key_prefix}
+    done = cli("status", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["instances"], done.stdout
     # Nothing the framework wrote anywhere in the cluster lacks a hash tag (an untagged key
     # would be in some other slot: a cross-slot error waiting to happen)
     untagged = []
