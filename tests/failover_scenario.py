@@ -43,6 +43,7 @@ from redis.crc import key_slot
 
 from tests.topology import Cluster, Node, SentinelSet, wait_for
 from worker.client import Client
+from worker.embedded import death_signal_hook
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.failover:app"
@@ -86,6 +87,7 @@ class Proc:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                preexec_fn=death_signal_hook(),  # a killed test run takes them down too
             )
 
     def alive(self) -> bool:

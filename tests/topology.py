@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from worker.embedded import EmbeddedServer, find_server_binary
+from worker.embedded import EmbeddedServer, death_signal_hook, find_server_binary
 
 
 def free_port_pair(offset: int = 10000) -> int:
@@ -227,6 +227,7 @@ class SentinelSet:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                preexec_fn=death_signal_hook(),  # a killed test run takes them down too
             )
         finally:
             log.close()
