@@ -615,6 +615,11 @@ class Consumer(Component):
                 await asyncio.wait_for(self._flush_quietly(), until - self.clock.monotonic())
             if self._ended or self._resend:
                 await asyncio.sleep(0.3)
+        if self._claims_in_doubt and self.clock.monotonic() < until:
+            # a claim whose reply was lost just before the stop: give its jobs back now (a
+            # process that deregisters is never reaped; they would wait for their markers)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._release_unknown(), until - self.clock.monotonic())
 
     async def _flush_quietly(self) -> None:
         if not (self._ended or self._resend):
