@@ -19,6 +19,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operations": ("bench.operations", "start-up, drain, orphaned job re-run"),
     "leader": ("bench.leader", "1,000 periodic jobs every second; 10,000 per_key leases"),
     "latency": ("bench.latency", "idle wake-up and tick start latency"),
+    "wait": ("bench.wait", "durable writes: WAIT 1 replica vs none (consumer, enqueue)"),
+    "failover": ("bench.failover", "primary SIGKILLed under Sentinel: duplicates, losses, times"),
+    "cluster": ("bench.cluster", "3-node Redis Cluster: per-node load, commands per job"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
 }
 

@@ -231,10 +231,17 @@ Spawn = Callable[..., WorkerProc]
 
 
 @pytest.fixture
-def spawn(redis_url: str, tmp_path: Path) -> Iterator[Spawn]:
+def key_prefix() -> str:
+    """The key prefix of the processes :func:`spawn` starts (tests/test_cluster.py makes it a
+    hash tag, ``{t…}:``, to run the same tests on a Redis Cluster)."""
+    return f"t{uuid.uuid4().hex[:6]}:"
+
+
+@pytest.fixture
+def spawn(redis_url: str, tmp_path: Path, key_prefix: str) -> Iterator[Spawn]:
     """Start worker processes: ``spawn("leader", name="l1", app=..., **env_overrides)``."""
     procs: list[WorkerProc] = []
-    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    prefix = key_prefix
 
     def start(
         role: str,

@@ -285,6 +285,30 @@ async def test_a_topic_that_began_again_is_read_from_its_start(r: Any) -> None:
     assert [d for _, _, d in seen] == ["before", "after-1", "after-2"]
 
 
+async def test_a_topic_that_lost_its_newest_messages_is_read_on_not_again(r: Any) -> None:
+    """A failover to a replica that missed the newest entries: the stream is the one this
+    process read, shorter. What it kept was handled already (not again); new messages are."""
+    app, seen = recording_app("pricing")
+    p = Proc(r, app, "i-1")
+    await p.start()
+    web = Client(r, keys=KEYS, serialize=msgpack_dumps)
+    for v in ("m1", "m2", "m3"):
+        await web.broadcast("pricing", v)
+    await eventually(lambda: len(seen) == 3, "three messages")
+    await p.stop()
+    key = KEYS.broadcast("pricing")
+    newest = (await r.xrevrange(key, "+", "-", count=1))[0][0]
+    await r.xdel(key, newest)  # the replica never got m3
+    before = p.listener.cursors[key]
+    await p.start()
+    await eventually(lambda: p.listener.cursors[key] != before, "the cursor placed again")
+    await web.broadcast("pricing", "m4")  # numbered 3 again on the new primary
+    await eventually(lambda: len(seen) == 4, "the new message")
+    await asyncio.sleep(0.2)
+    await p.stop()
+    assert [d for _, _, d in seen] == ["m1", "m2", "m3", "m4"]
+
+
 async def test_json_serializer(r: Any) -> None:
     app, seen = recording_app("pricing")
     clock = SystemClock()

@@ -109,6 +109,30 @@ async def test_supervise_resets_backoff_after_a_long_healthy_run() -> None:
     assert bo.ceilings == [0.001] * 4
 
 
+async def test_a_component_caps_its_own_restart_delay() -> None:
+    """The heartbeat caps its backoff at its interval: after a long Redis outage it is back
+    within one interval, not after the supervisor's 30 s cap (the reaper would judge it
+    stale; see OrphanReaper)."""
+    clock = FakeClock()
+    c = Flaky(failures=8, clock=clock)
+    c.max_backoff_s = 0.5
+    waits: list[float] = []
+    original = clock.wait
+
+    async def recording_wait(stop: Any, seconds: float) -> bool:
+        waits.append(seconds)
+        return await original(stop, seconds)
+
+    clock.wait = recording_wait  # type: ignore[method-assign]
+    task = asyncio.create_task(supervise(c, asyncio.Event(), backoff=Backoff(0.5, 30)))
+    for _ in range(1000):
+        if task.done():
+            break
+        await clock.run_for(0.5, step=0.1)
+    await asyncio.wait_for(task, timeout=5)
+    assert len(waits) == 8 and max(waits) <= 0.5
+
+
 async def test_finished_component_is_not_restarted() -> None:
     c = Flaky(failures=0)
     await asyncio.wait_for(supervise(c, asyncio.Event(), backoff=Backoff(0.001, 0.001)), 5)

@@ -147,14 +147,26 @@ def reports(*procs: WorkerProc) -> list[dict[str, Any]]:
 def test_the_demo_does_what_it_claims(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
-    prefix = spawn.prefix  # type: ignore[attr-defined]
+    run_demo(spawn, rsync, redis_url, spawn.prefix)  # type: ignore[attr-defined]
+
+
+def run_demo(
+    spawn: Spawn,
+    rsync: redis_sync.Redis,
+    redis_url: str,
+    prefix: str,
+    env: dict[str, str | None] | None = None,
+) -> None:
+    """The demo, run for real with ``spawn`` on ``redis_url`` under key ``prefix``; ``rsync``
+    reads the app's keys (tests/test_cluster.py runs it on a Redis Cluster)."""
+    demo_env = {**DEMO_ENV, "WORKER_KEY_PREFIX": prefix, **(env or {})}
 
     def key(name: str) -> str:
         return f"{prefix}demo:{name}"
 
     started = dt.datetime.now(dt.UTC)
-    main = spawn("all", name="all-1", app="worker.demo:app", env=DEMO_ENV)
-    consumer = spawn("consumer", name="consumer-1", app="worker.demo:app", env=DEMO_ENV)
+    main = spawn("all", name="all-1", app="worker.demo:app", env=demo_env)
+    consumer = spawn("consumer", name="consumer-1", app="worker.demo:app", env=demo_env)
 
     # The initializer loaded the cards once, in batches, each batch cached and queued.
     wait_until(
@@ -236,7 +248,7 @@ def test_the_demo_does_what_it_claims(
 
     # A new leader does not load the cards again, and applies the current config at start.
     assert main.terminate() == 0, main.log()
-    successor = spawn("all", name="all-2", app="worker.demo:app", env=DEMO_ENV)
+    successor = spawn("all", name="all-2", app="worker.demo:app", env=demo_env)
     wait_until(lambda: leader_name(rsync, prefix) == "all-2", timeout=30, what="a new leader")
     assert applied(rsync, prefix, "all-2") == 2
     polled = sum(hash_ints(rsync, key("polls")).values())

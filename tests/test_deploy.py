@@ -465,6 +465,180 @@ def test_dockerfile_contract() -> None:
     assert ".git" in ignore
 
 
+# --------------------------------------------------------------------------- KEDA overlay
+
+KEDA = DEPLOY / "keda"
+
+#: The parts of KEDA 2.x's ScaledObject the overlay uses, written from KEDA's documentation
+#: (https://keda.sh/docs/2.14/reference/scaledobject-spec/): unknown fields are refused, so a
+#: typo (`minReplicas`, a trigger `metadata` value that is not a string) fails here, not in
+#: the cluster.
+SCALED_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+            "additionalProperties": False,
+        },
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "initialCooldownPeriod": {"type": "integer", "minimum": 0},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "fallback": {"type": "object"},
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {"type": "object"},
+                            },
+                        },
+                        "scalingModifiers": {"type": "object"},
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {"type": "string"},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def _validate(obj: dict[str, Any]) -> None:
+    if obj.get("kind") == "ScaledObject":
+        import jsonschema
+
+        jsonschema.validate(obj, SCALED_OBJECT_SCHEMA)
+        behavior = obj["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {})
+        if "behavior" in behavior:  # the same type as an HPA's spec.behavior
+            hpa = {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": "check"},
+                "spec": {
+                    "scaleTargetRef": {"kind": "Deployment", "name": "x"},
+                    "maxReplicas": 1,
+                    "behavior": behavior["behavior"],
+                },
+            }
+            kubernetes_validate.validate(hpa, desired_version=K8S_VERSION, strict=True)
+    else:
+        kubernetes_validate.validate(obj, desired_version=K8S_VERSION, strict=True)
+
+
+def _scaled_object() -> dict[str, Any]:
+    return _load_docs(KEDA / "scaledobject.yaml")[0]
+
+
+def test_scaled_object_schema_catches_mistakes() -> None:
+    import jsonschema
+
+    good = _scaled_object()
+    _validate(good)
+    for bad in (
+        {**good, "spec": {**good["spec"], "minReplicas": 2}},
+        {**good, "spec": {**good["spec"], "triggers": [{"type": "x", "metadata": {"n": 1}}]}},
+        {**good, "spec": {k: v for k, v in good["spec"].items() if k != "scaleTargetRef"}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            _validate(bad)
+
+
+def test_keda_scales_consumers_on_the_exported_backlog() -> None:
+    from worker.metrics import Metrics
+
+    so = _scaled_object()
+    target = so["spec"]["scaleTargetRef"]["name"]
+    consumer = _worker_deployment("consumer")
+    assert target == consumer["metadata"]["name"], "KEDA must scale the consumer Deployment"
+    assert target != _worker_deployment("leader")["metadata"]["name"]
+    prom = [t for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
+    assert len(prom) == 1
+    query = prom[0]["metadata"]["query"]
+    exported = {m.name for m in Metrics().registry.collect()}
+    names = set(re.findall(r"\b(worker_[a-z_]+)\b", query))
+    assert names and names <= exported, f"{query!r} names metrics nobody exports ({exported})"
+    assert float(prom[0]["metadata"]["threshold"]) > 0
+    hpa = next(o for o in _all_objects() if o["kind"] == "HorizontalPodAutoscaler")
+    assert so["spec"]["minReplicaCount"] == hpa["spec"]["minReplicas"]
+    assert so["spec"]["maxReplicaCount"] == hpa["spec"]["maxReplicas"]
+
+
+def test_keda_overlay_builds_and_replaces_the_hpa() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed; the KEDA overlay's render is not checked")
+    proc = _run([kubectl, "kustomize", "--load-restrictor=LoadRestrictionsNone", str(KEDA)])
+    assert proc.returncode == 0, _report(proc)
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
+    kinds = [o["kind"] for o in objs]
+    assert "HorizontalPodAutoscaler" not in kinds, "two autoscalers would fight over one Deployment"
+    assert kinds.count("ScaledObject") == 1
+    for obj in objs:
+        _validate(obj)
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == "worker", obj["metadata"]["name"]
+
+
 # --------------------------------------------------------------------------- the console
 
 

@@ -25,7 +25,15 @@ def test_config_file_lists_every_default(monkeypatch: object) -> None:
     data = tomllib.loads(text)
     defaults = Settings.model_construct()  # defaults without reading the environment
     # no TOML value: commented out
-    unset = {"instance_name", "redis_url", "redis_url_file", "web_token", "web_token_file"}
+    unset = {
+        "instance_name",
+        "redis_url",
+        "redis_url_file",
+        "sentinel_username",
+        "sentinel_password",
+        "web_token",
+        "web_token_file",
+    }
     missing = set(Settings.model_fields) - set(data) - unset
     assert not missing, f"config/worker.toml lacks {missing}"
     for name in unset:

@@ -109,7 +109,7 @@ async def test_reaper_releases_only_stale_instances_claims(r: Any) -> None:
     metrics = Metrics()
     reaper = OrphanReaper(
         FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2,
-        metrics=metrics,
+        metrics=metrics, settle_s=0,
     )  # fmt: skip
     assert await reaper.tick() == 2
     assert await r.exists(K.ARQ_IN_PROGRESS + "j-dead") == 0
@@ -119,12 +119,43 @@ async def test_reaper_releases_only_stale_instances_claims(r: Any) -> None:
     assert metrics.orphans._value.get() == 1
 
 
+async def test_reaper_judges_silence_only_while_redis_was_reachable(r: Any) -> None:
+    """After a (re)start, or a gap in its own ticks (frozen, or hung through a failover), the
+    reaper reaps nobody until Redis has been reachable for stale_s: an outage silences every
+    heartbeat at once, and live consumers' claims must not be handed out meanwhile."""
+    clock = FakeClock(NOW_S)
+    now_ms = int(NOW_S * 1000)
+    await r.set(KEYS.leader, "5:me")
+    await r.zadd(KEYS.instances, {"gone": now_ms - 60_000, "cut-off": now_ms - 20_000})
+    await r.zadd(KEYS.queue, {"j": now_ms + 300_000})
+    await r.sadd(KEYS.holds("cut-off"), "j")
+    await r.set(K.ARQ_IN_PROGRESS + "j", "cut-off/1")
+    reaper = OrphanReaper(
+        FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2
+    )
+    await reaper.setup()
+    for _ in range(4):  # 8 s: not settled yet
+        await reaper.tick()
+        assert await r.zcard(KEYS.instances) == 2
+        clock.advance(2)
+        await r.zadd(KEYS.instances, {"cut-off": int(clock.time() * 1000)})  # it is back
+    clock.advance(2)
+    await reaper.tick()  # settled: only the instance that stayed silent is reaped
+    assert await r.zrange(KEYS.instances, 0, -1) == [b"cut-off"]
+    assert await r.get(K.ARQ_IN_PROGRESS + "j") == b"cut-off/1"
+    # a gap in the reaper's own ticks (a hung call, a freeze) starts the wait again
+    await r.zadd(KEYS.instances, {"gone-2": int(clock.time() * 1000) - 60_000})
+    clock.advance(6)
+    await reaper.tick()
+    assert b"gone-2" in await r.zrange(KEYS.instances, 0, -1)
+
+
 async def test_reaper_not_leading_writes_nothing(r: Any) -> None:
     await r.zadd(KEYS.instances, {"dead": 1})
     await r.set(KEYS.leader, "6:someone-else")
     lease = FixedLease("5:me")
     reaper = OrphanReaper(
-        FencedStore(Store(r, KEYS), lease), FakeClock(NOW_S), stale_s=10, interval_s=2
+        FencedStore(Store(r, KEYS), lease), FakeClock(NOW_S), stale_s=10, interval_s=2, settle_s=0
     )
     with pytest.raises(LeadershipLost):
         await reaper.tick()
@@ -206,7 +237,8 @@ def test_plan_and_build_read_the_same_rows() -> None:
     leader = plan("leader", app, s)
     assert consumer.enabled == ["heartbeat", "health-server", "consumer", "service:loop"]
     assert consumer.disabled == [
-        "leader-election", "poller:cards", "periodic", "orphan-reaper", "service:single",
+        "leader-election", "poller:cards", "periodic", "orphan-reaper", "queue-metrics",
+        "service:single",
     ]  # fmt: skip
     assert leader.enabled == consumer.enabled + consumer.disabled and leader.disabled == []
     assert plan("all", app, s).enabled == leader.enabled

@@ -19,7 +19,10 @@ from worker.clock import ms
 
 pytestmark = pytest.mark.timeout(120)
 
-SINGLETONS = {"leader-election", "initializer:seed", "poller:items", "periodic", "orphan-reaper"}
+SINGLETONS = {
+    "leader-election", "initializer:seed", "poller:items", "periodic", "orphan-reaper",
+    "queue-metrics",
+}  # fmt: skip
 EVERYWHERE = {"consumer", "heartbeat"}
 
 

@@ -389,7 +389,9 @@ def test_unknown_env_names_stay_allowed(monkeypatch: pytest.MonkeyPatch) -> None
         ("WORKER_KEY_PREFIX", "app*"),
         ("WORKER_KEY_PREFIX", "app?"),
         ("WORKER_KEY_PREFIX", "app[1]:"),
-        ("WORKER_KEY_PREFIX", "{app}:"),
+        ("WORKER_KEY_PREFIX", "app{1}:"),  # a hash tag only at the start (the slot's tag)
+        ("WORKER_KEY_PREFIX", "{}:"),
+        ("WORKER_KEY_PREFIX", "{a}{b}:"),
         ("WORKER_KEY_PREFIX", "app\n"),
         ("WORKER_KEY_PREFIX", "a" * 65),
         ("WORKER_INSTANCE_NAME", "pod 1"),

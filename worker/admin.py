@@ -24,7 +24,7 @@ from arq.connections import ArqRedis
 from worker import keys as K
 from worker import local
 from worker.app import App, load_app
-from worker.client import connect_redis
+from worker.connection import connect_redis
 from worker.errors import ConfigError
 from worker.manifest import Described, describe
 from worker.serializer import get_serializer
@@ -85,11 +85,13 @@ class Admin:
 async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
     """A short-lived client for ``what``; Redis errors become one-line :class:`ConfigError`."""
     url = redis_url(settings, what)
+    # the configured URL with its Sentinel credentials (redis+sentinel://, redis+cluster://)
+    target = settings.redis_target() if url == settings.redis_url else url
     keys = K.Keys(settings.key_prefix)
     ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
-    redis = connect_redis(url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    redis = connect_redis(target or url, queue_name=keys.queue, serialize=ser, deserialize=de)
     try:
-        yield Admin(redis, keys, Store(redis, keys), url)
+        yield Admin(redis, keys, Store(redis, keys, settings.replication()), url)
     except (ConfigError, BrokenPipeError):  # BrokenPipeError: printing into a closed pipe
         raise
     except Exception as exc:

@@ -198,6 +198,9 @@ class BroadcastListener(Component):
         self.cursors: dict[str, str] = {}
         #: topic -> sequence number of the last message read
         self.seqs: dict[str, int] = {}
+        #: stream key -> {entry id: sequence number} of the last messages read (at most
+        #: HISTORY): tells a stream that lost its newest entries from one that began again
+        self.recent: dict[str, dict[str, int]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         boxes = [box for boxes in self.inboxes.values() for box in boxes]
@@ -247,8 +250,17 @@ class BroadcastListener(Component):
                     self.receive(entry, start=True)
             elif cursor != START and (entry is None or _id(entry.entry_id) < _id(cursor)):
                 topic = self.topic_of[key]
-                log.warning("broadcast topic began again (Redis lost it?)", topic=topic)
-                self.cursors[key] = START
+                if entry is not None and self.recent.get(key, {}).get(entry.entry_id) == entry.seq:
+                    # The stream we read, without its newest entries (a failover to a replica
+                    # that missed them): everything it kept was handled; read on after it.
+                    log.warning(
+                        "broadcast topic lost its newest messages (a failover?)", topic=topic
+                    )
+                    self.cursors[key] = entry.entry_id
+                    self.seqs[topic] = entry.seq
+                else:
+                    log.warning("broadcast topic began again (Redis lost it?)", topic=topic)
+                    self.cursors[key] = START
         self.health.ok(self.clock.monotonic())
 
     async def read_once(self) -> int:
@@ -263,6 +275,10 @@ class BroadcastListener(Component):
         """Move the cursor past ``entry`` and queue it for the topic's handlers."""
         topic = self.topic_of[entry.key]
         self.cursors[entry.key] = entry.entry_id
+        recent = self.recent.setdefault(entry.key, {})
+        recent[entry.entry_id] = entry.seq
+        if len(recent) > HISTORY:
+            del recent[next(iter(recent))]
         last = self.seqs.get(topic)
         if last is not None and entry.seq > last + 1:
             missed = entry.seq - last - 1

@@ -53,7 +53,8 @@ def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
     p.add_argument(
         "--redis-url",
         default=default,
-        help="redis://, rediss:// or unix:// (env WORKER_REDIS_URL)",
+        help="redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/<name>/<db> or "
+        "redis+cluster://h1:7000,h2:7001 (env WORKER_REDIS_URL)",
     )
 
 

@@ -16,6 +16,11 @@ key prefix, serializer), so the two cannot disagree::
 Plain arq works too: ``arq.create_pool(RedisSettings.from_dsn(url), **arq_options(settings))``
 (:func:`arq_options`: the queue name derived from the key prefix, ``Keys(prefix).queue``, and
 the serializer pair of :func:`worker.serializer.get_serializer`).
+
+Connections come from :func:`worker.connection.connect_redis` (re-exported here): one server,
+a Sentinel-managed primary or a Redis Cluster. With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``,
+1 by default with Sentinel) an ``enqueue`` returns only once the replicas have the job, and
+raises :class:`~worker.errors.NotReplicated` otherwise.
 """
 
 from __future__ import annotations
@@ -27,49 +32,20 @@ from uuid import uuid4
 from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import Job
-from redis.asyncio import ConnectionPool
 
 from worker import keys as K
 from worker.broadcast import publish
 from worker.clock import Clock, SystemClock, ms
+from worker.connection import RedisTarget, Replication, cluster_tag, connect_redis, parse_redis_url
 from worker.errors import ConfigError
 from worker.keys import DEFAULT_QUEUE
 from worker.poller import BoundPoller, Pollers, due_ms
 from worker.preflight import wait_for_redis
-from worker.serializer import Deserialize, Serialize, SerializerName, get_serializer, job_payload
+from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings
 from worker.store import NewJob, Store
 
-
-def connect_redis(
-    url: str,
-    *,
-    queue_name: str,
-    serialize: Serialize,
-    deserialize: Deserialize,
-    socket_timeout_s: float | None = 10.0,
-    max_connections: int | None = None,
-    client_name: str | None = None,
-) -> ArqRedis:
-    """An ``ArqRedis`` for ``url`` (redis://, rediss:// with TLS, unix://; user/password).
-    ``client_name`` shows in ``CLIENT LIST`` (which process and which connection is which)."""
-    extra: dict[str, Any] = {} if url.startswith("unix:") else {"socket_keepalive": True}
-    if client_name:
-        extra["client_name"] = client_name
-    pool = ConnectionPool.from_url(
-        url,
-        socket_connect_timeout=5,
-        socket_timeout=socket_timeout_s,
-        health_check_interval=30,
-        max_connections=max_connections,
-        **extra,
-    )
-    return ArqRedis(
-        pool,
-        job_serializer=serialize,
-        job_deserializer=deserialize,
-        default_queue_name=queue_name,
-    )
+__all__ = ["Client", "arq_options", "connect_redis"]
 
 
 @runtime_checkable
@@ -104,12 +80,13 @@ class Client:
         expires_ms: int = expires_extra_ms,
         store: Store | None = None,
         origin: str | None = None,
+        replication: Replication | None = None,
     ) -> None:
         self.redis = redis
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
         self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
-        self.store = store or Store(redis, keys)
+        self.store = store or Store(redis, keys, replication)
         self.app = app
         self.clock = clock or SystemClock()
         self._serialize = serialize
@@ -118,20 +95,33 @@ class Client:
     @classmethod
     async def connect(
         cls,
-        url: str,
+        url: str | RedisTarget,
         *,
         app: Pollers | None = None,
         key_prefix: str = "worker:",
         serializer: SerializerName = "msgpack",
+        wait_replicas: int | None = None,
+        wait_timeout_s: float = 0.5,
     ) -> Client:
-        """Connect to ``url`` with the same settings the workers use (prefix, serializer)."""
+        """Connect to ``url`` with the same settings the workers use (prefix, serializer).
+        ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
+        :class:`~worker.connection.RedisTarget`, which carries Sentinel credentials).
+        ``wait_replicas``: replicas an enqueue waits for (``None``: 1 with Sentinel, else 0)."""
+        target = parse_redis_url(url) if isinstance(url, str) else url
+        if wait_replicas is None:
+            wait_replicas = 1 if target.kind == "sentinel" else 0
         serialize, deserialize = get_serializer(serializer)
         keys = K.Keys(key_prefix)
         redis = connect_redis(
-            url, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
+            target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
         )
-        await redis.ping()
-        return cls(redis, keys=keys, serialize=serialize, app=app)
+        try:
+            await redis.ping()
+        except BaseException:
+            await redis.aclose(close_connection_pool=True)
+            raise
+        replication = Replication(wait_replicas, max(1, round(wait_timeout_s * 1000)))
+        return cls(redis, keys=keys, serialize=serialize, app=app, replication=replication)
 
     @classmethod
     async def from_settings(
@@ -141,8 +131,8 @@ class Client:
         ``WORKER_REDIS_URL_FILE``), ``WORKER_KEY_PREFIX`` and ``WORKER_SERIALIZER``. Waits up
         to ``WORKER_REDIS_CONNECT_TIMEOUT_S`` for Redis; :class:`ConfigError` (one line) when
         the URL is missing or Redis does not answer."""
-        url = settings.redis_url
-        if not url:
+        target = settings.redis_target()
+        if target is None:
             raise ConfigError(
                 "WORKER_REDIS_URL: not set (nor WORKER_REDIS_URL_FILE); the client needs the "
                 "Redis URL the workers use"
@@ -151,14 +141,21 @@ class Client:
         serialize, deserialize = get_serializer(settings.serializer)
         keys = K.Keys(settings.key_prefix)
         redis = connect_redis(
-            url, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
+            target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
         )
         try:
-            await wait_for_redis(redis, url, settings.redis_connect_timeout_s, clock)
+            await wait_for_redis(redis, target.url, settings.redis_connect_timeout_s, clock)
         except BaseException:
             await redis.aclose(close_connection_pool=True)
             raise
-        return cls(redis, keys=keys, serialize=serialize, app=app, clock=clock)
+        return cls(
+            redis,
+            keys=keys,
+            serialize=serialize,
+            app=app,
+            clock=clock,
+            replication=settings.replication(),
+        )
 
     @classmethod
     async def from_env(cls, *, app: Pollers | None = None, **overrides: Any) -> Client:
@@ -193,7 +190,7 @@ class Client:
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
         jid = job_id or (
-            self.store.ids.unique(unique_key) if unique_key is not None else uuid4().hex
+            self.store.ids.unique(unique_key) if unique_key is not None else self.new_job_id()
         )
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
@@ -203,6 +200,19 @@ class Client:
             queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
         ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
+
+    def new_job_id(self) -> str:
+        """A random job id: a uuid, prefixed by the key prefix when that carries a Redis
+        Cluster hash tag (arq's per-job keys ``arq:job:<id>`` then share the app's slot; a
+        plain arq client enqueueing into such an app passes ``_job_id=client.new_job_id()``)."""
+        tag = cluster_tag(self.keys.prefix)
+        return f"{self.keys.prefix}{uuid4().hex}" if tag else uuid4().hex
+
+    async def abort(self, job_id: str) -> None:
+        """Ask the consumer running (or about to run) ``job_id`` to cancel it: what arq's
+        ``Job.abort()`` asks, in the set the consumers read (in Redis Cluster mode that set is
+        in the app's slot, so use this instead of ``Job.abort()``)."""
+        await self.redis.zadd(self.keys.abort, {job_id: ms(self.clock.time())})
 
     def unique_job_id(self, unique_key: str) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""

@@ -142,6 +142,11 @@ class Component(ABC):
     as live (``None``: no progress requirement).
     """
 
+    #: Longest wait before a restart, whatever the supervisor's backoff says (``None``: its
+    #: cap). The heartbeat sets its interval: after a Redis outage it must be back within one,
+    #: or the reaper would judge a live process stale.
+    max_backoff_s: float | None = None
+
     def __init__(self, name: str, clock: Clock, *, sla_s: float | None = None) -> None:
         self.name = name
         self.clock = clock
@@ -227,6 +232,8 @@ async def supervise(
                 if now - (h.started or 0) > backoff.reset_after_s:
                     backoff.attempt = 0
                 delay = backoff.next_delay()
+                if component.max_backoff_s is not None:
+                    delay = min(delay, component.max_backoff_s)
                 h.state = "backoff"
                 log.error(
                     "component failed; restarting",

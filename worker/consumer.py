@@ -15,7 +15,18 @@ but the loop is the framework's, for what arq's ``Worker`` cannot give:
 - **draining** stops claiming first, then waits for every job that started (up to the shutdown
   timeout) — no job that started is cut short by a graceful stop within that time;
 - **hostile records** (a payload of the wrong shape, too large, not a string; a try counter
-  that is not a number) are dead-lettered one by one; the loop never crashes on them.
+  that is not a number) are dead-lettered one by one; the loop never crashes on them;
+- **durable under a failover** (with a WAIT policy, ``WORKER_REDIS_WAIT_REPLICAS``): a batch
+  runs only once the replicas confirmed its claim (one ``WAIT`` per batch, in the claim's round
+  trip; an unconfirmed batch waits unstarted until a later check confirms it with its claim
+  tokens unchanged), so a job that runs exists, claimed by us, on whichever replica is promoted;
+  a batch of ends the replicas did not confirm (or whose round trip failed) is sent again, with
+  the same claim tokens, until it is confirmed: a new primary that lost it still holds our
+  claims, finishes the jobs, and never hands them to another consumer;
+- **a claim whose reply was lost** (a dropped connection; a primary killed during the ``WAIT``
+  after replicating the claim) does not strand its jobs until their markers expire: before
+  claiming again the consumer gives back every job held in its name that it does not know
+  (``Store.release_own``).
 
 Semantics follow arq: retries on ``Retry``/cancellation up to ``max_tries``, job timeouts,
 deferred jobs, ``keep_result``, aborts through ``arq:abort``.
@@ -46,7 +57,7 @@ from worker.jobs import JobDef, JobHook, Outcome
 from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
-from worker.store import Claimed, Finish, Store
+from worker.store import FOREIGN, Claimed, Finish, Store
 
 log = structlog.get_logger("worker.consumer")
 
@@ -58,6 +69,8 @@ RETRY_TTL_MS = 88_400_000
 MAX_ENQUEUE_MS = 10**13
 #: Most jobs one claim round takes (the scripts unpack one argument per job).
 MAX_CLAIM = 1000
+#: After the drain, how long the consumer keeps trying to record (and confirm) the last ends.
+FINAL_FLUSH_S = 3.0
 
 
 class BadJob(Exception):
@@ -256,6 +269,13 @@ class Consumer(Component):
         self.guard = ClaimGuard(clock, config.doubt_s)
         self.running: dict[str, _Run] = {}
         self._ended: list[Finish] = []
+        #: claimed, but the replicas have not confirmed the claim yet: not started (one batch)
+        self._unconfirmed: list[Claimed] = []
+        self._unconfirmed_token = ""
+        #: ends sent without a confirmation (or whose round trip failed): sent again until one is
+        self._resend: list[Finish] = []
+        #: a claim round trip failed: it may have claimed jobs no run of ours knows about
+        self._claims_in_doubt = False
         self._wake = asyncio.Event()
         self._seq = itertools.count(1)
         self._woken = True  # claim on the first round
@@ -284,7 +304,7 @@ class Consumer(Component):
                 self._wake.clear()
                 try:
                     claimed = await self._claim_round() if await self._should_claim() else 0
-                    if self._ended:
+                    if self._ended or self._resend:
                         await self._flush()
                     now = self.clock.monotonic()
                     self.health.ok(now)
@@ -296,7 +316,7 @@ class Consumer(Component):
                 except (RedisError, OSError, TimeoutError) as exc:
                     # Redis away: running jobs go on (their ends are written later); no new
                     # work; liveness fails once this lasts longer than the SLA.
-                    backoff = min(max(backoff * 2, 0.1), 5.0)
+                    backoff = min(max(backoff * 2, 0.1), 2.0)
                     log.warning(
                         "consumer cannot reach Redis; retrying",
                         error=f"{type(exc).__name__}: {exc}",
@@ -327,7 +347,7 @@ class Consumer(Component):
         """``poll_delay_s`` while busy; idle, until the next announced due time, at most
         ``idle_poll_max_s`` (the fallback for jobs a plain arq client enqueued unannounced)."""
         c = self.config
-        if claimed or self.running:
+        if claimed or self.running or self._unconfirmed or self._resend:
             return c.poll_delay_s
         delay = max(c.idle_poll_max_s, c.poll_delay_s)
         if self._next_due is not None:
@@ -338,7 +358,13 @@ class Consumer(Component):
         """Claim when busy, woken by an enqueue, or an announced due time came; an idle
         consumer otherwise looks at the head of the queue only (one command)."""
         now = ms(self.clock.time())
-        if self.running or self._woken or self.config.burst:
+        if (
+            self.running
+            or self._woken
+            or self._unconfirmed
+            or self._claims_in_doubt
+            or self.config.burst
+        ):
             self._woken = False
             return True
         if self._next_due is not None and self._next_due <= now:
@@ -381,23 +407,42 @@ class Consumer(Component):
         self._wake.set()
 
     async def _claim_round(self) -> int:
+        if self._claims_in_doubt:
+            await self._release_unknown()
+        if self._unconfirmed:
+            return await self._confirm_claims()
         free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
         if free <= 0:
             return 0
         token = f"{self.instance_id}/{next(self._seq)}"
         sent = self.clock.monotonic()
-        claims = await self.store.claim(
-            self.instance_id,
-            token,
-            now_ms=ms(self.clock.time()),
-            limit=free,
-            in_progress_ttl_ms=self.in_progress_ttl_ms,
-            holds_ttl_ms=ms(self.config.holds_ttl_s),
-            max_payload=self.config.max_payload_bytes,
-            retry_ttl_ms=RETRY_TTL_MS,
-            queues=self.config.queues,
-        )
+        try:
+            claims = await self.store.claim(
+                self.instance_id,
+                token,
+                now_ms=ms(self.clock.time()),
+                limit=free,
+                in_progress_ttl_ms=self.in_progress_ttl_ms,
+                holds_ttl_ms=ms(self.config.holds_ttl_s),
+                max_payload=self.config.max_payload_bytes,
+                retry_ttl_ms=RETRY_TTL_MS,
+                queues=self.config.queues,
+            )
+        except BaseException:
+            # The script may have run and its reply been lost (a dropped connection, a primary
+            # that failed over after replicating it): jobs claimed in our name that no run of
+            # ours will finish. Give them back before claiming again.
+            self._claims_in_doubt = True
+            raise
         self.guard.confirmed(sent)
+        if claims.jobs and not claims.replicated:
+            self._unconfirmed, self._unconfirmed_token = claims.jobs, token
+            log.warning(
+                "claimed jobs not confirmed by the replicas (WORKER_REDIS_WAIT_REPLICAS); "
+                "holding them unstarted until they are",
+                jobs=len(claims.jobs),
+            )
+            return 0
         if (
             claims.jobs
             and len(claims.jobs) == free
@@ -405,22 +450,84 @@ class Consumer(Component):
         ):
             self._woken = True  # a full batch and room left: there may be more due right away
             self._wake.set()
-        for job in claims.jobs:
-            run = self.running[job.job_id] = _Run(job.job_id, token, started=self.clock.monotonic())
-            run.task = asyncio.create_task(self._run(job, run), name=f"job:{job.job_id}")
+        self._start(claims.jobs, token)
         if claims.aborts_pending:
             await self._abort_requested()
         return len(claims.jobs)
 
+    async def _release_unknown(self) -> None:
+        """Make the jobs held in our name that we do not know about due again (a claim whose
+        reply was lost); the runs we know (running, held, ending) keep their claims."""
+        known = {*self.running, *(c.job_id for c in self._unconfirmed)}
+        known |= {f.job_id for f in (*self._ended, *self._resend)}
+        released = await self.store.release_own(
+            self.instance_id, sorted(known), ms(self.clock.time()), self.config.queues
+        )
+        self._claims_in_doubt = False
+        if released:
+            log.warning(
+                "gave back jobs claimed in a round trip whose reply was lost; they run again",
+                jobs=released,
+            )
+
+    def _start(self, jobs: Sequence[Claimed], token: str) -> None:
+        for job in jobs:
+            run = self.running[job.job_id] = _Run(job.job_id, token, started=self.clock.monotonic())
+            run.ended = job.size == FOREIGN  # never claimed: no claim to check (another slot)
+            run.task = asyncio.create_task(self._run(job, run), name=f"job:{job.job_id}")
+
+    async def _confirm_claims(self) -> int:
+        """Check a batch whose claim the replicas did not confirm: once they have every write
+        so far, start the jobs still claimed with its token (a failover may have lost some:
+        those were never ours on the new primary and are not run)."""
+        held, token = self._unconfirmed, self._unconfirmed_token
+        sent = self.clock.monotonic()
+        tokens, replicated = await self.store.confirm_claims([c.job_id for c in held])
+        self.guard.confirmed(sent)
+        if not replicated:
+            return 0
+        self._unconfirmed = []
+        kept = [c for c, now in zip(held, tokens, strict=True) if now == token]
+        if len(kept) < len(held):
+            log.warning(
+                "claims lost before the replicas confirmed them (a failover?); those jobs were "
+                "not run and stay queued",
+                lost=len(held) - len(kept),
+            )
+        log.info("held claims confirmed by the replicas; starting", jobs=len(kept))
+        self._start(kept, token)
+        return len(kept)
+
     async def _flush(self) -> None:
+        if self._resend:
+            sent = self.clock.monotonic()
+            again = await self.store.finish(
+                self.instance_id, self._resend, now_ms=ms(self.clock.time()), resend=True
+            )
+            self.guard.confirmed(sent)
+            if not again.replicated:
+                return  # the replicas still lag: new ends wait behind these
+            log.info("job ends confirmed by the replicas", runs=len(self._resend))
+            self._resend = []
+        if not self._ended:
+            return
         ended, self._ended = self._ended, []
         sent = self.clock.monotonic()
         try:
             out = await self.store.finish(self.instance_id, ended, now_ms=ms(self.clock.time()))
         except Exception:
-            self._ended = ended + self._ended  # try again next round; the claims still hold
+            # It may or may not have been applied (the reply was lost): send the same ends again
+            # (the claims still hold) until a round trip is confirmed.
+            self._resend += ended
             raise
         self.guard.confirmed(sent)
+        if not out.replicated:
+            self._resend += ended
+            log.warning(
+                "job ends not confirmed by the replicas (WORKER_REDIS_WAIT_REPLICAS); sending "
+                "them again until they are",
+                runs=len(ended),
+            )
         if out.refused:
             self.totals["lost"] += out.refused
             if self.metrics is not None:
@@ -481,6 +588,13 @@ class Consumer(Component):
         started, writing their ends as they come; cancel the rest (they run again)."""
         timeout = self.config.shutdown_timeout_s
         log.info("consumer draining", in_flight=self.in_flight, timeout_s=timeout)
+        for c in self._unconfirmed:  # never started: give them back, their try with them
+            self._ended.append(
+                Finish(
+                    "defer", c.job_id, self._unconfirmed_token, score_ms=c.score_ms, queue=c.queue
+                )
+            )
+        self._unconfirmed = []
         deadline = self.clock.monotonic() + timeout
         while self.running and self.clock.monotonic() < deadline:
             tasks = [r.task for r in self.running.values() if r.task is not None]
@@ -493,15 +607,22 @@ class Consumer(Component):
             for t in late:
                 t.cancel()
             await asyncio.wait(late, timeout=5)
-        for _ in range(3):
-            if not self._ended:
-                break
-            await self._flush_quietly()
-            if self._ended:
-                await asyncio.sleep(0.2)
+        # Ends not written (or not confirmed) yet: a few more tries, bounded (a Redis that is
+        # away, or a failover in progress, must not hold the shutdown up).
+        until = self.clock.monotonic() + FINAL_FLUSH_S
+        while (self._ended or self._resend) and self.clock.monotonic() < until:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_quietly(), until - self.clock.monotonic())
+            if self._ended or self._resend:
+                await asyncio.sleep(0.3)
+        if self._claims_in_doubt and self.clock.monotonic() < until:
+            # a claim whose reply was lost just before the stop: give its jobs back now (a
+            # process that deregisters is never reaped; they would wait for their markers)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._release_unknown(), until - self.clock.monotonic())
 
     async def _flush_quietly(self) -> None:
-        if not self._ended:
+        if not (self._ended or self._resend):
             return
         try:
             await self._flush()
@@ -688,6 +809,13 @@ class Consumer(Component):
 
     def _decode(self, c: Claimed) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
         if c.payload is None:
+            if c.size == FOREIGN:
+                raise BadJob(
+                    f"job id outside the app's hash slot: in Redis Cluster every job id must start "
+                    f"with {self.store.keys.slot_tag} (enqueue with Client, or pass arq's "
+                    "_job_id=client.new_job_id())",
+                    "foreign",
+                )
             if c.size == 0:
                 raise BadJob("job expired", "expired")
             if c.size < 0:
@@ -722,13 +850,16 @@ class Consumer(Component):
                 bad.reason,
                 bad.kind,
                 c.payload,
-                c.size,
+                max(c.size, 0),
                 queue=c.queue,
                 task=result_for.function if result_for else None,
                 tries=c.try_ if c.try_ >= 0 else None,
             )
         except Exception as exc:
             log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
+        if c.size == FOREIGN:  # CLAIM took it off the queue; its keys are in another slot
+            self.totals["failed"] += 1
+            return
         keep = self.config.keep_result_s
         data = None
         if keep > 0:

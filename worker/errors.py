@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 
 class WorkerError(Exception):
     """Base class for the framework's own errors."""
@@ -13,3 +15,22 @@ class ConfigError(WorkerError):
 
 class LeadershipLost(WorkerError):
     """A fenced write was refused: this process no longer holds the leader lock."""
+
+
+class NotReplicated(WorkerError, RedisConnectionError):
+    """A write reached the primary, but fewer replicas than ``WORKER_REDIS_WAIT_REPLICAS``
+    confirmed it within ``WORKER_REDIS_WAIT_TIMEOUT_S``: a primary failover may still lose it.
+
+    Like a connection error mid-command, the write may or may not survive: retry it (an
+    enqueue with a ``unique_key`` cannot duplicate). It is a redis-py ``ConnectionError``, so
+    code that retries on connection trouble retries on this too.
+    """
+
+    def __init__(self, what: str, acked: int, wanted: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"{what}: confirmed by {acked} of the {wanted} replica(s) required within "
+            f"{timeout_ms} ms (WORKER_REDIS_WAIT_REPLICAS); a failover may lose it"
+        )
+        self.what = what
+        self.acked = acked
+        self.wanted = wanted

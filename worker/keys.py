@@ -147,6 +147,26 @@ class Keys:
         return f"{self.prefix}boot"
 
     @property
+    def probe(self) -> str:
+        """Counter INCRed only to measure replication: a ``WAIT`` right after it confirms that
+        the replicas have every write the primary made before it (see ``Store.confirm``)."""
+        return f"{self.prefix}probe"
+
+    @property
+    def slot_tag(self) -> str:
+        """The Redis Cluster hash tag the prefix starts with (``{shop}``), or ``""``: every job
+        id must then start with it, so arq's per-job keys share the app's slot."""
+        if self.prefix.startswith("{") and "}" in self.prefix:
+            return self.prefix[: self.prefix.index("}") + 1]
+        return ""
+
+    @property
+    def abort(self) -> str:
+        """arq's sorted set of abort requests (``arq:abort``, what ``arq.jobs.Job.abort()``
+        writes); with a hash-tagged prefix (Redis Cluster) ``<prefix>abort``, in the app's slot."""
+        return f"{self.prefix}abort" if self.slot_tag else ARQ_ABORT
+
+    @property
     def wake(self) -> str:
         """Pub/sub channel every enqueue publishes the earliest due time (ms) on, so idle
         consumers claim at once instead of at their next poll."""
@@ -726,6 +746,48 @@ return released
 # Unfenced helpers (any process)
 # ---------------------------------------------------------------------------------------------
 
+RELEASE_OWN = """
+-- Give back the claims of this instance that it does not know about: a CLAIM whose reply was
+-- lost (the connection dropped, the primary failed over after replicating it) holds jobs no run
+-- of the instance will ever finish, and they would wait for their markers to expire. Per id in
+-- the instance's holds set that is not among the runs the instance knows (ARGV[5..]), still
+-- queued and claimed with a token of this instance ("<instance id>/"): drop the marker and make
+-- the job due now; then forget the released ids in the holds set.
+-- KEYS[1] -> the instance's holds set
+-- KEYS[2..] -> the queues its jobs can be in
+-- ARGV[1] -> arq in-progress key prefix
+-- ARGV[2] -> instance id
+-- ARGV[3] -> now ms: the score released jobs are due at
+-- ARGV[4] -> wake channel
+-- ARGV[5..] -> job ids the instance knows it holds (running, held or ending)
+-- Returns: number of jobs released
+local known = {}
+for i = 5, #ARGV do
+  known[ARGV[i]] = true
+end
+local released = 0
+local prefix = ARGV[2] .. '/'
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if not known[id] then
+    for q = 2, #KEYS do
+      if redis.call('ZSCORE', KEYS[q], id) then
+        local claim = redis.call('GET', ARGV[1] .. id)
+        if claim and string.sub(claim, 1, #prefix) == prefix then
+          released = released + redis.call('DEL', ARGV[1] .. id)
+          redis.call('ZADD', KEYS[q], 'XX', ARGV[3], id)
+          redis.call('SREM', KEYS[1], id)
+        end
+        break
+      end
+    end
+  end
+end
+if released > 0 then
+  redis.call('PUBLISH', ARGV[4], ARGV[3])
+end
+return released
+"""
+
 PERIODIC_RESULT = """
 -- Record how a run of a periodic job ended (the consumer that ran it, once per run's end): the
 -- most recent success or failure, and since when the job has been failing without a success.
@@ -924,14 +986,18 @@ CLAIM = """
 -- ARGV[8] -> arq in-progress key prefix
 -- ARGV[9] -> arq retry key prefix
 -- ARGV[10] -> retry counter TTL in ms
+-- ARGV[11] -> the hash tag every job id must start with ("{app}": Redis Cluster, where a job's
+--             keys must share the app's slot), or "" for no check
 -- Returns: {pending abort requests, then per claimed job: id, score, try (-1: the counter is
--- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, else too big),
--- the index of its queue in KEYS}
+-- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, -2 an id
+-- outside the app's hash slot, taken off the queue and never touched, else too big), the index
+-- of its queue in KEYS}
 local out = {redis.call('ZCARD', KEYS[2])}
 local claimed = {}
 local left = tonumber(ARGV[2])
 local max = tonumber(ARGV[6])
 local park = tonumber(ARGV[1]) + tonumber(ARGV[4])
+local tag = ARGV[11] or ''
 for q = 3, #KEYS do
   if left <= 0 then
     break
@@ -940,7 +1006,16 @@ for q = 3, #KEYS do
   local parked = {}
   for i = 1, #due, 2 do
     local id = due[i]
-    if redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
+    if tag ~= '' and string.sub(id, 1, #tag) ~= tag then
+      -- its job keys live in another slot: reading them would fail the whole script
+      redis.call('ZREM', KEYS[q], id)
+      left = left - 1
+      out[#out + 1] = id
+      out[#out + 1] = due[i + 1]
+      out[#out + 1] = -1
+      out[#out + 1] = -2
+      out[#out + 1] = q
+    elseif redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
       claimed[#claimed + 1] = id
       parked[#parked + 1] = park
       parked[#parked + 1] = id

@@ -13,6 +13,12 @@ when
   leader stops its singletons, releases the lease (standbys campaign at once) and stays a
   standby for ``handoff_pause_s`` so another candidate takes over.
 
+With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``) an acquisition or a renew counts only once
+the replicas confirmed it: a lease the primary granted but no replica has is never acted on,
+and an unconfirmed renew is a failed renew (the deadline keeps running from the last confirmed
+one). So the lease, its epoch and ``renewed_ms`` a new primary inherits are never older than
+what the holder believes, and the safety gap of the next acquisition still covers it.
+
 The leadership owns the singleton group: electing starts it, stepping down stops it, and if
 the singletons do not stop within the grace the process exits (code 70) rather than run
 unfenced. Leading again needs a fresh acquisition and therefore a new epoch. "Am I leader?"
@@ -284,6 +290,17 @@ class LeaderElector(Leadership):
         if isinstance(won, Refused):
             if won.holder is not None:
                 self.note_epoch(won.holder.epoch)
+            return
+        if not won.replicated:
+            # Taken on the primary, but no replica confirmed it: a failover now could lose the
+            # lease and its epoch, and another process would lead beside us. Do not act on it;
+            # the next campaign takes it again (it holds our token) with a newer epoch.
+            self.note_epoch(won.lock.epoch)
+            log.warning(
+                "lease acquired but not confirmed by the replicas (WORKER_REDIS_WAIT_REPLICAS); "
+                "not leading on it",
+                epoch=won.lock.epoch,
+            )
             return
         if won.replaced:
             log.error(

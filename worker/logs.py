@@ -18,18 +18,19 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from worker.settings import mask_url
+from worker.connection import mask_url
 
 #: A Redis URL inside free text: up to whitespace, a quote, ``<>`` or a JSON escape.
-_URL = re.compile(r"(?i)\b(?:rediss?|unix)://[^\s'\"<>\\]*")
+_URL = re.compile(r"(?i)\b(?:rediss?(?:\+(?:sentinel|cluster))?|unix)://[^\s'\"<>\\]*")
 #: ``password=value``: quoted ('x', "x", or JSON-escaped \"x\") or up to a delimiter.
 _PASSWORD_ARG = re.compile(
-    r"(?i)(\bpassword=)(\"[^\"]*\"|'[^']*'|\\\"[^\"\\]*\\\"|[^&\s,;)'\"\\]*)"
+    r"(?i)(\b(?:sentinel_)?password=)(\"[^\"]*\"|'[^']*'|\\\"[^\"\\]*\\\"|[^&\s,;)'\"\\]*)"
 )
 
 
 def mask_text(text: str) -> str:
-    """``text`` with every Redis URL password and ``password=`` argument replaced by ``***``."""
+    """``text`` with every Redis URL password and ``password=`` / ``sentinel_password=``
+    argument replaced by ``***``."""
     if "://" in text:
         text = _URL.sub(lambda m: mask_url(m.group(0)), text)
     if "password=" in text.lower():

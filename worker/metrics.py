@@ -117,6 +117,19 @@ class Metrics:
             ["job"],
             registry=r,
         )
+        self.queue_backlog = Gauge(
+            "worker_queue_backlog",
+            "Jobs due and not claimed in the queue, cluster-wide (exported by the leader only: "
+            "the signal to autoscale consumers on).",
+            ["queue"],
+            registry=r,
+        )
+        self.queue_jobs = Gauge(
+            "worker_queue_jobs",
+            "Jobs in the queue, due or not, claimed or not (exported by the leader only).",
+            ["queue"],
+            registry=r,
+        )
         self.ready = Gauge("worker_ready", "1 while /readyz answers 200.", registry=r)
         self.data_loss = Counter(
             "worker_redis_data_loss",

@@ -2,7 +2,8 @@
 
 - :func:`wait_for_redis`: Redis answers within ``WORKER_REDIS_CONNECT_TIMEOUT_S``;
 - :func:`check_redis_contract`: Redis must not evict keys (``maxmemory-policy noeviction``):
-  an evicted lease is a second leader, an evicted job is a lost job.
+  an evicted lease is a second leader, an evicted job is a lost job; with a WAIT policy, the
+  primary should have the replicas it waits for (a warning: one may be resyncing);
 - :func:`check_app_identity`: no live instance of *another* app uses this key prefix (two
   apps on one prefix share a queue and a leader lock, and each runs the other's jobs as
   unknown functions);
@@ -21,6 +22,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from worker.clock import Clock
+from worker.connection import Replication
 from worker.errors import ConfigError
 from worker.settings import Settings, mask_url
 from worker.store import Store
@@ -82,11 +84,38 @@ def eviction_verdict(policy: str | None, allow_eviction: bool) -> str:
     return f"VIOLATES the operating contract: workers refuse to start (needs {NOEVICTION!r})"
 
 
-async def check_redis_contract(redis: Any, settings: Settings) -> list[str]:
-    """Check the server's eviction policy; return warnings to log.
+async def check_replicas(redis: Any, replication: Replication) -> list[str]:
+    """With a WAIT policy, warn when the primary has fewer connected replicas than it asks
+    for: every durable write (lease, ticks, enqueues) would fail until enough are back."""
+    if not replication.enabled:
+        return []
+    try:
+        info = await redis.info("replication")
+    except ResponseError as exc:
+        return [f"cannot read INFO replication ({exc}); WORKER_REDIS_WAIT_REPLICAS unchecked"]
+    have = int(info.get("connected_slaves", 0) or 0)
+    if have >= replication.replicas:
+        return []
+    return [
+        f"WORKER_REDIS_WAIT_REPLICAS={replication.replicas} but the primary has {have} "
+        "connected replica(s): leadership, ticks and enqueues fail (NotReplicated) until "
+        "enough replicas are back; set WORKER_REDIS_WAIT_REPLICAS=0 for a Redis without replicas"
+    ]
+
+
+async def check_redis_contract(
+    redis: Any, settings: Settings, replication: Replication | None = None
+) -> list[str]:
+    """Check the server's eviction policy (and, with a WAIT policy, its replicas); return
+    warnings to log.
 
     Raises :class:`ConfigError` when keys can be evicted, unless ``WORKER_ALLOW_EVICTION``.
     """
+    warnings = await check_replicas(redis, replication) if replication is not None else []
+    return warnings + await _check_eviction(redis, settings)
+
+
+async def _check_eviction(redis: Any, settings: Settings) -> list[str]:
     policy, source = await read_eviction_policy(redis)
     if policy is None:
         return [

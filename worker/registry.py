@@ -56,6 +56,7 @@ class Heartbeat(LoopComponent):
         app: str | None = None,
     ) -> None:
         super().__init__("heartbeat", clock, sla_s=max(10.0, interval_s * 5))
+        self.max_backoff_s = interval_s  # back within an interval after an outage (see reaper)
         self.store = store
         self.process = process
         self.instance_id = instance_id
@@ -117,7 +118,14 @@ class Heartbeat(LoopComponent):
 
 
 class OrphanReaper(LoopComponent):
-    """Leader-only: re-queue the in-flight jobs of instances whose heartbeat is stale."""
+    """Leader-only: re-queue the in-flight jobs of instances whose heartbeat is stale.
+
+    Silence is judged only while this process itself could reach Redis: for ``stale_s`` after
+    the reaper (re)starts — a new lease, a failed round trip — or after a gap in its own ticks
+    (it was frozen, or its calls hung through a failover), it reaps nobody. A Redis outage or
+    a primary failover stops every heartbeat at once; reaping then would hand the jobs of live
+    consumers (whose finishes are on their way to the new primary) to others: a second run.
+    """
 
     def __init__(
         self,
@@ -128,17 +136,36 @@ class OrphanReaper(LoopComponent):
         interval_s: float,
         metrics: Metrics | None = None,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
+        settle_s: float | None = None,
     ) -> None:
         super().__init__("orphan-reaper", clock, sla_s=max(30.0, interval_s * 10))
+        #: Redis must have been reachable this long (default ``stale_s``) before anyone is
+        #: judged stale (see the class docstring).
+        self.settle_s = stale_s if settle_s is None else settle_s
+        self._reachable_since = clock.monotonic()
+        self._last_tick: float | None = None
         self.store = store
         self.queues = list(queues)
         self.stale_s = stale_s
         self.interval_s = interval_s
         self.metrics = metrics
 
+    async def setup(self) -> None:
+        self._reachable_since = self.clock.monotonic()
+        self._last_tick = None
+
     async def tick(self) -> float:
+        now = self.clock.monotonic()
+        if self._last_tick is not None and now - self._last_tick > self.interval_s * 2 + 1:
+            # This process was frozen, or its Redis calls hung (a failover): the others may
+            # have been cut off just as long. Silence counts only from now.
+            self._reachable_since = now
         cutoff = ms(self.clock.time() - self.stale_s)
-        for stale in await self.store.store.stale_instances(cutoff):
+        stale_instances = await self.store.store.stale_instances(cutoff)
+        self._last_tick = self.clock.monotonic()
+        if self._last_tick - self._reachable_since < self.settle_s:
+            return self.interval_s  # too soon after a (re)start or an outage to judge anyone
+        for stale in stale_instances:
             released = await self.store.reap(
                 stale.instance_id, stale.heartbeat_ms, ms(self.clock.time()), self.queues
             )

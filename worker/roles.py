@@ -21,6 +21,8 @@ from typing import Any, Literal
 from arq.connections import ArqRedis
 
 from worker.app import App
+from worker.backlog import NAME as BACKLOG_NAME
+from worker.backlog import QueueMetrics
 from worker.broadcast import NAME as BROADCAST_NAME
 from worker.broadcast import BroadcastListener
 from worker.checks import NAME as CHECKS_NAME
@@ -175,7 +177,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         w.app.jobs(),
         hooks,
         w.context,
-        Store(w.consumer_redis(), w.store.keys),
+        w.store.with_redis(w.consumer_redis()),
         w.serializer,
         w.clock,
         instance_id=w.instance_id,
@@ -189,7 +191,7 @@ def _broadcast(w: Wiring, _: Any) -> Component:
     return BroadcastListener(
         w.app.broadcasts,
         w.context,
-        Store(w.broadcast_redis(), w.store.keys),
+        w.store.with_redis(w.broadcast_redis()),
         w.serializer[1],
         w.clock,
         metrics=w.metrics,
@@ -259,6 +261,10 @@ def _reaper(w: Wiring, _: Any) -> Component:
     )
 
 
+def _backlog(w: Wiring, _: Any) -> Component:
+    return QueueMetrics(w.store, w.app.queue_names(), w.clock, w.metrics)
+
+
 def _singleton_service(w: Wiring, sv: Any) -> Component:
     return Service(sv, w.context, w.clock, leader=w.leadership)
 
@@ -296,6 +302,7 @@ SPECS: tuple[Spec, ...] = (
     ),
     Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),
     Spec(LEADERS, "singletons", one("orphan-reaper"), _reaper),
+    Spec(LEADERS, "singletons", one(BACKLOG_NAME), _backlog),
     Spec(
         LEADERS,
         "singletons",

@@ -26,9 +26,10 @@ from redis.asyncio import Redis
 from worker import keys as K
 from worker import local, manifest, roles
 from worker.app import App
-from worker.client import Client, connect_redis
+from worker.client import Client
 from worker.clock import Clock, SystemClock, ms
 from worker.component import Component, Group
+from worker.connection import connect_redis, parse_redis_url
 from worker.consumer import Consumer
 from worker.metrics import Metrics
 from worker.preflight import check_app_identity, check_redis_contract, wait_for_redis
@@ -59,6 +60,13 @@ class Runtime:
         self.burst = burst
         self.app = app
         self.redis_url = redis_url
+        self.target = parse_redis_url(
+            redis_url,
+            sentinel_username=settings.sentinel_username,
+            sentinel_password=settings.sentinel_password,
+        )
+        #: the WAIT policy of every durable write this process makes
+        self.replication = settings.replication()
         self.clock = clock or SystemClock()
         self.keys = K.Keys(settings.key_prefix)
         self.metrics = Metrics()
@@ -88,7 +96,7 @@ class Runtime:
     ) -> ArqRedis:
         serialize, deserialize = self.serializer
         client = connect_redis(
-            self.redis_url,
+            self.target,
             queue_name=self.keys.queue,
             serialize=serialize,
             deserialize=deserialize,
@@ -101,7 +109,7 @@ class Runtime:
 
     def _build(self, redis: ArqRedis) -> roles.Wiring:
         s = self.settings
-        store = Store(redis, self.keys)
+        store = Store(redis, self.keys, self.replication)
         client = Client(
             redis,
             keys=self.keys,
@@ -118,7 +126,7 @@ class Runtime:
             # trusted) and short socket timeouts, for the same reason.
             timeout = s.leader_renew_deadline_s / 2
             lease = self._connect("lease", socket_timeout_s=timeout, max_connections=4)
-            return Store(lease, self.keys)
+            return store.with_redis(lease)
 
         w = roles.Wiring(
             settings=s,
@@ -170,7 +178,7 @@ class Runtime:
         redis = self._connect("main", socket_timeout_s=30)
         try:
             await wait_for_redis(redis, self.redis_url, s.redis_connect_timeout_s, self.clock)
-            for warning in await check_redis_contract(redis, s):
+            for warning in await check_redis_contract(redis, s, self.replication):
                 log.warning(warning)
             store = Store(redis, self.keys)
             await check_app_identity(store, self.app.name)
@@ -185,6 +193,7 @@ class Runtime:
                 app=self.app.name,
                 instance_id=self.instance_id,
                 redis=mask_url(self.redis_url),
+                wait_replicas=self.replication.replicas,
                 enabled=self.state.enabled,
                 disabled=self.state.disabled,
             )

@@ -13,8 +13,7 @@ import re
 import socket
 import tomllib
 from collections.abc import Mapping
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -23,9 +22,24 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
-from redis.connection import parse_url
 
+from worker.connection import (
+    URL_PASSWORD_HINT,
+    RedisTarget,
+    Replication,
+    cluster_tag,
+    mask_url,
+    parse_redis_url,
+)
 from worker.errors import ConfigError
+
+__all__ = [
+    "URL_PASSWORD_HINT",
+    "Settings",
+    "check_redis_url",
+    "load_settings",
+    "mask_url",
+]
 
 Role = Literal["all", "leader", "consumer"]
 ROLES: tuple[Role, ...] = ("all", "leader", "consumer")
@@ -48,10 +62,9 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
 #: Shortest console token accepted (``WORKER_WEB_TOKEN``).
 MIN_TOKEN_CHARS = 16
 SAFE_NAME_CHARS = "A-Z a-z 0-9 . _ : -"
-URL_PASSWORD_HINT = (
-    "percent-encode special characters in a password (/ as %2F, # as %23, ? as %3F, "
-    "@ as %40, % as %25)"
-)
+#: ``key_prefix`` may start with one Redis Cluster hash tag, ``{shop}:``: every key of the app
+#: then lives in one hash slot (required with a ``redis+cluster://`` URL).
+SAFE_PREFIX = re.compile(r"(\{[A-Za-z0-9._:-]+\})?[A-Za-z0-9._:-]*")
 
 
 def default_instance_name() -> str:
@@ -59,54 +72,10 @@ def default_instance_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)(.*)$", re.S)
-_QUERY_PASSWORD = re.compile(r"(?i)(\bpassword=)(\"[^\"]*\"|'[^']*'|[^&\s,;)]*)")
-
-
-def mask_url(url: str | None) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe to log or display).
-
-    Works on the raw text, so it also masks URLs that do not parse: the user info ends at the
-    *last* ``@`` (as in redis-py), so a password containing ``@``, ``/``, ``#`` or ``?`` is
-    masked whole; ``password=`` query arguments are masked too.
-    """
-    if not url:
-        return ""
-    masked = _QUERY_PASSWORD.sub(r"\1***", url)
-    m = _SCHEME.match(masked)
-    if m is None or "@" not in m.group(2):
-        return masked
-    scheme, rest = m.groups()
-    userinfo, _, host = rest.rpartition("@")
-    if ":" not in userinfo:
-        return masked  # a user name without a password
-    return f"{scheme}{userinfo.partition(':')[0]}:***@{host}"
-
-
 def check_redis_url(url: str, name: str = "WORKER_REDIS_URL") -> None:
-    """Raise ``ValueError`` (one line, password masked) unless redis-py can use ``url``."""
-    shown = mask_url(url)
-    scheme = urlsplit(url).scheme
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(
-            f"{name}: scheme {scheme or '(none)'!r} is not supported; use redis://, rediss:// "
-            f"or unix:// (got {shown!r})"
-        )
-    try:
-        kwargs = parse_url(url)  # type: ignore[no-untyped-call]
-        port = urlsplit(url).port
-    except ValueError as exc:
-        # redis-py's message can quote a fragment of a password that was not percent-encoded
-        reason = "the port is not a number in 1-65535" if "Port" in str(exc) else str(exc)
-        raise ValueError(f"{name}: invalid URL {shown!r}: {reason}; {URL_PASSWORD_HINT}") from None
-    if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"{name}: invalid URL {shown!r}: the port must be 1-65535")
-    path = urlsplit(url).path
-    if scheme != "unix" and path.strip("/") and "db" not in kwargs:
-        raise ValueError(
-            f"{name}: invalid URL {shown!r}: the path must be a database number (/0); "
-            f"{URL_PASSWORD_HINT}"
-        )
+    """Raise ``ValueError`` (one line, password masked) unless the framework can use ``url``
+    (see :func:`worker.connection.parse_redis_url`)."""
+    parse_redis_url(url, name)
 
 
 class Settings(BaseSettings):
@@ -123,13 +92,21 @@ class Settings(BaseSettings):
     # -- identity and wiring ------------------------------------------------------------------
     role: Role = Field("all", description="all | leader | consumer")
     instance_name: str = Field(default_factory=default_instance_name, min_length=1, max_length=128)
-    redis_url: str | None = Field(None, description="redis://, rediss:// or unix:// URL")
+    redis_url: str | None = Field(
+        None, description="redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"
+    )
     redis_url_file: str | None = Field(None, description="file holding the Redis URL (a Secret)")
     app: str = Field(DEMO_APP, description="pkg.module:attr naming the App to run")
     processes: int = Field(1, ge=1, le=64, description="worker processes this command runs")
     key_prefix: str = Field("worker:", min_length=1, max_length=64)
     redis_connect_timeout_s: float = Field(10.0, gt=0, le=DAY_S)
     allow_eviction: bool = False
+    sentinel_username: str | None = Field(None, description="ACL user of the Sentinels")
+    sentinel_password: str | None = Field(None, description="password of the Sentinels")
+    redis_wait_replicas: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        "auto", description="replicas confirming a durable write (WAIT); auto: 1 with Sentinel"
+    )
+    redis_wait_timeout_s: float = Field(0.5, gt=0, le=60)
 
     # -- logs ---------------------------------------------------------------------------------
     log_format: Literal["auto", "json", "console"] = "auto"
@@ -182,13 +159,23 @@ class Settings(BaseSettings):
     restart_backoff_base_s: float = Field(0.5, gt=0, le=DAY_S)
     restart_backoff_cap_s: float = Field(30.0, gt=0, le=DAY_S)
 
-    @field_validator("key_prefix", "instance_name")
+    @field_validator("instance_name")
     @classmethod
     def _safe_name(cls, value: str) -> str:
         if not SAFE_NAME.fullmatch(value):
             raise ValueError(
                 f"use only {SAFE_NAME_CHARS} (whitespace, glob and hash-tag characters break "
                 "SCAN patterns and Redis Cluster slots)"
+            )
+        return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _safe_prefix(cls, value: str) -> str:
+        if not SAFE_PREFIX.fullmatch(value) or value == "{}":
+            raise ValueError(
+                f"use only {SAFE_NAME_CHARS}, optionally after one leading Redis Cluster hash "
+                "tag such as {shop}: (whitespace and glob characters break SCAN patterns)"
             )
         return value
 
@@ -208,6 +195,14 @@ class Settings(BaseSettings):
             )
         self._check_processes()
         self._resolve_redis_url()
+        if self.wait_replicas() and not (
+            self.redis_wait_timeout_s < self.leader_renew_deadline_s / 2
+        ):
+            raise ValueError(
+                "WORKER_REDIS_WAIT_TIMEOUT_S must be below half of "
+                "WORKER_LEADER_RENEW_DEADLINE_S (the lease connection's socket timeout; got "
+                f"{self.redis_wait_timeout_s} >= {self.leader_renew_deadline_s} / 2)"
+            )
         self._resolve_web_token()
         if not re.fullmatch(r"[\w.-]+(:[\w.]+)?", self.app) or ":" not in self.app:
             raise ValueError(
@@ -255,8 +250,46 @@ class Settings(BaseSettings):
             name = "WORKER_REDIS_URL_FILE"
         if not self.redis_url:
             self.redis_url = None
+            if self.sentinel_username or self.sentinel_password:
+                raise ValueError(
+                    "WORKER_SENTINEL_USERNAME/WORKER_SENTINEL_PASSWORD are set without a "
+                    "redis+sentinel:// WORKER_REDIS_URL"
+                )
             return
-        check_redis_url(self.redis_url, name)
+        target = parse_redis_url(
+            self.redis_url,
+            name,
+            sentinel_username=self.sentinel_username,
+            sentinel_password=self.sentinel_password,
+        )
+        if target.kind == "cluster" and not cluster_tag(self.key_prefix):
+            raise ValueError(
+                f"WORKER_KEY_PREFIX: {self.key_prefix!r} has no hash tag; with a "
+                "redis+cluster:// URL every key of the app must share one hash slot: use a "
+                "prefix such as {" + self.key_prefix.strip(":") + "}:"
+            )
+
+    def redis_target(self) -> RedisTarget | None:
+        """The parsed Redis URL with the Sentinel credentials (``None``: no URL set)."""
+        if not self.redis_url:
+            return None
+        return parse_redis_url(
+            self.redis_url,
+            "WORKER_REDIS_URL_FILE" if self.redis_url_file else "WORKER_REDIS_URL",
+            sentinel_username=self.sentinel_username,
+            sentinel_password=self.sentinel_password,
+        )
+
+    def wait_replicas(self) -> int:
+        """Replicas a durable write waits for: ``WORKER_REDIS_WAIT_REPLICAS``, where ``auto``
+        is 1 with a Sentinel URL (a Sentinel set has replicas to fail over to) and 0 otherwise."""
+        if self.redis_wait_replicas != "auto":
+            return self.redis_wait_replicas
+        return 1 if self.redis_url and self.redis_url.split("://")[0].endswith("+sentinel") else 0
+
+    def replication(self) -> Replication:
+        """The ``WAIT`` policy of durable writes (see :class:`worker.connection.Replication`)."""
+        return Replication(self.wait_replicas(), ms_round(self.redis_wait_timeout_s))
 
     def _resolve_web_token(self) -> None:
         """Read ``web_token_file`` (a mounted Secret); a token must be long enough to guess
@@ -298,6 +331,8 @@ class Settings(BaseSettings):
         """Settings as a dict safe to log or expose (Redis password masked)."""
         data = self.model_dump()
         data["redis_url"] = mask_url(self.redis_url)
+        if self.sentinel_password is not None:
+            data["sentinel_password"] = "***"
         data["web_token"] = "***" if self.web_token is not None else None
         return data
 
@@ -315,6 +350,10 @@ class Settings(BaseSettings):
         if path:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+
+def ms_round(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -405,6 +444,8 @@ def _one_line(exc: ValidationError, overrides: dict[str, Any]) -> str:
         name = f"--{field.replace('_', '-')} ({name})"
     value = err.get("input")
     shown = mask_url(value) if field == "redis_url" and isinstance(value, str) else value
+    if field == "sentinel_password" and value is not None:
+        shown = "***"
     if field == "web_token":
         shown = "***"  # never echo a secret
     return f"{name}: invalid value {shown!r}; {msg[0].lower()}{msg[1:]}"

@@ -6,13 +6,21 @@ holds the unfenced operations any process may run; :class:`FencedStore` wraps th
 the leader may make, reads the lock value from a :class:`~worker.views.LeaderView`, and maps a
 refusal to :class:`~worker.errors.LeadershipLost` after telling the view (stepping down is
 that one call).
+
+Durable writes (``WORKER_REDIS_WAIT_REPLICAS`` > 0, see docs/architecture.md §5.8): the lease's
+acquire and renew, fenced singleton writes, claims and finishes, enqueues, poll schedules,
+``once``/mutex/per-key leases are each sent with ``WAIT n timeout`` in the same round trip (one
+connection, so the ``WAIT`` covers the write). ``WAIT`` cannot run inside a script, and it
+confirms only what its own connection wrote: a call that may have written nothing (a refused
+re-send, a deduplicated enqueue) adds an ``INCR`` of :attr:`Keys.probe` first, since
+replication is one ordered stream and a replica that has the probe has everything before it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -20,10 +28,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
-from redis.exceptions import ResponseError, WatchError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError, WatchError
 
 from worker import keys as K
-from worker.errors import LeadershipLost
+from worker.connection import Replication
+from worker.errors import LeadershipLost, NotReplicated
 from worker.ids import JobIds, LockValue
 from worker.views import LeaderView
 
@@ -70,6 +80,9 @@ class Acquired:
     gap_ms: int
     #: a lock without expiry this acquisition replaced (left by an old static leader), or "".
     replaced: str = ""
+    #: confirmed by the replicas the WAIT policy requires (a lease that is not may be lost
+    #: with the primary: its holder must not act on it).
+    replicated: bool = True
 
 
 class Renewal(IntEnum):
@@ -154,10 +167,15 @@ class Stale:
     heartbeat_ms: int
 
 
+#: ``Claimed.size`` of a job id outside the app's Redis Cluster hash slot (see ``keys.CLAIM``).
+FOREIGN = -2
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A job this consumer now holds. ``payload`` is ``None`` when it was not read: ``size`` is
-    then 0 (missing: the job expired), -1 (not a string) or its size (larger than allowed)."""
+    then 0 (missing: the job expired), -1 (not a string), :data:`FOREIGN` (an id outside the
+    app's hash slot: taken off the queue, not claimed) or its size (larger than allowed)."""
 
     job_id: str
     score_ms: int
@@ -171,6 +189,8 @@ class Claimed:
 class Claims:
     jobs: list[Claimed]
     aborts_pending: int
+    #: the claim is confirmed by the replicas the WAIT policy requires: the jobs may run
+    replicated: bool = True
 
 
 @dataclass(frozen=True)
@@ -207,14 +227,18 @@ class FinishOutcome:
     done: int
     retried: int
     refused: int
+    #: confirmed by the replicas the WAIT policy requires (else: send the runs again)
+    replicated: bool = True
 
 
 class Store:
     """Every unfenced Redis operation of the framework (see module docstring)."""
 
-    def __init__(self, redis: Redis, keys: K.Keys) -> None:
+    def __init__(self, redis: Redis, keys: K.Keys, replication: Replication | None = None) -> None:
         self.redis = redis
         self.keys = keys
+        #: the WAIT policy of durable writes (no WAIT when it asks for 0 replicas)
+        self.replication = replication or Replication()
         self.ids = JobIds(keys.prefix)
         r = redis
         self._acquire = r.register_script(K.ACQUIRE)
@@ -231,6 +255,7 @@ class Store:
         self._dead_retry = r.register_script(K.DEAD_RETRY)
         self._boot = r.register_script(K.BOOT)
         self._claim = r.register_script(K.CLAIM)
+        self._release_own = r.register_script(K.RELEASE_OWN)
         self._finish = r.register_script(K.FINISH)
         self._dead_add = r.register_script(K.DEAD_ADD)
         self._slot_take = r.register_script(K.SLOT_TAKE)
@@ -243,6 +268,82 @@ class Store:
         self.init_begin_script = r.register_script(K.INIT_BEGIN)
         self.checkpoint_script = r.register_script(K.CHECKPOINT)
         self.reap_script = r.register_script(K.REAP)
+
+    # -- durable writes (WAIT) ----------------------------------------------------------------
+    def with_redis(self, redis: Redis) -> Store:
+        """The same store (keys, WAIT policy) over another connection pool."""
+        return Store(redis, self.keys, self.replication)
+
+    def _short(self, what: str, acked: int) -> NotReplicated:
+        rep = self.replication
+        return NotReplicated(what, acked, rep.replicas, rep.timeout_ms)
+
+    async def _durable(
+        self,
+        build: Callable[[Pipeline], object],
+        *,
+        scripts: Sequence[AsyncScript] = (),
+        probe: bool = False,
+    ) -> tuple[list[Any], int]:
+        """Run the commands ``build`` queues in one round trip, followed (when the WAIT policy
+        asks for replicas) by ``[INCR probe,] WAIT n timeout`` on the same connection: ``(their
+        results, replicas that confirmed)``. A failed command raises; a script the server does
+        not know (``NOSCRIPT``: a new primary, a restart) is loaded and the round trip repeated.
+        Without a policy the acknowledgement is vacuous: ``replicas`` (0)."""
+        rep = self.replication
+        for attempt in range(2):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                build(pipe)
+                if rep.enabled:
+                    if probe:
+                        pipe.incr(self.keys.probe)
+                    pipe.wait(rep.replicas, rep.timeout_ms)
+                out = await pipe.execute(raise_on_error=False)
+            if attempt == 0 and scripts and any(isinstance(r, NoScriptError) for r in out):
+                for script in scripts:
+                    await self.redis.script_load(script.script)
+                continue
+            break
+        acked = rep.replicas
+        if rep.enabled:
+            raw = out.pop()
+            probed = out.pop() if probe else None
+            if isinstance(probed, Exception):  # READONLY: a demoted primary
+                raise RedisConnectionError(f"probe write refused: {probed}")
+            if isinstance(raw, Exception):  # "WAIT cannot be used with replica instances"
+                raise RedisConnectionError(f"WAIT refused: {raw}")
+            acked = int(raw)
+        for result in out:
+            if isinstance(result, Exception):
+                raise result
+        return out, acked
+
+    async def _eval(
+        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], *, probe: bool = False
+    ) -> tuple[Any, int]:
+        """One script call and its acknowledgement (see :meth:`_durable`); without a WAIT
+        policy exactly the plain ``EVALSHA`` it always was."""
+        if not self.replication.enabled:
+            return await script(keys=list(keys), args=list(args)), 0
+        out, acked = await self._durable(
+            lambda pipe: pipe.evalsha(script.sha, len(keys), *keys, *args),
+            scripts=(script,),
+            probe=probe,
+        )
+        return out[0], acked
+
+    def replicated(self, acked: int) -> bool:
+        """Whether ``acked`` replicas satisfy the WAIT policy."""
+        return acked >= self.replication.replicas
+
+    async def confirm(self, what: str = "write") -> None:
+        """Wait until the replicas have every write the primary made so far (``INCR probe``,
+        ``WAIT``); :class:`NotReplicated` when too few confirm. No-op without a policy."""
+        if not self.replication.enabled:
+            return
+        _, acked = await self._durable(lambda pipe: None, probe=True)
+        if not self.replicated(acked):
+            raise self._short(what, acked)
 
     # -- the leader lock ----------------------------------------------------------------------
     async def acquire(
@@ -258,23 +359,29 @@ class Store:
         it (by ``instance``) in the history; ``bound_ms`` is a holder's renew deadline + stop
         grace (see ``keys.ACQUIRE``)."""
         k = self.keys
-        value, gap, other = await self._acquire(
-            keys=[k.leader, k.leader_epoch, k.leader_state, k.leader_history, k.leader_handoff],
-            args=[token, ttl_ms, floor, bound_ms, k.leader_announce, instance, K.HISTORY_KEEP],
+        (value, gap, other), acked = await self._eval(
+            self._acquire,
+            [k.leader, k.leader_epoch, k.leader_state, k.leader_history, k.leader_handoff],
+            [token, ttl_ms, floor, bound_ms, k.leader_announce, instance, K.HISTORY_KEEP],
         )
         lock = LockValue.parse(value) if value else None
         if lock is None:
             return Refused(LockValue.parse(other))
-        return Acquired(lock, int(gap), _s(other))
+        return Acquired(lock, int(gap), _s(other), self.replicated(acked))
 
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:
         """Replace the lease's TTL if it is still ``lock`` (and record when, server time);
-        :attr:`Renewal.HANDOFF` when an operator asked this epoch to hand over."""
-        done = await self._renew(
-            keys=[self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
-            args=[str(lock), ttl_ms, lock.epoch],
+        :attr:`Renewal.HANDOFF` when an operator asked this epoch to hand over.
+        :class:`NotReplicated` when renewed but not confirmed (a failed renew, not a lost lease)."""
+        done, acked = await self._eval(
+            self._renew,
+            [self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
+            [str(lock), ttl_ms, lock.epoch],
         )
-        return Renewal(int(done))
+        renewal = Renewal(int(done))
+        if renewal and not self.replicated(acked):
+            raise self._short("lease renew", acked)
+        return renewal
 
     async def release_lock(
         self, lock: LockValue, *, reason: str = "released", instance: str = ""
@@ -327,18 +434,29 @@ class Store:
 
     # -- leases in general (per_key services, mutexes) ---------------------------------------
     async def take_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        return bool(await self.redis.set(key, owner, nx=True, px=ttl_ms))
+        """Take a free lease (a mutex); :class:`NotReplicated` when taken but not confirmed."""
+        if not self.replication.enabled:
+            return bool(await self.redis.set(key, owner, nx=True, px=ttl_ms))
+        (taken,), acked = await self._durable(lambda p: p.set(key, owner, nx=True, px=ttl_ms))
+        if taken and not self.replicated(acked):
+            raise self._short("lease", acked)
+        return bool(taken)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
-        return int(await self._lease_renew(keys=[key], args=[owner, ttl_ms])) == 1
+        done, acked = await self._eval(self._lease_renew, [key], [owner, ttl_ms])
+        if int(done) == 1 and not self.replicated(acked):
+            raise self._short("lease renew", acked)
+        return int(done) == 1
 
     async def renew_leases(self, keys: Sequence[str], owner: str, ttl_ms: int) -> list[bool]:
         """Renew many leases of ``owner`` in one step; per key whether it is still held."""
         out: list[bool] = []
         for i in range(0, len(keys), LEASE_BATCH):
-            raw = await self._leases_renew(
-                keys=list(keys[i : i + LEASE_BATCH]), args=[owner, ttl_ms]
+            raw, acked = await self._eval(
+                self._leases_renew, keys[i : i + LEASE_BATCH], [owner, ttl_ms]
             )
+            if any(int(v) == 1 for v in raw) and not self.replicated(acked):
+                raise self._short("lease renew", acked)
             out += [int(v) == 1 for v in raw]
         return out
 
@@ -346,9 +464,11 @@ class Store:
         """Take many free leases for ``owner`` in one step; per key whether it was taken."""
         out: list[bool] = []
         for i in range(0, len(keys), LEASE_BATCH):
-            raw = await self._leases_take(
-                keys=list(keys[i : i + LEASE_BATCH]), args=[owner, ttl_ms]
+            raw, acked = await self._eval(
+                self._leases_take, keys[i : i + LEASE_BATCH], [owner, ttl_ms]
             )
+            if any(int(v) == 1 for v in raw) and not self.replicated(acked):
+                raise self._short("lease", acked)
             out += [int(v) == 1 for v in raw]
         return out
 
@@ -356,18 +476,29 @@ class Store:
         return int(await self._lease_release(keys=[key], args=[owner])) == 1
 
     async def once(self, name: str, ttl_ms: int) -> bool:
-        """Mark ``name`` seen; ``True`` only for the first caller within the TTL."""
-        return bool(await self.redis.set(self.keys.once(name), b"1", nx=True, px=ttl_ms))
+        """Mark ``name`` seen; ``True`` only for the first caller within the TTL (and, with a
+        WAIT policy, only once the mark is confirmed: :class:`NotReplicated` otherwise)."""
+        key = self.keys.once(name)
+        if not self.replication.enabled:
+            return bool(await self.redis.set(key, b"1", nx=True, px=ttl_ms))
+        (first,), acked = await self._durable(lambda p: p.set(key, b"1", nx=True, px=ttl_ms))
+        if first and not self.replicated(acked):
+            raise self._short("once", acked)
+        return bool(first)
 
     async def forget(self, name: str) -> None:
         await self.redis.delete(self.keys.once(name))
 
     # -- enqueueing ---------------------------------------------------------------------------
     async def unique_enqueue(self, job: NewJob, ttl_ms: int, queue: str = K.DEFAULT_QUEUE) -> bool:
-        """Write an arq job into ``queue`` unless its id is taken (queued, running or kept)."""
-        ok = await self._unique_enqueue(
-            keys=[self.keys.queue_of(queue)],
-            args=[
+        """Write an arq job into ``queue`` unless its id is taken (queued, running or kept).
+
+        With a WAIT policy the answer is acknowledged: ``True`` once the replicas have the job,
+        ``False`` once they have the job that holds the id; :class:`NotReplicated` otherwise."""
+        ok, acked = await self._eval(
+            self._unique_enqueue,
+            [self.keys.queue_of(queue)],
+            [
                 job.job_id,
                 K.ARQ_JOB,
                 K.ARQ_RESULT,
@@ -377,6 +508,10 @@ class Store:
                 self.keys.wake,
             ],
         )
+        if not ok and self.replication.enabled:
+            await self.confirm("enqueue (the id exists)")
+        elif not self.replicated(acked):
+            raise self._short("enqueue", acked)
         return bool(ok)
 
     # -- pollers ------------------------------------------------------------------------------
@@ -391,10 +526,14 @@ class Store:
         """ZADD items (item -> due ms) into their shard keys in one round trip; new items."""
         if not by_shard:
             return 0
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def build(pipe: Pipeline) -> None:
             for key, mapping in by_shard.items():
                 pipe.zadd(key, dict(mapping))
-            added = await pipe.execute()
+
+        added, acked = await self._durable(build, probe=True)
+        if not self.replicated(acked):
+            raise self._short("poll schedule", acked)
         return int(sum(added))
 
     async def unschedule_item(self, shard_key: str, poller: str, item: str) -> bool:
@@ -551,6 +690,16 @@ class Store:
             {_s(k): _s(v) for k, v in state.items()},
         )
 
+    async def queue_depths(self, queues: Sequence[str], now_ms: int) -> list[tuple[int, int]]:
+        """Per queue: ``(due and not claimed, all)`` (claimed jobs are parked in the future)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                key = self.keys.queue_of(q)
+                pipe.zcount(key, "-inf", now_ms)
+                pipe.zcard(key)
+            raw = await pipe.execute()
+        return [(int(raw[2 * i]), int(raw[2 * i + 1])) for i in range(len(queues))]
+
     async def queue_heads(self, keys: Sequence[str]) -> list[int | None]:
         """The earliest score (ms) of each sorted set, ``None`` where it is empty."""
         if not keys:
@@ -596,10 +745,15 @@ class Store:
         self, topic: str, payload: bytes, *, origin: str, chain: Sequence[str], history: int
     ) -> tuple[str, int]:
         """Append a message to ``topic``'s stream, capped at ``history`` entries: ``(entry
-        id, sequence number)`` (see ``keys.BROADCAST``)."""
-        entry_id, seq = await self._broadcast(
-            keys=[self.keys.broadcast(topic)], args=[history, origin, ",".join(chain), payload]
+        id, sequence number)`` (see ``keys.BROADCAST``); :class:`NotReplicated` when the
+        replicas did not confirm it (a failover could lose it: send it again)."""
+        (entry_id, seq), acked = await self._eval(
+            self._broadcast,
+            [self.keys.broadcast(topic)],
+            [history, origin, ",".join(chain), payload],
         )
+        if not self.replicated(acked):
+            raise self._short("broadcast", acked)
         return _s(entry_id), int(seq)
 
     async def broadcast_newest(
@@ -631,6 +785,26 @@ class Store:
         ]
 
     # -- the consumer ---------------------------------------------------------------------------
+    async def release_own(
+        self,
+        instance_id: str,
+        known: Iterable[str],
+        now_ms: int,
+        queues: Sequence[str] = (K.DEFAULT_QUEUE,),
+    ) -> int:
+        """Make the jobs ``instance_id`` holds but does not know about due again (a claim
+        whose reply was lost; see ``keys.RELEASE_OWN``): how many. :class:`NotReplicated`
+        when the replicas did not confirm it (a failover could bring the claims back)."""
+        released, acked = await self._eval(
+            self._release_own,
+            [self.keys.holds(instance_id), *(self.keys.queue_of(q) for q in queues)],
+            [K.ARQ_IN_PROGRESS, instance_id, now_ms, self.keys.wake, *known],
+            probe=True,
+        )
+        if not self.replicated(acked):
+            raise self._short("release of unknown claims", acked)
+        return int(released)
+
     async def claim(
         self,
         instance_id: str,
@@ -646,13 +820,14 @@ class Store:
     ) -> Claims:
         """Claim up to ``limit`` due jobs under ``token`` from ``queues``, highest priority
         first (see ``keys.CLAIM``)."""
-        raw = await self._claim(
-            keys=[
+        raw, acked = await self._eval(
+            self._claim,
+            [
                 self.keys.holds(instance_id),
-                K.ARQ_ABORT,
+                self.keys.abort,
                 *(self.keys.queue_of(q) for q in queues),
             ],
-            args=[
+            [
                 now_ms,
                 limit,
                 token,
@@ -663,6 +838,7 @@ class Store:
                 K.ARQ_IN_PROGRESS,
                 K.ARQ_RETRY,
                 retry_ttl_ms,
+                self.keys.slot_tag,
             ],
         )
         jobs = []
@@ -680,13 +856,25 @@ class Store:
             jobs.append(
                 Claimed(_s(raw[i]), int(float(raw[i + 1])), int(raw[i + 2]), payload, size, queue)
             )
-        return Claims(jobs, int(raw[0]))
+        return Claims(jobs, int(raw[0]), self.replicated(acked))
+
+    async def confirm_claims(self, job_ids: Sequence[str]) -> tuple[list[str | None], bool]:
+        """The claim tokens of ``job_ids`` now, and whether the replicas have every write made
+        so far (``MGET``, ``INCR probe``, ``WAIT`` in one round trip): claims whose ``CLAIM``
+        was not confirmed may run once this confirms them with their tokens unchanged."""
+        out, acked = await self._durable(
+            lambda p: p.mget([K.ARQ_IN_PROGRESS + j for j in job_ids]), probe=True
+        )
+        tokens = [None if v is None else _s(v) for v in out[0]]
+        return tokens, self.replicated(acked)
 
     async def finish(
-        self, instance_id: str, runs: Sequence[Finish], *, now_ms: int
+        self, instance_id: str, runs: Sequence[Finish], *, now_ms: int, resend: bool = False
     ) -> FinishOutcome:
         """Finish runs whose claims still hold, counting finished runs per queue in the
-        minute of ``now_ms`` (see ``keys.FINISH``)."""
+        minute of ``now_ms`` (see ``keys.FINISH``). ``resend``: these runs were sent before
+        without a confirmation (they may have been applied: the probe makes the ``WAIT``
+        measure now)."""
         queues: list[str] = []
         groups: list[Any] = []
         for f in runs:
@@ -703,16 +891,18 @@ class Store:
             K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake,
             minute, len(queues), K.STATS_TTL_MS, *groups,
         ]  # fmt: skip
-        done, retried, refused = await self._finish(
-            keys=[
+        (done, retried, refused), acked = await self._eval(
+            self._finish,
+            [
                 self.keys.holds(instance_id),
-                K.ARQ_ABORT,
+                self.keys.abort,
                 *(self.keys.queue_of(q) for q in queues),
                 *(self.keys.stats(q, hour) for q in queues),
             ],
-            args=args,
+            args,
+            probe=resend,
         )
-        return FinishOutcome(int(done), int(retried), int(refused))
+        return FinishOutcome(int(done), int(retried), int(refused), self.replicated(acked))
 
     async def throughput(
         self, queues: Sequence[str], now_ms: int, minutes: int = 60
@@ -783,11 +973,11 @@ class Store:
 
     async def abort_requests(self) -> list[str]:
         """Job ids someone asked to abort (arq's ``Job.abort()``)."""
-        return [_s(v) for v in await self.redis.zrange(K.ARQ_ABORT, 0, -1)]
+        return [_s(v) for v in await self.redis.zrange(self.keys.abort, 0, -1)]
 
     async def aborts_handled(self, job_ids: Sequence[str]) -> None:
         if job_ids:
-            await self.redis.zrem(K.ARQ_ABORT, *job_ids)
+            await self.redis.zrem(self.keys.abort, *job_ids)
 
     async def raise_try(self, job_id: str, job_try: int, ttl_ms: int) -> None:
         """A job enqueued with an explicit try number counts from there (arq semantics)."""
@@ -858,9 +1048,10 @@ class Store:
         self, job_id: str, payload: bytes, ttl_ms: int, now_ms: int, queue: str = K.DEFAULT_QUEUE
     ) -> int:
         """Re-queue a dead letter: 1 re-queued, 0 the id is live, -1 not a dead letter."""
-        result = await self._dead_retry(
-            keys=[self.keys.queue_of(queue), self.keys.dead, self.keys.dead_jobs],
-            args=[
+        result, acked = await self._eval(
+            self._dead_retry,
+            [self.keys.queue_of(queue), self.keys.dead, self.keys.dead_jobs],
+            [
                 job_id,
                 payload,
                 K.ARQ_JOB,
@@ -871,6 +1062,8 @@ class Store:
                 self.keys.wake,
             ],
         )
+        if int(result) == 1 and not self.replicated(acked):
+            raise self._short("dead-letter re-queue", acked)
         return int(result)
 
     async def dead_purge(self) -> int:
@@ -925,16 +1118,24 @@ class FencedStore:
         self.ids = store.ids
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a fenced script; with a WAIT policy it counts as done only once the replicas
+        confirm it (:class:`NotReplicated` otherwise: the component restarts and reads the
+        state again, and a retry of the same ticks or items cannot duplicate them)."""
         lock = self.leader.lock
         if lock is None:
             raise LeadershipLost("not leading")
         try:
-            return await script(keys=[self.keys.leader, *keys], args=[str(lock), *args])
+            result, acked = await self.store._eval(
+                script, [self.keys.leader, *keys], [str(lock), *args], probe=True
+            )
         except ResponseError as exc:
             if str(exc).startswith(K.FENCE_ERROR):
                 self.leader.lost(f"fenced write refused: {exc}")
                 raise LeadershipLost(str(exc)) from None
             raise
+        if not self.store.replicated(acked):
+            raise self.store._short("fenced write", acked)
+        return result
 
     async def enqueue_ticks(
         self, due: Sequence[tuple[str, int, Sequence[NewJob], str]], ttl_ms: int
@@ -1077,7 +1278,9 @@ class FencedPipeline(Pipeline):
             self.multi()  # type: ignore[no-untyped-call]
             self.command_stack = list(queued)
             try:
-                return await super().execute(raise_on_error)
+                out = await super().execute(raise_on_error)
             except WatchError:
                 continue  # the lock was touched meanwhile (a renew): check again
+            await self._fenced.store.confirm("fenced pipeline")  # WAIT policy (no-op without)
+            return out
         raise self._refuse("the leader lock kept changing under a fenced write")

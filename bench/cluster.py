@@ -1,0 +1,237 @@
+"""Redis Cluster: what one app costs each node, and how several apps spread over the nodes.
+
+A 3-node cluster on this machine (``valkey-server --cluster-enabled yes``, no replicas) and,
+for comparison, one plain server. Every key of an app shares one hash slot (its hash-tagged
+``WORKER_KEY_PREFIX``), so an app's whole load lands on the node serving that slot:
+
+1. **single**: one plain server, one consumer draining N no-op jobs (the reference);
+2. **cluster, one app**: the same on the cluster (``redis+cluster://``): commands per job,
+   and each node's commands and CPU during the drain;
+3. **cluster, three apps**: three apps whose slots are on three different nodes, one consumer
+   each, N jobs each, drained at once: the split of commands and server CPU over the nodes.
+
+The box has 2 cores shared by the nodes, the consumers and the harness, so total jobs/s says
+little; per-node load and commands per job are the figures. ``python -m bench cluster``
+(``--n``, ``--rounds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis as redis_sync
+from redis.crc import key_slot
+
+from bench._common import (
+    HARNESS_COMMANDS,
+    child_env,
+    commandstats,
+    delta,
+    fmt_breakdown,
+    machine,
+    median,
+    print_machine,
+    proc_cpu,
+    python,
+    server_cpu,
+    spawn,
+    start_server,
+    table,
+    wait_until,
+)
+from tests.topology import Cluster
+
+
+def fill(r: redis_sync.Redis, prefix: str, n: int, due_ms: int) -> None:
+    """``n`` no-op jobs in ``prefix``'s queue, ids starting with the prefix (its slot)."""
+    from arq.constants import expires_extra_ms, job_key_prefix
+
+    from worker.serializer import get_serializer, job_payload
+
+    ser, _ = get_serializer("msgpack")
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        job_id = f"{prefix}j{i:07d}"
+        pipe.set(
+            job_key_prefix + job_id, job_payload("noop", (i,), {}, due_ms, ser), px=expires_extra_ms
+        )
+        pipe.zadd(f"{prefix}queue", {job_id: due_ms})
+        if i % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+
+
+def prefixes_on(cluster: Cluster, count: int) -> list[tuple[str, int]]:
+    """``count`` hash-tagged prefixes whose slots are served by ``count`` different nodes:
+    ``(prefix, index of the node in cluster.masters)``."""
+    found: dict[int, str] = {}
+    for i in range(10_000):
+        prefix = f"{{app{i}}}:"
+        node = cluster.owner(key_slot(prefix.encode()))
+        idx = cluster.masters.index(node)
+        found.setdefault(idx, prefix)
+        if len(found) == count:
+            break
+    return [(p, idx) for idx, p in sorted(found.items())]
+
+
+def drain(
+    url: str, nodes: list[redis_sync.Redis], apps: list[tuple[str, redis_sync.Redis]], n: int,
+    logdir: Path, tag: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Start one consumer per app, fill ``n`` jobs each, time until every queue is empty;
+    per node: commands and server CPU during the drain."""
+    procs = []
+    for i, (prefix, _) in enumerate(apps):
+        env = child_env(
+            WORKER_REDIS_URL=url,
+            WORKER_APP="bench.apps:noop_app",
+            WORKER_KEY_PREFIX=prefix,
+            WORKER_HEALTH_PORT="0",
+            WORKER_DRAIN_DELAY_S="0",
+            WORKER_LOG_FORMAT="json",
+            WORKER_LOG_LEVEL="WARNING",
+        )
+        procs.append(
+            spawn([python(), "-m", "worker", "run", "--role", "consumer"], env,
+                  logdir / f"{tag}-{i}.log")
+        )  # fmt: skip
+    try:
+        for prefix, r in apps:
+            wait_until(lambda p=prefix, c=r: c.zcard(f"{p}instances") >= 1, 30, "consumer start")
+        time.sleep(0.5)
+        due = int((time.time() + 1.0 + len(apps) * n / 40_000) * 1000)
+        for prefix, r in apps:
+            fill(r, prefix, n, due)
+        time.sleep(max(0.0, due / 1000 - time.time()))
+        before = [commandstats(c) for c in nodes]
+        cpu0 = [server_cpu(c) for c in nodes]
+        wcpu0 = [proc_cpu(psutil.Process(p.pid)) for p in procs]
+        t0 = time.perf_counter()
+        polls = 0
+        while sum([int(r.zcard(f"{prefix}queue")) for prefix, r in apps]):  # each app, always
+            polls += 1
+            time.sleep(0.01)
+            if time.perf_counter() - t0 > 600:
+                raise TimeoutError(f"{tag}: not drained (logs in {logdir})")
+        secs = time.perf_counter() - t0
+        cpu1 = [server_cpu(c) for c in nodes]
+        wcpu1 = [proc_cpu(psutil.Process(p.pid)) for p in procs]
+        per_node = []
+        for i, c in enumerate(nodes):
+            d = delta(commandstats(c), before[i])
+            d = {k: v for k, v in d.items() if k not in HARNESS_COMMANDS and v > 0}
+            port = c.connection_pool.connection_kwargs["port"]
+            mine = [r for _, r in apps if r.connection_pool.connection_kwargs["port"] == port]
+            d["zcard"] = max(0, d.get("zcard", 0) - (polls + 1) * len(mine))
+            per_node.append({"cmds": sum(d.values()), "cpu_s": cpu1[i] - cpu0[i], "breakdown": d})
+        total = len(apps) * n
+        return {
+            "secs": secs,
+            "rate": total / secs,
+            "per_node": per_node,
+            "cmds_per_job": sum(p["cmds"] for p in per_node) / total,
+            "server_us_per_job": sum(p["cpu_s"] for p in per_node) / total * 1e6,
+            "worker_us_per_job": sum(b - a for a, b in zip(wcpu0, wcpu1, strict=True))
+            / total
+            * 1e6,
+        }
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--n", type=int, default=20_000, help="jobs per app per run (20,000)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (3)")
+    args = ap.parse_args()
+    logdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    single, single_url = start_server()
+    cluster = Cluster(masters=3, replicas=0).start()
+    try:
+        print_machine(machine(single_url))
+        print(f"{args.n} no-op jobs per app, {args.rounds} rounds; logs in {logdir}")
+        plain = redis_sync.Redis.from_url(single_url)
+        nodes = [m.client() for m in cluster.masters]
+        apps = prefixes_on(cluster, 3)
+        results: dict[str, list[dict[str, Any]]] = {"single": [], "one": [], "three": []}
+        for rnd in range(args.rounds):
+            plain.flushall()
+            for c in nodes:
+                c.flushall()
+            s = drain(single_url, [plain], [("bench:", plain)], args.n, logdir, f"single-{rnd}")
+            results["single"].append(s)
+            p0, i0 = apps[0]
+            one = drain(cluster.url(), nodes, [(p0, nodes[i0])], args.n, logdir, f"one-{rnd}")
+            results["one"].append(one)
+            for c in nodes:
+                c.flushall()
+            three = drain(
+                cluster.url(), nodes, [(p, nodes[i]) for p, i in apps], args.n, logdir,
+                f"three-{rnd}",
+            )  # fmt: skip
+            results["three"].append(three)
+            print(f"round {rnd + 1}: single {s['rate']:,.0f} jobs/s {s['cmds_per_job']:.2f} "
+                  f"cmds/job; cluster one app {one['rate']:,.0f} jobs/s "
+                  f"{one['cmds_per_job']:.2f} cmds/job; three apps {three['rate']:,.0f} jobs/s",
+                  flush=True)  # fmt: skip
+        print("\n## One app (median of rounds)")
+        rows = []
+        for name in ("single", "one"):
+            rs = results[name]
+            rows.append([
+                "one server" if name == "single" else "3-node cluster",
+                f"{median([r['rate'] for r in rs]):,.0f}",
+                f"{median([r['cmds_per_job'] for r in rs]):.2f}",
+                f"{median([r['server_us_per_job'] for r in rs]):.0f}",
+                f"{median([r['worker_us_per_job'] for r in rs]):.0f}",
+            ])  # fmt: skip
+        print(table(["Redis", "jobs/s", "Redis commands/job", "server CPU us/job",
+                     "worker CPU us/job"], rows))  # fmt: skip
+        print("\nper node, one app (median of rounds): " + ", ".join(
+            f"node {i} ({'the app' if i == apps[0][1] else 'other'}): "
+            f"{median([r['per_node'][i]['cmds'] for r in results['one']]):,.0f} commands, "
+            f"{median([r['per_node'][i]['cpu_s'] for r in results['one']]):.2f} s CPU"
+            for i in range(3)
+        ))  # fmt: skip
+        print("\n## Three apps, one slot each on a different node (median of rounds)")
+        rows = []
+        for i in range(3):
+            cmds = [r["per_node"][i]["cmds"] for r in results["three"]]
+            cpu = [r["per_node"][i]["cpu_s"] for r in results["three"]]
+            allc = [sum(p["cmds"] for p in r["per_node"]) for r in results["three"]]
+            allcpu = [sum(p["cpu_s"] for p in r["per_node"]) for r in results["three"]]
+            share = median([c / a for c, a in zip(cmds, allc, strict=True)]) * 100
+            cpu_share = median([c / a for c, a in zip(cpu, allcpu, strict=True)]) * 100
+            rows.append([
+                f"node {i} (app {next(p for p, j in apps if j == i)})",
+                f"{median(cmds):,.0f}", f"{share:.0f} %",
+                f"{median(cpu):.2f}", f"{cpu_share:.0f} %",
+            ])  # fmt: skip
+        print(table(["node", "commands", "share", "server CPU s", "share"], rows))
+        three = results["three"]
+        print(f"three apps: {median([r['rate'] for r in three]):,.0f} jobs/s together, "
+              f"{median([r['cmds_per_job'] for r in three]):.2f} commands/job")  # fmt: skip
+        last = results["one"][-1]["per_node"][apps[0][1]]
+        print(f"commands/job on the app's node: {fmt_breakdown(last['breakdown'], args.n)}")
+    finally:
+        cluster.close()
+        single.stop()
+
+
+if __name__ == "__main__":
+    main()

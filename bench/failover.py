@@ -1,0 +1,121 @@
+"""A primary failover under real workers, many times: what it costs (time to the first tick)
+and what it breaks (duplicates, misses, lost acknowledged enqueues, singleton overlaps).
+
+Each run is tests/failover_scenario.py (the CI test tests/test_failover.py runs it once per
+topology): a primary + 2 replicas + 3 Sentinels (failure detected after 1 s), or a Redis
+Cluster of 3 primaries with 2 replicas each (node timeout 1 s; the app's slot's primary is the
+one killed); 3 ``leader`` + 2 ``consumer`` processes, a client enqueueing all along; the
+primary SIGKILLed right after an initializer checkpoint, right after a tick, right after a poll
+dispatch batch, the old primary brought back as a replica after each. Ledgers on a server that
+is never faulted.
+
+``python -m bench failover --runs 5`` (about a minute a run); ``--topology cluster``;
+``--wait-replicas 0`` runs the same without durable writes (what WAIT buys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench._common import loadavg, machine, median, print_machine, table
+from tests.failover_scenario import Outcome, Scenario
+from tests.realredis import RealRedis
+from tests.topology import Cluster, SentinelSet
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3, help="scenario runs (3)")
+    ap.add_argument("--topology", choices=("sentinel", "cluster"), default="sentinel")
+    ap.add_argument(
+        "--wait-replicas",
+        type=int,
+        default=1,
+        help="WORKER_REDIS_WAIT_REPLICAS of the workers and the enqueueing client (1)",
+    )
+    ap.add_argument(
+        "--down-after-ms",
+        type=int,
+        default=1000,
+        help="Sentinel down-after / cluster node timeout (1000)",
+    )
+    ap.add_argument("--verbose", action="store_true", help="print each step")
+    args = ap.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    ledger = RealRedis(extra_args=("--appendfsync", "everysec"))
+    ledger.start()
+    outcomes: list[Outcome] = []
+    try:
+        topology: SentinelSet | Cluster = (
+            SentinelSet(replicas=2, down_after_ms=args.down_after_ms, failover_timeout_ms=3000)
+            if args.topology == "sentinel"
+            else Cluster(masters=3, replicas=2, node_timeout_ms=args.down_after_ms)
+        )
+        with topology as s:
+            print_machine(machine())
+            print(f"{args.runs} runs on {args.topology}, WORKER_REDIS_WAIT_REPLICAS="
+                  f"{args.wait_replicas}, failure detection {args.down_after_ms} ms; worker logs "
+                  f"in {logs}")  # fmt: skip
+            for i in range(args.runs):
+                run_logs = logs / f"run-{i + 1}"
+                run_logs.mkdir()
+                scenario = Scenario(
+                    s,
+                    ledger.url,
+                    run_logs,
+                    wait_replicas=args.wait_replicas,
+                    say=print if args.verbose else (lambda _: None),
+                )
+                o = scenario.run()
+                outcomes.append(o)
+                print(f"run {i + 1}: {o.summary()} (load {loadavg()})", flush=True)
+    finally:
+        ledger.close()
+    report(outcomes, args.topology)
+
+
+def report(outcomes: list[Outcome], topology: str) -> None:
+    rows: list[list[Any]] = []
+    for i, o in enumerate(outcomes, 1):
+        k = [x.first_tick_after_s for x in o.kills]
+        p = [x.promoted_after_s for x in o.kills]
+        rows.append([
+            i, len(o.ticks), len(o.tick_duplicates), len(o.tick_misses),
+            f"{o.items_expected - o.item_misses}/{o.items_expected}", len(o.item_duplicates),
+            f"{o.acked}", len(o.lost), len(o.job_duplicates), f"{o.enqueue_outage_s:.2f}",
+            len(o.overlaps),
+            f"{o.init_items}/{o.init_expected}",
+            " / ".join(f"{x:.2f}" for x in p),
+            " / ".join("-" if x is None else f"{x:.2f}" for x in k),
+        ])  # fmt: skip
+    print(f"\n## Primary failover (SIGKILL, {topology}) under 3 leaders + 2 consumers")
+    print(table(
+        ["run", "ticks", "run twice", "missed", "poll items run", "item twice",
+         "acked enqueues", "acked lost", "job twice", "longest enqueue outage s",
+         "singleton overlaps", "init items",
+         "kill -> promoted s (1 / 2 / 3)", "kill -> first tick due after it ran s (1 / 2 / 3)"],
+        rows,
+    ))  # fmt: skip
+    firsts = [x.first_tick_after_s for o in outcomes for x in o.kills if x.first_tick_after_s]
+    promos = [x.promoted_after_s for o in outcomes for x in o.kills]
+    if firsts:
+        print(f"kill -> first tick: median {median(firsts):.2f} s, max {max(firsts):.2f} s over "
+              f"{len(firsts)} kills; kill -> promoted: median {median(promos):.2f} s, max "
+              f"{max(promos):.2f} s")  # fmt: skip
+    totals = {
+        "ticks run twice": sum(len(o.tick_duplicates) for o in outcomes),
+        "ticks missed": sum(len(o.tick_misses) for o in outcomes),
+        "poll items run twice": sum(len(o.item_duplicates) for o in outcomes),
+        "poll items never run": sum(o.item_misses for o in outcomes),
+        "acknowledged enqueues lost": sum(len(o.lost) for o in outcomes),
+        "jobs run twice": sum(len(o.job_duplicates) for o in outcomes),
+        "singleton overlaps": sum(len(o.overlaps) for o in outcomes),
+    }
+    print("totals: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
+
+
+if __name__ == "__main__":
+    main()

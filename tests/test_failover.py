@@ -1,0 +1,104 @@
+"""A primary failover under real workers: what it costs is bounded, and nothing runs twice.
+
+The topology is real (tests/topology.py): a primary, two replicas and three Sentinels (failure
+detected after 1 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentinel://`` with
+the default WAIT policy for Sentinel (1 replica), a client enqueueing all along. The primary is
+SIGKILLed at the worst moments (tests/failover_scenario.py): right after an initializer batch
+was checkpointed (the initializer mid-way), right after a tick was enqueued, right after a poll
+dispatch batch; after each kill the old primary comes back as a replica. The ledgers live on a
+server that is never faulted. The same scenario runs on a Redis Cluster of 3 primaries with 2
+replicas each: the app's keys share one hash slot, and the node serving it is the one killed.
+
+Two replicas, not one: with WAIT 1, a promoted node without a replica confirms nothing, and
+durable writes (the lease first) stop until a replica is back.
+
+The guarantee checked: no tick runs twice and none is missed, no poll item runs twice or is
+lost, no acknowledged enqueue is lost or run twice, the singleton service never runs in two
+processes at once, the initializer finishes with every item exactly once; and the time from
+each kill to the first tick due after it stays bounded. ``python -m bench failover`` runs the
+same scenario many times and prints the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.failover_scenario import INIT, Outcome, Scenario
+from tests.realredis import RealRedis
+from tests.topology import Cluster, SentinelSet
+
+pytestmark = pytest.mark.slow
+
+#: Failure detection (1 s) + promotion + the workers' own recovery (lease TTL 3 s): generous
+#: for a loaded CI machine; bench/RESULTS.md has the measured distribution.
+FIRST_TICK_BOUND_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def sentinels() -> Iterator[SentinelSet]:
+    with SentinelSet(replicas=2, down_after_ms=1000, failover_timeout_ms=3000) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with Cluster(masters=3, replicas=2, node_timeout_ms=1000) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def ledger() -> Iterator[RealRedis]:
+    server = RealRedis(extra_args=("--appendfsync", "everysec"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def check(o: Outcome) -> None:
+    assert not o.tick_duplicates, f"ticks run twice: {o.tick_duplicates}"
+    assert not o.tick_misses, f"ticks never run: {o.tick_misses}"
+    assert len(o.ticks) >= 20
+    assert not o.item_duplicates, f"poll items run twice: {o.item_duplicates}"
+    assert o.item_misses == 0, f"{o.item_misses} poll items never ran"
+    assert not o.lost, f"{len(o.lost)} acknowledged enqueues never ran: {o.lost[:5]}"
+    assert not o.job_duplicates, f"jobs run twice: {o.job_duplicates}"
+    assert o.acked >= 50  # enqueues went on through the faults (cluster runs are short)
+    assert not o.overlaps, f"the singleton service ran twice at once: {o.overlaps}"
+    assert o.intervals >= 1
+    assert o.init_done and o.init_items == o.init_expected
+    batch = int(INIT["FAILOVER_INIT_BATCH"])
+    assert sorted(o.init_batches) == list(range(batch, o.init_expected + 1, batch))
+    assert all(n <= 2 for n in o.init_batches.values()), o.init_batches
+    assert [k.moment for k in o.kills] == [
+        "right after an initializer batch",
+        "right after a tick was enqueued",
+        "right after a poll dispatch batch",
+    ]
+    for kill in o.kills:
+        assert kill.first_tick_after_s is not None
+        assert kill.first_tick_after_s < FIRST_TICK_BOUND_S, o.summary()
+    assert all(a < b for a, b in zip(o.epochs, o.epochs[1:], strict=False)), o.epochs
+    assert all(code == 0 for code in o.exit_codes.values()), o.exit_codes
+
+
+def test_sentinel_primary_killed_at_the_worst_moments_costs_no_duplicate_and_no_loss(
+    sentinels: SentinelSet, ledger: RealRedis, tmp_path: Path
+) -> None:
+    o = Scenario(sentinels, ledger.url, tmp_path, say=print).run()
+    print("failover outcome:", o.summary())
+    check(o)
+
+
+def test_cluster_slot_primary_killed_at_the_worst_moments_costs_no_duplicate_and_no_loss(
+    cluster: Cluster, ledger: RealRedis, tmp_path: Path
+) -> None:
+    """The same on a Redis Cluster (the app's slot's primary is killed), with WAIT 1 set
+    explicitly (auto means 0 with a cluster URL: a cluster may have no replicas)."""
+    o = Scenario(cluster, ledger.url, tmp_path, wait_replicas=1, say=print).run()
+    print("cluster failover outcome:", o.summary())
+    check(o)

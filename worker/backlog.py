@@ -1,0 +1,57 @@
+"""The queue backlog as a metric, exported by the leader: what an autoscaler scales consumers on.
+
+KEDA's Redis list scaler reads ``LLEN``; the queues are sorted sets (arq's layout), and a plain
+``ZCARD`` would count deferred jobs and jobs already claimed (parked at their claim's expiry)
+too. So the leader, and only the leader (one series cluster-wide, whoever leads), reads each
+queue every ``interval_s`` and exports ``worker_queue_backlog{queue}`` (due, not claimed) and
+``worker_queue_jobs{queue}`` (everything in it). deploy/k8s/keda/ scales the consumer
+Deployment on the first through KEDA's Prometheus scaler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from worker.clock import Clock, ms
+from worker.component import LoopComponent
+from worker.metrics import Metrics
+from worker.store import Store
+
+NAME = "queue-metrics"
+#: How often the leader reads the queue depths.
+INTERVAL_S = 5.0
+
+
+class QueueMetrics(LoopComponent):
+    """Leader-only: exports every queue's backlog (see module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        queues: Sequence[str],
+        clock: Clock,
+        metrics: Metrics,
+        *,
+        interval_s: float = INTERVAL_S,
+    ) -> None:
+        super().__init__(NAME, clock, sla_s=max(60.0, interval_s * 10))
+        self.store = store
+        self.queues = list(queues)
+        self.metrics = metrics
+        self.interval_s = interval_s
+
+    async def tick(self) -> float:
+        depths = await self.store.queue_depths(self.queues, ms(self.clock.time()))
+        for queue, (due, total) in zip(self.queues, depths, strict=True):
+            self.metrics.queue_backlog.labels(queue).set(due)
+            self.metrics.queue_jobs.labels(queue).set(total)
+        self.health.extra["backlog"] = {q: d for q, (d, _) in zip(self.queues, depths, strict=True)}
+        return self.interval_s
+
+    async def teardown(self) -> None:
+        # not leading any more: the next leader exports them (one series cluster-wide)
+        for queue in self.queues:
+            for gauge in (self.metrics.queue_backlog, self.metrics.queue_jobs):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(queue)

@@ -1,0 +1,491 @@
+"""Connections to Redis: one URL parser and one factory for a single server, a Sentinel-managed
+primary, or the node of a Redis Cluster that serves the app's hash slot.
+
+Every connection the framework opens (lease, consumer, broadcast listener, client, command
+line, ``Client.from_env``) is made by :func:`connect_redis` from a :class:`RedisTarget`, the
+parsed ``WORKER_REDIS_URL``:
+
+- ``redis://``, ``rediss://``, ``unix://`` — one server (redis-py's own URL parsing);
+- ``redis+sentinel://[user:password@]host1:26379,host2:26379/<master name>[/<db>]`` (and
+  ``rediss+sentinel://`` for TLS) — the primary a set of Sentinels names. The user and password
+  in the URL are the data nodes' (ACL); the Sentinels' own credentials come from
+  ``?sentinel_username=…&sentinel_password=…`` or ``WORKER_SENTINEL_USERNAME`` /
+  ``WORKER_SENTINEL_PASSWORD``. Every new connection asks the Sentinels for the current
+  primary, and a connection to a primary that was demoted is dropped at its first write
+  (redis-py's ``SentinelConnectionPool``), so after a failover every process finds the new
+  primary by itself;
+- ``redis+cluster://[user:password@]host1:7000,host2:7001`` (``rediss+cluster://``) — Redis
+  Cluster. Every key of one app lives in one hash slot (a hash-tagged ``WORKER_KEY_PREFIX``
+  such as ``{shop}:``), so the app talks to the one primary that serves that slot, over plain
+  connections: transactions, scripts, pub/sub and blocking reads work as on a single server.
+  Each new connection asks the cluster (``CLUSTER SLOTS``) who serves the slot; a ``MOVED``
+  for the app's slot (failover, resharding) drops the connection and the next one asks again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from arq.connections import ArqRedis
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.connection import parse_url
+from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+__all__ = [
+    "RedisTarget",
+    "Replication",
+    "cluster_tag",
+    "connect_redis",
+    "mask_url",
+    "parse_redis_url",
+]
+
+Kind = Literal["single", "sentinel", "cluster"]
+
+#: scheme -> (kind, TLS)
+SCHEMES: dict[str, tuple[Kind, bool]] = {
+    "redis": ("single", False),
+    "rediss": ("single", True),
+    "unix": ("single", False),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+}
+DEFAULT_PORT = {"sentinel": 26379, "cluster": 6379}
+#: Query arguments of the Sentinel and Cluster forms (the single-server form takes redis-py's).
+HA_QUERY = frozenset({"sentinel_username", "sentinel_password", "ssl_cert_reqs", "ssl_ca_certs"})
+#: How long a Sentinel or a cluster seed node may take to answer a topology question.
+DISCOVERY_TIMEOUT_S = 2.0
+URL_PASSWORD_HINT = (
+    "percent-encode special characters in a password (/ as %2F, # as %23, ? as %3F, "
+    "@ as %40, % as %25)"
+)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)(.*)$", re.S)
+_QUERY_PASSWORD = re.compile(r"(?i)(\b(?:sentinel_)?password=)(\"[^\"]*\"|'[^']*'|[^&\s,;)]*)")
+_SERVICE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def mask_url(url: str | None) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe to log or display).
+
+    Works on the raw text, so it also masks URLs that do not parse: the user info ends at the
+    *last* ``@`` (as in redis-py), so a password containing ``@``, ``/``, ``#`` or ``?`` is
+    masked whole; ``password=`` and ``sentinel_password=`` query arguments are masked too.
+    """
+    if not url:
+        return ""
+    masked = _QUERY_PASSWORD.sub(r"\1***", url)
+    m = _SCHEME.match(masked)
+    if m is None or "@" not in m.group(2):
+        return masked
+    scheme, rest = m.groups()
+    userinfo, _, host = rest.rpartition("@")
+    if ":" not in userinfo:
+        return masked  # a user name without a password
+    return f"{scheme}{userinfo.partition(':')[0]}:***@{host}"
+
+
+def cluster_tag(prefix: str) -> str | None:
+    """The hash tag a key prefix starts with (``{shop}:`` -> ``shop``), or ``None``."""
+    if prefix.startswith("{"):
+        end = prefix.find("}")
+        if end > 1:
+            return prefix[1:end]
+    return None
+
+
+@dataclass(frozen=True)
+class Replication:
+    """``WAIT`` policy: a write that must survive a primary failover counts as done only once
+    ``replicas`` replicas confirmed it within ``timeout_ms`` (0 replicas: no ``WAIT``)."""
+
+    replicas: int = 0
+    timeout_ms: int = 500
+
+    @property
+    def enabled(self) -> bool:
+        return self.replicas > 0
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """A parsed Redis URL: which servers to talk to and how to authenticate.
+
+    ``nodes`` are the Sentinels (``sentinel``) or the cluster's seed nodes (``cluster``);
+    ``service`` is the Sentinel master name. Passwords never appear in :meth:`describe`.
+    """
+
+    url: str
+    kind: Kind = "single"
+    nodes: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+    ssl_options: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        """The URL with its passwords masked."""
+        return mask_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"RedisTarget({self.describe()!r})"
+
+
+def parse_redis_url(
+    url: str,
+    name: str = "WORKER_REDIS_URL",
+    *,
+    sentinel_username: str | None = None,
+    sentinel_password: str | None = None,
+) -> RedisTarget:
+    """Parse ``url``; ``ValueError`` with one line (password masked) naming ``name`` unless
+    redis-py can use it. ``sentinel_username`` / ``sentinel_password`` (the
+    ``WORKER_SENTINEL_*`` settings) authenticate to Sentinels; the URL's own
+    ``sentinel_password=`` argument may not be given as well."""
+    shown = mask_url(url)
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"{name}: scheme {scheme or '(none)'!r} is not supported; use redis://, rediss://, "
+            f"unix://, redis+sentinel:// or redis+cluster:// (got {shown!r})"
+        )
+    kind, ssl = SCHEMES[scheme]
+    if kind == "single":
+        _check_single(url, name, shown)
+        if sentinel_username or sentinel_password:
+            raise ValueError(
+                f"{name}: WORKER_SENTINEL_USERNAME/WORKER_SENTINEL_PASSWORD are set but the URL "
+                f"is not a redis+sentinel:// URL (got {shown!r})"
+            )
+        return RedisTarget(url, "single", ssl=ssl)
+    return _parse_ha(url, name, shown, kind, ssl, sentinel_username, sentinel_password)
+
+
+def _check_single(url: str, name: str, shown: str) -> None:
+    try:
+        kwargs = parse_url(url)  # type: ignore[no-untyped-call]
+        port = urlsplit(url).port
+    except ValueError as exc:
+        # redis-py's message can quote a fragment of a password that was not percent-encoded
+        reason = "the port is not a number in 1-65535" if "Port" in str(exc) else str(exc)
+        raise ValueError(f"{name}: invalid URL {shown!r}: {reason}; {URL_PASSWORD_HINT}") from None
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{name}: invalid URL {shown!r}: the port must be 1-65535")
+    path = urlsplit(url).path
+    if urlsplit(url).scheme != "unix" and path.strip("/") and "db" not in kwargs:
+        raise ValueError(
+            f"{name}: invalid URL {shown!r}: the path must be a database number (/0); "
+            f"{URL_PASSWORD_HINT}"
+        )
+
+
+def _parse_ha(
+    url: str,
+    name: str,
+    shown: str,
+    kind: Kind,
+    ssl: bool,
+    sentinel_username: str | None,
+    sentinel_password: str | None,
+) -> RedisTarget:
+    def bad(reason: str) -> ValueError:
+        return ValueError(f"{name}: invalid URL {shown!r}: {reason}")
+
+    rest = url.split("://", 1)[1]
+    rest, _, fragment = rest.partition("#")
+    if fragment:
+        raise bad(f"'#' must be percent-encoded; {URL_PASSWORD_HINT}")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username, password = unquote(user) or None, unquote(pw) if colon else None
+    nodes: list[tuple[str, int]] = []
+    for part in hostlist.split(","):
+        host, port = _host_port(part.strip(), DEFAULT_PORT[kind], bad)
+        nodes.append((host, port))
+    options: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key not in HA_QUERY:
+            raise bad(f"unknown query argument {key!r} (known: {', '.join(sorted(HA_QUERY))})")
+        options[key] = value
+    segments = [s for s in path.split("/")] if path else []
+    service, db = "", 0
+    if kind == "sentinel":
+        if not segments or not segments[0]:
+            raise bad("name the Sentinel master after the hosts (…:26379/mymaster/0)")
+        service = unquote(segments[0])
+        if not _SERVICE.fullmatch(service):
+            raise bad(f"master name {service!r}: use A-Z a-z 0-9 . _ -")
+        rest_segments = segments[1:]
+    else:
+        rest_segments = segments
+    rest_segments = [s for s in rest_segments if s != ""]
+    if len(rest_segments) > 1 or (rest_segments and not rest_segments[0].isdigit()):
+        where = "the master name" if kind == "sentinel" else "the hosts"
+        raise bad(f"after {where} only a database number may follow (/0); {URL_PASSWORD_HINT}")
+    if rest_segments:
+        db = int(rest_segments[0])
+    if kind == "cluster" and db != 0:
+        raise bad("Redis Cluster has only database 0")
+    if kind == "cluster" and ("sentinel_username" in options or "sentinel_password" in options):
+        raise bad("sentinel_* arguments belong to redis+sentinel:// URLs")
+    if not ssl and ("ssl_cert_reqs" in options or "ssl_ca_certs" in options):
+        raise bad(f"ssl_* arguments need TLS ({'rediss+' + kind}://)")
+    if kind == "cluster" and (sentinel_username or sentinel_password):
+        raise bad("WORKER_SENTINEL_USERNAME/WORKER_SENTINEL_PASSWORD are set for a cluster URL")
+    given_creds = {"sentinel_username": sentinel_username, "sentinel_password": sentinel_password}
+    for key, given in given_creds.items():
+        if given is not None and key in options:
+            raise bad(f"{key} is in the URL and in WORKER_{key.upper()}; set it in one place")
+    ssl_options = tuple(sorted((k, v) for k, v in options.items() if k.startswith("ssl_")))
+    return RedisTarget(
+        url,
+        kind,
+        tuple(nodes),
+        service,
+        db,
+        username,
+        password,
+        ssl,
+        sentinel_username if sentinel_username is not None else options.get("sentinel_username"),
+        sentinel_password if sentinel_password is not None else options.get("sentinel_password"),
+        ssl_options,
+    )
+
+
+def _host_port(text: str, default: int, bad: Any) -> tuple[str, int]:
+    if not text:
+        raise bad("a host is empty (hosts are separated by commas: h1:26379,h2:26379)")
+    if text.startswith("["):  # [IPv6]:port
+        host, _, tail = text[1:].partition("]")
+        port_text = tail.removeprefix(":") if tail else ""
+    else:
+        host, colon, port_text = text.rpartition(":")
+        if not colon:
+            host, port_text = text, ""
+    if not host:
+        raise bad(f"host {text!r} has no name")
+    if port_text and (not port_text.isdigit() or not 1 <= int(port_text) <= 65535):
+        raise bad(f"host {text!r}: the port must be a number in 1-65535; {URL_PASSWORD_HINT}")
+    return host, int(port_text) if port_text else default
+
+
+# -- connection pools -----------------------------------------------------------------------
+
+
+class _SentinelPool(SentinelConnectionPool):
+    """redis-py's Sentinel pool; closing it also closes its connections to the Sentinels."""
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:  # a full close (not the idle sweep after a failover)
+            for sentinel in self.sentinel_manager.sentinels:
+                with contextlib.suppress(Exception):
+                    await sentinel.aclose()
+
+
+class _SlotConnection(Connection):
+    """A connection to whichever cluster primary serves the pool's hash slot, asked anew on
+    every (re)connect; a ``MOVED`` for that slot drops it so the next connect asks again."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.slot_pool: SlotPool = kwargs.pop("slot_pool")
+        super().__init__(**kwargs)
+
+    async def connect(self) -> None:
+        if self.is_connected:
+            return
+        self.host, self.port = await self.slot_pool.owner()
+        await super().connect()  # type: ignore[no-untyped-call]
+
+    async def read_response(
+        self,
+        disable_decoding: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - redis-py's signature
+        *,
+        disconnect_on_error: bool = True,
+        push_request: bool | None = False,
+    ) -> Any:
+        try:
+            return await super().read_response(
+                disable_decoding=disable_decoding,
+                timeout=timeout,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        except ResponseError as exc:
+            raise await self.slot_pool.explain(self, exc) from None
+
+
+class _SlotSSLConnection(_SlotConnection, SSLConnection):
+    pass
+
+
+class SlotPool(ConnectionPool):
+    """Connections to the primary serving one hash slot of a Redis Cluster (see module doc)."""
+
+    def __init__(
+        self,
+        seeds: Sequence[tuple[str, int]],
+        slot: int,
+        *,
+        seed_kwargs: dict[str, Any],
+        ssl: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        kwargs["connection_class"] = _SlotSSLConnection if ssl else _SlotConnection
+        super().__init__(**kwargs)
+        self.connection_kwargs["slot_pool"] = weakref.proxy(self)
+        self.slot = slot
+        self.seeds = list(dict.fromkeys(seeds))
+        self.known: list[tuple[str, int]] = list(self.seeds)
+        self.seed_kwargs = seed_kwargs
+        self.address: tuple[str, int] | None = None
+
+    async def owner(self) -> tuple[str, int]:
+        """The address of the primary serving :attr:`slot`, asked of the nodes in turn."""
+        errors = []
+        for host, port in list(self.known):
+            node = Redis(host=host, port=port, **self.seed_kwargs)
+            try:
+                layout = await node.execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                errors.append(f"{host}:{port}: {type(exc).__name__}")
+                continue
+            finally:
+                with contextlib.suppress(Exception):
+                    await node.aclose()
+            found = self._learn(layout, host)
+            if found is not None:
+                if self.address != found:
+                    self.address = found
+                    await self.disconnect(inuse_connections=False)  # idle ones to the old owner
+                return found
+            errors.append(f"{host}:{port}: slot {self.slot} not served")
+        raise RedisConnectionError(
+            f"no cluster node names the primary of slot {self.slot} ({'; '.join(errors)})"
+        )
+
+    def _learn(self, layout: Any, asked: str) -> tuple[str, int] | None:
+        found = None
+        for entry in layout or []:
+            start, end, *nodes = entry
+            for i, node in enumerate(nodes):
+                host = node[0].decode() if isinstance(node[0], bytes) else str(node[0])
+                address = (host or asked, int(node[1]))
+                if address not in self.known:
+                    self.known.append(address)
+                if i == 0 and int(start) <= self.slot <= int(end):
+                    found = address
+        return found
+
+    async def explain(self, conn: Connection, exc: ResponseError) -> Exception:
+        """Turn a cluster redirection into what it means for this pool's callers."""
+        text = str(exc)
+        head = text.split(" ", 1)[0]
+        if head in ("MOVED", "ASK"):
+            parts = text.split()
+            slot = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
+            if slot == self.slot:
+                await conn.disconnect()
+                return RedisConnectionError(f"the app's hash slot moved ({text}); reconnecting")
+            return ResponseError(
+                f"{text}: a key outside the app's hash slot {self.slot}; in Redis Cluster every "
+                "key must carry the hash tag of WORKER_KEY_PREFIX"
+            )
+        if head in ("CLUSTERDOWN", "TRYAGAIN"):
+            await conn.disconnect()
+            return RedisConnectionError(text)
+        return exc
+
+
+def connect_redis(
+    target: RedisTarget | str,
+    *,
+    queue_name: str,
+    serialize: Any,
+    deserialize: Any,
+    socket_timeout_s: float | None = 10.0,
+    max_connections: int | None = None,
+    client_name: str | None = None,
+) -> ArqRedis:
+    """An ``ArqRedis`` (arq's client, a ``redis.asyncio.Redis``) for ``target``: a single
+    server, the primary of a Sentinel set, or the cluster primary serving ``queue_name``'s hash
+    slot (every key of an app shares it). ``client_name`` shows in ``CLIENT LIST``."""
+    if isinstance(target, str):
+        target = parse_redis_url(target)
+    common: dict[str, Any] = {
+        "socket_connect_timeout": 5,
+        "socket_timeout": socket_timeout_s,
+        "health_check_interval": 30,
+        "max_connections": max_connections,
+    }
+    if not target.url.startswith("unix:"):
+        common["socket_keepalive"] = True
+    if client_name:
+        common["client_name"] = client_name
+    pool: ConnectionPool
+    if target.kind == "single":
+        pool = ConnectionPool.from_url(target.url, **common)
+    else:
+        auth = {"username": target.username, "password": target.password}
+        tls = dict(target.ssl_options)
+        discovery = {
+            "socket_connect_timeout": DISCOVERY_TIMEOUT_S,
+            "socket_timeout": DISCOVERY_TIMEOUT_S,
+            **({"ssl": True, **tls} if target.ssl else {}),
+        }
+        if target.kind == "sentinel":
+            sentinel_kwargs = {
+                **discovery,
+                "username": target.sentinel_username,
+                "password": target.sentinel_password,
+            }
+            manager = Sentinel(  # type: ignore[no-untyped-call]
+                list(target.nodes), sentinel_kwargs=sentinel_kwargs
+            )
+            pool = _SentinelPool(  # type: ignore[no-untyped-call]
+                target.service,
+                manager,
+                db=target.db,
+                is_master=True,
+                ssl=target.ssl,
+                **auth,
+                **tls,
+                **common,
+            )
+        else:
+            slot = key_slot(queue_name.encode())
+            pool = SlotPool(
+                target.nodes,
+                slot,
+                seed_kwargs={**discovery, **auth},
+                ssl=target.ssl,
+                **auth,
+                **tls,
+                **common,
+            )
+    return ArqRedis(
+        pool,
+        job_serializer=serialize,
+        job_deserializer=deserialize,
+        default_queue_name=queue_name,
+    )
