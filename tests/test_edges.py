@@ -17,8 +17,10 @@ the settings ``WORKER_MAX_PAYLOAD_BYTES`` / ``WORKER_DEAD_LETTER_MAX``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import os
 import random
 import re
 import signal
@@ -44,6 +46,7 @@ from tests.realredis import RealRedis
 from worker import keys as K
 from worker.embedded import EmbeddedServer, free_port
 from worker.serializer import get_serializer, job_payload, msgpack_loads
+from worker.settings import Settings
 
 pytestmark = pytest.mark.slow
 
@@ -961,3 +964,42 @@ def test_liveness_fails_when_a_service_crash_loops(
             f"{crashes} times"
         )
     assert not problems, report("crash-looping service", problems, figures)
+
+
+# -- 3b. SIGTERM while Redis does not answer --------------------------------------------------
+
+
+def test_sigterm_with_redis_frozen_exits_within_the_stated_bound(spawn: Spawn) -> None:
+    """Redis SIGSTOPped (a frozen or partitioned server: connections open, nothing answers),
+    then SIGTERM to a leader-capable and a consumer process: each exits by itself within
+    ``Settings.worst_case_shutdown_s()`` (the bound a container's grace period is sized for),
+    saying it overran, instead of waiting on Redis.
+
+    Before the bound was enforced, both processes were still running 90 s after SIGTERM and
+    exited only when the server died (its sockets reset)."""
+    server = RealRedis(extra_args=("--appendfsync", "everysec"))
+    url = server.start()
+    env: dict[str, str | None] = {"WORKER_REDIS_URL": url, "WORKER_SHUTDOWN_TIMEOUT_S": "3"}
+    procs = [spawn("all", name="frozen-all", env=env), spawn("consumer", name="frozen-c", env=env)]
+    try:
+        for p in procs:
+            wait_until(lambda p=p: "worker starting" in p.log(), 45, what=f"{p.name} started")
+        os.kill(server.pid or 0, signal.SIGSTOP)
+        time.sleep(1.0)  # the processes' Redis calls now hang
+        sent = time.monotonic()
+        for p in procs:
+            p.signal(signal.SIGTERM)
+        for p in procs:
+            role = "all" if p.name == "frozen-all" else "consumer"
+            bound = Settings(
+                role=role, shutdown_timeout_s=3, stop_grace_s=2, drain_delay_s=0
+            ).worst_case_shutdown_s()
+            code = p.proc.wait(bound + 15)  # + start-up of the interpreter's exit, a busy box
+            took = time.monotonic() - sent
+            assert took <= bound + 15, (p.name, took, bound)
+            assert code == 0, (p.name, code, p.log()[-2000:])
+            assert "shutdown overran its bound" in p.log(), p.log()[-2000:]
+    finally:
+        with contextlib.suppress(Exception):
+            os.kill(server.pid or 0, signal.SIGCONT)
+        server.close()

@@ -457,12 +457,13 @@ def test_redis_url_file_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 def test_worst_case_shutdown() -> None:
     leader = Settings(role="leader")
-    # drain 5 + stop grace 5 + leadership stop 2 + release 2 + shutdown 30 + work slack 5 + infra 2
-    assert leader.worst_case_shutdown_s() == 51.0
-    assert Settings(role="all").worst_case_shutdown_s() == 51.0
-    assert Settings(role="consumer").worst_case_shutdown_s() == 42.0
+    # drain 5 + stop grace 5 + leadership stop 2 + release 2 + shutdown 30 + work slack 5
+    # + infra 2 + two deregistrations 2 + 2
+    assert leader.worst_case_shutdown_s() == 55.0
+    assert Settings(role="all").worst_case_shutdown_s() == 55.0
+    assert Settings(role="consumer").worst_case_shutdown_s() == 46.0
     longer = Settings(role="leader", shutdown_timeout_s=60, drain_delay_s=0, stop_grace_s=1)
-    assert longer.worst_case_shutdown_s() == 0 + 1 + 2 + 2 + 60 + 5 + 2
+    assert longer.worst_case_shutdown_s() == 0 + 1 + 2 + 2 + 60 + 5 + 2 + 4
 
 
 def test_health_host_defaults_to_loopback() -> None:

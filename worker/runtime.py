@@ -35,7 +35,7 @@ from worker.metrics import Metrics
 from worker.preflight import check_app_identity, check_redis_contract, wait_for_redis
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
-from worker.settings import Settings, mask_url
+from worker.settings import SHUTDOWN_DEREGISTER_S, Settings, mask_url
 from worker.store import Store
 from worker.version import __version__
 from worker.views import ProcessState
@@ -247,10 +247,29 @@ class Runtime:
         return 1 if consumer.totals["failed"] else 0
 
     async def _shutdown(self, w: roles.Wiring) -> None:
-        s, groups = self.settings, self.state.groups
+        """The ordered shutdown, within ``Settings.worst_case_shutdown_s``: an unreachable
+        Redis (frozen, partitioned) must not hold the process past the bound a container's
+        grace period is sized for; the steps that did not finish are logged and skipped (the
+        lease expires, the orphan reaper re-queues held jobs, the heartbeat record ages)."""
+        s = self.settings
         if self._signal_name == "SIGTERM" and s.drain_delay_s:
             log.info("drain delay", seconds=s.drain_delay_s)
             await asyncio.sleep(s.drain_delay_s)
+        bound_s = s.worst_case_shutdown_s() - s.drain_delay_s
+        try:
+            async with asyncio.timeout(bound_s):
+                await self._stop_in_order(w)
+        except TimeoutError:
+            log.error(
+                "shutdown overran its bound; exiting without the remaining steps "
+                "(is Redis reachable?)",
+                bound_s=round(s.worst_case_shutdown_s(), 1),
+            )
+            return
+        log.info("worker stopped")
+
+    async def _stop_in_order(self, w: roles.Wiring) -> None:
+        s, groups = self.settings, self.state.groups
         if w.leadership is not None:
             # Singletons first; then stop campaigning/renewing, then release: a renew or
             # campaign racing the release could otherwise win the lease back for a dying process.
@@ -270,12 +289,11 @@ class Runtime:
         # Again, now that the heartbeat has stopped: a heartbeat write in flight during the
         # first deregistration (sent after its boot-marker round trip) could re-add the record.
         await self._deregister()
-        log.info("worker stopped")
 
     async def _deregister(self) -> None:
         heartbeat = self.state.component("heartbeat")
         if isinstance(heartbeat, Heartbeat):
             try:
-                await heartbeat.deregister()
+                await asyncio.wait_for(heartbeat.deregister(), SHUTDOWN_DEREGISTER_S)
             except Exception as exc:
                 log.warning("deregistration failed", error=str(exc))

@@ -58,6 +58,7 @@ SHUTDOWN_LEADERSHIP_STOP_S = 2.0
 SHUTDOWN_RELEASE_S = 2.0
 SHUTDOWN_WORK_SLACK_S = 5.0
 SHUTDOWN_INFRA_STOP_S = 2.0
+SHUTDOWN_DEREGISTER_S = 2.0  # each of the two deregistrations
 SAFE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
 #: Shortest console token accepted (``WORKER_WEB_TOKEN``).
 MIN_TOKEN_CHARS = 16
@@ -322,6 +323,7 @@ class Settings(BaseSettings):
             + self.shutdown_timeout_s
             + SHUTDOWN_WORK_SLACK_S  # the work group gets shutdown timeout + this
             + SHUTDOWN_INFRA_STOP_S  # health server and heartbeat
+            + 2 * SHUTDOWN_DEREGISTER_S
         )
         if self.role != "consumer":
             total += self.stop_grace_s + SHUTDOWN_LEADERSHIP_STOP_S + SHUTDOWN_RELEASE_S
