@@ -41,6 +41,7 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
+from tests.timings import FAST_ENV
 from tests.topology import Cluster, Node, SentinelSet, wait_for
 from worker.client import Client
 from worker.embedded import death_signal_hook
@@ -49,23 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.failover:app"
 TICK_MS = 1000
 
-#: Worker timings: conftest's FAST_ENV (lease TTL 3 s, renew 0.5 s, deadline 1.5 s, heartbeat
+#: Worker timings: the tests' FAST_ENV (lease TTL 3 s, renew 0.5 s, deadline 1.5 s, heartbeat
 #: 0.5 s, orphan stale 2 s); WAIT 1 replica within 0.5 s comes with the Sentinel URL.
-WORKER_ENV = {
-    "WORKER_LEADER_TTL_S": "3",
-    "WORKER_LEADER_RENEW_INTERVAL_S": "0.5",
-    "WORKER_LEADER_RENEW_DEADLINE_S": "1.5",
-    "WORKER_LEADER_POLL_INTERVAL_S": "0.25",
-    "WORKER_HEARTBEAT_INTERVAL_S": "0.5",
-    "WORKER_ORPHAN_STALE_S": "2",
-    "WORKER_DRAIN_DELAY_S": "0",
-    "WORKER_SHUTDOWN_TIMEOUT_S": "10",
-    "WORKER_STOP_GRACE_S": "2",
-    "WORKER_RESTART_BACKOFF_CAP_S": "2",
-    "WORKER_HEALTH_PORT": "0",
-    "WORKER_LOG_FORMAT": "json",
-    "WORKER_LOG_LEVEL": "INFO",
-}
+WORKER_ENV = dict(FAST_ENV)
 INIT = {
     "FAILOVER_INIT_ITEMS": "8000",
     "FAILOVER_INIT_BATCH": "200",
