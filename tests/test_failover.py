@@ -1,7 +1,7 @@
 """A primary failover under real workers: what it costs is bounded, and nothing runs twice.
 
 The topology is real (tests/topology.py): a primary, two replicas and three Sentinels (failure
-detected after 1 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentinel://`` with
+detected after 2 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentinel://`` with
 the default WAIT policy for Sentinel (1 replica), a client enqueueing all along. The primary is
 SIGKILLed at the worst moments (tests/failover_scenario.py): right after an initializer batch
 was checkpointed (the initializer mid-way), right after a tick was enqueued, right after a poll
@@ -11,6 +11,14 @@ replicas each: the app's keys share one hash slot, and the node serving it is th
 
 Two replicas, not one: with WAIT 1, a promoted node without a replica confirms nothing, and
 durable writes (the lease first) stop until a replica is back.
+
+Detection at 2 s, not 1 s (``python -m bench failover`` measures at 1 s): on a loaded 2-core
+CI machine a Sentinel at 1 s judged a primary it had switched to a second earlier down and
+failed it over too, a live primary deposed (CI: ticks never run, before the enqueuer learned
+to notice Redis going back under its lease). What that costs is a limit of its own, tested
+deterministically in tests/test_edges.py (``..._redis_going_back_under_a_kept_lease...``);
+this test is about primaries that crash. Should it happen anyway, each extra failover may
+make the initializer produce a batch once more (checked below against the failovers seen).
 
 The guarantee checked: no tick runs twice and none is missed, no poll item runs twice or is
 lost, no acknowledged enqueue is lost or run twice, the singleton service never runs in two
@@ -32,14 +40,14 @@ from tests.topology import Cluster, SentinelSet
 
 pytestmark = pytest.mark.slow
 
-#: Failure detection (1 s) + promotion + the workers' own recovery (lease TTL 3 s): generous
+#: Failure detection (2 s) + promotion + the workers' own recovery (lease TTL 3 s): generous
 #: for a loaded CI machine; bench/RESULTS.md has the measured distribution.
 FIRST_TICK_BOUND_S = 15.0
 
 
 @pytest.fixture(scope="module")
 def sentinels() -> Iterator[SentinelSet]:
-    with SentinelSet(replicas=2, down_after_ms=1000, failover_timeout_ms=3000) as s:
+    with SentinelSet(replicas=2, down_after_ms=2000, failover_timeout_ms=3000) as s:
         yield s
 
 
@@ -73,7 +81,10 @@ def check(o: Outcome) -> None:
     assert o.init_done and o.init_items == o.init_expected
     batch = int(INIT["FAILOVER_INIT_BATCH"])
     assert sorted(o.init_batches) == list(range(batch, o.init_expected + 1, batch))
-    assert all(n <= 2 for n in o.init_batches.values()), o.init_batches
+    # at most once more for the kill during the initializer, and once more per failover
+    # nobody caused (a deposed primary, see above) that lost its checkpoint
+    extra = max(0, len(o.primaries) - 1 - len(o.kills))
+    assert all(n <= 2 + extra for n in o.init_batches.values()), (o.init_batches, o.primaries)
     assert [k.moment for k in o.kills] == [
         "right after an initializer batch",
         "right after a tick was enqueued",

@@ -210,9 +210,12 @@ async def test_two_enqueuers_split_brain_never_duplicate(r: Any) -> None:
 
     # B wakes with a stale view and replays ticks A already enqueued: refused by the script
     await b._enqueue([(pdef(), ticks, ticks[-1])], ticks[-1])
-    # even with the schedule state lost, the job keys still dedupe
+    # the schedule state lost: B, knowing it recorded more, refuses to write past it...
     await r.delete(KEYS.periodic_state)
-    await b._enqueue([(pdef(), ticks, ticks[-1])], ticks[-1])
+    assert await b._enqueue([(pdef(), ticks, ticks[-1])], ticks[-1]) is True
+    # ...and a leader that never saw the state is held back by the job keys alone
+    b._last.clear()
+    assert await b._enqueue([(pdef(), ticks, ticks[-1])], ticks[-1]) is False
     assert sorted(int(i.rsplit(":", 1)[1]) for i in await queued(r)) == ticks
 
     def count(m: Metrics, outcome: str) -> float:
@@ -226,6 +229,34 @@ async def test_two_enqueuers_split_brain_never_duplicate(r: Any) -> None:
     assert count(m_a, "enqueued") + count(m_b, "enqueued") == len(ticks)
     assert count(m_b, "skipped") >= len(ticks)
     assert count(m_b, "deduplicated") >= len(ticks)
+
+
+async def test_redis_going_back_under_a_kept_lease_catches_the_lost_ticks_up(r: Any) -> None:
+    """A failover to a replica that missed the newest writes, the lease still valid there: the
+    enqueuer recorded ticks 1 and 2, Redis comes back with only tick 0. Before the fix the
+    memory (last = 2) skipped past ticks 1 and 2 for good; now the script refuses to write
+    past a state that went back, the enqueuer reads it again and enqueues them."""
+    P = 5_000
+    await r.set(KEYS.leader, LOCK)
+    metrics = Metrics()
+    clock = clock_at(T0 + 10)
+    e = enqueuer(r, [pdef(period=P)], clock, metrics=metrics)  # read back every 30 s only
+    await e.tick()  # first look: records tick 0 (never enqueues an already-due tick)
+    for _ in range(2):
+        clock.advance(P / 1000)
+        await e.tick()
+    assert await queued(r) == ids("job", T0 + P, T0 + 2 * P)
+    # the replica promoted had the state as of tick 0 and none of the two jobs
+    await r.hset(KEYS.periodic_state, "job", T0)
+    await r.delete(KEYS.queue, *(K.ARQ_JOB + i for i in ids("job", T0 + P, T0 + 2 * P)))
+    clock.advance(P / 1000)
+    assert await e.tick() == pytest.approx(0.001)  # refused: plan again at once
+    assert await queued(r) == []
+    await e.tick()
+    assert await queued(r) == ids("job", T0 + P, T0 + 2 * P, T0 + 3 * P)
+    assert await r.hget(KEYS.periodic_state, "job") == str(T0 + 3 * P).encode()
+    rollbacks = metrics.registry.get_sample_value("worker_periodic_rollbacks_total", {"job": "job"})
+    assert rollbacks == 1
 
 
 @pytest.mark.parametrize("lock_in_redis", [None, "3:other", "4:mine"])

@@ -33,7 +33,7 @@ from worker.errors import NotReplicated
 from worker.leader import LeaderElector, LeaderTiming
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
-from worker.store import FencedStore, NewJob, Renewal, Store
+from worker.store import DueTicks, FencedStore, NewJob, Renewal, Store
 
 KEYS = K.Keys("rep:")
 WAIT1 = Replication(1, 200)
@@ -155,7 +155,7 @@ async def test_fenced_writes_count_only_once_replicated(r: Any, pair: Pair) -> N
     store = Store(r, KEYS, WAIT1)
     await r.set(KEYS.leader, "5:me")
     fenced = FencedStore(store, FixedLease("5:me"))
-    tick = [("t", 1000, [NewJob("rep:periodic:t:1000", b"x", 1000)], "default")]
+    tick = [DueTicks("t", 1000, [NewJob("rep:periodic:t:1000", b"x", 1000)], "default")]
     with lagging(pair), pytest.raises(NotReplicated, match="fenced write"):
         await fenced.enqueue_ticks(tick, 60_000)
     # a retry of the same ticks cannot duplicate them, and is confirmed now

@@ -337,6 +337,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
             "job",
             T,
             4,
+            -1,
             1,
             T,
             KEYS_ids.periodic("job", T),
@@ -401,23 +402,25 @@ async def test_fenced_script_refuses_and_writes_nothing(
 # ---------------------------------------------------------------------------------------------
 
 
-def _ticks_args(name: str, advance: int, ticks: list[int]) -> list[Any]:
+def _ticks_args(name: str, advance: int, ticks: list[int], known: int = -1) -> list[Any]:
     args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, 4]
-    args.append(len(ticks))
+    args += [known, len(ticks)]
     for t in ticks:
         args += [t, KEYS_ids.periodic(name, t), f"payload-{t}".encode()]
     return args
 
 
-async def _enqueue_ticks(r: Any, name: str, advance: int, ticks: list[int]) -> list[int]:
+async def _enqueue_ticks(
+    r: Any, name: str, advance: int, ticks: list[int], known: int = -1
+) -> list[int]:
     keys = [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.queue]
-    return list(await run(r, K.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks)))
+    return list(await run(r, K.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks, known)))
 
 
 async def test_enqueue_ticks_writes_jobs_queue_and_state(r: Any) -> None:
     await r.set(KEYS.leader, MINE)
     ticks = [T, T + 60_000, T + 120_000]
-    assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [3, 0, 0]
+    assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [3, 0, 0, 0]
     for t in ticks:
         jid = KEYS_ids.periodic("job", t)
         assert await r.get(K.ARQ_JOB + jid) == f"payload-{t}".encode()
@@ -434,11 +437,11 @@ async def test_enqueue_ticks_skips_ticks_at_or_before_last(r: Any) -> None:
     await r.delete(*(K.ARQ_JOB + KEYS_ids.periodic("job", t) for t in ticks))
     await r.delete(KEYS.queue)
     # the jobs are gone (ran and expired), but the recorded last tick still refuses them
-    assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [0, 0, 2]
+    assert await _enqueue_ticks(r, "job", ticks[-1], ticks) == [0, 0, 2, 0]
     assert await r.zcard(KEYS.queue) == 0
     # a later tick still goes through; the earlier ones count as skipped
     later = [*ticks, T + 120_000]
-    assert await _enqueue_ticks(r, "job", later[-1], later) == [1, 0, 2]
+    assert await _enqueue_ticks(r, "job", later[-1], later) == [1, 0, 2, 0]
 
 
 async def test_enqueue_ticks_dedups_when_job_or_result_exists(r: Any) -> None:
@@ -446,20 +449,37 @@ async def test_enqueue_ticks_dedups_when_job_or_result_exists(r: Any) -> None:
     t1, t2, t3 = T, T + 60_000, T + 120_000
     await r.set(K.ARQ_JOB + KEYS_ids.periodic("job", t1), b"theirs")
     await r.set(K.ARQ_RESULT + KEYS_ids.periodic("job", t2), b"done")
-    assert await _enqueue_ticks(r, "job", t3, [t1, t2, t3]) == [1, 2, 0]
+    assert await _enqueue_ticks(r, "job", t3, [t1, t2, t3]) == [1, 2, 0, 0]
     assert await r.get(K.ARQ_JOB + KEYS_ids.periodic("job", t1)) == b"theirs"  # untouched
     assert await r.exists(K.ARQ_JOB + KEYS_ids.periodic("job", t2)) == 0
     assert await r.zrange(KEYS.queue, 0, -1) == [KEYS_ids.periodic("job", t3).encode()]
     assert await r.hget(KEYS.periodic_state, "job") == str(t3).encode()
 
 
+async def test_enqueue_ticks_refuses_to_skip_past_a_state_that_went_back(r: Any) -> None:
+    """The caller recorded (and had confirmed) tick T + 60 s, but Redis says T: it lost those
+    writes. Nothing is written for the job, and it is reported, so the caller re-plans from
+    what Redis has instead of skipping the lost tick for good."""
+    await r.set(KEYS.leader, MINE)
+    await _enqueue_ticks(r, "job", T, [T])
+    t2, t3 = T + 60_000, T + 120_000
+    assert await _enqueue_ticks(r, "job", t3, [t3], known=t2) == [0, 0, 0, 1]
+    assert await r.hget(KEYS.periodic_state, "job") == str(T).encode()
+    assert await r.zrange(KEYS.queue, 0, -1) == [KEYS_ids.periodic("job", T).encode()]
+    # planned again from the recorded state, the lost tick goes through with the new one
+    assert await _enqueue_ticks(r, "job", t3, [t2, t3], known=T) == [2, 0, 0, 0]
+    assert await r.hget(KEYS.periodic_state, "job") == str(t3).encode()
+    # a state that moved ahead of what the caller knew (another leader) is no rollback
+    assert await _enqueue_ticks(r, "job", t3, [], known=T) == [0, 0, 0, 0]
+
+
 async def test_enqueue_ticks_records_advance_even_without_ticks(r: Any) -> None:
     await r.set(KEYS.leader, MINE)
-    assert await _enqueue_ticks(r, "job", T, []) == [0, 0, 0]
+    assert await _enqueue_ticks(r, "job", T, []) == [0, 0, 0, 0]
     assert await r.hget(KEYS.periodic_state, "job") == str(T).encode()
     assert await r.zcard(KEYS.queue) == 0
     # never moves backwards
-    assert await _enqueue_ticks(r, "job", T - 60_000, []) == [0, 0, 0]
+    assert await _enqueue_ticks(r, "job", T - 60_000, []) == [0, 0, 0, 0]
     assert await r.hget(KEYS.periodic_state, "job") == str(T).encode()
     # other jobs have their own entry
     await _enqueue_ticks(r, "other", T - 5, [])

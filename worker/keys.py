@@ -521,9 +521,15 @@ ENQUEUE_TICKS = (
 -- ARGV[4] -> job key TTL in ms
 -- ARGV[5] -> wake channel
 -- ARGV[6..] -> per periodic job: name, newest due tick (recorded as last even if the policy
---              skipped it), its queue's index in KEYS, n, then n triples (tick ms, job id,
---              serialized arq job), ascending
--- Returns: per job, in order: enqueued, deduplicated (id existed), skipped (tick <= last)
+--              skipped it), its queue's index in KEYS, the last tick the caller knows is
+--              recorded (-1 if none), n, then n triples (tick ms, job id, serialized arq job),
+--              ascending
+-- A recorded last tick *below* the one the caller knows means Redis lost writes it had
+-- confirmed (a failover to a replica that missed them, with the lease still valid there): the
+-- job is left untouched and reported as rolled back, so the caller reads the state again and
+-- enqueues the lost ticks per its catch-up policy instead of skipping past them.
+-- Returns: per job, in order: enqueued, deduplicated (id existed), skipped (tick <= last),
+-- rolled back (1: nothing written for the job, 0 otherwise)
 """
     + _FENCE
     + """
@@ -532,12 +538,15 @@ local earliest = nil
 local i = 6
 while i <= #ARGV do
   local name, advance = ARGV[i], tonumber(ARGV[i + 1])
-  local queue, n = KEYS[tonumber(ARGV[i + 2])], tonumber(ARGV[i + 3])
+  local queue, known, n = KEYS[tonumber(ARGV[i + 2])], tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
   local last = tonumber(redis.call('HGET', KEYS[2], name) or '-1')
   local paused = redis.call('SISMEMBER', KEYS[3], 'periodic:' .. name) == 1
-  local enqueued, dup, skipped = 0, 0, 0
+  local enqueued, dup, skipped, behind = 0, 0, 0, 0
   local adds = {}
-  for j = i + 4, i + 3 + 3 * n, 3 do
+  if last < known then
+    behind, n = 1, 0
+  end
+  for j = i + 5, i + 4 + 3 * n, 3 do
     local tick, id = tonumber(ARGV[j]), ARGV[j + 1]
     if tick <= last or paused then
       skipped = skipped + 1
@@ -556,14 +565,15 @@ while i <= #ARGV do
   if #adds > 0 then
     redis.call('ZADD', queue, unpack(adds))
   end
-  if advance > last then
+  if advance > last and behind == 0 then
     records[#records + 1] = name
     records[#records + 1] = string.format('%d', advance)
   end
   out[#out + 1] = enqueued
   out[#out + 1] = dup
   out[#out + 1] = skipped
-  i = i + 4 + 3 * n
+  out[#out + 1] = behind
+  i = i + 5 + 3 * tonumber(ARGV[i + 4])
 end
 if earliest ~= nil then
   redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))

@@ -36,6 +36,14 @@ class Metrics:
             ["job", "outcome"],
             registry=r,
         )
+        self.periodic_rollbacks = Counter(
+            "worker_periodic_rollbacks",
+            "Times the leader found a periodic job's recorded last tick behind the one it had "
+            "recorded and confirmed (a failover lost confirmed writes); the lost ticks are "
+            "enqueued again per catch_up.",
+            ["job"],
+            registry=r,
+        )
         self.dispatched = Counter(
             "worker_poll_items",
             "Poll items by outcome: dispatched, in_flight (deferred), duplicate.",

@@ -38,7 +38,7 @@ from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
-from worker.store import FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
+from worker.store import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 
 log = structlog.get_logger("worker.periodic")
 
@@ -255,15 +255,17 @@ class PeriodicEnqueuer(LoopComponent):
                 due.append((job, ticks, advance_to))
             else:
                 self._next[job.name] = job.schedule.next(max(advance_to, now_ms))
-        if due:
-            await self._enqueue(due, now_ms)
+        if due and await self._enqueue(due, now_ms):
+            return 0.001  # Redis went back: read the recorded ticks again and plan anew now
         next_due = min(self._next.get(j.name) or j.schedule.next(now_ms) for j in self.jobs)
         # wake 1 ms after the instant: asyncio timers may fire up to a millisecond early
         return max(0.001, min(MAX_SLEEP_S, (next_due + 1 - ms(self.clock.time())) / 1000))
 
-    async def _enqueue(self, due: list[tuple[PeriodicDef, list[int], int]], now_ms: int) -> None:
+    async def _enqueue(self, due: list[tuple[PeriodicDef, list[int], int]], now_ms: int) -> bool:
+        """Enqueue the planned ticks; ``True`` when Redis was found behind what this enqueuer
+        knows it recorded (:meth:`_rolled_back`), nothing being written for those jobs."""
         batch = [
-            (
+            DueTicks(
                 job.name,
                 advance_to,
                 [
@@ -275,14 +277,45 @@ class PeriodicEnqueuer(LoopComponent):
                     for t in ticks
                 ],
                 job.queue,
+                self._last.get(job.name, -1),
             )
             for job, ticks, advance_to in due
         ]
         outcomes = await self.store.enqueue_ticks(batch, expires_extra_ms)
+        behind = []
         for (job, ticks, advance_to), out in zip(due, outcomes, strict=True):
+            if out.rolled_back:
+                behind.append(job.name)
+                continue
             self._last[job.name] = max(advance_to, self._last.get(job.name, -1))
             self._next[job.name] = job.schedule.next(self._last[job.name])
             self._record(job, ticks, out, now_ms)
+        if behind:
+            self._rolled_back(behind)
+        return bool(behind)
+
+    def _rolled_back(self, names: list[str]) -> None:
+        """Redis's recorded last tick of ``names`` is behind the one this enqueuer recorded
+        and had confirmed: Redis lost confirmed writes while this process kept the lease (a
+        failover to a replica that missed them: a primary deposed while still serving, a
+        replica promoted without the newest writes). The ticks enqueued in those writes went
+        with them. Trusting the memory would skip past them for good; instead the state is
+        read again and the lost ticks are enqueued per each job's ``catch_up`` (a tick that
+        already ran on the lost writes may then run again: at-least-once, like any job whose
+        record a failover lost)."""
+        known = {name: self._last.get(name) for name in names}
+        log.error(
+            "REDIS WENT BACK: the recorded last tick of periodic job(s) is behind what this "
+            "leader recorded and had confirmed (a failover lost confirmed writes); reading the "
+            "state again and catching the lost ticks up per catch_up",
+            jobs=known,
+        )
+        if self.metrics is not None:
+            for name in names:
+                self.metrics.periodic_rollbacks.labels(name).inc()
+        self._read_at = float("-inf")
+        for name in names:
+            self._next.pop(name, None)
 
     def _record(self, job: PeriodicDef, ticks: list[int], out: TickOutcome, now_ms: int) -> None:
         late = min(sum(1 for t in ticks if now_ms - t > ON_TIME_MS), out.enqueued)

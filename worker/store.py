@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -69,6 +69,18 @@ class NewJob:
     job_id: str
     payload: bytes
     score_ms: int = 0
+
+
+class DueTicks(NamedTuple):
+    """One periodic job's part of an :meth:`FencedStore.enqueue_ticks` call: the newest due
+    tick to record (even when the policy skips it), the ticks to enqueue as jobs scored at
+    their tick, the queue, and the last tick the caller knows is recorded (-1 if none)."""
+
+    name: str
+    advance_to: int
+    ticks: Sequence[NewJob]
+    queue: str
+    known_last: int = -1
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,9 @@ class TickOutcome:
     enqueued: int
     duplicate: int
     skipped: int
+    #: Redis's recorded last tick was behind the one the caller knew (it lost confirmed
+    #: writes): nothing was written for the job; read the state again and plan anew.
+    rolled_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -1137,17 +1152,15 @@ class FencedStore:
             raise self.store._short("fenced write", acked)
         return result
 
-    async def enqueue_ticks(
-        self, due: Sequence[tuple[str, int, Sequence[NewJob], str]], ttl_ms: int
-    ) -> list[TickOutcome]:
-        """Enqueue the ticks of several periodic jobs in one step: per job ``(name, newest due
-        tick to record, ticks as jobs scored at their tick, queue)`` (``keys.ENQUEUE_TICKS``)."""
+    async def enqueue_ticks(self, due: Sequence[DueTicks], ttl_ms: int) -> list[TickOutcome]:
+        """Enqueue the ticks of several periodic jobs in one step (``keys.ENQUEUE_TICKS``); a
+        job whose recorded last tick is behind ``known_last`` comes back ``rolled_back``."""
         args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, self.keys.wake]
         queues: list[str] = []
-        for name, advance_to, ticks, queue in due:
+        for name, advance_to, ticks, queue, known_last in due:
             if queue not in queues:
                 queues.append(queue)
-            args += [name, advance_to, queues.index(queue) + 4, len(ticks)]
+            args += [name, advance_to, queues.index(queue) + 4, known_last, len(ticks)]
             for t in ticks:
                 args += [t.score_ms, t.job_id, t.payload]
         keys = [
@@ -1157,8 +1170,8 @@ class FencedStore:
         ]
         raw = await self._run(self.store.enqueue_ticks_script, keys, args)
         return [
-            TickOutcome(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]))
-            for i in range(0, len(raw), 3)
+            TickOutcome(int(raw[i]), int(raw[i + 1]), int(raw[i + 2]), raw[i + 3] == 1)
+            for i in range(0, len(raw), 4)
         ]
 
     async def dispatch(
