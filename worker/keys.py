@@ -538,15 +538,17 @@ local earliest = nil
 local i = 6
 while i <= #ARGV do
   local name, advance = ARGV[i], tonumber(ARGV[i + 1])
-  local queue, known, n = KEYS[tonumber(ARGV[i + 2])], tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+  local queue, known = KEYS[tonumber(ARGV[i + 2])], tonumber(ARGV[i + 3])
+  local n = tonumber(ARGV[i + 4])
   local last = tonumber(redis.call('HGET', KEYS[2], name) or '-1')
   local paused = redis.call('SISMEMBER', KEYS[3], 'periodic:' .. name) == 1
   local enqueued, dup, skipped, behind = 0, 0, 0, 0
   local adds = {}
+  local todo = n
   if last < known then
-    behind, n = 1, 0
+    behind, todo = 1, 0
   end
-  for j = i + 5, i + 4 + 3 * n, 3 do
+  for j = i + 5, i + 4 + 3 * todo, 3 do
     local tick, id = tonumber(ARGV[j]), ARGV[j + 1]
     if tick <= last or paused then
       skipped = skipped + 1
@@ -573,7 +575,7 @@ while i <= #ARGV do
   out[#out + 1] = dup
   out[#out + 1] = skipped
   out[#out + 1] = behind
-  i = i + 5 + 3 * tonumber(ARGV[i + 4])
+  i = i + 5 + 3 * n
 end
 if earliest ~= nil then
   redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
