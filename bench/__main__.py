@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "latency": ("bench.latency", "idle wake-up and tick start latency"),
     "wait": ("bench.wait", "durable writes: WAIT 1 replica vs none (consumer, enqueue)"),
     "failover": ("bench.failover", "primary SIGKILLed under Sentinel: duplicates, losses, times"),
+    "depose": ("bench.depose", "a live primary deposed: WAIT-confirmed writes lost, by policy"),
     "cluster": ("bench.cluster", "3-node Redis Cluster: per-node load, commands per job"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
 }

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,8 @@ class Kill:
     port: int
     promoted_after_s: float = 0.0
     first_tick_after_s: float | None = None
+    #: the old primary was not killed but deposed (a planned switch): it stays up
+    deposed: bool = False
 
 
 @dataclass
@@ -350,14 +352,23 @@ class Scenario:
             self.outcome.exit_codes[p.name] = p.terminate()
 
     # -- faults -------------------------------------------------------------------------------
-    def _kill_when(self, moment: str, changed: Callable[[redis.Redis], bool]) -> Kill:
-        """SIGKILL the primary the moment ``changed(client)`` (polled every ms on it) is true."""
+    def _kill_when(
+        self,
+        moment: str,
+        changed: Callable[[redis.Redis], bool],
+        fault: Callable[[Node, redis.Redis], None] | None = None,
+    ) -> Kill:
+        """SIGKILL the primary the moment ``changed(client)`` (polled every ms on it) is true;
+        or apply ``fault(primary, client)`` instead (the primary is then deposed, not dead)."""
         node = self.s.primary()
         with node.client(decode_responses=True, socket_timeout=2) as c:
             wait_for(lambda: changed(c), 30, f"the moment: {moment}", interval=0.001)
-            node.kill()
-        kill = Kill(moment, time.time(), node.port)
-        self.say(f"killed the primary :{node.port} {moment}")
+            if fault is None:
+                node.kill()
+            else:
+                fault(node, c)
+        kill = Kill(moment, time.time(), node.port, deposed=fault is not None)
+        self.say(f"{'deposed' if fault else 'killed'} the primary :{node.port} {moment}")
         new = self.s.wait_failover(node, timeout=60)
         kill.promoted_after_s = time.time() - kill.at
         self.say(f"promoted :{new.port} after {kill.promoted_after_s:.2f}s")
@@ -369,6 +380,24 @@ class Scenario:
         before = self._on_primary(lambda c: c.hget(key, "tick"))
         return self._kill_when(
             "right after a tick was enqueued", lambda c: c.hget(key, "tick") != before
+        )
+
+    def planned_failover_after_tick(self, pause_ms: int = 5_000) -> Kill:
+        """The planned switch of the README ("Scale", Limits), right after a tick was enqueued:
+        ``CLIENT PAUSE <pause_ms> WRITE`` on the primary, then ``SENTINEL FAILOVER``. The old
+        primary stays up; the Sentinels make it a replica."""
+        assert isinstance(self.s, SentinelSet), "a planned switch is a Sentinel procedure"
+        sentinels = self.s
+        key = f"{self.prefix}periodic:last"
+        before = self._on_primary(lambda c: c.hget(key, "tick"))
+
+        def switch(node: Node, c: redis.Redis) -> None:
+            c.execute_command("CLIENT", "PAUSE", pause_ms, "WRITE")
+            with sentinels.sentinel_client(sentinels.sentinel_ports[0]) as sc:
+                sc.execute_command("SENTINEL", "FAILOVER", sentinels.master)
+
+        return self._kill_when(
+            "planned switch right after a tick", lambda c: c.hget(key, "tick") != before, switch
         )
 
     def kill_after_checkpoint(self) -> Kill:
@@ -406,8 +435,9 @@ class Scenario:
         kill.first_tick_after_s = float(ran_at) - kill.at
         self.say(f"first tick due after the kill ran {kill.first_tick_after_s:.2f}s after it")
 
-    def bring_back(self, node: Node) -> None:
-        self.s.restart(node)
+    def bring_back(self, node: Node, *, deposed: bool = False) -> None:
+        if not deposed:  # a deposed primary is up: the Sentinels turn it into a replica
+            self.s.restart(node)
         self.s.wait_replica(node, timeout=90)
         self.say(f"old primary :{node.port} is a synced replica again")
 
@@ -424,7 +454,11 @@ class Scenario:
                 self.outcome.primaries.append((time.time(), port))
                 seen = port
 
-    def run(self) -> Outcome:
+    def run(self, faults: Sequence[str] = ("checkpoint", "tick", "dispatch")) -> Outcome:
+        """The scenario with ``faults`` in order: ``checkpoint``, ``tick``, ``dispatch`` (the
+        primary SIGKILLed right after that write), ``planned`` (a planned switch right after a
+        tick, see :meth:`planned_failover_after_tick`). Poll items are scheduled before the
+        first ``dispatch``."""
         o = self.outcome
         enq = Enqueuer(self.s.url(), self.prefix, wait_replicas=self.wait_replicas)
         stop_watch = threading.Event()
@@ -442,13 +476,19 @@ class Scenario:
             enq.start()
             time.sleep(1.0)
 
-            # kill 1: just after an initializer batch, the initializer mid-way
-            self._recover(self.kill_after_checkpoint())
-            # kill 2: just after a tick
-            self._recover(self.kill_after_tick())
-            # kill 3: poll items fall due over the next seconds; just after a dispatch batch
-            self._schedule_items(count=600, spread_s=20.0)
-            self._recover(self.kill_after_dispatch())
+            for fault in faults:
+                if fault == "checkpoint":  # just after an initializer batch, mid-way
+                    self._recover(self.kill_after_checkpoint())
+                elif fault == "tick":
+                    self._recover(self.kill_after_tick())
+                elif fault == "dispatch":  # poll items fall due over the next seconds
+                    if not o.items_expected:
+                        self._schedule_items(count=600, spread_s=20.0)
+                    self._recover(self.kill_after_dispatch())
+                elif fault == "planned":
+                    self._recover(self.planned_failover_after_tick())
+                else:
+                    raise ValueError(f"unknown fault {fault!r}")
         finally:
             enq.stop()
             stop_watch.set()
@@ -461,7 +501,7 @@ class Scenario:
     def _recover(self, kill: Kill) -> None:
         """Wait for the first tick due after ``kill``, then bring the killed node back."""
         self.wait_first_tick_after(kill)
-        self.bring_back(next(n for n in self.s.nodes if n.port == kill.port))
+        self.bring_back(next(n for n in self.s.nodes if n.port == kill.port), deposed=kill.deposed)
 
     def _schedule_items(self, count: int, spread_s: float) -> None:
         async def go() -> None:

@@ -249,6 +249,49 @@ async def test_client_from_env_follows_a_failover(
 
 
 @pytest.mark.slow
+async def test_a_pool_leaves_a_primary_deposed_while_it_still_serves(
+    sentinels: SentinelSet,
+) -> None:
+    """``SENTINEL FAILOVER`` deposes a primary that goes on serving until the Sentinels
+    reconfigure it (10-20 s measured): a pooled connection that never fails stays on it, and
+    every write it takes there is lost. The pool asks the Sentinels every second and moves:
+    writes land on the new primary within a few seconds of the switch.
+
+    Before (redis-py's pool alone): the writes went to the deposed primary until it was
+    reconfigured (10.2 s after the switch in the run this test was written against)."""
+    target = parse_redis_url(sentinels.url(), sentinel_password="sentinel-pw")
+    r = connect_redis(target, queue_name="conn:queue", serialize=SER, deserialize=DE)
+
+    async def where() -> int:
+        async with r.pipeline(transaction=False) as pipe:
+            pipe.incr("conn:deposed")
+            pipe.info("server")
+            _, info = await pipe.execute()
+        return int(info["tcp_port"])
+
+    try:
+        old = sentinels.primary()
+        assert await where() == old.port
+        new = sentinels.manual_failover()  # the old primary stays up, a master for now
+        switched = time.monotonic()
+        moved_after: float | None = None
+        while time.monotonic() - switched < 20:
+            try:
+                port = await where()
+            except (RedisConnectionError, ResponseError):
+                port = None  # READONLY once reconfigured: the pool reconnects
+            if port == new.port:
+                moved_after = time.monotonic() - switched
+                break
+            await asyncio.sleep(0.1)
+        print(f"writes on the new primary {moved_after}s after the switch")
+        assert moved_after is not None and moved_after < 5.0, moved_after
+        sentinels.wait_replica(old, timeout=60)
+    finally:
+        await r.aclose(close_connection_pool=True)
+
+
+@pytest.mark.slow
 async def test_cli_and_console_use_sentinel_and_follow_a_failover(
     sentinels: SentinelSet, cli: CliRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,10 +67,17 @@ def ledger() -> Iterator[RealRedis]:
         server.close()
 
 
-def check(o: Outcome) -> None:
+KILLS = [
+    "right after an initializer batch",
+    "right after a tick was enqueued",
+    "right after a poll dispatch batch",
+]
+
+
+def check(o: Outcome, moments: list[str] = KILLS) -> None:
     assert not o.tick_duplicates, f"ticks run twice: {o.tick_duplicates}"
     assert not o.tick_misses, f"ticks never run: {o.tick_misses}"
-    assert len(o.ticks) >= 20
+    assert len(o.ticks) >= 15
     assert not o.item_duplicates, f"poll items run twice: {o.item_duplicates}"
     assert o.item_misses == 0, f"{o.item_misses} poll items never ran"
     assert not o.lost, f"{len(o.lost)} acknowledged enqueues never ran: {o.lost[:5]}"
@@ -85,11 +92,7 @@ def check(o: Outcome) -> None:
     # nobody caused (a deposed primary, see above) that lost its checkpoint
     extra = max(0, len(o.primaries) - 1 - len(o.kills))
     assert all(n <= 2 + extra for n in o.init_batches.values()), (o.init_batches, o.primaries)
-    assert [k.moment for k in o.kills] == [
-        "right after an initializer batch",
-        "right after a tick was enqueued",
-        "right after a poll dispatch batch",
-    ]
+    assert [k.moment for k in o.kills] == moments
     for kill in o.kills:
         assert kill.first_tick_after_s is not None
         assert kill.first_tick_after_s < FIRST_TICK_BOUND_S, o.summary()
@@ -103,6 +106,25 @@ def test_sentinel_primary_killed_at_the_worst_moments_costs_no_duplicate_and_no_
     o = Scenario(sentinels, ledger.url, tmp_path, say=print).run()
     print("failover outcome:", o.summary())
     check(o)
+
+
+def test_sentinel_planned_switch_with_writes_paused_costs_no_duplicate_and_no_loss(
+    sentinels: SentinelSet, ledger: RealRedis, tmp_path: Path
+) -> None:
+    """A planned switch of a live primary, the README's recipe: ``CLIENT PAUSE 5000 WRITE``
+    on it, then ``SENTINEL FAILOVER``, right after a tick was enqueued, then a crash after a
+    poll dispatch batch. ``SENTINEL FAILOVER`` alone deposes a primary that goes on serving:
+    ``python -m bench depose`` measures ~1 s of WAIT-1-confirmed writes lost that way; with
+    the writes paused, the replicas have every confirmed write when one is promoted, and the
+    old primary has no replica left to confirm a write after the pause. Everything exact, as
+    after a crash. The orphan reaper at its default (10 s), longer than the pause: a shorter
+    one would judge the consumers waiting on the paused primary dead and hand their running
+    jobs to others (at-least-once, README "Limits")."""
+    o = Scenario(
+        sentinels, ledger.url, tmp_path, extra_env={"WORKER_ORPHAN_STALE_S": "10"}, say=print
+    ).run(faults=("planned", "dispatch"))
+    print("planned switch outcome:", o.summary())
+    check(o, ["planned switch right after a tick", "right after a poll dispatch batch"])
 
 
 def test_cluster_slot_primary_killed_at_the_worst_moments_costs_no_duplicate_and_no_loss(

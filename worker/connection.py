@@ -12,8 +12,9 @@ parsed ``WORKER_REDIS_URL``:
   ``?sentinel_username=…&sentinel_password=…`` or ``WORKER_SENTINEL_USERNAME`` /
   ``WORKER_SENTINEL_PASSWORD``. Every new connection asks the Sentinels for the current
   primary, and a connection to a primary that was demoted is dropped at its first write
-  (redis-py's ``SentinelConnectionPool``), so after a failover every process finds the new
-  primary by itself;
+  (redis-py's ``SentinelConnectionPool``); the pool also asks every second and drops the
+  connections to a primary the Sentinels no longer name (one deposed while still serving), so
+  after a failover every process finds the new primary by itself;
 - ``redis+cluster://[user:password@]host1:7000,host2:7001`` (``rediss+cluster://``) — Redis
   Cluster. Every key of one app lives in one hash slot (a hash-tagged ``WORKER_KEY_PREFIX``
   such as ``{shop}:``), so the app talks to the one primary that serves that slot, over plain
@@ -24,8 +25,10 @@ parsed ``WORKER_REDIS_URL``:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool, Redis
-from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.connection import parse_url
 from redis.crc import key_slot
@@ -291,12 +294,57 @@ def _host_port(text: str, default: int, bad: Any) -> tuple[str, int]:
 # -- connection pools -----------------------------------------------------------------------
 
 
+#: How often a Sentinel pool asks the Sentinels who the primary is while its connections stay
+#: up (a background question, never on a command's path).
+MASTER_CHECK_S = 1.0
+
+
 class _SentinelPool(SentinelConnectionPool):
-    """redis-py's Sentinel pool; closing it also closes its connections to the Sentinels."""
+    """redis-py's Sentinel pool, which asks the Sentinels for the primary on every new
+    connection and drops a connection whose write a demoted primary refuses; this one also
+    leaves a primary that was *deposed while it still serves*: a ``SENTINEL FAILOVER``, or
+    Sentinels that lost sight of a primary the workers still reach. Such a primary takes writes
+    until the Sentinels reconfigure it (10-20 s measured), and a replica still following it may
+    confirm them; they are all lost. So every :data:`MASTER_CHECK_S` (in the background) the
+    pool asks the Sentinels, and a connection to any other address is dropped when next taken
+    from the pool; it reconnects to the primary named now. Closing the pool also closes its
+    connections to the Sentinels."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._asked_at = float("-inf")
+        self._asking: asyncio.Task[None] | None = None
+
+    async def ensure_connection(self, connection: AbstractConnection) -> None:
+        self._ask_sentinels()
+        named = self.master_address
+        if (
+            named is not None
+            and connection.is_connected
+            and (getattr(connection, "host", None), getattr(connection, "port", None)) != named
+        ):
+            await connection.disconnect()  # to a deposed primary: connect to the named one
+        await super().ensure_connection(connection)
+
+    def _ask_sentinels(self) -> None:
+        now = time.monotonic()
+        if now - self._asked_at < MASTER_CHECK_S or (self._asking and not self._asking.done()):
+            return
+        self._asked_at = now
+        self._asking = asyncio.get_running_loop().create_task(self._ask())
+
+    async def _ask(self) -> None:
+        # a new address drops the idle connections (redis-py); unreachable Sentinels: keep
+        # the address known, the commands fail or succeed on their own
+        with contextlib.suppress(Exception):
+            await self.get_master_address()  # type: ignore[no-untyped-call]
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
         await super().disconnect(inuse_connections)
         if inuse_connections:  # a full close (not the idle sweep after a failover)
+            if self._asking is not None and not self._asking.done():
+                self._asking.cancel()
+                await asyncio.wait([self._asking])  # its connections closed before the below
             for sentinel in self.sentinel_manager.sentinels:
                 with contextlib.suppress(Exception):
                     await sentinel.aclose()
@@ -462,7 +510,7 @@ def connect_redis(
             manager = Sentinel(  # type: ignore[no-untyped-call]
                 list(target.nodes), sentinel_kwargs=sentinel_kwargs
             )
-            pool = _SentinelPool(  # type: ignore[no-untyped-call]
+            pool = _SentinelPool(
                 target.service,
                 manager,
                 db=target.db,
