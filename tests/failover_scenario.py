@@ -15,6 +15,10 @@ One run:
 5. after each kill the old primary comes back and rejoins as a replica (so the next kill has
    a replica to promote); everything settles; the ledgers are counted.
 
+``Scenario.run(faults=...)`` picks other faults in another order, e.g. ``("planned",
+"dispatch")``: a planned switch (``CLIENT PAUSE … WRITE``, ``SENTINEL FAILOVER``: the old
+primary stays up and the Sentinels make it a replica), then a kill after a dispatch batch.
+
 :class:`Outcome` holds what was counted: ticks run twice or never, poll items run twice or
 never, acknowledged enqueues never run (lost) or run twice, overlaps of the singleton
 service, the initializer's batches, and per kill the time until the first tick due after it
@@ -154,8 +158,9 @@ class Enqueuer(threading.Thread):
 
 @dataclass
 class Kill:
-    """One SIGKILL of the primary: when, at which moment, and how long until the first tick
-    due after it had run (from the ledger's run times)."""
+    """One fault of the primary (a SIGKILL, or a planned switch that deposes it): when, at
+    which moment, and how long until the first tick due after it had run (from the ledger's
+    run times)."""
 
     moment: str
     at: float
