@@ -54,12 +54,12 @@ def one_run(replicas: int, pause_ms: int | None) -> dict[str, Any]:
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
         time.sleep(1.0)
+        s.wait_promotable()
         if pause_ms is not None:
             with old.client() as c:
                 c.execute_command("CLIENT", "PAUSE", pause_ms, "WRITE")
         at = time.time()
-        with s.sentinel_client(s.sentinel_ports[0]) as c:
-            c.execute_command("SENTINEL", "FAILOVER", s.master)
+        s.failover(wait=False, timeout=2.0)
         new = s.wait_failover(old, 30)
         promoted = time.time() - at
         time.sleep(15.0)

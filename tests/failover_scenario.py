@@ -398,9 +398,9 @@ class Scenario:
 
         def switch(node: Node, c: redis.Redis) -> None:
             c.execute_command("CLIENT", "PAUSE", pause_ms, "WRITE")
-            with sentinels.sentinel_client(sentinels.sentinel_ports[0]) as sc:
-                sc.execute_command("SENTINEL", "FAILOVER", sentinels.master)
+            sentinels.failover(wait=False, timeout=pause_ms / 2000)
 
+        sentinels.wait_promotable()  # before the moment: the pause must not wait for it
         return self._kill_when(
             "planned switch right after a tick", lambda c: c.hget(key, "tick") != before, switch
         )

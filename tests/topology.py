@@ -326,11 +326,50 @@ class SentinelSet:
 
         return wait_for(promoted, timeout, "a failover")  # type: ignore[no-any-return]
 
+    def wait_promotable(self, timeout: float = 30.0) -> None:
+        """Wait until the first Sentinel (the one :meth:`failover` asks) would promote a
+        replica: one up, linked, and whose link it does not remember as down. Right after a
+        failover it may not yet: it refreshes a replica's INFO every 10 s, and until then a
+        replica that was reconfigured a moment ago still counts as long unlinked
+        (``NOGOODSLAVE No suitable replica to promote``)."""
+
+        def promotable() -> bool:
+            with self.sentinel_client(self.sentinel_ports[0]) as c:
+                replicas = c.execute_command("SENTINEL", "REPLICAS", self.master)
+            for flat in replicas:
+                info = dict(zip(flat[::2], flat[1::2], strict=True))
+                if (
+                    info.get("flags") == "slave"
+                    and info.get("master-link-status") == "ok"
+                    and int(info.get("master-link-down-time", 1)) == 0
+                ):
+                    return True
+            return False
+
+        wait_for(promotable, timeout, "a replica the Sentinels would promote", interval=0.2)
+
+    def failover(self, *, wait: bool = True, timeout: float = 30.0) -> None:
+        """``SENTINEL FAILOVER`` (after :meth:`wait_promotable` unless ``wait`` is false), sent
+        again while the Sentinel answers ``NOGOODSLAVE`` or ``INPROG``: a forced failover that
+        does not stop the old primary (it serves until the Sentinels reconfigure it)."""
+        if wait:
+            self.wait_promotable(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with self.sentinel_client(self.sentinel_ports[0]) as c:
+                    c.execute_command("SENTINEL", "FAILOVER", self.master)
+                return
+            except redis.ResponseError as exc:
+                busy = str(exc).startswith(("NOGOODSLAVE", "INPROG"))
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def manual_failover(self, timeout: float = 30.0) -> Node:
-        """``SENTINEL FAILOVER``: the primary hands over to a replica (no data loss)."""
+        """:meth:`failover`, then wait for the new primary."""
         old = self.primary()
-        with self.sentinel_client(self.sentinel_ports[0]) as c:
-            c.execute_command("SENTINEL", "FAILOVER", self.master)
+        self.failover()
         return self.wait_failover(old, timeout)
 
     def restart(self, node: Node) -> None:
