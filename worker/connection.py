@@ -334,17 +334,38 @@ class _SentinelPool(SentinelConnectionPool):
         self._asking = asyncio.get_running_loop().create_task(self._ask())
 
     async def _ask(self) -> None:
-        # a new address drops the idle connections (redis-py); unreachable Sentinels: keep
-        # the address known, the commands fail or succeed on their own
-        with contextlib.suppress(Exception):
-            await self.get_master_address()  # type: ignore[no-untyped-call]
+        """Ask the Sentinels in turn, each over a connection of its own closed right after
+        (nothing outlives the question, even a cancelled one); the first answer counts. A new
+        address drops the idle connections; no answer keeps the address known (the commands
+        fail or succeed on their own)."""
+        manager = self.sentinel_manager
+        for known in list(manager.sentinels):
+            where = known.connection_pool.connection_kwargs
+            sentinel = Redis(host=where["host"], port=where["port"], **manager.sentinel_kwargs)
+            try:
+                addr = await sentinel.execute_command(  # type: ignore[no-untyped-call]
+                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name
+                )
+            except Exception:  # this Sentinel cannot say: ask the next
+                continue
+            finally:
+                with contextlib.suppress(Exception):
+                    await sentinel.aclose()
+            if not addr:
+                continue
+            host, port = (x.decode() if isinstance(x, bytes) else str(x) for x in addr)
+            named = (host, int(port))
+            if self.master_address is not None and named != self.master_address:
+                self.master_address = named
+                await super().disconnect(inuse_connections=False)  # idle ones, to the old
+            return
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
+        if inuse_connections and self._asking is not None and not self._asking.done():
+            self._asking.cancel()  # a full close: no question left running
+            await asyncio.wait([self._asking])
         await super().disconnect(inuse_connections)
         if inuse_connections:  # a full close (not the idle sweep after a failover)
-            if self._asking is not None and not self._asking.done():
-                self._asking.cancel()
-                await asyncio.wait([self._asking])  # its connections closed before the below
             for sentinel in self.sentinel_manager.sentinels:
                 with contextlib.suppress(Exception):
                     await sentinel.aclose()
