@@ -15,7 +15,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_sync
@@ -50,18 +52,26 @@ def _skewed_env(lib: str, offset_file: Path, offset: str) -> dict[str, str]:
     }
 
 
-def _leader(r: redis_sync.Redis, prefix: str) -> str | None:
+def _records(r: redis_sync.Redis, prefix: str) -> dict[str, dict[str, Any]]:
     keys = K.Keys(prefix)
-    for raw in r.mget([keys.instance(i.decode()) for i in r.zrange(keys.instances, 0, -1)] or [""]):
-        rec = json.loads(raw) if raw else {}
-        if rec.get("is_leader"):
-            return str(rec.get("name"))
-    return None
+    ids = [i.decode() for i in r.zrange(keys.instances, 0, -1)]
+    raw = r.mget([keys.instance(i) for i in ids]) if ids else []
+    return {str(rec["name"]): rec for rec in (json.loads(x) for x in raw if x)}
 
 
-def _wait(predicate: object, timeout: float) -> None:
+def _leader(r: redis_sync.Redis, prefix: str) -> str | None:
+    leaders = [name for name, rec in _records(r, prefix).items() if rec.get("is_leader")]
+    return leaders[0] if leaders else None
+
+
+def _offset_s(r: redis_sync.Redis, prefix: str, name: str) -> float:
+    """The host's clock offset to the server's, as its heartbeat measured it (s)."""
+    return float(_records(r, prefix).get(name, {}).get("clock_offset_ms") or 0) / 1000
+
+
+def _wait(predicate: Callable[[], object], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
         time.sleep(0.1)
@@ -90,6 +100,9 @@ def test_skewed_and_jumping_host_clocks_neither_lose_double_nor_advance_ticks_or
         "all", name="fast", app=SKEW_APP, env={**env, **_skewed_env(lib, fast_file, "+30s")}
     )
     _wait(lambda: len(rsync.zrange(keys.instances, 0, -1)) == 2, 60)
+    # the fault is real: the hosts' clocks are off by what libfaketime says
+    _wait(lambda: abs(_offset_s(rsync, prefix, "slow") - 30) < 2, 30)
+    _wait(lambda: abs(_offset_s(rsync, prefix, "fast") + 30) < 2, 30)
     time.sleep(2)  # the fast host's consumer claims too
     slow.signal(signal.SIGTERM)  # a clean handoff: the fast host leads at once
     assert slow.proc.wait(60) == 0
@@ -97,6 +110,7 @@ def test_skewed_and_jumping_host_clocks_neither_lose_double_nor_advance_ticks_or
     handed_over = rsync.hlen(runs)
     _wait(lambda: rsync.hlen(runs) >= handed_over + 4, 60)
     fast_file.write_text("+50s\n")  # the fast host's clock jumps 20 s on
+    _wait(lambda: abs(_offset_s(rsync, prefix, "fast") + 50) < 2, 30)
     jumped = rsync.hlen(runs)
     _wait(lambda: rsync.hlen(runs) >= jumped + 5, 60)
     fast.signal(signal.SIGTERM)
@@ -118,9 +132,12 @@ def test_skewed_and_jumping_host_clocks_neither_lose_double_nor_advance_ticks_or
         f"{len(misplaced)} of {len(polls)} poll reschedules not 2 s after the server's now "
         f"(off by ms): {[round(p['score'] - p['server_ms'] - 2000) for p in misplaced][:5]}",
     ]
+    lags = [s - t for t, s in started.items()]
     figures = (
-        f"{len(counts)} ticks ran over {(last - first) / 1000:.0f} s; "
+        f"{len(counts)} ticks ran over {(last - first) / 1000:.0f} s, each began "
+        f"{min(lags)}..{max(lags)} ms after its instant; "
         f"{len(polls)} poll runs on {len(pids)} process(es)"
     )
+    print(figures)
     assert (lost, doubled, early, misplaced) == ([], {}, {}, []), "\n".join([figures, *problems])
     assert len(counts) >= 12 and len(pids) == 2, figures  # both skewed hosts were measured
