@@ -55,6 +55,7 @@ from typing import Any, Literal
 import structlog
 from redis.exceptions import RedisError
 
+from worker import malformed
 from worker.clock import Clock
 from worker.component import Component
 from worker.metrics import Metrics
@@ -250,14 +251,15 @@ class BroadcastListener(Component):
                     self.receive(entry, start=True)
             elif cursor != START and (entry is None or _id(entry.entry_id) < _id(cursor)):
                 topic = self.topic_of[key]
-                if entry is not None and self.recent.get(key, {}).get(entry.entry_id) == entry.seq:
+                kept = self.recent.get(key, {}).get(entry.entry_id) if entry is not None else None
+                if entry is not None and kept is not None and kept == entry.seq:
                     # The stream we read, without its newest entries (a failover to a replica
                     # that missed them): everything it kept was handled; read on after it.
                     log.warning(
                         "broadcast topic lost its newest messages (a failover?)", topic=topic
                     )
                     self.cursors[key] = entry.entry_id
-                    self.seqs[topic] = entry.seq
+                    self.seqs[topic] = kept
                 else:
                     log.warning("broadcast topic began again (Redis lost it?)", topic=topic)
                     self.cursors[key] = START
@@ -272,9 +274,14 @@ class BroadcastListener(Component):
         return len(entries)
 
     def receive(self, entry: BroadcastEntry, *, start: bool = False) -> None:
-        """Move the cursor past ``entry`` and queue it for the topic's handlers."""
+        """Move the cursor past ``entry`` and queue it for the topic's handlers; an entry
+        without a sequence number (not written by :func:`publish`) is skipped, logged once."""
         topic = self.topic_of[entry.key]
         self.cursors[entry.key] = entry.entry_id
+        if entry.seq is None:
+            malformed.skip("broadcast", entry.key, entry.entry_id, "its seq is not a number")
+            self._count(topic, "malformed")
+            return
         recent = self.recent.setdefault(entry.key, {})
         recent[entry.entry_id] = entry.seq
         if len(recent) > HISTORY:

@@ -941,15 +941,31 @@ BROADCAST = """
 -- ARGV[2] -> origin: the sender's instance id (or a client's id)
 -- ARGV[3] -> chain: comma-separated topics whose handlers caused this message ("" if none)
 -- ARGV[4] -> payload (serialized {"data": ...})
+-- An entry whose seq is not a whole number (not written here) is passed over: the number
+-- follows the newest valid one among the kept entries.
 -- Returns: {entry id, sequence number}.
-local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local seq = 1
-if newest[1] then
-  local fields = newest[1][2]
+local function seq_of(entry)
+  local fields = entry[2]
   for i = 1, #fields, 2 do
     if fields[i] == 'seq' then
-      seq = tonumber(fields[i + 1]) + 1
+      local n = tonumber(fields[i + 1])
+      if n and n >= 0 and n < 2 ^ 53 and n == math.floor(n) then
+        return n
+      end
     end
+  end
+  return nil
+end
+local seq = 1
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if newest[1] and not seq_of(newest[1]) then
+  newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[1])
+end
+for _, entry in ipairs(newest) do
+  local n = seq_of(entry)
+  if n then
+    seq = n + 1
+    break
   end
 end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*',
