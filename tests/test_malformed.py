@@ -25,6 +25,7 @@ from worker.embedded import free_port
 pytestmark = pytest.mark.slow
 
 BCAST_APP = "tests.apps.bcast:app"
+HOSTILE_APP = "tests.apps.hostile:app"
 TOKEN = "malformed-tests-token-0123456789"
 
 
@@ -55,19 +56,17 @@ def test_a_queue_score_of_infinity_is_skipped_and_jobs_after_it_run(
     prefix = spawn.prefix  # type: ignore[attr-defined]
     keys = K.Keys(prefix)
     port = free_port()
-    proc = spawn("all", name="solo", env={"WORKER_HEALTH_PORT": str(port)})
+    proc = spawn("all", name="solo", app=HOSTILE_APP, env={"WORKER_HEALTH_PORT": str(port)})
     wait_ready(proc, port)
     rsync.zadd(keys.queue, {"never-due": float("inf"), "always-due": float("-inf")})
     time.sleep(2.0)  # the consumer looks at the queue head while idle
-    client_call(rsync_url(rsync), prefix, "enqueue", "record", "after")
-    wait_until(
-        lambda: rsync.hget(f"{prefix}ledger:records", "after"), 30, what="the job after them"
-    )
+    client_call(rsync_url(rsync), prefix, "enqueue", "note", "after")
+    wait_until(lambda: rsync.hget(f"{prefix}hostile:notes", "after"), 30, what="the job after")
     time.sleep(1.0)
     assert proc.alive(), proc.log()[-3000:]
     assert consumer_restarts(port) == 0, proc.log()[-3000:]
     assert http_get(port, "/healthz")[0] == 200
-    assert int(rsync.hget(f"{prefix}ledger:records", "after") or 0) == 1
+    assert int(rsync.hget(f"{prefix}hostile:notes", "after") or 0) == 1
     assert len(skipped(proc, "never-due")) == 1, proc.log()[-3000:]
 
 

@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 from worker import malformed
 from worker.clock import Clock
 from worker.component import Component
+from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
 from worker.store import BroadcastEntry, Store
@@ -332,7 +333,7 @@ class BroadcastListener(Component):
             try:
                 await h.fn(self.context, data)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error = capped(f"{type(exc).__name__}: {exc}")
                 if attempt >= h.tries:
                     log.error(
                         "broadcast handler failed; giving up", error=error, exc_info=exc, **fields

@@ -302,6 +302,11 @@ class Keys:
         """Hash: job id -> JSON record {reason, payload (base64), at}."""
         return f"{self.prefix}dead:jobs"
 
+    @property
+    def dead_index(self) -> str:
+        """Hash: job id -> the same JSON record without its payload (what a listing reads)."""
+        return f"{self.prefix}dead:index"
+
 
 # ---------------------------------------------------------------------------------------------
 # Leadership
@@ -864,6 +869,7 @@ DEAD_RETRY = """
 -- KEYS[1] -> arq queue
 -- KEYS[2] -> dead-letter sorted set
 -- KEYS[3] -> dead-letter records hash
+-- KEYS[4] -> dead-letter index hash (records without payloads)
 -- ARGV[1] -> job id
 -- ARGV[2] -> raw payload (decoded from the record by the caller)
 -- ARGV[3] -> arq job key prefix
@@ -884,6 +890,7 @@ redis.call('SET', ARGV[3] .. ARGV[1], ARGV[2], 'PX', ARGV[6])
 redis.call('ZADD', KEYS[1], ARGV[7], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('PUBLISH', ARGV[8], ARGV[7])
 return 1
 """
@@ -1177,12 +1184,15 @@ DEAD_ADD = """
 -- Set a job aside in the bounded dead-letter set; the oldest entries beyond the cap go.
 -- KEYS[1] -> dead-letter sorted set (job id -> time set aside)
 -- KEYS[2] -> dead-letter records hash (job id -> JSON)
+-- KEYS[3] -> dead-letter index hash (job id -> JSON without the payload: listings read it)
 -- ARGV[1] -> job id
 -- ARGV[2] -> record (JSON)
 -- ARGV[3] -> now ms
 -- ARGV[4] -> most entries kept
+-- ARGV[5] -> the record without its payload (JSON)
 -- Returns: how many old entries were dropped.
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[4])
 if over <= 0 then
@@ -1197,6 +1207,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, over)) do
 end
 redis.call('ZREM', KEYS[1], unpack(old))
 redis.call('HDEL', KEYS[2], unpack(old))
+redis.call('HDEL', KEYS[3], unpack(old))
 return #old
 """
 

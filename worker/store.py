@@ -1086,26 +1086,40 @@ class Store:
     async def add_dead(
         self, job_id: str, record: Mapping[str, Any], at_ms: int, max_entries: int
     ) -> int:
-        """Set a job aside; returns how many of the oldest entries the cap dropped."""
+        """Set a job aside (its record, and the record without ``payload_b64`` in the index
+        listings read); returns how many of the oldest entries the cap dropped."""
+        index = {k: v for k, v in record.items() if k != "payload_b64"}
         dropped = await self._dead_add(
-            keys=[self.keys.dead, self.keys.dead_jobs],
-            args=[job_id, json.dumps(record), at_ms, max_entries],
+            keys=[self.keys.dead, self.keys.dead_jobs, self.keys.dead_index],
+            args=[job_id, json.dumps(record), at_ms, max_entries, json.dumps(index)],
         )
         return int(dropped)
 
     async def dead_records(
         self, limit: int, offset: int = 0
     ) -> list[tuple[str, dict[str, Any] | None]]:
-        """Dead letters newest first, ``limit`` from ``offset``: ``(job id, record or None)``."""
+        """Dead letters newest first, ``limit`` from ``offset``: ``(job id, record without its
+        payload, or None)``. Reads the index; only entries set aside before it existed are
+        read whole (their payload dropped here)."""
         ids = await self.redis.zrevrange(self.keys.dead, offset, offset + limit - 1)
         if not ids:
             return []
-        raw = await self.redis.hmget(self.keys.dead_jobs, ids)
-        return [(_s(i), json.loads(rec) if rec else None) for i, rec in zip(ids, raw, strict=True)]
+        raw = await self.redis.hmget(self.keys.dead_index, ids)
+        old = [i for i, rec in zip(ids, raw, strict=True) if rec is None]
+        legacy = await self.redis.hmget(self.keys.dead_jobs, old) if old else []
+        whole = dict(zip(old, legacy, strict=True))
+        out: list[tuple[str, dict[str, Any] | None]] = []
+        for i, rec in zip(ids, raw, strict=True):
+            key = self.keys.dead_index if rec is not None else self.keys.dead_jobs
+            record = _object(key, rec if rec is not None else whole.get(i))
+            if record is not None:
+                record.pop("payload_b64", None)
+            out.append((_s(i), record))
+        return out
 
     async def dead_record(self, job_id: str) -> dict[str, Any] | None:
-        raw = await self.redis.hget(self.keys.dead_jobs, job_id)
-        return json.loads(raw) if raw else None
+        """One dead letter's whole record (payload included), ``None`` if absent or unreadable."""
+        return _object(self.keys.dead_jobs, await self.redis.hget(self.keys.dead_jobs, job_id))
 
     async def dead_retry(
         self, job_id: str, payload: bytes, ttl_ms: int, now_ms: int, queue: str = K.DEFAULT_QUEUE
@@ -1113,7 +1127,7 @@ class Store:
         """Re-queue a dead letter: 1 re-queued, 0 the id is live, -1 not a dead letter."""
         result, acked = await self._eval(
             self._dead_retry,
-            [self.keys.queue_of(queue), self.keys.dead, self.keys.dead_jobs],
+            [self.keys.queue_of(queue), self.keys.dead, self.keys.dead_jobs, self.keys.dead_index],
             [
                 job_id,
                 payload,
@@ -1132,7 +1146,7 @@ class Store:
     async def dead_purge(self) -> int:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zcard(self.keys.dead)
-            pipe.delete(self.keys.dead, self.keys.dead_jobs)
+            pipe.delete(self.keys.dead, self.keys.dead_jobs, self.keys.dead_index)
             count, _ = await pipe.execute()
         return int(count)
 
@@ -1143,7 +1157,8 @@ class Store:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zrem(self.keys.dead, *job_ids)
             pipe.hdel(self.keys.dead_jobs, *job_ids)
-            removed, _ = await pipe.execute()
+            pipe.hdel(self.keys.dead_index, *job_ids)
+            removed, _, _ = await pipe.execute()
         return int(removed)
 
     # -- the operators' log -------------------------------------------------------------------
