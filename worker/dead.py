@@ -4,7 +4,10 @@ A consumer sets aside a job it cannot run — expired, malformed or oversized pa
 function, retries exhausted — with the reason and its payload, so nothing vanishes silently.
 The set is bounded twice: at most ``WORKER_DEAD_LETTER_MAX`` entries (the oldest are dropped and
 counted), and each entry keeps at most ``WORKER_DEAD_LETTER_PAYLOAD_BYTES`` of its payload plus
-the full length and sha256 (a 50 MB hostile job costs a few KB here). After fixing the cause
+the full length and sha256 (a 50 MB hostile job costs a few KB here). A reason longer than
+:data:`~worker.logs.TEXT_CHARS` is cut the same way (``reason_chars``, ``reason_sha256``).
+Listings read ``<prefix>dead:index``, the records without their payloads, so a page costs
+about what it returns. After fixing the cause
 (deploying the missing function, say), re-queue it::
 
     python -m worker dead                       # list the newest page
