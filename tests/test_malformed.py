@@ -68,6 +68,8 @@ def test_a_queue_score_of_infinity_is_skipped_and_jobs_after_it_run(
     assert http_get(port, "/healthz")[0] == 200
     assert int(rsync.hget(f"{prefix}hostile:notes", "after") or 0) == 1
     assert len(skipped(proc, "never-due")) == 1, proc.log()[-3000:]
+    metrics = http_get(port, "/metrics")[1]
+    assert 'worker_malformed_entries_total{kind="score"} 2.0' in metrics, metrics[-2000:]
 
 
 def rsync_url(r: redis_sync.Redis) -> str:
