@@ -54,6 +54,7 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "SLOT_TAKE",
+    "TIME",
     "UNIQUE_ENQUEUE",
     "Keys",
 ]
@@ -482,6 +483,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+
+TIME = """
+-- The server's clock, read where the app's keys live (a Redis Cluster routes the call by
+-- KEYS[1] to the node serving the app's slot, the node whose clock the lease scripts read;
+-- a plain TIME would go to whichever node the client picked).
+-- KEYS[1] -> any key of the app (the leader lock)
+-- Returns: {seconds, microseconds}
+return redis.call('TIME')
 """
 
 CLAIM_STATIC = """

@@ -12,7 +12,9 @@ Each record also carries this host's clock offset to the Redis server, measured 
 heartbeat: the server's ``TIME`` read in the heartbeat's own transaction minus the midpoint of
 the local wall clock before and after it (``clock_offset_ms``), exact to within half the round
 trip (``clock_rtt_ms`` / 2). ``doctor`` compares the offsets of all instances: clock skew
-between hosts moves cron ticks and can make the orphan reaper judge a live consumer stale.
+between hosts can make the orphan reaper judge a live consumer stale (ticks, due times and poll
+items are on the Redis server's clock, which the same ``TIME`` reply keeps in sync: see
+:class:`~worker.clock.RedisClock`).
 
 The heartbeat also watches the dataset's boot marker: a process that saw one marker and then
 finds another (or none) knows Redis lost its data (a restart without persistence, a failover
@@ -28,7 +30,7 @@ from uuid import uuid4
 
 import structlog
 
-from worker.clock import Clock, ms
+from worker.clock import Clock, RedisClock, host_clock, ms
 from worker.component import LoopComponent
 from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
@@ -56,6 +58,9 @@ class Heartbeat(LoopComponent):
         app: str | None = None,
     ) -> None:
         super().__init__("heartbeat", clock, sla_s=max(10.0, interval_s * 5))
+        #: the record's times and the offset are the host's clock (``doctor`` compares hosts);
+        #: the ``TIME`` read in the same round trip keeps a :class:`RedisClock` in sync
+        self.host, self.server_clock = host_clock(clock), clock
         self.max_backoff_s = interval_s  # back within an interval after an outage (see reaper)
         self.store = store
         self.process = process
@@ -74,22 +79,24 @@ class Heartbeat(LoopComponent):
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "version": __version__,
-            "started_ms": ms(clock.time()),
+            "started_ms": ms(self.host.time()),
         }
 
     async def tick(self) -> float:
-        now = ms(self.clock.time())
+        now = ms(self.host.time())
         await self.check_boot_marker(now)
         record = {**self.static, **self.process.describe(), "heartbeat_ms": now}
         if self.clock_offset is not None:
             record["clock_offset_ms"], record["clock_rtt_ms"] = self.clock_offset
-        before = self.clock.time()
+        before, sent = self.host.time(), self.clock.monotonic()
         server_ms = await self.store.heartbeat(
             self.instance_id, record, ms(self.interval_s * 2.5), now
         )
-        after = self.clock.time()
+        after, received = self.host.time(), self.clock.monotonic()
         rtt = (after - before) * 1000
         self.clock_offset = (round(server_ms - (before + after) * 500, 1), round(rtt, 1))
+        if isinstance(self.server_clock, RedisClock):
+            self.server_clock.observe(server_ms, sent, received)
         return self.interval_s
 
     async def check_boot_marker(self, now_ms: int) -> bool:

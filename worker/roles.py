@@ -28,7 +28,7 @@ from worker.broadcast import BroadcastListener
 from worker.checks import NAME as CHECKS_NAME
 from worker.checks import HealthChecks
 from worker.client import Client
-from worker.clock import Clock
+from worker.clock import Clock, host_clock
 from worker.component import Backoff, Component, Group
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context
@@ -253,7 +253,7 @@ def _reaper(w: Wiring, _: Any) -> Component:
     s = w.settings
     return OrphanReaper(
         w.fence(),
-        w.clock,
+        host_clock(w.clock),  # heartbeat scores are on the hosts' clocks (see registry)
         stale_s=s.orphan_stale_s,
         interval_s=s.heartbeat_interval_s,
         metrics=w.metrics,

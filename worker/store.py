@@ -312,6 +312,7 @@ class Store:
         self._rate_take = r.register_script(K.RATE_TAKE)
         self._broadcast = r.register_script(K.BROADCAST)
         self._periodic_result = r.register_script(K.PERIODIC_RESULT)
+        self._time = r.register_script(K.TIME)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -732,8 +733,8 @@ class Store:
         return found
 
     async def server_time_ms(self) -> float:
-        """The server's clock (``TIME``) in ms."""
-        sec, usec = await self.redis.time()
+        """The server's clock (``TIME``, on the node of the app's keys) in ms."""
+        sec, usec = await self._time(keys=[self.keys.leader])
         return int(sec) * 1000 + int(usec) / 1000
 
     async def lease_counters(self) -> tuple[int | None, dict[str, str]]:
