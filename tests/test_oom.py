@@ -55,9 +55,9 @@ def redis_url(oom_server: RealRedis) -> str:
     return oom_server.url
 
 
-def fill_memory(r: redis_sync.Redis) -> int:
-    """Write filler keys until the server refuses writes; returns how many were written."""
-    n = 0
+def fill_memory(r: redis_sync.Redis, n: int = 0) -> int:
+    """Write filler keys from index ``n`` until the server refuses writes; returns the index
+    after the last one written."""
     for size in (1 << 20, 1 << 14, 1 << 10):
         blob = b"x" * size
         while True:
@@ -90,9 +90,9 @@ def test_redis_out_of_memory_reaps_no_live_consumer_and_liveness_recovers(
     freed. No instance is reaped, no job completes twice, every process is unready during the
     outage and live (``/healthz`` 200) again within 10 s of memory being freed.
 
-    On b1f4189: the leader reaped both live instances (its own included) 4 times, 63 of 200
-    jobs completed twice, /readyz stayed 200 and /healthz was 503 on both processes from the
-    OOM to past 10 s after memory was freed (a crash loop, held for 300 s)."""
+    On b1f4189 (2 runs): the leader reaped both live instances (its own included) 3-4 times,
+    23-63 of 200 jobs completed twice, /readyz stayed 200 and /healthz was 503 on both
+    processes from the OOM to past 10 s after memory was freed (a crash loop, held 300 s)."""
     prefix = espawn.prefix  # type: ignore[attr-defined]
     env = {"WORKER_CONCURRENCY": "20"}
     ports = {"leader": free_port(), "consumer": free_port()}
@@ -109,23 +109,32 @@ def test_redis_out_of_memory_reaps_no_live_consumer_and_liveness_recovers(
     filled = fill_memory(rsync)
     oom_at = time.monotonic()
     unready_seen = {name: False for name in procs}
+    not_live_seen = {name: 0 for name in procs}
+    metrics_unready = {name: False for name in procs}
     while time.monotonic() - oom_at < 8.0:
         if not refused(rsync):
-            filled += fill_memory(rsync)  # jobs' deletes freed some: fill again
+            filled = fill_memory(rsync, filled)  # jobs' deletes freed some: fill again
         for name, port in ports.items():
             if http_get(port, "/readyz", timeout=1.0)[0] == 503:
                 unready_seen[name] = True
+            if http_get(port, "/healthz", timeout=1.0)[0] != 200:
+                not_live_seen[name] += 1
+            if not metrics_unready[name]:
+                metrics_unready[name] = "worker_ready 0.0" in http_get(port, "/metrics")[1]
         time.sleep(0.2)
     free_memory(rsync, filled)
     freed_at = time.monotonic()
 
     live_again: dict[str, float | None] = {name: None for name in procs}
 
+    ready_again: dict[str, float | None] = {name: None for name in procs}
+
     def all_live() -> bool:
         for name, port in ports.items():
-            if live_again[name] is None and http_get(port, "/healthz", timeout=1.0)[0] == 200:
-                live_again[name] = round(time.monotonic() - freed_at, 1)
-        return all(v is not None for v in live_again.values())
+            for probe, seen in (("/healthz", live_again), ("/readyz", ready_again)):
+                if seen[name] is None and http_get(port, probe, timeout=1.0)[0] == 200:
+                    seen[name] = round(time.monotonic() - freed_at, 1)
+        return all(v is not None for v in (*live_again.values(), *ready_again.values()))
 
     deadline = time.monotonic() + 10
     while not all_live() and time.monotonic() < deadline:
@@ -145,8 +154,10 @@ def test_redis_out_of_memory_reaps_no_live_consumer_and_liveness_recovers(
         "jobs": len(ids),
         "completed twice": len(twice),
         "reaps logged by the leader": reaped["leader"],
-        "unready seen during the OOM": unready_seen,
+        "unready seen during the OOM (/readyz, worker_ready)": (unready_seen, metrics_unready),
+        "/healthz not 200 during the OOM (probes)": not_live_seen,
         "s from memory freed to /healthz 200": live_again,
+        "s from memory freed to /readyz 200": ready_again,
     }
     problems = []
     if twice:
@@ -156,9 +167,16 @@ def test_redis_out_of_memory_reaps_no_live_consumer_and_liveness_recovers(
     not_live = [n for n, v in live_again.items() if v is None]
     if not_live:
         problems.append(f"/healthz not 200 within 10 s of memory freed on {not_live}")
-    not_unready = [n for n, seen in unready_seen.items() if not seen]
+    not_ready = [n for n, v in ready_again.items() if v is None]
+    if not_ready:
+        problems.append(f"/readyz not 200 within 10 s of memory freed on {not_ready}")
+    not_unready = [n for n in procs if not (unready_seen[n] and metrics_unready[n])]
+    if any(not_live_seen.values()):
+        problems.append(f"/healthz failed while Redis refused writes: {not_live_seen}")
     if not_unready:
-        problems.append(f"/readyz never 503 while Redis refused writes on {not_unready}")
+        problems.append(
+            f"/readyz never 503 or worker_ready never 0 while Redis refused writes on {not_unready}"
+        )
     dead = [n for n, p in procs.items() if not p.alive()]
     if dead:
         problems.append(f"processes died: {dead}")
