@@ -14,6 +14,7 @@ from worker.component import (
     Group,
     Health,
     LoopComponent,
+    dependency_failure,
     supervise,
 )
 from worker.errors import LeadershipLost
@@ -454,10 +455,10 @@ def test_redis_failures_make_a_component_unready_never_crash_looping() -> None:
     nothing back; so readiness says it, liveness does not."""
     h = Health("heartbeat", sla_s=10, state="backoff")
     for t in range(20):
-        h.failed(float(t), "OutOfMemoryError: command not allowed", dependency=True)
+        h.failed(float(t), "OutOfMemoryError: command not allowed", dependency="Redis down")
     assert not h.crash_looping(20.0) and not h.overdue(60.0)  # past its SLA in backoff too
-    assert h.not_ready() == ["heartbeat: Redis unavailable (OutOfMemoryError)"]
-    assert h.snapshot(20.0)["dependency_error"] == "OutOfMemoryError"
+    assert h.not_ready() == ["heartbeat: Redis down"]
+    assert h.snapshot(20.0)["dependency_error"] == "Redis down"
     h.ok(21.0)
     assert h.not_ready() == [] and "dependency_error" not in h.snapshot(21.0)
 
@@ -482,3 +483,6 @@ async def test_supervise_classifies_redis_errors_as_dependency_failures() -> Non
     )
     assert c.health.restarts == 3
     assert len(c.health.recent_restarts) == 1  # only the ResponseError counts toward a loop
+    assert dependency_failure(OutOfMemoryError("x")) == "Redis unavailable (OutOfMemoryError)"
+    assert dependency_failure(TimeoutError()) == "timed out (TimeoutError)"
+    assert dependency_failure(ResponseError("x")) is None

@@ -63,13 +63,22 @@ AT_REST = frozenset({"idle", "stopped", "finished", "fenced", "waiting"})
 DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
-    TimeoutError,
     OutOfMemoryError,
     ReadOnlyError,
     MasterDownError,
     ClusterDownError,
     TryAgainError,
+    TimeoutError,  # a bounded wait on Redis (or on a service's own dependency)
 )
+
+
+def dependency_failure(exc: BaseException) -> str | None:
+    """Why ``exc`` makes its component unready rather than crash-looping, or ``None`` when it
+    is the component's own failure."""
+    if not isinstance(exc, DEPENDENCY_ERRORS):
+        return None
+    name = type(exc).__name__
+    return f"timed out ({name})" if type(exc) is TimeoutError else f"Redis unavailable ({name})"
 
 
 @dataclass
@@ -93,8 +102,8 @@ class Health:
     unready: list[str] = field(default_factory=list)
     #: Problems reported on the probes and ``/status`` without failing them.
     warnings: list[str] = field(default_factory=list)
-    #: The Redis failure (:data:`DEPENDENCY_ERRORS`, class name) of the current failing streak:
-    #: the process is unready until the next completed iteration.
+    #: The Redis failure (:func:`dependency_failure`) of the current failing streak: the
+    #: process is unready until the next completed iteration.
     dependency_error: str | None = None
 
     @property
@@ -108,13 +117,13 @@ class Health:
         self.failing_since = None
         self.dependency_error = None
 
-    def failed(self, now: float, error: str, *, dependency: bool = False) -> None:
-        """Record a failure; a ``dependency`` one (Redis away or refusing writes) counts toward
-        readiness, not toward a crash loop."""
+    def failed(self, now: float, error: str, *, dependency: str | None = None) -> None:
+        """Record a failure; a ``dependency`` one (its reason: Redis away or refusing writes)
+        counts toward readiness, not toward a crash loop."""
         self.restarts += 1
         self.last_error = error
-        if dependency:
-            self.dependency_error = error.split(":", 1)[0]
+        if dependency is not None:
+            self.dependency_error = dependency
         else:
             self.recent_restarts.append(now)
         if self.failing_since is None:
@@ -133,7 +142,7 @@ class Health:
         a Redis failure it is backing off from."""
         out = list(self.unready)
         if self.dependency_error is not None:
-            out.append(f"{self.name}: Redis unavailable ({self.dependency_error})")
+            out.append(f"{self.name}: {self.dependency_error}")
         return out
 
     def overdue(self, now: float) -> bool:
@@ -278,7 +287,7 @@ async def supervise(
                 return
             except Exception as exc:
                 now = clock.monotonic()
-                dependency = isinstance(exc, DEPENDENCY_ERRORS)
+                dependency = dependency_failure(exc)
                 h.failed(now, f"{type(exc).__name__}: {exc}", dependency=dependency)
                 if now - (h.started or 0) > backoff.reset_after_s:
                     backoff.attempt = 0
@@ -292,7 +301,7 @@ async def supervise(
                     restarts=h.restarts,
                     retry_in_s=round(delay, 2),
                     # Redis being away is expected in operation; keep those lines short.
-                    exc_info=None if dependency else exc,
+                    exc_info=None if dependency is not None else exc,
                 )
                 if on_restart is not None:
                     on_restart(component, exc)

@@ -74,7 +74,8 @@ class WriteWitness:
 
 
 class Heartbeat(LoopComponent):
-    """Registers this process and refreshes its record every ``interval_s``."""
+    """Registers this process and refreshes its record every ``interval_s``; tells the
+    ``witness`` whether each write was accepted (the orphan reaper's evidence)."""
 
     def __init__(
         self,
