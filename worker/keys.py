@@ -41,6 +41,7 @@ __all__ = [
     "FENCE_ERROR",
     "FINISH",
     "HANDOFF",
+    "HEARTBEAT",
     "HISTORY_KEEP",
     "INFLIGHT_CLEAR",
     "INIT_BEGIN",
@@ -720,6 +721,26 @@ end
 return {added, batches}
 """
 )
+
+HEARTBEAT = """
+-- Write an instance's record and its heartbeat score, on the server's clock: the orphan
+-- reaper and doctor judge silence on that one clock, whatever the hosts' clocks say.
+-- KEYS[1] -> the instance's record
+-- KEYS[2] -> instances sorted set
+-- ARGV[1] -> instance id
+-- ARGV[2] -> record (JSON)
+-- ARGV[3] -> record TTL ms
+-- ARGV[4] -> score ms, or "" for the server's clock (tests pass one)
+-- Returns: the server's clock {seconds, microseconds} (the caller's clock-offset estimate).
+local t = redis.call('TIME')
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local score = ARGV[4]
+if score == '' then
+  score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+redis.call('ZADD', KEYS[2], score, ARGV[1])
+return t
+"""
 
 REAP = (
     """
