@@ -220,6 +220,20 @@ def _with_command(argv: Sequence[str], commands: Sequence[str]) -> list[str]:
     return ["run", *args]
 
 
+def _warn_secret_in_argv(url: str | None) -> None:
+    """A password in ``--redis-url`` is in the command line, which every user of this host
+    reads (``ps``, ``/proc/<pid>/cmdline``): say so, once, and where it belongs instead."""
+    from worker.settings import mask_url
+
+    if url and mask_url(url) != url:
+        say(
+            "worker: warning: --redis-url carries a password, and every user of this host can "
+            "read a command line (ps); put the URL in a file readable only by you and set "
+            "WORKER_REDIS_URL_FILE to its path (or WORKER_REDIS_URL in the environment)",
+            file=sys.stderr,
+        )
+
+
 def _fail(message: str) -> NoReturn:
     say(f"worker: error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_CONFIG)
@@ -263,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(
         _with_command(sys.argv[1:] if argv is None else argv, list(commands))
     )
+    _warn_secret_in_argv(args.redis_url)
     try:
         settings = load_settings(
             role=getattr(args, "role", None),
