@@ -21,7 +21,7 @@ import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -157,11 +157,10 @@ class _Guarded(asyncio.Protocol):
         self.tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         if self.limit.open >= self.limit.limit:
             self.limit.refuse()
-            transport.abort()
+            self.transport.abort()
             return
         self.limit.open += 1
         loop = asyncio.get_running_loop()
