@@ -311,6 +311,13 @@ def test_network_policy() -> None:
     (ingress,) = spec["ingress"]
     assert ingress["ports"] == [{"protocol": "TCP", "port": "http"}]
     assert ingress["from"], "ingress must name its sources (the cluster), not be open"
+    for source in ingress["from"]:  # the monitoring pods, not every namespace or pod
+        assert "ipBlock" not in source, source
+        assert source["namespaceSelector"].get("matchLabels"), source
+        assert source["podSelector"].get("matchLabels"), source
+    assert ingress["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
 
     egress_ports = {(p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"]}
     assert {("UDP", 53), ("TCP", 53), ("TCP", 6379)} <= egress_ports, egress_ports
