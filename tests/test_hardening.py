@@ -143,8 +143,9 @@ def test_wrong_tokens_are_logged_without_the_token_and_held_off_per_client(
 def test_the_health_server_bounds_connections_and_the_time_to_send_headers(
     spawn: Spawn,
 ) -> None:
-    """300 clients that connect and never finish their headers: beyond the bound (100) they
-    are closed at once, the rest after the header deadline (5 s); probes answer throughout."""
+    """300 clients that connect and never finish their headers: beyond the bound (100) the
+    oldest are closed at once, the rest after the header deadline (5 s); a probe is served
+    while they are held."""
     _, port = _worker(spawn)
     socks = []
     for _ in range(300):
@@ -154,6 +155,7 @@ def test_the_health_server_bounds_connections_and_the_time_to_send_headers(
     try:
         time.sleep(1.0)
         assert _closed(socks) >= 150, _closed(socks)  # over the bound: closed at once
+        assert _http(port, "/healthz")[0] == 200  # the oldest slow one makes room for a probe
         started = time.monotonic()
         wait_until(lambda: _closed(socks) == len(socks), 30, what="every slow client closed")
         assert time.monotonic() - started < 25

@@ -10,8 +10,11 @@
 - **A client that never finishes its request headers** (slowloris): closed
   :data:`HEADER_TIMEOUT_S` after it connected. Each connection serves one request
   (``Connection: close``), so every request is under that deadline.
-- **More than** :data:`MAX_CONNECTIONS` open connections per listener: a new one is closed at
-  once (logged once per burst), so sockets cannot exhaust the process' file descriptors.
+- **More than** :data:`MAX_CONNECTIONS` open connections per listener, so sockets cannot
+  exhaust the process' file descriptors: at the limit, the oldest connection that has not
+  sent its request yet makes room for the new one (a flood of slow clients churns among
+  itself while a probe, which sends its request at once, is served); only when every
+  connection is busy serving a request is the new one closed. Logged once a minute.
 """
 
 from __future__ import annotations
@@ -122,31 +125,48 @@ async def one_request(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 class _Limit:
-    """Open connections of one listener and when a refusal was last logged."""
+    """Open connections of one listener, those still sending their headers (oldest first),
+    and when a refusal was last logged."""
 
     def __init__(self, limit: int, header_timeout_s: float, what: str) -> None:
         self.limit = limit
         self.header_timeout_s = header_timeout_s
         self.what = what
         self.open = 0
-        self.refused = 0
+        self.pending: dict[_Guarded, None] = {}  # insertion-ordered: the oldest first
+        self.shed = 0
         self.timed_out = 0
         self._logged = 0.0
 
-    def refuse(self) -> None:
-        self.refused += 1
+    def make_room(self) -> bool:
+        """At the limit, close the oldest connection still sending its headers (a slow or
+        idle client; a real one sends its headers at once) so a new one fits; ``False`` when
+        every connection is serving a request."""
+        if self.open < self.limit:
+            return True
+        if not self.pending:
+            self._note()
+            return False
+        oldest = next(iter(self.pending))
+        oldest.drop()
+        self._note()
+        return True
+
+    def _note(self) -> None:
+        self.shed += 1
         now = time.monotonic()
         if now - self._logged >= 60.0:
             self._logged = now
             log.warning(
-                f"{self.what}: {self.limit} connections open; closing new ones at once",
-                refused_total=self.refused,
+                f"{self.what}: {self.limit} connections open; closing the oldest that has not "
+                "sent its request (or the new one, if all are busy)",
+                shed_total=self.shed,
             )
 
 
 class _Guarded(asyncio.Protocol):
-    """Wraps the aiohttp protocol of one connection: closes it when it is over the limit or
-    its request headers are not complete within the deadline."""
+    """Wraps the aiohttp protocol of one connection: closes it when its request headers are
+    not complete within the deadline, or when room is needed while they are not."""
 
     def __init__(self, make: Callable[[], asyncio.Protocol], limit: _Limit) -> None:
         self.make = make
@@ -155,14 +175,16 @@ class _Guarded(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.tail = b""
+        self.counted = False  # holds one of the limit's places
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        if self.limit.open >= self.limit.limit:
-            self.limit.refuse()
+        if not self.limit.make_room():
             self.transport.abort()
             return
         self.limit.open += 1
+        self.counted = True
+        self.limit.pending[self] = None
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(self.limit.header_timeout_s, self._too_slow)
         self.inner = self.make()
@@ -171,8 +193,25 @@ class _Guarded(asyncio.Protocol):
     def _too_slow(self) -> None:
         self.timer = None
         self.limit.timed_out += 1
+        self.drop()
+
+    def drop(self) -> None:
+        """Close the connection now; its place is free at once."""
+        self._headers_done()
+        self._release()
         if self.transport is not None:
             self.transport.abort()
+
+    def _release(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.limit.open -= 1
+
+    def _headers_done(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.limit.pending.pop(self, None)
 
     def data_received(self, data: bytes) -> None:
         if self.inner is None:
@@ -180,8 +219,7 @@ class _Guarded(asyncio.Protocol):
         if self.timer is not None:
             seen = self.tail + data
             if b"\r\n\r\n" in seen:
-                self.timer.cancel()
-                self.timer = None
+                self._headers_done()
             self.tail = seen[-3:]
         self.inner.data_received(data)
 
@@ -189,12 +227,10 @@ class _Guarded(asyncio.Protocol):
         return self.inner.eof_received() if self.inner is not None else None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._headers_done()
+        self._release()
         inner, self.inner = self.inner, None
         if inner is not None:
-            self.limit.open -= 1
             inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
