@@ -305,7 +305,7 @@ async def serve(
             limits=doctor.Limits.from_settings(settings),
             allowed_hosts=allowed_hosts(settings.web_allowed_hosts, host),
         )
-        console.middlewares.append(one_request)  # each connection under the header deadline
+        console.middlewares.insert(0, one_request)  # each connection under the header deadline
         sockets = bind_listeners(host, port)
         runner = web.AppRunner(console, access_log=None)
         await runner.setup()
