@@ -8,8 +8,9 @@
   ``WORKER_WEB_ALLOWED_HOSTS``; ``*`` turns the check off). Anything else: 421, logged once
   per name.
 - **A client that never finishes its request headers** (slowloris): closed
-  :data:`HEADER_TIMEOUT_S` after it connected. Each connection serves one request
-  (``Connection: close``), so every request is under that deadline.
+  :data:`HEADER_TIMEOUT_S` after it connected (the console: :data:`BROWSER_HEADER_TIMEOUT_S`).
+  Each connection serves one request (``Connection: close``), so every request is under that
+  deadline.
 - **More than** :data:`MAX_CONNECTIONS` open connections per listener, so sockets cannot
   exhaust the process' file descriptors: at the limit, the oldest connection that has not
   sent its request yet makes room for the new one (a flood of slow clients churns among
@@ -37,6 +38,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Seconds a client has, from connecting, to send its request headers.
 HEADER_TIMEOUT_S = 5.0
+#: The same for the console: a browser opens sockets ahead of need and may leave one unused
+#: for up to 10 s (Chromium), which must not be cut just as it sends a request on it.
+BROWSER_HEADER_TIMEOUT_S = 15.0
 #: Open connections one listener accepts; beyond, a new connection is closed at once.
 MAX_CONNECTIONS = 100
 #: Distinct refused Host names remembered (each is logged once).
@@ -196,11 +200,12 @@ class _Guarded(asyncio.Protocol):
         self.drop()
 
     def drop(self) -> None:
-        """Close the connection now; its place is free at once."""
+        """Close the connection now (a FIN: a client sees it before it would reuse the
+        socket); its place is free at once."""
         self._headers_done()
         self._release()
         if self.transport is not None:
-            self.transport.abort()
+            self.transport.close()
 
     def _release(self) -> None:
         if self.counted:

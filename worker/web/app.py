@@ -32,7 +32,14 @@ from worker.actions import Actor, Operations, Outcome
 from worker.app import App
 from worker.client import Client
 from worker.errors import ConfigError
-from worker.httpguard import GuardedSite, allowed_hosts, host_guard, one_request, parse_hosts
+from worker.httpguard import (
+    BROWSER_HEADER_TIMEOUT_S,
+    GuardedSite,
+    allowed_hosts,
+    host_guard,
+    one_request,
+    parse_hosts,
+)
 from worker.settings import Settings, mask_url
 from worker.web import api
 from worker.web.auth import Guard, Handler, operator, secure_headers
@@ -311,7 +318,10 @@ async def serve(
         await runner.setup()
         try:
             for sock in sockets:
-                await GuardedSite(runner, sock, what="console").start()
+                site = GuardedSite(
+                    runner, sock, what="console", header_timeout_s=BROWSER_HEADER_TIMEOUT_S
+                )
+                await site.start()
             bound = sockets[0].getsockname()
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             url = f"http://{shown}:{bound[1]}/"
