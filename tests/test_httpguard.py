@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from worker.httpguard import allowed_hosts, host_allowed, parse_hosts
+from worker.logs import mask_text
 from worker.settings import mask_url
 from worker.terminal import safe
 from worker.web.auth import FAILURE_WINDOW_S, MAX_FAILURES, Failures
@@ -65,3 +66,4 @@ def test_every_password_argument_of_a_url_is_masked() -> None:
     assert mask_url(url) == (
         "rediss://u:***@h:1/0?ssl_password=***&sentinel_password=***&ssl_keyfile=/k"
     )
+    assert mask_text("kwargs ssl_password='k' in text") == "kwargs ssl_password=*** in text"
