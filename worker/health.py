@@ -15,6 +15,9 @@
   leader would be judged alike). ``python -m worker doctor`` fails on them.
 - ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets; a
   component's last error shows as its exception class unless ``WORKER_STATUS_SHOW_ERRORS``).
+- Every route answers only a ``Host`` it serves (an IP, ``localhost``, the bound name or
+  ``WORKER_HEALTH_ALLOWED_HOSTS``: no DNS rebinding), and the listener bounds its connections
+  and the time to send headers (:mod:`worker.httpguard`).
 
 The listening socket is bound when the server is built, before any component starts, so a
 port in use or an unknown host fails start-up (exit 2) instead of crash-looping.
@@ -33,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.clock import Clock
 from worker.component import Component
+from worker.httpguard import GuardedSite, allowed_hosts, host_guard, one_request
 from worker.metrics import Metrics
 from worker.preflight import bind_health, bind_listeners
 from worker.views import ProcessView
@@ -56,16 +60,18 @@ class HealthServer(Component):
         port: int,
         bind_and_listen: bool = True,
         strict: bool = True,
+        allowed: str = "",
     ) -> None:
         """Binds the socket at once (like ``socketserver.TCPServer``); raises
         :class:`~worker.errors.ConfigError` when it cannot. Not ``strict`` (the default port,
         not configured): a taken port moves to the next free one, logged; :attr:`port` is the
-        port bound."""
+        port bound. ``allowed``: extra ``Host`` names served (comma-separated, ``*``: any)."""
         super().__init__("health-server", clock, sla_s=30.0)
         self.process = process
         self.metrics_ = metrics
         self.host = host
         self.port = port
+        self.allowed = allowed_hosts(allowed, host)
         self.loop_lag_s = 0.0
         self._sockets: list[socket.socket] = []
         if bind_and_listen:
@@ -78,7 +84,7 @@ class HealthServer(Component):
                 )
 
     def build_app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[one_request, host_guard(self.allowed)])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
@@ -92,7 +98,7 @@ class HealthServer(Component):
         try:
             await runner.setup()
             for sock in sockets:
-                await web.SockSite(runner, sock).start()
+                await GuardedSite(runner, sock, what="health server").start()
             log.info("health server listening", host=self.host, port=self.port)
             while not stop.is_set():
                 before = time.perf_counter()

@@ -139,6 +139,7 @@ def _health(w: Wiring, _: Any) -> Component:
         host=s.health_host,
         port=s.health_port,
         strict=s.health_port_explicit,
+        allowed=s.health_allowed_hosts,
     )
 
 
