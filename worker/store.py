@@ -991,7 +991,7 @@ class Store:
         return [None if v is None else _s(v) for v in raw]
 
     async def abort_requests(self) -> list[str]:
-        """Job ids someone asked to abort (arq's ``Job.abort()``)."""
+        """Job ids someone asked to abort (``Client.abort``, in ``<prefix>abort``)."""
         return [_s(v) for v in await self.redis.zrange(self.keys.abort, 0, -1)]
 
     async def aborts_handled(self, job_ids: Sequence[str]) -> None:
