@@ -243,6 +243,26 @@ def test_worker_status_doctor_and_console_run_with_the_minimal_acl(
         assert "NOPERM" not in out.stdout + out.stderr and "No permissions" not in out.stderr
 
 
+@pytest.mark.slow
+def test_a_worker_whose_user_does_not_cover_its_prefix_exits_with_one_line(
+    rsync: redis_sync.Redis, cli: CliRun
+) -> None:
+    url = acl_user(rsync, USER, PASSWORD, "shop:")
+    try:
+        env = {
+            "WORKER_REDIS_URL": url,
+            "WORKER_KEY_PREFIX": "billing:",
+            "WORKER_APP": "tests.apps.ledger:app",
+        }
+        out = cli("run", "--role", "consumer", env=env)
+    finally:
+        rsync.execute_command("ACL", "DELUSER", USER)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("worker: error: WORKER_KEY_PREFIX 'billing:'") and "ACL" in last
+
+
 def _plain(rsync: redis_sync.Redis) -> str:
     kw = rsync.connection_pool.connection_kwargs
     return f"redis://{kw['host']}:{kw['port']}/0"
