@@ -100,8 +100,8 @@ async def test_claim_marks_counts_reads_and_holds(r: Any) -> None:
     await r.zadd(KEYS.queue, {"a": T - 10, "b": T - 5, "later": T + 1, "taken": T - 20})
     await r.set(K.ARQ_JOB + "a", b"payload-a")
     await r.set(K.ARQ_JOB + "b", b"x" * 2000)  # larger than max_payload
-    await r.set(K.ARQ_IN_PROGRESS + "taken", b"1")  # arq's own Worker runs it
-    await r.zadd(K.ARQ_ABORT, {"zzz": T})
+    await r.set(K.ARQ_IN_PROGRESS + "taken", b"1", px=30_000)  # arq's own Worker runs it
+    await r.zadd(KEYS.abort, {"zzz": T})
     got = await claim(store, "me/1")
     assert got.aborts_pending == 1
     by_id = {j.job_id: j for j in got.jobs}
@@ -117,6 +117,30 @@ async def test_claim_marks_counts_reads_and_holds(r: Any) -> None:
     assert 0 < await r.pttl(K.ARQ_RETRY + "a") <= 60_000
     # claimed jobs are not claimed again, even by the same consumer
     assert (await claim(store, "me/2")).jobs == []
+
+
+async def test_claim_reads_past_jobs_held_by_others_and_reaps_stale_markers(r: Any) -> None:
+    """Jobs held by someone else never use up the limit; a marker without a TTL (nobody writes
+    one) is taken over, one that outlives any job is cut to the marker TTL; arq's Worker's
+    markers and the scores of the jobs they hold are left alone."""
+    store = Store(r, KEYS)
+    held = [f"held{n}" for n in range(4)]
+    await r.zadd(KEYS.queue, {jid: T - 100 + n for n, jid in enumerate(held)})
+    await r.zadd(KEYS.queue, {f"free{n}": T - 50 + n for n in range(3)})
+    await r.set(K.ARQ_IN_PROGRESS + "held0", b"1")  # stray: no TTL
+    await r.set(K.ARQ_IN_PROGRESS + "held1", b"1", px=10**9)  # stray: outlives any job
+    for jid in held[2:]:
+        await r.set(K.ARQ_IN_PROGRESS + jid, b"1", px=30_000)  # arq's own Worker runs these
+    got = await claim(store, "me/1", limit=3)
+    assert [j.job_id for j in got.jobs] == ["held0", "free0", "free1"]
+    assert got.stale == 2
+    assert await r.get(K.ARQ_IN_PROGRESS + "held0") == b"me/1"
+    assert 0 < await r.pttl(K.ARQ_IN_PROGRESS + "held1") <= 60_000
+    assert await r.get(K.ARQ_IN_PROGRESS + "held1") == b"1"
+    assert 0 < await r.pttl(K.ARQ_IN_PROGRESS + "held2") <= 30_000
+    assert await r.zscore(KEYS.queue, "held2") == T - 98  # not parked: not ours
+    again = await claim(store, "me/2", limit=3)
+    assert [j.job_id for j in again.jobs] == ["free2"] and again.stale == 0
 
 
 async def test_claim_reports_bad_records_without_failing_the_batch(r: Any) -> None:
@@ -138,7 +162,7 @@ async def test_finish_writes_only_while_the_claim_holds(r: Any) -> None:
     for jid in ("done", "stolen", "again"):
         await r.zadd(KEYS.queue, {jid: T})
         await r.set(K.ARQ_JOB + jid, b"p")
-    await r.zadd(K.ARQ_ABORT, {"done": T})
+    await r.zadd(KEYS.abort, {"done": T})
     await claim(store, "me/1")
     await r.set(K.ARQ_IN_PROGRESS + "stolen", b"other/9")  # reaped and claimed elsewhere
     out = await store.finish(
@@ -154,7 +178,7 @@ async def test_finish_writes_only_while_the_claim_holds(r: Any) -> None:
     assert await r.get(K.ARQ_RESULT + "done") == b"result"
     assert await r.exists(K.ARQ_JOB + "done", K.ARQ_IN_PROGRESS + "done", K.ARQ_RETRY + "done") == 0
     assert await r.zscore(KEYS.queue, "done") is None
-    assert await r.zscore(K.ARQ_ABORT, "done") is None
+    assert await r.zscore(KEYS.abort, "done") is None
     # the stolen job: untouched, still the other consumer's
     assert await r.get(K.ARQ_IN_PROGRESS + "stolen") == b"other/9"
     assert await r.exists(K.ARQ_RESULT + "stolen") == 0
@@ -451,7 +475,7 @@ async def test_aborted_job_ends_with_a_failed_result(r: Any, loops: list[Loop]) 
     jid = await lp.client.enqueue("waits")
     assert jid is not None
     await asyncio.wait_for(started.wait(), 5)
-    await r.zadd(K.ARQ_ABORT, {jid: T})  # what arq's Job.abort() writes
+    await r.zadd(KEYS.abort, {jid: T})  # what Client.abort() writes
     await asyncio.wait_for(cancelled.wait(), 5)
 
     async def result_written() -> bool:
@@ -461,7 +485,7 @@ async def test_aborted_job_ends_with_a_failed_result(r: Any, loops: list[Loop]) 
     info = deserialize_result(await r.get(K.ARQ_RESULT + jid), deserializer=msgpack_loads)
     assert info.success is False and info.result["error"] == "CancelledError"
     assert await r.zscore(KEYS.queue, jid) is None
-    assert await r.zcard(K.ARQ_ABORT) == 0
+    assert await r.zcard(KEYS.abort) == 0
 
 
 # -- queues, retry policies, cluster-wide limits ----------------------------------------------

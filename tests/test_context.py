@@ -134,7 +134,8 @@ async def test_enqueue_unique_key_dedups_while_job_exists(ctx: Context, r: Any) 
 async def test_enqueue_ids(ctx: Context, r: Any) -> None:
     a = await ctx.enqueue("f")
     b = await ctx.enqueue("f")
-    assert a and b and a != b and len(a) == 32
+    assert a and b and a != b
+    assert a.startswith(KEYS.prefix) and len(a) == len(KEYS.prefix) + 32  # the app's keys
     assert await ctx.enqueue("f", job_id="mine") == "mine"
     assert await ctx.enqueue("f", job_id="mine") is None
     with pytest.raises(ValueError, match="not both"):

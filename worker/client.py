@@ -36,7 +36,7 @@ from arq.jobs import Job
 from worker import keys as K
 from worker.broadcast import publish
 from worker.clock import Clock, RedisClock, ms, on_server_time
-from worker.connection import RedisTarget, Replication, cluster_tag, connect_redis, parse_redis_url
+from worker.connection import RedisTarget, Replication, connect_redis, parse_redis_url
 from worker.errors import ConfigError
 from worker.keys import DEFAULT_QUEUE
 from worker.poller import BoundPoller, Pollers, due_ms
@@ -204,16 +204,17 @@ class Client:
         return jid if ok else None
 
     def new_job_id(self) -> str:
-        """A random job id: a uuid, prefixed by the key prefix when that carries a Redis
-        Cluster hash tag (arq's per-job keys ``arq:job:<id>`` then share the app's slot; a
-        plain arq client enqueueing into such an app passes ``_job_id=client.new_job_id()``)."""
-        tag = cluster_tag(self.keys.prefix)
-        return f"{self.keys.prefix}{uuid4().hex}" if tag else uuid4().hex
+        """A random job id: the key prefix and a uuid (``<prefix><32 hex>``), so arq's per-job
+        keys (``arq:job:<id>`` …) fall under the app's ACL patterns and, with a hash-tagged
+        prefix, in its Redis Cluster slot. A plain arq client enqueueing into an app whose
+        Redis user is limited to its prefix (or on a Cluster) passes
+        ``_job_id=client.new_job_id()``."""
+        return self.store.ids.random()
 
     async def abort(self, job_id: str) -> None:
         """Ask the consumer running (or about to run) ``job_id`` to cancel it: what arq's
-        ``Job.abort()`` asks, in the set the consumers read (in Redis Cluster mode that set is
-        in the app's slot, so use this instead of ``Job.abort()``)."""
+        ``Job.abort()`` asks, in the app's own set (``<prefix>abort``, the one the consumers
+        read; arq's shared ``arq:abort`` is not, so use this instead of ``Job.abort()``)."""
         await self.redis.zadd(self.keys.abort, {job_id: ms(self.clock.time())})
 
     def unique_job_id(self, unique_key: str) -> str:

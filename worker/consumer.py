@@ -29,7 +29,7 @@ but the loop is the framework's, for what arq's ``Worker`` cannot give:
   (``Store.release_own``).
 
 Semantics follow arq: retries on ``Retry``/cancellation up to ``max_tries``, job timeouts,
-deferred jobs, ``keep_result``, aborts through ``arq:abort``.
+deferred jobs, ``keep_result``, aborts through the app's ``<prefix>abort`` (``Client.abort``).
 """
 
 from __future__ import annotations
@@ -436,6 +436,13 @@ class Consumer(Component):
             self._claims_in_doubt = True
             raise
         self.guard.confirmed(sent)
+        if claims.stale:
+            log.warning(
+                "stale in-progress markers (without a TTL: taken over; outliving any job: cut "
+                "to the marker TTL)",
+                markers=claims.stale,
+                marker_ttl_s=self.in_progress_ttl_ms / 1000,
+            )
         if claims.jobs and not claims.replicated:
             self._unconfirmed, self._unconfirmed_token = claims.jobs, token
             log.warning(
@@ -813,10 +820,15 @@ class Consumer(Component):
     def _decode(self, c: Claimed) -> tuple[str, tuple[Any, ...], dict[str, Any], int | None, int]:
         if c.payload is None:
             if c.size == FOREIGN:
+                where = (
+                    "the app's hash slot: in Redis Cluster"
+                    if self.store.keys.slot_tag
+                    else "the Redis user's key patterns: with an ACL user per app"
+                )
                 raise BadJob(
-                    f"job id outside the app's hash slot: in Redis Cluster every job id must start "
-                    f"with {self.store.keys.slot_tag} (enqueue with Client, or pass arq's "
-                    "_job_id=client.new_job_id())",
+                    f"job id outside {where} every job id must start with "
+                    f"{self.store.keys.slot_tag or self.store.keys.prefix} (enqueue with Client, "
+                    "or pass arq's _job_id=client.new_job_id())",
                     "foreign",
                 )
             if c.size == 0:
@@ -860,7 +872,7 @@ class Consumer(Component):
             )
         except Exception as exc:
             log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
-        if c.size == FOREIGN:  # CLAIM took it off the queue; its keys are in another slot
+        if c.size == FOREIGN:  # CLAIM took it off the queue; its keys are not the app's
             self.totals["failed"] += 1
             return
         keep = self.config.keep_result_s

@@ -7,6 +7,7 @@ may take it apart again (a round-trip test pins each pair).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from uuid import uuid4
 
 
 @dataclass(frozen=True, order=True)
@@ -34,10 +35,17 @@ class LockValue:
 
 @dataclass(frozen=True)
 class JobIds:
-    """Deterministic job ids under a key prefix (they double as unique keys: arq refuses an id
-    whose job or result record exists)."""
+    """Job ids under a key prefix: every id the framework makes starts with it, so arq's
+    per-job keys (``arq:job:<id>``, ``arq:in-progress:<id>``, ``arq:result:<id>``,
+    ``arq:retry:<id>``) fall under per-app ACL patterns (``~arq:job:<prefix>*``) and, with a
+    hash-tagged prefix, in the app's Redis Cluster slot. The deterministic ones double as
+    unique keys (arq refuses an id whose job or result record exists)."""
 
     prefix: str
+
+    # -- random ids: <prefix><32 hex digits> -----------------------------------------------------
+    def random(self) -> str:
+        return f"{self.prefix}{uuid4().hex}"
 
     # -- periodic ticks: <prefix>periodic:<name>:<tick ms> -----------------------------------
     def periodic(self, name: str, tick_ms: int) -> str:

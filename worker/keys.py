@@ -164,9 +164,10 @@ class Keys:
 
     @property
     def abort(self) -> str:
-        """arq's sorted set of abort requests (``arq:abort``, what ``arq.jobs.Job.abort()``
-        writes); with a hash-tagged prefix (Redis Cluster) ``<prefix>abort``, in the app's slot."""
-        return f"{self.prefix}abort" if self.slot_tag else ARQ_ABORT
+        """The app's sorted set of abort requests (``Client.abort``): ``<prefix>abort``, not
+        arq's shared ``arq:abort`` (``Job.abort()``), which holds every app's job ids and which a
+        Redis user limited to the app's keys cannot (and must not) reach."""
+        return f"{self.prefix}abort"
 
     @property
     def wake(self) -> str:
@@ -1028,24 +1029,33 @@ return {ARGV[1], 1}
 # The consumer: claiming and finishing jobs in batches, on arq's records
 # ---------------------------------------------------------------------------------------------
 
+#: Most due jobs held by someone else one CLAIM reads past (bounds the script's run time): only
+#: more than that many running under arq's own Workers at a queue's head hold back the rest.
+CLAIM_SKIPS = 1000
+
 CLAIM = """
 -- Claim up to ARGV[2] due jobs for one consumer, from its queues in priority order (the first
 -- queue is drained before the next is read): per job an in-progress marker holding the
 -- caller's claim token (SET NX: a job claimed by anyone else, arq's own Worker included, is
--- skipped), its try counter incremented, and at most ARGV[6] + 1 bytes of its payload (a larger
--- payload is reported by its size and never read whole). Claimed jobs stay in their queue but
--- are parked at the marker's expiry (ARGV[1] + ARGV[4]): the next claim reads only claimable
--- ids, and a job whose consumer died with nobody to reap it becomes due again when its marker
--- expires (arq's own fallback). Claimed ids join the caller's holds set in the same step, so
--- orphan recovery knows them from the first instant. Per-job errors (a record of the wrong
--- type) are reported, never fail the batch.
+-- skipped, and the claim reads on past it: skipped jobs never use up the limit; at most
+-- CLAIM_SKIPS of them per call), its try counter incremented, and at most ARGV[6] + 1 bytes of
+-- its payload (a larger payload is reported by its size and never read whole). A marker with
+-- no TTL is stale (arq's Worker and this script always set one): the claim takes it over. A
+-- marker with more left than ARGV[4] (longer than any job of the app can run) is cut down to
+-- ARGV[4]. Claimed jobs stay in their queue but are parked at the marker's expiry (ARGV[1] +
+-- ARGV[4]): the next claim reads only claimable ids, and a job whose consumer died with nobody
+-- to reap it becomes due again when its marker expires (arq's own fallback). Claimed ids join
+-- the caller's holds set in the same step, so orphan recovery knows them from the first
+-- instant. Per-job errors (a record of the wrong type) are reported, never fail the batch; so
+-- is a job id whose keys the caller's Redis user may not touch (outside its ACL key patterns:
+-- taken off the queue, never touched, like an id outside the app's Cluster slot).
 -- KEYS[1] -> the caller's holds set
--- KEYS[2] -> arq abort sorted set
+-- KEYS[2] -> the app's abort sorted set
 -- KEYS[3..] -> the queues, highest priority first
 -- ARGV[1] -> now ms (jobs scored at or below are due)
 -- ARGV[2] -> most jobs to claim
 -- ARGV[3] -> claim token "<instance id>/<sequence>"
--- ARGV[4] -> in-progress marker TTL in ms
+-- ARGV[4] -> in-progress marker TTL in ms (the app's longest job timeout + 10 s)
 -- ARGV[5] -> holds set TTL in ms
 -- ARGV[6] -> largest payload to read, bytes
 -- ARGV[7] -> arq job key prefix
@@ -1054,61 +1064,105 @@ CLAIM = """
 -- ARGV[10] -> retry counter TTL in ms
 -- ARGV[11] -> the hash tag every job id must start with ("{app}": Redis Cluster, where a job's
 --             keys must share the app's slot), or "" for no check
--- Returns: {pending abort requests, then per claimed job: id, score, try (-1: the counter is
--- unusable), payload (a string) or its size (a number: 0 missing, -1 wrong type, -2 an id
--- outside the app's hash slot, taken off the queue and never touched, else too big), the index
--- of its queue in KEYS}
-local out = {redis.call('ZCARD', KEYS[2])}
+-- Returns: {pending abort requests, stale markers taken over or cut down, then per claimed
+-- job: id, score, try (-1: the counter is unusable), payload (a string) or its size (a number:
+-- 0 missing, -1 wrong type, -2 an id outside the app's hash slot or ACL key patterns, taken
+-- off the queue and never touched, else too big), the index of its queue in KEYS}
+local out = {redis.call('ZCARD', KEYS[2]), 0}
 local claimed = {}
 local left = tonumber(ARGV[2])
 local max = tonumber(ARGV[6])
-local park = tonumber(ARGV[1]) + tonumber(ARGV[4])
+local ttl = tonumber(ARGV[4])
+local park = tonumber(ARGV[1]) + ttl
 local tag = ARGV[11] or ''
+local skips = CLAIM_SKIPS
+local function foreign(q, id, score)
+  redis.call('ZREM', KEYS[q], id)
+  left = left - 1
+  out[#out + 1] = id
+  out[#out + 1] = score
+  out[#out + 1] = -1
+  out[#out + 1] = -2
+  out[#out + 1] = q
+end
+local function denied(err)
+  local text = type(err) == 'table' and tostring(err.err) or tostring(err)
+  return string.find(text, 'ACL', 1, true) or string.find(text, 'NOPERM', 1, true)
+    or string.find(text, 'ermission', 1, true)
+end
 for q = 3, #KEYS do
-  if left <= 0 then
+  if left <= 0 or skips <= 0 then
     break
   end
-  local due = redis.call('ZRANGEBYSCORE', KEYS[q], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, left)
-  local parked = {}
-  for i = 1, #due, 2 do
-    local id = due[i]
-    if tag ~= '' and string.sub(id, 1, #tag) ~= tag then
-      -- its job keys live in another slot: reading them would fail the whole script
-      redis.call('ZREM', KEYS[q], id)
-      left = left - 1
-      out[#out + 1] = id
-      out[#out + 1] = due[i + 1]
-      out[#out + 1] = -1
-      out[#out + 1] = -2
-      out[#out + 1] = q
-    elseif redis.call('SET', ARGV[8] .. id, ARGV[3], 'NX', 'PX', ARGV[4]) then
-      claimed[#claimed + 1] = id
-      parked[#parked + 1] = park
-      parked[#parked + 1] = id
-      left = left - 1
-      local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
-      if not ok then
-        try = -1
-      elseif try == 1 then
-        redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
-      end
-      local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
-      if not okp then
-        payload = -1
-      elseif #payload == 0 then
-        payload = 0
-      elseif #payload > max then
-        payload = redis.call('STRLEN', ARGV[7] .. id)
-      end
-      out[#out + 1] = id
-      out[#out + 1] = due[i + 1]
-      out[#out + 1] = try
-      out[#out + 1] = payload
-      out[#out + 1] = q
+  local offset = 0
+  while left > 0 and skips > 0 do
+    local due = redis.call(
+      'ZRANGEBYSCORE', KEYS[q], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', offset, left)
+    if #due == 0 then
+      break
     end
-  end
-  if #parked > 0 then
-    redis.call('ZADD', KEYS[q], 'XX', unpack(parked))
+    local parked = {}
+    for i = 1, #due, 2 do
+      local id = due[i]
+      local mine = false
+      if tag ~= '' and string.sub(id, 1, #tag) ~= tag then
+        -- its job keys live in another slot: reading them would fail the whole script
+        foreign(q, id, due[i + 1])
+      else
+        local marker = ARGV[8] .. id
+        local ok, set = pcall(redis.call, 'SET', marker, ARGV[3], 'NX', 'PX', ttl)
+        if not ok then
+          if not denied(set) then
+            error(set)
+          end
+          foreign(q, id, due[i + 1])
+        elseif set then
+          mine = true
+        else
+          local pttl = redis.call('PTTL', marker)
+          if pttl == -1 then
+            redis.call('SET', marker, ARGV[3], 'XX', 'PX', ttl)
+            out[2] = out[2] + 1
+            mine = true
+          else
+            if pttl > ttl then
+              redis.call('PEXPIRE', marker, ttl)
+              out[2] = out[2] + 1
+            end
+            offset = offset + 1
+            skips = skips - 1
+          end
+        end
+      end
+      if mine then
+        claimed[#claimed + 1] = id
+        parked[#parked + 1] = park
+        parked[#parked + 1] = id
+        left = left - 1
+        local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
+        if not ok then
+          try = -1
+        elseif try == 1 then
+          redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
+        end
+        local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
+        if not okp then
+          payload = -1
+        elseif #payload == 0 then
+          payload = 0
+        elseif #payload > max then
+          payload = redis.call('STRLEN', ARGV[7] .. id)
+        end
+        out[#out + 1] = id
+        out[#out + 1] = due[i + 1]
+        out[#out + 1] = try
+        out[#out + 1] = payload
+        out[#out + 1] = q
+      end
+    end
+    if #parked > 0 then
+      redis.call('ZADD', KEYS[q], 'XX', unpack(parked))
+    end
   end
 end
 if #claimed > 0 then
@@ -1116,7 +1170,7 @@ if #claimed > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
 end
 return out
-"""
+""".replace("CLAIM_SKIPS", str(CLAIM_SKIPS))
 
 FINISH = """
 -- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker

@@ -19,8 +19,9 @@ import errno
 import socket
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
+from worker import keys as K
 from worker.clock import Clock
 from worker.connection import Replication
 from worker.errors import ConfigError
@@ -134,6 +135,21 @@ async def _check_eviction(redis: Any, settings: Settings) -> list[str]:
         f"Redis maxmemory-policy is {policy!r}, not {NOEVICTION!r}: keys may be evicted (a "
         f"second leader, lost jobs); running anyway because {ALLOW_EVICTION}=true"
     ]
+
+
+async def check_key_permissions(store: Store) -> None:
+    """Refuse to start, with one line, when the Redis user may not read one of the app's key
+    families (its prefix, arq's per-job keys of its job ids): an ACL user set up for another
+    prefix, or with the per-job patterns missing (README, "Minimal ACL")."""
+    probe = f"{store.keys.prefix}acl-probe"
+    for key in (probe, *(arq + probe for arq in (K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RESULT))):
+        try:
+            await store.redis.exists(key)
+        except NoPermissionError as exc:
+            raise ConfigError(
+                f"WORKER_KEY_PREFIX {store.keys.prefix!r}: the Redis user may not use {key!r} "
+                f'({exc}); give it the rules of README "Minimal ACL" for this prefix'
+            ) from None
 
 
 async def check_app_identity(store: Store, app_name: str) -> None:

@@ -32,7 +32,12 @@ from worker.component import Component, Group
 from worker.connection import connect_redis, parse_redis_url
 from worker.consumer import Consumer
 from worker.metrics import Metrics
-from worker.preflight import check_app_identity, check_redis_contract, wait_for_redis
+from worker.preflight import (
+    check_app_identity,
+    check_key_permissions,
+    check_redis_contract,
+    wait_for_redis,
+)
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
 from worker.settings import SHUTDOWN_DEREGISTER_S, Settings, mask_url
@@ -182,6 +187,7 @@ class Runtime:
             for warning in await check_redis_contract(redis, s, self.replication):
                 log.warning(warning)
             store = Store(redis, self.keys)
+            await check_key_permissions(store)
             await on_server_time(self.clock, store.server_time_ms)
             await check_app_identity(store, self.app.name)
             w = self._build(redis)

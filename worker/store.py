@@ -217,7 +217,8 @@ class Stale:
     heartbeat_ms: int
 
 
-#: ``Claimed.size`` of a job id outside the app's Redis Cluster hash slot (see ``keys.CLAIM``).
+#: ``Claimed.size`` of a job id outside the app's Redis Cluster hash slot or outside the Redis
+#: user's ACL key patterns (see ``keys.CLAIM``).
 FOREIGN = -2
 
 
@@ -225,7 +226,8 @@ FOREIGN = -2
 class Claimed:
     """A job this consumer now holds. ``payload`` is ``None`` when it was not read: ``size`` is
     then 0 (missing: the job expired), -1 (not a string), :data:`FOREIGN` (an id outside the
-    app's hash slot: taken off the queue, not claimed) or its size (larger than allowed)."""
+    app's hash slot or its Redis user's key patterns: taken off the queue, not claimed) or its
+    size (larger than allowed)."""
 
     job_id: str
     score_ms: int
@@ -241,6 +243,8 @@ class Claims:
     aborts_pending: int
     #: the claim is confirmed by the replicas the WAIT policy requires: the jobs may run
     replicated: bool = True
+    #: in-progress markers found stale (no TTL: taken over; longer than any job: cut down)
+    stale: int = 0
 
 
 @dataclass(frozen=True)
@@ -924,7 +928,7 @@ class Store:
             ],
         )
         jobs = []
-        for i in range(1, len(raw), 5):
+        for i in range(2, len(raw), 5):
             data = raw[i + 3]
             payload: bytes | None
             if isinstance(data, bytes):
@@ -937,7 +941,7 @@ class Store:
             queue = queues[int(raw[i + 4]) - 3]
             score = _score(self.keys.queue_of(queue), raw[i], raw[i + 1]) or 0  # -inf: due
             jobs.append(Claimed(_s(raw[i]), score, int(raw[i + 2]), payload, size, queue))
-        return Claims(jobs, int(raw[0]), self.replicated(acked))
+        return Claims(jobs, int(raw[0]), self.replicated(acked), stale=int(raw[1]))
 
     async def confirm_claims(self, job_ids: Sequence[str]) -> tuple[list[str | None], bool]:
         """The claim tokens of ``job_ids`` now, and whether the replicas have every write made
@@ -1057,7 +1061,7 @@ class Store:
         return [None if v is None else _s(v) for v in raw]
 
     async def abort_requests(self) -> list[str]:
-        """Job ids someone asked to abort (arq's ``Job.abort()``)."""
+        """Job ids someone asked to abort (``Client.abort``, in ``<prefix>abort``)."""
         return [_s(v) for v in await self.redis.zrange(self.keys.abort, 0, -1)]
 
     async def aborts_handled(self, job_ids: Sequence[str]) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime as dt
 from types import TracebackType
 from typing import Any
-from uuid import uuid4
 
 from arq.connections import ArqRedis
 
@@ -96,7 +95,7 @@ class Harness:
         now = self.clock.time()
         arq_ctx = {
             "redis": self.redis,
-            "job_id": job_id or uuid4().hex,
+            "job_id": job_id or self.client.store.ids.random(),
             "job_try": job_try,
             "enqueue_time": dt.datetime.fromtimestamp(now, dt.UTC),
             "score": ms(now),
