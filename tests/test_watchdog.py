@@ -1,0 +1,150 @@
+"""The loop watchdog (worker/watchdog.py): a blocked event loop is noticed from a thread, the
+ends of finished runs are recorded and the leadership is given up while the loop is blocked.
+
+The real-process test blocks a real loop with ``time.sleep`` right after a tick finished
+(tests/apps/loopblock.py) and counts executions in a ledger on a second server that is never
+faulted; the unit tests drive the watchdog against a real loop and a fake Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_sync
+
+from tests.conftest import Spawn, wait_until
+from tests.realredis import RealRedis
+from tests.test_edges import record_of, report, settle
+from worker.metrics import Metrics
+from worker.watchdog import LoopWatchdog, blocked_threshold_s
+
+APP = "tests.apps.loopblock:app"
+BLOCK_S = 25.0
+
+
+@pytest.fixture
+def ledger_url() -> Iterator[str]:
+    server = RealRedis(extra_args=("--appendfsync", "everysec"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
+    spawn: Spawn, rsync: redis_sync.Redis, ledger_url: str
+) -> None:
+    """Leader A (role ``all``) and standby B; a task on A calls ``time.sleep(25)`` right after
+    one of A's ticks returned, before the consumer's next round. B takes over and reaps A; the
+    blocked tick ran once, every tick ran once, A noticed the blocked loop, gave the lease up
+    while blocked (its own lock was still there to drop), and lives on.
+
+    On b1f4189 (before the watchdog): the blocked tick ran twice (A's end was still in the
+    batched FINISH; B's reaper re-queued the job and B ran it again)."""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    led = redis_sync.Redis.from_url(ledger_url)
+    env = {"EDGE_LEDGER_URL": ledger_url}
+    a = spawn("all", name="A", app=APP, env={**env, "LB_BLOCK_S": str(BLOCK_S)})
+    wait_until(lambda: (record_of(rsync, prefix, "A") or {}).get("is_leader"), 45, what="A leads")
+    b = spawn("all", name="B", app=APP, env=env)
+    wait_until(lambda: record_of(rsync, prefix, "B"), 45, what="B registered")
+    led.set(f"{prefix}lb:arm", 1)
+    wait_until(lambda: led.get(f"{prefix}lb:blocked"), 30, 0.02, what="a tick on A blocks A")
+    blocked_at = time.monotonic()
+    blocked_tick = int(led.get(f"{prefix}lb:blocked") or 0)
+    took_over = settle(lambda: (record_of(rsync, prefix, "B") or {}).get("is_leader"), 20)
+    resumed = settle(
+        lambda: time.monotonic() - blocked_at > BLOCK_S - 5 and record_of(rsync, prefix, "A"),
+        BLOCK_S + 20,
+    )
+    time.sleep(2.0)  # A's loop runs again: whatever it does with the blocked tick is done
+
+    ticks = {int(k): int(v) for k, v in led.hgetall(f"{prefix}lb:ticks").items()}
+    twice = {t: n for t, n in ticks.items() if n > 1}
+    events = a.events()
+    noticed = [e for e in events if e.get("event") == "event loop blocked"]
+    gave_up = [e for e in events if e.get("event") == "event loop blocked; gave the lease up"]
+    dropped = [e for e in gave_up if e.get("dropped")]  # its own lock: not expired yet
+    rescued = [e for e in events if str(e.get("event")).startswith("event loop blocked; recorded")]
+    figures = {
+        "ticks executed": f"{len(ticks)}, {sum(ticks.values())} executions",
+        "the blocked tick executed": f"{ticks.get(blocked_tick, 0)} time(s)",
+        "ticks executed more than once": twice or "none",
+        "B took over while A was blocked": took_over,
+        "A noticed the blocked loop (where)": [e.get("where") for e in noticed] or "no",
+        "A gave its lease up while blocked / its own lock": f"{bool(gave_up)} / {bool(dropped)}",
+        "ends A recorded from the watchdog": sum(int(e.get("runs", 0)) for e in rescued),
+        "A back after the block / alive": f"{bool(resumed)} / {a.alive()}",
+    }
+    problems = []
+    if ticks.get(blocked_tick, 0) != 1:
+        problems.append(f"the blocked tick executed {ticks.get(blocked_tick, 0)} times")
+    if twice:
+        problems.append(f"{len(twice)} ticks executed more than once")
+    if not took_over:
+        problems.append("B did not take the lease over while A was blocked")
+    if not noticed or "_block" not in str(noticed[0].get("where")):
+        problems.append("A did not log the blocked loop with where it was blocked")
+    if not dropped:
+        problems.append("A did not give its lease up while blocked")
+    if not (resumed and a.alive() and b.alive()):
+        problems.append("A did not come back after the block, or a process died")
+    led.close()
+    assert not problems, report("blocked event loop", problems, figures)
+
+
+# -- unit: the threshold and the watchdog on a real loop -------------------------------------
+
+
+def test_threshold_acts_before_the_renew_deadline_and_the_orphan_bound() -> None:
+    def threshold(deadline: float, stale: float, heartbeat: float) -> float:
+        return blocked_threshold_s(
+            2.0, renew_deadline_s=deadline, orphan_stale_s=stale, heartbeat_s=heartbeat
+        )
+
+    assert threshold(6.0, 10.0, 2.0) == 2.0  # the defaults: the setting itself
+    # fast timings: half the renew deadline, half the orphan bound less a heartbeat
+    assert threshold(1.5, 2.0, 0.5) == 0.75
+    assert threshold(6.0, 3.0, 1.0) == 1.0
+
+
+class _Recorder:
+    """A component that wants to act while the loop is blocked: records the calls (made from
+    the watchdog's thread)."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, str]] = []
+
+    async def loop_blocked(self, store: Any, lag_s: float) -> None:
+        self.calls.append((lag_s, threading.current_thread().name))
+
+
+async def test_watchdog_acts_from_its_thread_while_the_loop_is_blocked() -> None:
+    metrics = Metrics()
+    recorder = _Recorder()
+    dog = LoopWatchdog(lambda: [recorder], lambda: None, metrics=metrics, threshold_s=0.3)
+    stop = asyncio.Event()
+    task = asyncio.create_task(dog.run(stop))
+    await asyncio.sleep(0.3)
+    assert recorder.calls == []  # an idle loop is not blocked
+    time.sleep(1.0)  # noqa: ASYNC251 - block the loop
+    await asyncio.sleep(0.3)
+    stop.set()
+    await task
+    assert recorder.calls, "the watchdog did not act while the loop was blocked"
+    lag, thread = recorder.calls[0]
+    assert 0.3 <= lag < 1.0 and thread != threading.current_thread().name
+    assert metrics.registry.get_sample_value("worker_event_loop_blocks_total") == 1
+    assert (metrics.registry.get_sample_value("worker_event_loop_lag_seconds_count") or 0) > 0
+    big = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_bucket", {"le": "0.5"})
+    count = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_count")
+    assert big is not None and count is not None and count - big >= 1  # the 1 s lag was measured
