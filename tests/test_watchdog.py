@@ -16,11 +16,22 @@ from typing import Any
 
 import pytest
 import redis as redis_sync
+import redis.asyncio as aioredis
+from arq.jobs import Job
 
 from tests.conftest import Spawn, wait_until
 from tests.realredis import RealRedis
+from tests.test_consumer import KEYS, Loop, eventually
 from tests.test_edges import record_of, report, settle
+from worker import keys as K
+from worker.app import App
+from worker.clock import FakeClock, ms
+from worker.context import JobContext
+from worker.ids import LockValue
+from worker.leader import LeaderElector, LeaderTiming
 from worker.metrics import Metrics
+from worker.serializer import msgpack_loads
+from worker.store import Acquired, Store
 from worker.watchdog import LoopWatchdog, blocked_threshold_s
 
 APP = "tests.apps.loopblock:app"
@@ -43,8 +54,8 @@ def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
 ) -> None:
     """Leader A (role ``all``) and standby B; a task on A calls ``time.sleep(25)`` right after
     one of A's ticks returned, before the consumer's next round. B takes over and reaps A; the
-    blocked tick ran once, every tick ran once, A noticed the blocked loop, gave the lease up
-    while blocked (its own lock was still there to drop), and lives on.
+    blocked tick ran once, every tick ran once, A noticed the blocked loop, dropped the lease
+    while blocked, past its renew deadline (its own lock: it had not expired yet), and lives on.
 
     On b1f4189 (before the watchdog): the blocked tick ran twice (A's end was still in the
     batched FINISH; B's reaper re-queued the job and B ran it again)."""
@@ -70,7 +81,11 @@ def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
     twice = {t: n for t, n in ticks.items() if n > 1}
     events = a.events()
     noticed = [e for e in events if e.get("event") == "event loop blocked"]
-    gave_up = [e for e in events if e.get("event") == "event loop blocked; gave the lease up"]
+    gave_up = [
+        e
+        for e in events
+        if e.get("event") == "event loop blocked past the renew deadline; dropped the lease"
+    ]
     dropped = [e for e in gave_up if e.get("dropped")]  # its own lock: not expired yet
     rescued = [e for e in events if str(e.get("event")).startswith("event loop blocked; recorded")]
     figures = {
@@ -124,27 +139,118 @@ class _Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[float, str]] = []
 
-    async def loop_blocked(self, store: Any, lag_s: float) -> None:
+    async def loop_blocked(self, store: Store, lag_s: float) -> None:
         self.calls.append((lag_s, threading.current_thread().name))
+
+
+def _no_store() -> Store:
+    raise AssertionError("no Redis in this test")
 
 
 async def test_watchdog_acts_from_its_thread_while_the_loop_is_blocked() -> None:
     metrics = Metrics()
     recorder = _Recorder()
-    dog = LoopWatchdog(lambda: [recorder], lambda: None, metrics=metrics, threshold_s=0.3)
+    dog = LoopWatchdog(lambda: [recorder], _no_store, metrics=metrics, threshold_s=0.3)
+    dog.make_store = lambda: None  # type: ignore[assignment,return-value]
     stop = asyncio.Event()
     task = asyncio.create_task(dog.run(stop))
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.5)
     assert recorder.calls == []  # an idle loop is not blocked
     time.sleep(1.0)  # noqa: ASYNC251 - block the loop
-    await asyncio.sleep(0.3)
+    calls = len(recorder.calls)
+    await asyncio.sleep(0.5)
     stop.set()
     await task
-    assert recorder.calls, "the watchdog did not act while the loop was blocked"
+    assert calls >= 2, "the watchdog did not act (at every missed beat) while the loop was blocked"
+    assert len(recorder.calls) == calls  # nothing once the loop ran again
     lag, thread = recorder.calls[0]
-    assert 0.3 <= lag < 1.0 and thread != threading.current_thread().name
+    assert 0.3 <= lag < 1.0 and thread == "worker-loop-watchdog"
     assert metrics.registry.get_sample_value("worker_event_loop_blocks_total") == 1
-    assert (metrics.registry.get_sample_value("worker_event_loop_lag_seconds_count") or 0) > 0
-    big = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_bucket", {"le": "0.5"})
+    below = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_bucket", {"le": "0.5"})
     count = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_count")
-    assert big is not None and count is not None and count - big >= 1  # the 1 s lag was measured
+    assert below is not None and count is not None and count - below == 1  # the 1 s lag
+
+
+async def test_ends_of_finished_runs_are_recorded_while_the_loop_is_blocked(
+    redis_url: str, rsync: redis_sync.Redis
+) -> None:
+    """A job returns and, before the consumer's next round, a task blocks the loop for up to 3 s,
+    watching Redis for the job's result meanwhile: the watchdog's thread wrote it.
+
+    Before the watchdog: no result during the block (the end waited for the loop)."""
+    app = App("t")
+    seen: dict[str, Any] = {}
+    blockers: set[asyncio.Task[None]] = set()
+
+    async def block_and_look(job_id: str) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 3 and not rsync.exists(K.ARQ_RESULT + job_id):
+            time.sleep(0.02)  # noqa: ASYNC251 - blocks the loop
+        seen["result written during the block"] = bool(rsync.exists(K.ARQ_RESULT + job_id))
+        seen["job still in the holds set"] = bool(rsync.sismember(KEYS.holds("i-1"), job_id))
+
+    @app.task
+    async def quick(ctx: JobContext) -> str:
+        task = asyncio.create_task(block_and_look(ctx.job_id))  # runs once this job returned
+        blockers.add(task)
+        return "done"
+
+    r = aioredis.Redis.from_url(redis_url)
+    lp = Loop(r, app)
+    made: list[aioredis.Redis] = []
+
+    def thread_store() -> Store:
+        made.append(aioredis.Redis.from_url(redis_url))
+        return Store(made[-1], KEYS)
+
+    dog = LoopWatchdog(lambda: [lp.consumer], thread_store, threshold_s=0.3)
+    stop = asyncio.Event()
+    watching = asyncio.create_task(dog.run(stop))
+    lp.start()
+    try:
+        job_id = await lp.client.enqueue("quick")
+        assert job_id is not None
+        await eventually(lambda: "result written during the block" in seen, what="the block")
+        assert seen == {
+            "result written during the block": True,
+            "job still in the holds set": False,
+        }
+        assert await Job(job_id, r, _deserializer=msgpack_loads).result(timeout=1) == "done"
+    finally:
+        await lp.halt()
+        stop.set()
+        await watching
+        await r.aclose()
+
+
+async def test_elector_drops_its_lock_from_the_watchdog_once_the_renew_deadline_passed(
+    redis_url: str, rsync: redis_sync.Redis
+) -> None:
+    """Within the renew deadline a blocked loop keeps the lease; past it (the loop never ran:
+    a fake clock) the watchdog's call drops the lock, without a clean release (the next holder
+    waits out the safety gap), and the elector steps down once its loop runs."""
+    clock = FakeClock()
+    timing = LeaderTiming(ttl_s=3, renew_interval_s=0.5, renew_deadline_s=1.5)
+    client = aioredis.Redis.from_url(redis_url)
+    store = Store(client, KEYS)
+    elector = LeaderElector(store, timing, clock, stop_grace_s=2)
+    elector._loop = asyncio.get_running_loop()  # as run() records it
+    await elector._campaign()
+    lock = elector.lock
+    assert lock is not None and elector.is_leading()
+    await elector.loop_blocked(store, 1.0)
+    assert rsync.get(KEYS.leader) == str(lock).encode()  # a short block keeps the lease
+    clock.advance(timing.renew_deadline_s + 0.01)
+    await elector.loop_blocked(store, 1.6)
+    await elector.loop_blocked(store, 1.7)  # once is enough
+    assert rsync.exists(KEYS.leader) == 0
+    assert rsync.hget(KEYS.leader_state, "released") != str(lock.epoch).encode()
+    await asyncio.sleep(0)  # the loop runs again: the step-down it was told about
+    assert elector._lost.is_set() and "event loop blocked" in elector._lost_reason
+    other = await store.acquire("other", 3000, bound_ms=ms(elector.safety_bound_s))
+    assert isinstance(other, Acquired) and other.gap_ms > 0  # not a clean release
+    # a lock that is someone else's is never dropped
+    elector._blocked = None
+    await elector.loop_blocked(store, 2.0)
+    assert LockValue.parse(rsync.get(KEYS.leader)) == other.lock
+    await client.aclose()

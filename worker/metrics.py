@@ -90,7 +90,8 @@ class Metrics:
         self.loop_blocks = Counter(
             "worker_event_loop_blocks",
             "Times the event loop was blocked past WORKER_LOOP_BLOCKED_S (the watchdog recorded "
-            "the finished runs' ends and gave the lease up from its own thread).",
+            "the finished runs' ends from its own thread, and dropped the lease past the renew "
+            "deadline).",
             registry=r,
         )
         self.broadcasts = Counter(

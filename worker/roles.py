@@ -77,7 +77,7 @@ class Wiring:
     leader_store: Callable[[], Store]
     singletons: Group
     #: The loop watchdog's store, on a connection of its own (called in the watchdog's thread).
-    watchdog_store: Callable[[], Store | None] = lambda: None
+    watchdog_store: Callable[[], Store]
     #: ``run --burst``: the consumer exits once no job is due (see ``ConsumerConfig.burst``).
     burst: bool = False
     leadership: Leadership | None = None

@@ -14,11 +14,11 @@ batched ``FINISH``. So:
 - a thread watches the beat. Late by ``threshold_s`` (:func:`blocked_threshold_s`: before the
   renew deadline and well before the orphan bound), the loop is blocked: one WARNING naming
   where the loop thread is (its innermost frames), ``worker_event_loop_blocks`` counts it, and
-  every component with a ``loop_blocked(store, lag_s)`` coroutine (:class:`BlockedAware`) runs
-  it in the thread's own event loop, on a Redis connection of its own, in the order given: the
-  consumer records the ends it holds, then the elector gives the lease up (``is_leading()`` is
-  false from that moment; a standby takes over before the lease expires). An action that fails
-  is tried again while the block lasts;
+  while the block lasts, at every beat it misses, every component with a
+  ``loop_blocked(store, lag_s)`` coroutine (:class:`BlockedAware`) runs it in the thread's own
+  event loop, on a Redis connection of its own, in the order given: the consumer records the
+  ends it holds; the elector, once its renew deadline has passed, drops its lock (a standby
+  takes over before the lease expires);
 - when the loop runs again, one WARNING says for how long it was blocked.
 """
 
@@ -32,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import structlog
 
@@ -52,8 +52,9 @@ WHERE_FRAMES = 3
 
 @runtime_checkable
 class BlockedAware(Protocol):
-    """A component that acts while the event loop is blocked (called in the watchdog's thread,
-    with a :class:`~worker.store.Store` on the thread's own connection)."""
+    """A component that acts while the event loop is blocked: called in the watchdog's thread,
+    with a :class:`~worker.store.Store` on the thread's own connection, at every beat the loop
+    misses (so each call decides whether there is anything to do yet)."""
 
     async def loop_blocked(self, store: Store, lag_s: float) -> None: ...
 
@@ -72,13 +73,13 @@ class LoopWatchdog(Component):
     """Beats in the loop, watches the beat from a thread (see module docstring).
 
     ``actions()`` lists the components to call while blocked (read when a block starts);
-    ``store()`` makes the thread's Store (called in the thread; ``None``: actions get ``None``).
+    ``store()`` makes the thread's Store (called in the thread, once, when first needed).
     """
 
     def __init__(
         self,
         actions: Callable[[], Iterable[object]],
-        store: Callable[[], Store | None],
+        store: Callable[[], Store],
         *,
         metrics: Metrics | None = None,
         threshold_s: float = 2.0,
@@ -130,7 +131,8 @@ class LoopWatchdog(Component):
         loop = asyncio.new_event_loop()
         store: Store | None = None
         try:
-            pending: list[object] = []
+            actions: list[BlockedAware] = []
+            failing: set[str] = set()
             while not self._halt.wait(self.interval_s):
                 beat = self._beat
                 lag = time.monotonic() - beat - self.interval_s
@@ -138,41 +140,48 @@ class LoopWatchdog(Component):
                     continue
                 if self._blocked_since is None:
                     self._blocked_since = beat
-                    pending = [c for c in self.actions() if isinstance(c, BlockedAware)]
+                    actions = [c for c in self.actions() if isinstance(c, BlockedAware)]
+                    failing = set()
                     log.warning(
                         "event loop blocked",
                         lag_s=round(lag, 3),
                         threshold_s=self.threshold_s,
                         where=self._where(),
-                        acting=[getattr(c, "name", type(c).__name__) for c in pending],
+                        acting=[_name(c) for c in actions],
                     )
                     if self.metrics is not None:
                         self.metrics.loop_blocks.inc()
-                if pending:
-                    if store is None:
-                        store = self.make_store()
-                    pending = loop.run_until_complete(self._act(pending, store, lag))
+                if not actions:
+                    continue
+                try:
+                    store = store or self.make_store()
+                except Exception as exc:
+                    log.error("loop watchdog cannot connect", error=f"{type(exc).__name__}: {exc}")
+                    actions = []
+                    continue
+                loop.run_until_complete(self._act(actions, store, lag, failing))
         finally:
             if store is not None:
                 with contextlib.suppress(Exception):
                     loop.run_until_complete(store.redis.aclose(close_connection_pool=True))
             loop.close()
 
-    async def _act(self, actions: list[object], store: Any, lag: float) -> list[object]:
-        """Run each action in order; return those that failed (tried again while blocked)."""
-        failed: list[object] = []
+    async def _act(
+        self, actions: list[BlockedAware], store: Store, lag: float, failing: set[str]
+    ) -> None:
+        """Run each action in order; a failure is logged once per block (tried again at the
+        next missed beat)."""
         for action in actions:
-            assert isinstance(action, BlockedAware)
             try:
                 await asyncio.wait_for(action.loop_blocked(store, lag), ACTION_TIMEOUT_S)
             except Exception as exc:
-                log.error(
-                    "could not act on the blocked loop; trying again",
-                    component=getattr(action, "name", type(action).__name__),
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-                failed.append(action)
-        return failed
+                if _name(action) not in failing:
+                    failing.add(_name(action))
+                    log.error(
+                        "could not act on the blocked loop; trying again",
+                        component=_name(action),
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
 
     def _where(self) -> str:
         """The loop thread's innermost Python frames, innermost first."""
@@ -183,3 +192,7 @@ class LoopWatchdog(Component):
         return " < ".join(
             f"{'/'.join(Path(f.filename).parts[-2:])}:{f.lineno} {f.name}" for f in reversed(stack)
         )
+
+
+def _name(component: object) -> str:
+    return str(getattr(component, "name", type(component).__name__))
