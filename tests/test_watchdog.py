@@ -94,7 +94,7 @@ def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
         "ticks executed more than once": twice or "none",
         "B took over while A was blocked": took_over,
         "A noticed the blocked loop (where)": [e.get("where") for e in noticed] or "no",
-        "A gave its lease up while blocked / its own lock": f"{bool(gave_up)} / {bool(dropped)}",
+        "A dropped the lease while blocked / its own lock": f"{bool(gave_up)} / {bool(dropped)}",
         "ends A recorded from the watchdog": sum(int(e.get("runs", 0)) for e in rescued),
         "A back after the block / alive": f"{bool(resumed)} / {a.alive()}",
     }
@@ -108,7 +108,7 @@ def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
     if not noticed or "_block" not in str(noticed[0].get("where")):
         problems.append("A did not log the blocked loop with where it was blocked")
     if not dropped:
-        problems.append("A did not give its lease up while blocked")
+        problems.append("A did not drop its lease while blocked")
     if not (resumed and a.alive() and b.alive()):
         problems.append("A did not come back after the block, or a process died")
     led.close()

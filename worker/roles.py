@@ -159,7 +159,7 @@ def _watchdog(w: Wiring, _: Any) -> Component:
     )
 
     def actions() -> list[object]:
-        # the ends first: the lease given up, a standby's orphan reaper comes sooner
+        # the ends first: once the lease is dropped, a new leader's orphan reaper comes sooner
         return [c for c in (w.consumer, w.leadership) if c is not None]
 
     return LoopWatchdog(
