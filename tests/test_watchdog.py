@@ -105,7 +105,7 @@ def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
         problems.append(f"{len(twice)} ticks executed more than once")
     if not took_over:
         problems.append("B did not take the lease over while A was blocked")
-    if not noticed or "_block" not in str(noticed[0].get("where")):
+    if not any("_block" in str(e.get("where")) for e in noticed):
         problems.append("A did not log the blocked loop with where it was blocked")
     if not dropped:
         problems.append("A did not drop its lease while blocked")
@@ -150,25 +150,25 @@ def _no_store() -> Store:
 async def test_watchdog_acts_from_its_thread_while_the_loop_is_blocked() -> None:
     metrics = Metrics()
     recorder = _Recorder()
-    dog = LoopWatchdog(lambda: [recorder], _no_store, metrics=metrics, threshold_s=0.3)
+    dog = LoopWatchdog(lambda: [recorder], _no_store, metrics=metrics, threshold_s=0.5)
     dog.make_store = lambda: None  # type: ignore[assignment,return-value]
     stop = asyncio.Event()
     task = asyncio.create_task(dog.run(stop))
     await asyncio.sleep(0.5)
     assert recorder.calls == []  # an idle loop is not blocked
-    time.sleep(1.0)  # noqa: ASYNC251 - block the loop
+    time.sleep(1.5)  # noqa: ASYNC251 - block the loop
     calls = len(recorder.calls)
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.2)
     stop.set()
     await task
     assert calls >= 2, "the watchdog did not act (at every missed beat) while the loop was blocked"
     assert len(recorder.calls) == calls  # nothing once the loop ran again
     lag, thread = recorder.calls[0]
-    assert 0.3 <= lag < 1.0 and thread == "worker-loop-watchdog"
+    assert 0.5 <= lag < 1.5 and thread == "worker-loop-watchdog"
     assert metrics.registry.get_sample_value("worker_event_loop_blocks_total") == 1
-    below = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_bucket", {"le": "0.5"})
+    below = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_bucket", {"le": "1.0"})
     count = metrics.registry.get_sample_value("worker_event_loop_lag_seconds_count")
-    assert below is not None and count is not None and count - below == 1  # the 1 s lag
+    assert below is not None and count is not None and count - below >= 1  # the 1.5 s lag
 
 
 async def test_ends_of_finished_runs_are_recorded_while_the_loop_is_blocked(

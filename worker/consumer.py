@@ -12,6 +12,9 @@ but the loop is the framework's, for what arq's ``Worker`` cannot give:
   bound, and whose job another consumer took over meanwhile, writes nothing. A paused or cut-off
   consumer also *knows* it may have lost its claims (:class:`ClaimGuard`): every job holds at its
   next step until the claims are confirmed, and the ones taken over are cancelled;
+- **a blocked event loop** (a task calling ``time.sleep``) does not leave finished runs
+  unrecorded: the loop watchdog's thread sends their ``FINISH`` meanwhile
+  (:meth:`Consumer.loop_blocked`), before the orphan reaper can hand them to another consumer;
 - **draining** stops claiming first, then waits for every job that started (up to the shutdown
   timeout) — no job that started is cut short by a graceful stop within that time;
 - **hostile records** (a payload of the wrong shape, too large, not a string; a try counter
