@@ -57,8 +57,8 @@ def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
     blocked tick ran once, every tick ran once, A noticed the blocked loop, dropped the lease
     while blocked, past its renew deadline (its own lock: it had not expired yet), and lives on.
 
-    On b1f4189 (before the watchdog): the blocked tick ran twice (A's end was still in the
-    batched FINISH; B's reaper re-queued the job and B ran it again)."""
+    On main 8b143f0 and b1f4189 (no watchdog): the blocked tick ran twice, 4 of 4 runs (A's end
+    was still in the batched FINISH; B's reaper re-queued the job and B ran it again)."""
     prefix = spawn.prefix  # type: ignore[attr-defined]
     led = redis_sync.Redis.from_url(ledger_url)
     env = {"EDGE_LEDGER_URL": ledger_url}
