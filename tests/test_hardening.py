@@ -75,7 +75,8 @@ def test_a_foreign_host_header_is_refused_by_the_console_and_the_health_server(
     spawn: Spawn,
 ) -> None:
     """A page on evil.example whose name resolves to 127.0.0.1 sends ``Host: evil.example``:
-    both servers refuse it (421), and serve IPs, localhost and the configured names."""
+    both servers refuse it (421) on what holds data, and serve IPs, localhost and the
+    configured names."""
     web, port = _console(spawn, WORKER_WEB_AUTH="false", WORKER_WEB_ALLOWED_HOSTS="ops.example")
     assert _http(port, "/api/dead")[0] == 200
     assert _http(port, "/api/dead", host=f"localhost:{port}")[0] == 200
@@ -90,6 +91,9 @@ def test_a_foreign_host_header_is_refused_by_the_console_and_the_health_server(
     assert _http(health, "/status", host=f"[::1]:{health}")[0] == 200
     status, answer = _http(health, "/status", host=f"evil.example:{health}")
     assert status == 421 and "instance" not in answer, answer
+    # the probes and the scrape hold no such data: a Service-name scrape works by default
+    assert _http(health, "/metrics", host=f"worker-metrics.prod.svc:{health}")[0] == 200
+    assert _http(health, "/healthz", host=f"evil.example:{health}")[0] == 200
 
 
 def test_no_auth_off_loopback_needs_to_be_asked_for_by_name(

@@ -15,9 +15,10 @@
   leader would be judged alike). ``python -m worker doctor`` fails on them.
 - ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets; a
   component's last error shows as its exception class unless ``WORKER_STATUS_SHOW_ERRORS``).
-- Every route answers only a ``Host`` it serves (an IP, ``localhost``, the bound name or
-  ``WORKER_HEALTH_ALLOWED_HOSTS``: no DNS rebinding), and the listener bounds its connections
-  and the time to send headers (:mod:`worker.httpguard`).
+- ``/status`` answers only a ``Host`` it serves (an IP, ``localhost``, the bound name or
+  ``WORKER_HEALTH_ALLOWED_HOSTS``: no DNS rebinding; the probes and ``/metrics`` answer any),
+  and the listener bounds its connections and the time to send headers
+  (:mod:`worker.httpguard`).
 
 The listening socket is bound when the server is built, before any component starts, so a
 port in use or an unknown host fails start-up (exit 2) instead of crash-looping.
@@ -84,7 +85,11 @@ class HealthServer(Component):
                 )
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[one_request, host_guard(self.allowed)])
+        # probes and scrapes hold no data a page could steal, and a Service-name scrape must
+        # not break by default: only /status (this process's details) checks the Host
+        probes = ("/healthz", "/readyz", "/metrics")
+        guard = host_guard(self.allowed, open_paths=probes)
+        app = web.Application(middlewares=[one_request, guard])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
