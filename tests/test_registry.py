@@ -269,7 +269,9 @@ def test_plan_and_build_read_the_same_rows() -> None:
     s = Settings.model_construct(health_port=8080)
     consumer = plan("consumer", app, s)
     leader = plan("leader", app, s)
-    assert consumer.enabled == ["heartbeat", "health-server", "consumer", "service:loop"]
+    assert consumer.enabled == [
+        "heartbeat", "health-server", "loop-watchdog", "consumer", "service:loop",
+    ]  # fmt: skip
     assert consumer.disabled == [
         "leader-election", "poller:cards", "periodic", "orphan-reaper", "queue-metrics",
         "service:single",

@@ -12,6 +12,9 @@ but the loop is the framework's, for what arq's ``Worker`` cannot give:
   bound, and whose job another consumer took over meanwhile, writes nothing. A paused or cut-off
   consumer also *knows* it may have lost its claims (:class:`ClaimGuard`): every job holds at its
   next step until the claims are confirmed, and the ones taken over are cancelled;
+- **a blocked event loop** (a task calling ``time.sleep``) does not leave finished runs
+  unrecorded: the loop watchdog's thread sends their ``FINISH`` meanwhile
+  (:meth:`Consumer.loop_blocked`), before the orphan reaper can hand them to another consumer;
 - **draining** stops claiming first, then waits for every job that started (up to the shutdown
   timeout) — no job that started is cut short by a graceful stop within that time;
 - **hostile records** (a payload of the wrong shape, too large, not a string; a try counter
@@ -39,6 +42,7 @@ import contextlib
 import datetime as dt
 import itertools
 import random
+import threading
 import time
 from collections.abc import Awaitable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
@@ -270,6 +274,9 @@ class Consumer(Component):
         self.guard = ClaimGuard(clock, config.doubt_s)
         self.running: dict[str, _Run] = {}
         self._ended: list[Finish] = []
+        #: guards ``_ended`` and ``_resend``: the loop watchdog's thread records the ends too
+        #: while the event loop is blocked (:meth:`loop_blocked`)
+        self._ends_lock = threading.Lock()
         #: claimed, but the replicas have not confirmed the claim yet: not started (one batch)
         self._unconfirmed: list[Claimed] = []
         self._unconfirmed_token = ""
@@ -508,29 +515,34 @@ class Consumer(Component):
 
     async def _flush(self) -> None:
         if self._resend:
+            resend = list(self._resend)
             sent = self.clock.monotonic()
             again = await self.store.finish(
-                self.instance_id, self._resend, now_ms=ms(self.clock.time()), resend=True
+                self.instance_id, resend, now_ms=ms(self.clock.time()), resend=True
             )
             self.guard.confirmed(sent)
             if not again.replicated:
                 return  # the replicas still lag: new ends wait behind these
-            log.info("job ends confirmed by the replicas", runs=len(self._resend))
-            self._resend = []
-        if not self._ended:
+            log.info("job ends confirmed by the replicas", runs=len(resend))
+            with self._ends_lock:  # others only append meanwhile
+                del self._resend[: len(resend)]
+        with self._ends_lock:
+            ended, self._ended = self._ended, []
+        if not ended:
             return
-        ended, self._ended = self._ended, []
         sent = self.clock.monotonic()
         try:
             out = await self.store.finish(self.instance_id, ended, now_ms=ms(self.clock.time()))
         except Exception:
             # It may or may not have been applied (the reply was lost): send the same ends again
             # (the claims still hold) until a round trip is confirmed.
-            self._resend += ended
+            with self._ends_lock:
+                self._resend += ended
             raise
         self.guard.confirmed(sent)
         if not out.replicated:
-            self._resend += ended
+            with self._ends_lock:
+                self._resend += ended
             log.warning(
                 "job ends not confirmed by the replicas (WORKER_REDIS_WAIT_REPLICAS); sending "
                 "them again until they are",
@@ -544,6 +556,33 @@ class Consumer(Component):
                 "job runs ended after their claims were taken over; nothing written",
                 refused=out.refused,
             )
+
+    async def loop_blocked(self, store: Store, lag_s: float) -> None:
+        """Called by the loop watchdog, in its thread (``store`` on its own connection), while
+        the event loop is blocked: record the ends of the runs that finished before the block.
+        Left for the next round, they would wait for the loop while the leader's orphan reaper,
+        seeing no heartbeat, handed those jobs to another consumer: a finished run would run
+        again. The claims still hold (the block is shorter than the orphan bound yet), so the
+        ``FINISH`` is the one the loop would have sent; one whose reply is lost is sent again."""
+        with self._ends_lock:
+            ended, self._ended = self._ended, []
+        if not ended:
+            return
+        try:
+            out = await store.finish(self.instance_id, ended, now_ms=ms(self.clock.time()))
+        except BaseException:
+            with self._ends_lock:
+                self._resend += ended
+            raise
+        if not out.replicated:
+            with self._ends_lock:
+                self._resend += ended
+        log.warning(
+            "event loop blocked; recorded the ends of finished runs from the watchdog",
+            runs=len(ended),
+            refused=out.refused,
+            lag_s=round(lag_s, 3),
+        )
 
     async def _check_claims(self, stop: asyncio.Event) -> None:
         """While jobs run (or one waits in doubt): confirm the claims, cancel lost ones."""
@@ -597,7 +636,7 @@ class Consumer(Component):
         timeout = self.config.shutdown_timeout_s
         log.info("consumer draining", in_flight=self.in_flight, timeout_s=timeout)
         for c in self._unconfirmed:  # never started: give them back, their try with them
-            self._ended.append(
+            self._end(
                 Finish(
                     "defer", c.job_id, self._unconfirmed_token, score_ms=c.score_ms, queue=c.queue
                 )
@@ -660,7 +699,8 @@ class Consumer(Component):
         run = self.running.get(finish.job_id)
         if run is not None:
             run.ended = True
-        self._ended.append(finish)
+        with self._ends_lock:
+            self._ended.append(finish)
 
     async def _run_job(self, c: Claimed, run: _Run) -> None:
         job_id = c.job_id

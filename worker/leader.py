@@ -9,6 +9,10 @@ when
   renew was sent (so a renew that lands late cannot stretch the lease in our mind),
 - a renew answers "not yours", or
 - any fenced write is refused (:meth:`Leadership.lost`, called by the fenced store), or
+- the event loop stays blocked past the renew deadline (:mod:`worker.watchdog`): from its
+  thread, the watchdog drops the lock (not a clean release: the next holder's services still
+  wait out this holder's safety bound), so a standby takes over before the lease expires, and
+  the elector steps down as soon as the loop runs again, or
 - an operator requests a planned handoff (``python -m worker handoff``, the console): the
   leader stops its singletons, releases the lease (standbys campaign at once) and stays a
   standby for ``handoff_pause_s`` so another candidate takes over.
@@ -243,12 +247,16 @@ class LeaderElector(Leadership):
         #: Renew deadline + stop grace: how long a holder may believe it leads, and keep its
         #: singletons running, after its last successful renew.
         self.safety_bound_s = timing.renew_deadline_s + stop_grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: the lease the loop watchdog gave up while the event loop was blocked
+        self._blocked: LockValue | None = None
 
     def _fresh(self) -> bool:
         sent = self._last_renew_sent
         return sent is not None and self.clock.monotonic() - sent < self.timing.renew_deadline_s
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
         wake = asyncio.Event()
         listener = asyncio.create_task(self._listen(wake, stop), name="leader:listen")
         try:
@@ -368,6 +376,29 @@ class LeaderElector(Leadership):
             log.info("leadership handed over", epoch=lock.epoch, released=released)
         except Exception as exc:
             log.warning("lease release failed; it expires by itself", error=str(exc))
+
+    async def loop_blocked(self, store: Store, lag_s: float) -> None:
+        """Called by the loop watchdog, in its thread (``store`` on its own connection), at
+        every beat the event loop misses: once the renew deadline has passed (``is_leading()``
+        is false; the loop would step down as soon as it runs), drop the lock if it is still
+        ours, so a standby takes over before the lease expires instead of after. A shorter
+        block keeps the lease, as it always did. Not a clean release: the lease state keeps
+        this holder's last renew, so the next holder's singleton services wait until this
+        process has certainly stopped its own (``keys.ACQUIRE``'s gap) — they are frozen in the
+        blocked loop, not stopped."""
+        lock, loop = self._lock, self._loop
+        if lock is None or lock == self._blocked or self._fresh():
+            return
+        self._blocked = lock
+        if loop is not None:
+            loop.call_soon_threadsafe(self.lost, f"event loop blocked ({lag_s:.1f} s)")
+        dropped = await store.drop_lock(lock)
+        log.warning(
+            "event loop blocked past the renew deadline; dropped the lease",
+            epoch=lock.epoch,
+            dropped=dropped,
+            lag_s=round(lag_s, 3),
+        )
 
     async def _listen(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
         """Pub/sub: a release wakes the campaign loop; an acquisition by anyone else makes a

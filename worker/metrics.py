@@ -86,6 +86,20 @@ class Metrics:
             "pause or partition); they were cancelled and wrote nothing.",
             registry=r,
         )
+        self.loop_lag = Histogram(
+            "worker_event_loop_lag_seconds",
+            "How late the event loop ran the watchdog's beat: time a synchronous call (or CPU "
+            "starvation) kept every task of the process waiting.",
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.loop_blocks = Counter(
+            "worker_event_loop_blocks",
+            "Times the event loop was blocked past WORKER_LOOP_BLOCKED_S (the watchdog recorded "
+            "the finished runs' ends from its own thread, and dropped the lease past the renew "
+            "deadline).",
+            registry=r,
+        )
         self.broadcasts = Counter(
             "worker_broadcasts",
             "Broadcast messages by topic and outcome: received (read by this process), handled, "

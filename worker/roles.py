@@ -49,6 +49,8 @@ from worker.services import Service
 from worker.settings import ROLES, Role, Settings
 from worker.store import FencedStore, Store
 from worker.views import ProcessView
+from worker.watchdog import NAME as WATCHDOG_NAME
+from worker.watchdog import LoopWatchdog, blocked_threshold_s
 
 GroupName = Literal["infra", "work", "leadership", "singletons"]
 EVERY: frozenset[Role] = frozenset(ROLES)
@@ -74,10 +76,14 @@ class Wiring:
     broadcast_redis: Callable[[], ArqRedis]
     leader_store: Callable[[], Store]
     singletons: Group
+    #: The loop watchdog's store, on a connection of its own (called in the watchdog's thread).
+    watchdog_store: Callable[[], Store]
     #: ``run --burst``: the consumer exits once no job is due (see ``ConsumerConfig.burst``).
     burst: bool = False
     leadership: Leadership | None = None
     fenced: FencedStore | None = None
+    #: Built by :func:`build`: the consumer, read by the loop watchdog.
+    consumer: Component | None = None
     #: Built right after the leadership, so user code gets the lease (``ctx.is_leading()``).
     context: Context = field(init=False)
     #: The heartbeat's record of accepted writes, read by the orphan reaper.
@@ -145,6 +151,24 @@ def _health(w: Wiring, _: Any) -> Component:
 
 def _checks(w: Wiring, _: Any) -> Component:
     return HealthChecks(list(w.app.health_checks.values()), w.context, w.clock, w.metrics)
+
+
+def _watchdog(w: Wiring, _: Any) -> Component:
+    s = w.settings
+    threshold = blocked_threshold_s(
+        s.loop_blocked_s,
+        renew_deadline_s=s.leader_renew_deadline_s,
+        orphan_stale_s=s.orphan_stale_s,
+        heartbeat_s=s.heartbeat_interval_s,
+    )
+
+    def actions() -> list[object]:
+        # the ends first: once the lease is dropped, a new leader's orphan reaper comes sooner
+        return [c for c in (w.consumer, w.leadership) if c is not None]
+
+    return LoopWatchdog(
+        actions, w.watchdog_store, metrics=w.metrics, threshold_s=threshold, clock=w.clock
+    )
 
 
 def _consumer(w: Wiring, _: Any) -> Component:
@@ -280,6 +304,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(EVERY, "infra", one("heartbeat"), _heartbeat),
     Spec(EVERY, "infra", one("health-server", lambda a, s: bool(s.health_port)), _health),
     Spec(EVERY, "infra", one(CHECKS_NAME, lambda a, s: bool(a.health_checks)), _checks),
+    Spec(EVERY, "infra", one(WATCHDOG_NAME), _watchdog),
     Spec(EVERY, "work", one("consumer"), _consumer),
     Spec(EVERY, "work", one(BROADCAST_NAME, lambda a, s: bool(a.broadcasts)), _broadcast),
     Spec(
@@ -361,6 +386,8 @@ def build(w: Wiring) -> dict[GroupName, list[Component]]:
             for name, item in spec.items(w.app, w.settings):
                 component = spec.build(w, item)
                 assert component.name == name, (component.name, name)
+                if isinstance(component, Consumer):
+                    w.consumer = component
                 groups[group].append(component)
         if group == "leadership":
             if groups["leadership"]:

@@ -47,6 +47,9 @@ from worker.views import ProcessState
 
 log = structlog.get_logger("worker.runtime")
 
+#: The loop watchdog acts within a few seconds or not at all (``watchdog.ACTION_TIMEOUT_S``).
+WATCHDOG_SOCKET_TIMEOUT_S = 3.0
+
 
 class Runtime:
     """One worker process: dependencies, components, signals, ordered shutdown."""
@@ -134,6 +137,20 @@ class Runtime:
             lease = self._connect("lease", socket_timeout_s=timeout, max_connections=4)
             return store.with_redis(lease)
 
+        def watchdog_store() -> Store:
+            # its own client, made and closed in the watchdog's thread (its own event loop)
+            serialize, deserialize = self.serializer
+            client = connect_redis(
+                self.target,
+                queue_name=self.keys.queue,
+                serialize=serialize,
+                deserialize=deserialize,
+                socket_timeout_s=WATCHDOG_SOCKET_TIMEOUT_S,
+                max_connections=2,
+                client_name=f"{self.instance_id}:watchdog",
+            )
+            return store.with_redis(client)
+
         w = roles.Wiring(
             settings=s,
             app=self.app,
@@ -148,6 +165,7 @@ class Runtime:
             # blocking reads wait BLOCK_MS; a dead peer is noticed at the socket timeout
             broadcast_redis=lambda: self._connect("broadcast", socket_timeout_s=10),
             leader_store=lease_store,
+            watchdog_store=watchdog_store,
             singletons=Group("singletons", [], backoff=backoff, on_restart=self._count_restart),
             burst=self.burst,
         )

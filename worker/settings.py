@@ -163,6 +163,11 @@ class Settings(BaseSettings):
     restart_backoff_base_s: float = Field(0.5, gt=0, le=DAY_S)
     restart_backoff_cap_s: float = Field(30.0, gt=0, le=DAY_S)
 
+    # -- event loop watchdog ------------------------------------------------------------------
+    #: a beat this late means a blocked loop (capped so the watchdog acts before the renew
+    #: deadline and the orphan bound: ``watchdog.blocked_threshold_s``)
+    loop_blocked_s: float = Field(2.0, gt=0, le=DAY_S)
+
     @field_validator("instance_name")
     @classmethod
     def _safe_name(cls, value: str) -> str:

@@ -451,6 +451,14 @@ class Store:
         )
         return bool(done)
 
+    async def drop_lock(self, lock: LockValue) -> bool:
+        """Delete the lease if it is ``lock`` and wake the standbys, recording *no* clean
+        release: the next holder waits out this holder's safety bound (``keys.ACQUIRE``)."""
+        dropped = await self.release_lease(self.keys.leader, str(lock))
+        if dropped:
+            await self.redis.publish(self.keys.leader_channel, str(lock.epoch))
+        return dropped
+
     async def request_handoff(self, ttl_ms: int) -> int | None:
         """Ask the current leader to hand the lease over (``keys.HANDOFF``): the epoch the
         request targets, ``None`` when nobody holds the lease."""
