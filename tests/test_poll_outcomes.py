@@ -280,12 +280,12 @@ def test_an_item_the_app_removed_is_not_put_back_by_its_failing_job(
 def test_an_item_whose_job_record_was_lost_is_put_back(
     spawn: Spawn, rsync: redis_sync.Redis
 ) -> None:
-    """The job of ``ok-lost`` waits behind the only slot, busy 3 s; its record is deleted
+    """The job of ``ok-lost`` waits behind the only slot, busy 5 s; its record is deleted
     (evicted, expired); the consumer dead-letters it as expired without reporting to the
     poller."""
     prefix = spawn.prefix  # type: ignore[attr-defined]
     keys = K.Keys(prefix)
-    env = {"POLLFAIL_DELAY_S": "0.5", "POLLFAIL_SLOW_S": "3", "WORKER_CONCURRENCY": "1"}
+    env = {"POLLFAIL_DELAY_S": "0.5", "POLLFAIL_SLOW_S": "5", "WORKER_CONCURRENCY": "1"}
     w = spawn("all", app=APP, env=env)
     schedule(rsync, prefix, "items", "slow-0")
     wait_until(lambda: runs(rsync, prefix)["slow-0"], timeout=30, what=f"slow-0 runs\n{w.log()}")

@@ -214,6 +214,8 @@ class PollingScheduler(LoopComponent):
             )
         self.swept_total += back
         self.health.extra["swept"] = self.swept_total
+        if self.metrics is not None:
+            self.metrics.dispatched.labels(p.name, "swept").inc(back)
         return back
 
     async def dispatch_shard(self, shard: int) -> int:
