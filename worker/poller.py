@@ -280,7 +280,7 @@ class InflightHook:
             shard_key = self.store.keys.poll_shard(p.name, p.shard_of(item))
             due = ms(self.clock.time() + p.failure_delay_s)
             put = await self.store.poll_requeue(shard_key, p.name, item, job_id, due)
-            log.info(
+            log.debug(
                 "poll job failed; item due again" if put == 1 else "poll job failed",
                 poller=p.name,
                 item=item,
