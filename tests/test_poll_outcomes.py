@@ -84,7 +84,18 @@ async def test_failure_keeps_what_the_app_decided(r: Any) -> None:
     assert await r.zscore(SHARD, "resched") == NOW + 5_000
     assert await r.zscore(SHARD, "removed") is None
     assert await r.zscore(SHARD, "back") == NOW + 7_000
-    assert await r.hlen(KEYS.poll_removed("cards")) == 0  # marks forgotten with their job
+    # the removal mark stays with the entry, so the leader's sweep does not put it back either
+    assert await r.hgetall(KEYS.poll_removed("cards")) == {b"removed": removed.encode()}
+    for job_id in (resched, removed, back):
+        await finished(r, job_id)
+    await r.set(KEYS.leader, LOCK)
+    s = sweeper(r, clock)
+    await s.sweep()
+    clock.advance(SWEEP_GRACE_S)
+    assert await s.sweep() == 0
+    assert await r.zscore(SHARD, "removed") is None
+    assert await r.hlen(KEYS.poll_removed("cards")) == 0  # marks forgotten with their entry
+    assert await r.hlen(INFLIGHT) == 0
 
     # another job carries the item now (dispatched after the first one's record was gone)
     old = await in_flight(r, "moved")
@@ -266,14 +277,19 @@ def test_an_item_the_app_removed_is_not_put_back_by_its_failing_job(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     w = spawn("all", app=APP, env={"POLLFAIL_DELAY_S": "0.5"})
-    schedule(rsync, prefix, "items", "gone-0", "ok-0")
-    # ok-0 is polled every ~1 s: once it ran 4 times, gone-0 had 3 of its delays to come back
+    keys = K.Keys(prefix)
+    schedule(rsync, prefix, "items", "gone-0")
+    wait_until(lambda: runs(rsync, prefix)["gone-0"], timeout=30, what=f"gone-0 runs\n{w.log()}")
+    # the leader's sweep forgets its in-flight entry (after its grace), without putting it back
     wait_until(
-        lambda: len(runs(rsync, prefix)["ok-0"]) >= 4, timeout=45, what=f"ok-0 runs\n{w.log()}"
+        lambda: not rsync.hexists(keys.poll_inflight("items"), "gone-0"),
+        timeout=SWEEP_GRACE_S + 30,
+        what=f"gone-0's in-flight entry forgotten\n{w.log()}",
     )
+    time.sleep(1.5)  # three of its failure delays
     assert len(runs(rsync, prefix)["gone-0"]) == 1
     assert not waiting(rsync, prefix, "items", "gone-0")
-    assert rsync.hlen(K.Keys(prefix).poll_removed("items")) == 0
+    assert rsync.hlen(keys.poll_removed("items")) == 0
 
 
 @pytest.mark.slow

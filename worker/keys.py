@@ -903,16 +903,20 @@ POLL_REQUEUE = """
 -- ARGV[1] -> item
 -- ARGV[2] -> id of the job that failed
 -- ARGV[3] -> due ms
--- Returns: 1 put back, 0 already waiting, -1 removed by the app, -2 carried by another job.
+-- Returns: 1 put back, 0 already waiting, -1 removed by the app (the mark stays until the
+-- entry goes), -2 carried by another job.
 local removed = redis.call('HGET', KEYS[3], ARGV[1])
-if removed then
-  redis.call('HDEL', KEYS[3], ARGV[1])
-end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if removed then
+    redis.call('HDEL', KEYS[3], ARGV[1])  -- a schedule after the remove wins
+  end
   return 0
 end
 if removed == ARGV[2] then
   return -1
+end
+if removed then
+  redis.call('HDEL', KEYS[3], ARGV[1])  -- the mark of an older job
 end
 local current = redis.call('HGET', KEYS[2], ARGV[1])
 if current and current ~= ARGV[2] then
