@@ -76,7 +76,7 @@ async def collect(
         info["heartbeat_age_s"] = round((now - heartbeat_ms) / 1000, 1)
         info["alive"] = rec is not None
         instances.append(info)
-    instances.sort(key=lambda i: (i.get("role", ""), i.get("name", "")))
+    instances.sort(key=lambda i: (str(i.get("role", "")), str(i.get("name", ""))))
     apps: dict[str, int] = {}
     for inst in instances:
         if inst["alive"] and isinstance(inst.get("app"), str):
