@@ -165,6 +165,18 @@ async def test_sweep_ignores_an_entry_settled_during_its_grace(r: Any) -> None:
     assert await r.hget(INFLIGHT, "a") == second.encode()
 
 
+async def test_sweep_skips_an_entry_no_dispatch_wrote(r: Any) -> None:
+    clock = FakeClock(NOW / 1000)
+    await r.set(KEYS.leader, LOCK)
+    s = sweeper(r, clock)
+    await r.hset(INFLIGHT, b"\xff\xfe", b"\xc3\x28")  # not UTF-8
+    await finished(r, await in_flight(r, "lost"))
+    await s.sweep()
+    clock.advance(SWEEP_GRACE_S)
+    assert await s.sweep() == 1  # the others are swept as ever
+    assert await r.hgetall(INFLIGHT) == {b"\xff\xfe": b"\xc3\x28"}
+
+
 async def test_sweep_is_fenced(r: Any) -> None:
     clock = FakeClock(NOW / 1000)
     await r.set(KEYS.leader, "6:other")

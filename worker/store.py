@@ -624,8 +624,14 @@ class Store:
     ) -> tuple[int, list[tuple[str, str]]]:
         """One ``HSCAN`` step of the in-flight hash: ``(next cursor, [(item, job id)])`` of the
         entries whose job record no longer exists (read-only)."""
-        cursor, raw = await self.redis.hscan(self.keys.poll_inflight(poller), cursor, count=count)
-        entries = [(_s(k), _s(v)) for k, v in raw.items()]
+        key = self.keys.poll_inflight(poller)
+        cursor, raw = await self.redis.hscan(key, cursor, count=count)
+        entries: list[tuple[str, str]] = []
+        for k, v in raw.items():
+            try:
+                entries.append((_s(k), _s(v)))
+            except UnicodeDecodeError:  # not written by a dispatch: left alone
+                M.skip("poll in-flight entry", key, k, "not UTF-8")
         if not entries:
             return int(cursor), []
         async with self.redis.pipeline(transaction=False) as pipe:
