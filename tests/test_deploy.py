@@ -11,12 +11,17 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from worker.settings import Settings, env_names
 
@@ -311,6 +316,13 @@ def test_network_policy() -> None:
     (ingress,) = spec["ingress"]
     assert ingress["ports"] == [{"protocol": "TCP", "port": "http"}]
     assert ingress["from"], "ingress must name its sources (the cluster), not be open"
+    for source in ingress["from"]:  # the monitoring pods, not every namespace or pod
+        assert "ipBlock" not in source, source
+        assert source["namespaceSelector"].get("matchLabels"), source
+        assert source["podSelector"].get("matchLabels"), source
+    assert ingress["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
 
     egress_ports = {(p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"]}
     assert {("UDP", 53), ("TCP", 53), ("TCP", 6379)} <= egress_ports, egress_ports
@@ -443,6 +455,49 @@ def test_compose_structure() -> None:
 
 
 # --------------------------------------------------------------------------- Dockerfile
+
+
+def test_the_image_pins_its_base_by_digest_and_its_dependencies_by_constraints() -> None:
+    """Both stages take the base image by digest when given one (``PYTHON_DIGEST``), and pip
+    installs every runtime dependency (and the build backend) at the version
+    constraints.txt names, each inside its pyproject.toml range, past known advisories."""
+    text = (ROOT / "Dockerfile").read_text()
+    froms = [ln for ln in text.splitlines() if ln.upper().startswith("FROM ")]
+    assert froms and all("${PYTHON_DIGEST:+@}${PYTHON_DIGEST}" in ln for ln in froms), froms
+    assert re.search(r"^ARG PYTHON_DIGEST=", text, re.M)
+    install = next(ln for ln in text.splitlines() if "pip install" in ln)
+    assert "-c constraints.txt" in install and "PIP_CONSTRAINT=/src/constraints.txt" in install
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "constraints.txt" not in ignored and "*.txt" not in ignored
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = Version(version)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    direct = [Requirement(r) for r in project["project"]["dependencies"]]
+    embedded = [Requirement(r) for r in project["project"]["optional-dependencies"]["embedded"]]
+    seen: set[str] = set()
+    todo = [r for r in direct + embedded if r.marker is None or r.marker.evaluate()]
+    while todo:  # the closure of worker[embedded] as installed here (what the image gets)
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        assert name in pins, f"constraints.txt does not pin {name}"
+        assert req.specifier.contains(pins[name], prereleases=True), (req, pins[name])
+        if name in seen:
+            continue
+        seen.add(name)
+        for raw in metadata.requires(req.name) or []:
+            dep = Requirement(raw)
+            env = [{"extra": e} for e in (req.extras or {""})]
+            if dep.marker is None or any(dep.marker.evaluate(e) for e in env):
+                todo.append(dep)
+    (build,) = project["build-system"]["requires"]
+    assert "hatchling" in pins and Requirement(build).specifier.contains(pins["hatchling"])
+    aiohttp = next(r for r in direct if r.name == "aiohttp")
+    # 3.14.2 and older have published advisories (3.14.3 fixed the last known ones)
+    assert not aiohttp.specifier.contains("3.14.2") and aiohttp.specifier.contains("3.14.3")
 
 
 def test_dockerfile_contract() -> None:

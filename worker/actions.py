@@ -27,6 +27,7 @@ from worker.client import Client
 from worker.clock import ms
 from worker.periodic import trigger as trigger_periodic
 from worker.settings import Settings
+from worker.terminal import say
 
 log = structlog.get_logger("worker.actions")
 
@@ -243,7 +244,7 @@ async def handoff_command(settings: Settings, app: App, *, force: bool = False) 
     client = await Client.from_settings(settings, app=app)
     try:
         outcome = await Operations(client, app, Actor.local()).handoff(force=force)
-        print(outcome.message)
+        say(outcome.message)
         if not outcome.ok:
             return 1
         epoch = outcome.details["epoch"]
@@ -258,10 +259,10 @@ async def handoff_command(settings: Settings, app: App, *, force: bool = False) 
                      if h.epoch == lock.epoch and h.instance),
                     "a standby",
                 )  # fmt: skip
-                print(f"epoch {lock.epoch} is held by {who}")
+                say(f"epoch {lock.epoch} is held by {who}")
                 return 0
             await client.clock.sleep(0.1)
-        print("the lease did not move in time; `python -m worker status` shows who leads")
+        say("the lease did not move in time; `python -m worker status` shows who leads")
         return 1
     finally:
         await client.close()

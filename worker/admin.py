@@ -30,6 +30,7 @@ from worker.manifest import Described, describe
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
 from worker.store import Store
+from worker.terminal import say
 
 _notes: list[str] = []
 
@@ -44,7 +45,7 @@ def note(message: str) -> None:
 def flush_notes() -> None:
     """Print the pending notes (which Redis, which app) on stderr."""
     for message in _notes:
-        print(f"worker: {message}", file=sys.stderr)
+        say(f"worker: {message}", file=sys.stderr)
     _notes.clear()
 
 

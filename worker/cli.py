@@ -27,6 +27,7 @@ import structlog
 from worker.app import App, load_app
 from worker.errors import ConfigError
 from worker.settings import Settings, likely_typos, load_settings
+from worker.terminal import safe, say
 
 T = TypeVar("T")
 EXIT_CONFIG = 2
@@ -177,6 +178,12 @@ def _parser() -> argparse.ArgumentParser:
     web.add_argument(
         "--no-auth", action="store_true", help="viewing without the token (actions need it)"
     )
+    web.add_argument(
+        "--allow-remote-no-auth",
+        action="store_true",
+        help="allow --no-auth on an address other than loopback (env "
+        "WORKER_WEB_ALLOW_REMOTE_NO_AUTH)",
+    )
 
     handoff = command(
         "handoff",
@@ -213,8 +220,22 @@ def _with_command(argv: Sequence[str], commands: Sequence[str]) -> list[str]:
     return ["run", *args]
 
 
+def _warn_secret_in_argv(url: str | None) -> None:
+    """A password in ``--redis-url`` is in the command line, which every user of this host
+    reads (``ps``, ``/proc/<pid>/cmdline``): say so, once, and where it belongs instead."""
+    from worker.settings import mask_url
+
+    if url and mask_url(url) != url:
+        say(
+            "worker: warning: --redis-url carries a password, and every user of this host can "
+            "read a command line (ps); put the URL in a file readable only by you and set "
+            "WORKER_REDIS_URL_FILE to its path (or WORKER_REDIS_URL in the environment)",
+            file=sys.stderr,
+        )
+
+
 def _fail(message: str) -> NoReturn:
-    print(f"worker: error: {message}", file=sys.stderr)
+    say(f"worker: error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_CONFIG)
 
 
@@ -256,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(
         _with_command(sys.argv[1:] if argv is None else argv, list(commands))
     )
+    _warn_secret_in_argv(args.redis_url)
     try:
         settings = load_settings(
             role=getattr(args, "role", None),
@@ -302,9 +324,9 @@ def cmd_plan(settings: Settings, _: argparse.Namespace) -> int:
 
     app = load_app(settings.app)
     p = plan(settings.role, app, settings)
-    print(f"instance: {settings.instance_name}")
-    print(f"app: {settings.app}")
-    print("\n".join(p.lines()))
+    say(f"instance: {settings.instance_name}")
+    say(f"app: {settings.app}")
+    say("\n".join(p.lines()))
     return 0
 
 
@@ -372,7 +394,7 @@ def _announce_embedded(settings: Settings, url: str) -> Path | None:
         redis=url,
     )
     found = "" if path else "  (set it: this machine has no runtime directory for the CLI)"
-    print(
+    say(
         "\nworker: a private Redis for this run (deleted on exit). In a second terminal:\n"
         f"    python -m worker status          # finds it by itself{found}\n"
         f"    export WORKER_REDIS_URL={url}   # for anything else\n",
@@ -395,7 +417,7 @@ async def _status(settings: Settings, app: App | None, *, as_json: bool) -> int:
         app = app or await admin.resolve_app(settings, a.store)
         data = await status.collect(a.redis, a.keys, app, allow_eviction=settings.allow_eviction)
     admin.flush_notes()
-    print(json.dumps(data, indent=2) if as_json else status.render(data))
+    say(json.dumps(data, indent=2) if as_json else status.render(data))
     return 0
 
 
@@ -411,7 +433,7 @@ async def _dead(settings: Settings, args: argparse.Namespace) -> int:
         admin.flush_notes()
         redis, keys = a.redis, a.keys
         if args.purge:
-            print(f"purged {await dead.purge_dead(redis, keys)} dead-lettered jobs")
+            say(f"purged {await dead.purge_dead(redis, keys)} dead-lettered jobs")
             return 0
         ids = list(args.retry or [])
         if args.retry_all:
@@ -421,19 +443,22 @@ async def _dead(settings: Settings, args: argparse.Namespace) -> int:
             for job_id in ids:  # one at a time: a long list never sits in memory twice
                 outcome = await dead.retry_dead(redis, keys, job_id)
                 ok = ok and outcome == "requeued"
-                print(f"{job_id}: {outcome}")
+                say(f"{job_id}: {outcome}")
             return 0 if ok else 1
         page = max(1, args.page or 1)
         records = await dead.list_dead(redis, keys, limit=dead.PAGE, offset=(page - 1) * dead.PAGE)
         total = await dead.count_dead(redis, keys)
     if args.json or not sys.stdout.isatty():
-        print(json.dumps(records, indent=2))
+        say(json.dumps(records, indent=2))
     else:
         for r in records:
             size = f"{r.get('size')} B" if r.get("size") is not None else "?"
-            print(f"{r.get('job_id')}  {r.get('reason')}  ({size}, instance {r.get('instance')})")
+            job_id, reason, instance = (
+                safe(str(r.get(k)), one_line=True) for k in ("job_id", "reason", "instance")
+            )
+            say(f"{job_id}  {reason}  ({size}, instance {instance})")
         pages = max(1, -(-total // dead.PAGE))
-        print(f"page {page} of {pages}: {len(records)} of {total} dead-lettered jobs shown")
+        say(f"page {page} of {pages}: {len(records)} of {total} dead-lettered jobs shown")
     return 0
 
 
@@ -449,7 +474,7 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
 
     report = _run_async(run())
     admin.flush_notes()
-    print(json.dumps(report.to_json(), indent=2) if args.json else doctor.render(report))
+    say(json.dumps(report.to_json(), indent=2) if args.json else doctor.render(report))
     return 0 if report.ok else 1
 
 
@@ -474,9 +499,9 @@ def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
             job_id = await trigger(client, job)
         admin.flush_notes()
         if job_id is None:
-            print(f"{args.job}: a run for this instant is already enqueued")
+            say(f"{args.job}: a run for this instant is already enqueued")
             return 1
-        print(f"{args.job}: enqueued {job_id} in queue {job.queue!r}")
+        say(f"{args.job}: enqueued {job_id} in queue {job.queue!r}")
         return 0
 
     return _run_async(run())
@@ -506,9 +531,9 @@ async def _pause(settings: Settings, name: str, *, pause: bool) -> int:
     if pause:
         effect = "ticks are skipped, not caught up" if kind == "periodic" else "items wait"
         state = "paused" if changed else "was already paused"
-        print(f"{label} {state} cluster-wide ({effect}; `worker resume {bare}` to undo)")
+        say(f"{label} {state} cluster-wide ({effect}; `worker resume {bare}` to undo)")
     else:
-        print(f"{label} {'resumed' if changed else 'was not paused'}")
+        say(f"{label} {'resumed' if changed else 'was not paused'}")
     return 0
 
 
@@ -542,7 +567,7 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.instance is None and settings.health_port_explicit:
         if not settings.health_port:
-            print("health server disabled (WORKER_HEALTH_PORT=0)", file=sys.stderr)
+            say("health server disabled (WORKER_HEALTH_PORT=0)", file=sys.stderr)
             return 1
         # --processes N with a configured port: process i listens on WORKER_HEALTH_PORT + i
         host = _probe_host(settings.health_host)
@@ -552,11 +577,11 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     if args.instance is not None:
         workers = [w for w in workers if w.data.get("instance") == args.instance]
         if not workers:
-            print(f"no local worker named {args.instance!r} serves probes", file=sys.stderr)
+            say(f"no local worker named {args.instance!r} serves probes", file=sys.stderr)
             return 1
     if not workers:  # none announced: the default port, as before
         if not settings.health_port:
-            print("health server disabled (WORKER_HEALTH_PORT=0)", file=sys.stderr)
+            say("health server disabled (WORKER_HEALTH_PORT=0)", file=sys.stderr)
             return 1
         host = _probe_host(settings.health_host)
         return _healthz(f"http://{host}:{settings.health_port}/healthz")
@@ -565,7 +590,7 @@ def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
         host = _probe_host(str(w.data.get("health_host") or "127.0.0.1"))
         url = f"http://{host}:{w.data['health_port']}/healthz"
         if len(workers) > 1:
-            print(f"{w.data.get('instance')} (pid {w.pid}):", file=sys.stderr)
+            say(f"{w.data.get('instance')} (pid {w.pid}):", file=sys.stderr)
         codes.append(_healthz(url))
     return max(codes)
 
@@ -577,13 +602,22 @@ def _probe_host(host: str) -> str:
 def cmd_web(settings: Settings, args: argparse.Namespace) -> int:
     """The operator console (``worker.web``) until SIGTERM/SIGINT."""
     from worker.web import serve
-    from worker.web.app import check_auth
+    from worker.web.app import check_auth, check_exposure
 
     _setup_logging(settings)
     auth = False if args.no_auth else None
-    check_auth(settings.web_token, settings.web_auth if auth is None else auth)  # before Redis
+    remote = True if args.allow_remote_no_auth else None
+    view_needs_token = settings.web_auth if auth is None else auth
+    check_auth(settings.web_token, view_needs_token)  # before Redis
+    check_exposure(
+        args.host or settings.web_host,
+        view_needs_token,
+        settings.web_allow_remote_no_auth if remote is None else remote,
+    )
     settings, app = _run_async(_admin_target(settings, "web"))
-    return _run_async(serve(settings, app, host=args.host, port=args.port, auth=auth))
+    return _run_async(
+        serve(settings, app, host=args.host, port=args.port, auth=auth, allow_remote=remote)
+    )
 
 
 def cmd_handoff(settings: Settings, args: argparse.Namespace) -> int:
@@ -608,11 +642,11 @@ async def _admin_target(settings: Settings, what: str) -> tuple[Settings, App]:
 def _healthz(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
-            print(resp.read().decode())
+            say(resp.read().decode(errors="replace"))
             return 0 if resp.status == 200 else 1
     except urllib.error.HTTPError as exc:
-        print(exc.read().decode() or str(exc), file=sys.stderr)
+        say(exc.read().decode(errors="replace") or str(exc), file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"unhealthy: {url}: {exc}", file=sys.stderr)
+        say(f"unhealthy: {url}: {exc}", file=sys.stderr)
         return 1

@@ -75,7 +75,7 @@ URL_PASSWORD_HINT = (
     "@ as %40, % as %25)"
 )
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)(.*)$", re.S)
-_QUERY_PASSWORD = re.compile(r"(?i)(\b(?:sentinel_)?password=)(\"[^\"]*\"|'[^']*'|[^&\s,;)]*)")
+_QUERY_PASSWORD = re.compile(r"(?i)(\b(?:[a-z]+_)*password=)(\"[^\"]*\"|'[^']*'|[^&\s,;)]*)")
 _SERVICE = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -84,7 +84,8 @@ def mask_url(url: str | None) -> str:
 
     Works on the raw text, so it also masks URLs that do not parse: the user info ends at the
     *last* ``@`` (as in redis-py), so a password containing ``@``, ``/``, ``#`` or ``?`` is
-    masked whole; ``password=`` and ``sentinel_password=`` query arguments are masked too.
+    masked whole; ``password=``, ``sentinel_password=``, ``ssl_password=`` (any ``*_password=``)
+    query arguments are masked too.
     """
     if not url:
         return ""

@@ -4,15 +4,20 @@
   iteration within its SLA and is not crash-looping ("process alive" is not "work
   progressing", seed 003). It stays 200 during a graceful shutdown so the kubelet does not kill
   a draining pod (seed 004).
-- ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives, and while a
-  dependency check (``@app.health_check``) fails: a database being down makes a process unable
-  to do useful work (readiness), but restarting it does not help (so never liveness).
+- ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives, while a dependency
+  check (``@app.health_check``) fails, and while a component backs off from Redis failing
+  (``component.DEPENDENCY_ERRORS``: unreachable, at ``maxmemory``, failing over): a database
+  or Redis being down makes a process unable to do useful work (readiness), but restarting it
+  does not help and would restart every replica at once (so never liveness).
 - Stale periodic jobs (a last success older than ``max_staleness``) are *reported* in both
   bodies (``warnings``) and in metrics, but fail neither probe: a user job failing is fixed by
   a human, and a leader that Kubernetes restarts or stops routing to would fix nothing (every
   leader would be judged alike). ``python -m worker doctor`` fails on them.
 - ``/metrics`` is Prometheus text; ``/status`` is this process as JSON (no secrets; a
   component's last error shows as its exception class unless ``WORKER_STATUS_SHOW_ERRORS``).
+- Every route answers only a ``Host`` it serves (an IP, ``localhost``, the bound name or
+  ``WORKER_HEALTH_ALLOWED_HOSTS``: no DNS rebinding), and the listener bounds its connections
+  and the time to send headers (:mod:`worker.httpguard`).
 
 The listening socket is bound when the server is built, before any component starts, so a
 port in use or an unknown host fails start-up (exit 2) instead of crash-looping.
@@ -31,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.clock import Clock
 from worker.component import Component
+from worker.httpguard import GuardedSite, allowed_hosts, host_guard, one_request
 from worker.metrics import Metrics
 from worker.preflight import bind_health, bind_listeners
 from worker.views import ProcessView
@@ -54,16 +60,18 @@ class HealthServer(Component):
         port: int,
         bind_and_listen: bool = True,
         strict: bool = True,
+        allowed: str = "",
     ) -> None:
         """Binds the socket at once (like ``socketserver.TCPServer``); raises
         :class:`~worker.errors.ConfigError` when it cannot. Not ``strict`` (the default port,
         not configured): a taken port moves to the next free one, logged; :attr:`port` is the
-        port bound."""
+        port bound. ``allowed``: extra ``Host`` names served (comma-separated, ``*``: any)."""
         super().__init__("health-server", clock, sla_s=30.0)
         self.process = process
         self.metrics_ = metrics
         self.host = host
         self.port = port
+        self.allowed = allowed_hosts(allowed, host)
         self.loop_lag_s = 0.0
         self._sockets: list[socket.socket] = []
         if bind_and_listen:
@@ -76,7 +84,7 @@ class HealthServer(Component):
                 )
 
     def build_app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[one_request, host_guard(self.allowed)])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
@@ -90,7 +98,7 @@ class HealthServer(Component):
         try:
             await runner.setup()
             for sock in sockets:
-                await web.SockSite(runner, sock).start()
+                await GuardedSite(runner, sock, what="health server").start()
             log.info("health server listening", host=self.host, port=self.port)
             while not stop.is_set():
                 before = time.perf_counter()

@@ -41,6 +41,7 @@ __all__ = [
     "FENCE_ERROR",
     "FINISH",
     "HANDOFF",
+    "HEARTBEAT",
     "HISTORY_KEEP",
     "INFLIGHT_CLEAR",
     "INIT_BEGIN",
@@ -57,6 +58,7 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "SLOT_TAKE",
+    "TIME",
     "UNIQUE_ENQUEUE",
     "Keys",
 ]
@@ -492,6 +494,15 @@ end
 return 0
 """
 
+TIME = """
+-- The server's clock, read where the app's keys live (a Redis Cluster routes the call by
+-- KEYS[1] to the node serving the app's slot, the node whose clock the lease scripts read;
+-- a plain TIME would go to whichever node the client picked).
+-- KEYS[1] -> any key of the app (the leader lock)
+-- Returns: {seconds, microseconds}
+return redis.call('TIME')
+"""
+
 CLAIM_STATIC = """
 -- Always-leader mode (single node, tests): take the lock unconditionally so fenced scripts
 -- work unchanged. It expires like any lease (the static leader renews it with RENEW), so a
@@ -718,6 +729,26 @@ end
 return {added, batches}
 """
 )
+
+HEARTBEAT = """
+-- Write an instance's record and its heartbeat score, on the server's clock: the orphan
+-- reaper and doctor judge silence on that one clock, whatever the hosts' clocks say.
+-- KEYS[1] -> the instance's record
+-- KEYS[2] -> instances sorted set
+-- ARGV[1] -> instance id
+-- ARGV[2] -> record (JSON)
+-- ARGV[3] -> record TTL ms
+-- ARGV[4] -> score ms, or "" for the server's clock (tests pass one)
+-- Returns: the server's clock {seconds, microseconds} (the caller's clock-offset estimate).
+local t = redis.call('TIME')
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local score = ARGV[4]
+if score == '' then
+  score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+redis.call('ZADD', KEYS[2], score, ARGV[1])
+return t
+"""
 
 REAP = (
     """

@@ -25,7 +25,7 @@ from worker.connection import mask_url
 _URL = re.compile(r"(?i)\b(?:rediss?(?:\+(?:sentinel|cluster))?|unix)://[^\s'\"<>\\]*")
 #: ``password=value``: quoted ('x', "x", or JSON-escaped \"x\") or up to a delimiter.
 _PASSWORD_ARG = re.compile(
-    r"(?i)(\b(?:sentinel_)?password=)(\"[^\"]*\"|'[^']*'|\\\"[^\"\\]*\\\"|[^&\s,;)'\"\\]*)"
+    r"(?i)(\b(?:[a-z]+_)*password=)(\"[^\"]*\"|'[^']*'|\\\"[^\"\\]*\\\"|[^&\s,;)'\"\\]*)"
 )
 
 
@@ -43,8 +43,8 @@ def capped(text: str, limit: int = TEXT_CHARS) -> str:
 
 
 def mask_text(text: str) -> str:
-    """``text`` with every Redis URL password and ``password=`` / ``sentinel_password=``
-    argument replaced by ``***``."""
+    """``text`` with every Redis URL password and ``password=`` / ``*_password=`` (sentinel,
+    ssl) argument replaced by ``***``."""
     if "://" in text:
         text = _URL.sub(lambda m: mask_url(m.group(0)), text)
     if "password=" in text.lower():

@@ -137,6 +137,7 @@ class Settings(BaseSettings):
     health_host: str = "127.0.0.1"
     health_port: int = Field(8080, ge=0, le=65535)
     status_show_errors: bool = False
+    health_allowed_hosts: str = Field("", description="Host names served besides IPs/localhost")
 
     # -- operator console (python -m worker web) ----------------------------------------------
     web_host: str = "127.0.0.1"
@@ -144,6 +145,8 @@ class Settings(BaseSettings):
     web_token: SecretStr | None = None
     web_token_file: str | None = None
     web_auth: bool = True
+    web_allowed_hosts: str = Field("", description="Host names served besides IPs/localhost")
+    web_allow_remote_no_auth: bool = False
 
     # -- leadership ---------------------------------------------------------------------------
     leader_election: Literal["redis", "static"] = "redis"

@@ -306,6 +306,7 @@ class Store:
         self._poll_requeue = r.register_script(K.POLL_REQUEUE)
         self._dead_retry = r.register_script(K.DEAD_RETRY)
         self._boot = r.register_script(K.BOOT)
+        self._heartbeat = r.register_script(K.HEARTBEAT)
         self._claim = r.register_script(K.CLAIM)
         self._release_own = r.register_script(K.RELEASE_OWN)
         self._finish = r.register_script(K.FINISH)
@@ -314,6 +315,7 @@ class Store:
         self._rate_take = r.register_script(K.RATE_TAKE)
         self._broadcast = r.register_script(K.BROADCAST)
         self._periodic_result = r.register_script(K.PERIODIC_RESULT)
+        self._time = r.register_script(K.TIME)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -696,15 +698,16 @@ class Store:
 
     # -- instance registry --------------------------------------------------------------------
     async def heartbeat(
-        self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, now_ms: int
+        self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, score_ms: int | None = None
     ) -> float:
-        """Write the instance's record and heartbeat score; returns the server's clock (``TIME``,
-        in ms) read in the same transaction, for the clock-offset estimate."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.time()
-            pipe.set(self.keys.instance(instance_id), json.dumps(record, default=str), px=ttl_ms)
-            pipe.zadd(self.keys.instances, {instance_id: now_ms})
-            (sec, usec), _, _ = await pipe.execute()
+        """Write the instance's record and heartbeat score (the server's clock unless
+        ``score_ms`` says otherwise, ``keys.HEARTBEAT``); returns the server's clock (``TIME``,
+        in ms) read in the same script, for the clock-offset estimate."""
+        score = "" if score_ms is None else score_ms
+        sec, usec = await self._heartbeat(
+            keys=[self.keys.instance(instance_id), self.keys.instances],
+            args=[instance_id, json.dumps(record, default=str), ttl_ms, score],
+        )
         return int(sec) * 1000 + int(usec) / 1000
 
     async def deregister(self, instance_id: str) -> None:
@@ -720,15 +723,34 @@ class Store:
         return [Stale(_s(i), _score(self.keys.instances, i, score) or 0) for i, score in raw]
 
     async def instances(self) -> list[tuple[str, int, dict[str, Any] | None]]:
-        """Every registered instance: ``(id, last heartbeat ms, record or None if expired)``;
-        a record that is not a JSON object reads as expired (and is logged once)."""
-        members = await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
-        ids = [_s(m) for m, _ in members]
-        records = await self.redis.mget([self.keys.instance(i) for i in ids]) if ids else []
-        return [
-            (i, _score(self.keys.instances, i, score) or 0, _object(self.keys.instance(i), rec))
-            for i, (_, score), rec in zip(ids, members, records, strict=True)
-        ]
+        """Every registered instance: ``(id, last heartbeat ms on the server's clock, record or
+        None if expired)``. Records are also found by ``SCAN``, so an instance missing from the
+        heartbeat sorted set (reaped while alive) still counts; its time is then the record's
+        ``heartbeat_ms`` corrected by its measured clock offset. A record that is not a JSON
+        object reads as expired (and is logged once)."""
+        members: dict[str, int | None] = {
+            _s(m): _score(self.keys.instances, m, score) or 0
+            for m, score in await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
+        }
+        head = self.keys.instance("")
+        async for key in self.redis.scan_iter(match=f"{head}*", count=1000):
+            name = _s(key)
+            if self.keys.holds_owner(name) is None:
+                members.setdefault(name[len(head) :], None)  # record only: time from it
+        ids = list(members)
+        raw = await self.redis.mget([self.keys.instance(i) for i in ids]) if ids else []
+        out = []
+        for i, blob in zip(ids, raw, strict=True):
+            rec, score = _object(self.keys.instance(i), blob), members[i]
+            if score is None:
+                if rec is None:
+                    continue  # expired between SCAN and MGET, or unreadable
+                beat, offset = rec.get("heartbeat_ms"), rec.get("clock_offset_ms") or 0
+                if not isinstance(beat, int | float) or not isinstance(offset, int | float):
+                    continue
+                score = round(beat + offset)
+            out.append((i, score, rec))
+        return out
 
     async def live_apps(self) -> dict[str, int]:
         """Live instances (their record has not expired) per app name. Records without an app
@@ -766,8 +788,8 @@ class Store:
         return found
 
     async def server_time_ms(self) -> float:
-        """The server's clock (``TIME``) in ms."""
-        sec, usec = await self.redis.time()
+        """The server's clock (``TIME``, on the node of the app's keys) in ms."""
+        sec, usec = await self._time(keys=[self.keys.leader])
         return int(sec) * 1000 + int(usec) / 1000
 
     async def lease_counters(self) -> tuple[int | None, dict[str, str]]:

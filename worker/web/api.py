@@ -66,7 +66,6 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
     """Every panel but the dead letters (see module docstring)."""
     client = state.client
     store = client.store
-    now_ms = ms(client.clock.time())
     cluster = await status.collect(
         client.redis,
         client.keys,
@@ -74,6 +73,7 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
         client.clock,
         allow_eviction=state.limits.allow_eviction,
     )
+    now_ms = ms(client.clock.time())  # after collect, which syncs a client's clock
     series = await store.throughput(state.app.queue_names(), now_ms, MINUTES)
     for q in cluster["queues"]:
         points = series.get(q["queue"], [])

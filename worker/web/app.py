@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import signal
 import sys
@@ -31,6 +32,14 @@ from worker.actions import Actor, Operations, Outcome
 from worker.app import App
 from worker.client import Client
 from worker.errors import ConfigError
+from worker.httpguard import (
+    BROWSER_HEADER_TIMEOUT_S,
+    GuardedSite,
+    allowed_hosts,
+    host_guard,
+    one_request,
+    parse_hosts,
+)
 from worker.settings import Settings, mask_url
 from worker.web import api
 from worker.web.auth import Guard, Handler, operator, secure_headers
@@ -57,15 +66,21 @@ def create_app(
     serializer: str = "msgpack",
     redis_url: str = "",
     limits: Any = None,
+    allowed_hosts: str | frozenset[str] = "",
 ) -> web.Application:
     """The console as an aiohttp application (see module docstring). ``token``: the token
     every action needs (``None``: read-only console); ``view_needs_token``: whether viewing
-    needs it too; ``redis_url`` is only shown, masked."""
+    needs it too; ``redis_url`` is only shown, masked. ``allowed_hosts``: the names (``Host``
+    header) it is reached by besides IP addresses and ``localhost`` (``"*"``: any); any other
+    Host is refused (421), so a page on another origin cannot read it by DNS rebinding."""
     check_auth(token, view_needs_token)
+    hosts = parse_hosts(allowed_hosts) if isinstance(allowed_hosts, str) else allowed_hosts
     state = api.ConsoleState(client, app, serializer=serializer, redis_url=mask_url(redis_url))
     if limits is not None:
         state.limits = limits
-    console = web.Application(middlewares=[secure_headers, _guard], client_max_size=MAX_BODY)
+    console = web.Application(
+        middlewares=[secure_headers, host_guard(hosts), _guard], client_max_size=MAX_BODY
+    )
     console[STATE] = state
     console[GUARD] = Guard(token, view_needs_token)
     r = console.router
@@ -99,6 +114,27 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     if "/api/" in request.path:
         request.app[GUARD].check(request)
     return await handler(request)
+
+
+def check_exposure(host: str, view_needs_token: bool, allow_remote: bool) -> None:
+    """Refuse a console anyone may view (``--no-auth``) on an address other machines reach,
+    unless that was asked for by name (``--allow-remote-no-auth``)."""
+    if view_needs_token or allow_remote or _loopback(host):
+        return
+    raise ConfigError(
+        f"--no-auth (WORKER_WEB_AUTH=false) on {host!r}: anyone who reaches this address could "
+        "read every dead letter; listen on 127.0.0.1, set WORKER_WEB_TOKEN, or add "
+        "--allow-remote-no-auth (WORKER_WEB_ALLOW_REMOTE_NO_AUTH=true) if you mean it"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 # -- the page -----------------------------------------------------------------------------------
@@ -248,10 +284,12 @@ async def serve(
     host: str | None = None,
     port: int | None = None,
     auth: bool | None = None,
+    allow_remote: bool | None = None,
     ready: Callable[[str], None] | None = None,
 ) -> int:
-    """Run the console until SIGTERM/SIGINT (``python -m worker web``). ``host``, ``port``
-    and ``auth`` override the settings; ``ready`` is called with the URL once listening."""
+    """Run the console until SIGTERM/SIGINT (``python -m worker web``). ``host``, ``port``,
+    ``auth`` and ``allow_remote`` override the settings; ``ready`` is called with the URL
+    once listening. Its listener bounds connections and header time (:mod:`worker.httpguard`)."""
     from worker import doctor
     from worker.preflight import bind_listeners
 
@@ -259,6 +297,8 @@ async def serve(
     token = settings.web_token.get_secret_value() if settings.web_token is not None else None
     check_auth(token, view_needs_token)  # before connecting: a config error is one line
     host = host or settings.web_host
+    remote = settings.web_allow_remote_no_auth if allow_remote is None else allow_remote
+    check_exposure(host, view_needs_token, remote)
     port = settings.web_port if port is None else port
     client = await Client.from_settings(settings, app=app)
     try:
@@ -270,13 +310,18 @@ async def serve(
             serializer=settings.serializer,
             redis_url=settings.redis_url or "",
             limits=doctor.Limits.from_settings(settings),
+            allowed_hosts=allowed_hosts(settings.web_allowed_hosts, host),
         )
+        console.middlewares.insert(0, one_request)  # each connection under the header deadline
         sockets = bind_listeners(host, port)
         runner = web.AppRunner(console, access_log=None)
         await runner.setup()
         try:
             for sock in sockets:
-                await web.SockSite(runner, sock).start()
+                site = GuardedSite(
+                    runner, sock, what="console", header_timeout_s=BROWSER_HEADER_TIMEOUT_S
+                )
+                await site.start()
             bound = sockets[0].getsockname()
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             url = f"http://{shown}:{bound[1]}/"
