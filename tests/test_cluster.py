@@ -38,6 +38,9 @@ from tests.test_faults import (
 from tests.test_faults import (
     test_sigstop_leader_past_ttl_is_fenced_and_steps_down as test_cluster_sigstop_leader_is_fenced,
 )
+from tests.test_poll_outcomes import (
+    test_an_item_whose_job_record_was_lost_is_put_back as test_cluster_lost_poll_job_item_put_back,
+)
 from tests.topology import Cluster
 
 pytestmark = pytest.mark.slow
@@ -45,6 +48,7 @@ pytestmark = pytest.mark.slow
 __all__ = [
     "test_cluster_clock_skew",
     "test_cluster_initializer_resumes_after_sigkill",
+    "test_cluster_lost_poll_job_item_put_back",
     "test_cluster_sigkill_leader_missed_ticks_caught_up",
     "test_cluster_sigstop_leader_is_fenced",
 ]

@@ -786,17 +786,20 @@ async def test_acquire_replaces_own_orphaned_lock_with_a_new_epoch(r: Any) -> No
 
 
 async def test_inflight_clear_by_job_id_and_by_missing_job(r: Any) -> None:
-    inflight = KEYS.poll_inflight("p")
+    inflight, removed = KEYS.poll_inflight("p"), KEYS.poll_removed("p")
+    keys = [inflight, removed]
     await r.hset(inflight, mapping={"a": "job-a", "b": "job-b", "c": "job-c"})
+    await r.hset(removed, mapping={"a": "job-a", "c": "job-c"})
     await r.set(K.ARQ_JOB + "job-c", b"x")
     # The ended job's id must match the entry (a newer dispatch is left alone).
-    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["a", "job-old", K.ARQ_JOB]) == 0
-    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["a", "job-a", K.ARQ_JOB]) == 1
+    assert await run(r, K.INFLIGHT_CLEAR, keys, ["a", "job-old", K.ARQ_JOB]) == 0
+    assert await run(r, K.INFLIGHT_CLEAR, keys, ["a", "job-a", K.ARQ_JOB]) == 1
     # Without a job id: cleared only when the recorded job no longer exists.
-    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["b", "", K.ARQ_JOB]) == 1
-    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["c", "", K.ARQ_JOB]) == 0
-    assert await run(r, K.INFLIGHT_CLEAR, [inflight], ["zz", "", K.ARQ_JOB]) == 0
+    assert await run(r, K.INFLIGHT_CLEAR, keys, ["b", "", K.ARQ_JOB]) == 1
+    assert await run(r, K.INFLIGHT_CLEAR, keys, ["c", "", K.ARQ_JOB]) == 0
+    assert await run(r, K.INFLIGHT_CLEAR, keys, ["zz", "", K.ARQ_JOB]) == 0
     assert await r.hgetall(inflight) == {b"c": b"job-c"}
+    assert await r.hgetall(removed) == {b"c": b"job-c"}  # a removal mark goes with its job
 
 
 async def test_dead_retry_requeues_once_and_refuses_live_ids(r: Any) -> None:

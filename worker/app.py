@@ -210,8 +210,10 @@ class App:
         batch_size: int = 500,
         interval_s: float = 1.0,
         busy_defer_s: float = 1.0,
+        failure_delay_s: float = 60.0,
     ) -> PollerDef:
-        """Declare a poller whose due items are dispatched to ``task`` (one job per item)."""
+        """Declare a poller whose due items are dispatched to ``task`` (one job per item); an
+        item whose job fails for good is due again ``failure_delay_s`` later."""
         _check_name("poller", name)
         if name in self.pollers:
             raise ConfigError(f"poller {name!r} is registered twice")
@@ -219,7 +221,9 @@ class App:
             raise ConfigError(f"poller {name!r}: shards must be 1..1024")
         if batch_size < 1 or interval_s <= 0 or busy_defer_s <= 0:
             raise ConfigError(f"poller {name!r}: batch_size, interval_s, busy_defer_s must be > 0")
-        p = PollerDef(name, task, shards, batch_size, interval_s, busy_defer_s)
+        if failure_delay_s < 0:
+            raise ConfigError(f"poller {name!r}: failure_delay_s must be >= 0")
+        p = PollerDef(name, task, shards, batch_size, interval_s, busy_defer_s, failure_delay_s)
         self.pollers[name] = p
         return p
 

@@ -50,6 +50,9 @@ __all__ = [
     "LEASE_RELEASE",
     "LEASE_RENEW",
     "PERIODIC_RESULT",
+    "POLL_REQUEUE",
+    "POLL_SWEEP",
+    "POLL_UNSCHEDULE",
     "RATE_TAKE",
     "REAP",
     "RELEASE",
@@ -202,6 +205,11 @@ class Keys:
     def poll_inflight(self, poller: str) -> str:
         """Hash: item -> id of the arq job currently carrying it."""
         return f"{self.prefix}poll:{{{poller}}}:inflight"
+
+    def poll_removed(self, poller: str) -> str:
+        """Hash: item -> id of the job that carried it when the app removed it (that job's
+        failure must not put the item back)."""
+        return f"{self.prefix}poll:{{{poller}}}:removed"
 
     # -- initializers -------------------------------------------------------------------------
     def init_state(self, name: str) -> str:
@@ -880,6 +888,7 @@ INFLIGHT_CLEAR = """
 -- Forget a poll item's in-flight job id once that job has ended, so the hash holds only
 -- items whose job may still exist.
 -- KEYS[1] -> poller in-flight hash
+-- KEYS[2] -> poller removed hash (a removal mark of that job is forgotten with it)
 -- ARGV[1] -> item
 -- ARGV[2] -> the job id that ended, or "" to clear only if the recorded job no longer exists
 -- ARGV[3] -> arq job key prefix
@@ -890,10 +899,108 @@ if not current then
 end
 if (ARGV[2] ~= '' and current == ARGV[2])
    or (ARGV[2] == '' and redis.call('EXISTS', ARGV[3] .. current) == 0) then
+  if redis.call('HGET', KEYS[2], ARGV[1]) == current then
+    redis.call('HDEL', KEYS[2], ARGV[1])
+  end
   return redis.call('HDEL', KEYS[1], ARGV[1])
 end
 return 0
 """
+
+POLL_UNSCHEDULE = """
+-- Stop polling an item: take it off its shard; while a job still carries it, mark it removed
+-- (that job's failure then does not put it back), else forget its in-flight entry.
+-- KEYS[1] -> shard sorted set
+-- KEYS[2] -> poller in-flight hash
+-- KEYS[3] -> poller removed hash
+-- ARGV[1] -> item
+-- ARGV[2] -> arq job key prefix
+-- Returns: 1 if the item was waiting or in flight, 0 if the poller did not hold it.
+local waiting = redis.call('ZREM', KEYS[1], ARGV[1])
+local current = redis.call('HGET', KEYS[2], ARGV[1])
+if current and redis.call('EXISTS', ARGV[2] .. current) == 1 then
+  redis.call('HSET', KEYS[3], ARGV[1], current)
+  return 1
+end
+if current then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+redis.call('HDEL', KEYS[3], ARGV[1])
+return waiting
+"""
+
+POLL_REQUEUE = """
+-- A poll item's job failed for good (it raised, used up its retries, was aborted): put the
+-- item back into its shard, due at ARGV[3], unless the app rescheduled it (it waits already),
+-- removed it while the job ran, or another job carries it now. The in-flight entry stays, so
+-- the item is not dispatched again while the failed job's record still exists.
+-- KEYS[1] -> shard sorted set
+-- KEYS[2] -> poller in-flight hash
+-- KEYS[3] -> poller removed hash
+-- ARGV[1] -> item
+-- ARGV[2] -> id of the job that failed
+-- ARGV[3] -> due ms
+-- Returns: 1 put back, 0 already waiting, -1 removed by the app (the mark stays until the
+-- entry goes), -2 carried by another job.
+local removed = redis.call('HGET', KEYS[3], ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if removed then
+    redis.call('HDEL', KEYS[3], ARGV[1])  -- a schedule after the remove wins
+  end
+  return 0
+end
+if removed == ARGV[2] then
+  return -1
+end
+if removed then
+  redis.call('HDEL', KEYS[3], ARGV[1])  -- the mark of an older job
+end
+local current = redis.call('HGET', KEYS[2], ARGV[1])
+if current and current ~= ARGV[2] then
+  return -2
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+POLL_SWEEP = (
+    """
+-- Fenced. Put back poll items whose job ended without saying how (dead-lettered before it ran:
+-- expired, malformed, retries used up by crashes; its consumer died before reporting; its
+-- record lost): each entry still names that job, the job record is gone, the item is not
+-- waiting and the app did not remove it. The entry is forgotten either way.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> poller in-flight hash
+-- KEYS[3] -> poller removed hash
+-- KEYS[4..] -> shard sorted sets the items belong to
+-- ARGV[1] -> caller's lock value
+-- ARGV[2] -> arq job key prefix
+-- ARGV[3] -> due ms of the items put back
+-- ARGV[4..] -> triples: item, job id, KEYS index of the item's shard
+-- Returns: {put back, forgotten without putting back}
+"""
+    + _FENCE
+    + """
+local back, dropped = 0, 0
+for i = 4, #ARGV, 3 do
+  local item, id, shard = ARGV[i], ARGV[i + 1], KEYS[tonumber(ARGV[i + 2])]
+  if redis.call('HGET', KEYS[2], item) == id and redis.call('EXISTS', ARGV[2] .. id) == 0 then
+    redis.call('HDEL', KEYS[2], item)
+    local removed = redis.call('HGET', KEYS[3], item)
+    if removed then
+      redis.call('HDEL', KEYS[3], item)
+    end
+    if removed ~= id and not redis.call('ZSCORE', shard, item) then
+      redis.call('ZADD', shard, ARGV[3], item)
+      back = back + 1
+    else
+      dropped = dropped + 1
+    end
+  end
+end
+return {back, dropped}
+"""
+)
 
 DEAD_RETRY = """
 -- Put a dead-lettered job back on the queue with its original payload and id; its tries start

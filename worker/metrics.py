@@ -52,7 +52,8 @@ class Metrics:
         )
         self.dispatched = Counter(
             "worker_poll_items",
-            "Poll items by outcome: dispatched, in_flight (deferred), duplicate.",
+            "Poll items by outcome: dispatched, in_flight (deferred), duplicate, swept (put back "
+            "by the leader after a job that ended unreported).",
             ["poller", "outcome"],
             registry=r,
         )

@@ -1,5 +1,5 @@
 """Pollers, whole: the definition, shard math, client-side writes, the leader's dispatcher and
-the consumer hook that forgets an item's in-flight entry when its job ends.
+the consumer hook that settles an item when its job ends.
 
 Each poller keeps its items in ``shards`` sorted sets scored by due time. Anyone schedules an
 item (:class:`BoundPoller`); the leader's :class:`PollingScheduler` dispatches due items, two
@@ -8,6 +8,12 @@ each item is still due, removes it from its shard and writes an arq-compatible j
 While an item's previous job exists (queued or running) the item stays in its shard, pushed
 back, so it is never in flight twice. Job payloads are built in Python, so every serializer
 works and the record format is exactly arq's.
+
+An item leaves the poller only when the app says so: a job that succeeds settles its item (the
+task reschedules it, or it is done); a job that fails for good (raised, used up its retries,
+aborted) puts its item back, due ``failure_delay_s`` later (:class:`InflightHook`); a job that
+ended without reporting (dead-lettered before it ran, its consumer dead, its record lost) is
+found by the leader's sweep of the in-flight hash, which puts the item back the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any, Protocol
 import structlog
 from arq.constants import expires_extra_ms
 
-from worker.clock import Clock, ms, on_server_time
+from worker.clock import Clock, SystemClock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import Outcome
@@ -31,6 +37,12 @@ from worker.serializer import Serialize, job_payload
 from worker.store import FencedStore, NewJob, Store
 
 log = structlog.get_logger("worker.poller")
+
+#: How long the leader's sweep sees an in-flight entry whose job record is gone before it puts
+#: the item back (at least 3 poll intervals): the consumer that ran the job reports within it.
+SWEEP_GRACE_S = 10.0
+#: Why a failed job's item was not put back (``keys.POLL_REQUEUE``'s answers).
+REQUEUE_SKIPPED = {0: "rescheduled by the app", -1: "removed by the app", -2: "another job"}
 
 
 def shard_of(item: str, shards: int) -> int:
@@ -42,7 +54,8 @@ def shard_of(item: str, shards: int) -> int:
 class PollerDef:
     """Due items in ``shards`` sorted sets; the leader enqueues one ``task(item)`` job per item.
 
-    An item is never in flight twice: while its job exists, the item waits in its shard.
+    An item is never in flight twice: while its job exists, the item waits in its shard. An
+    item whose job failed for good is due again ``failure_delay_s`` later.
     """
 
     name: str
@@ -51,6 +64,7 @@ class PollerDef:
     batch_size: int = 500
     interval_s: float = 1.0
     busy_defer_s: float = 1.0
+    failure_delay_s: float = 60.0
 
     def shard_of(self, item: str) -> int:
         return shard_of(item, self.shards)
@@ -118,7 +132,8 @@ class BoundPoller:
         return await self.store.schedule_items(grouped)
 
     async def remove(self, item: str) -> bool:
-        """Stop polling ``item`` (a job already in flight still runs)."""
+        """Stop polling ``item``: whether it was waiting or in flight (a job in flight still
+        runs; if it fails, the item is not put back)."""
         return await self.store.unschedule_item(self.shard_key(item), self.name, item)
 
     async def backlog(self) -> list[dict[str, int]]:
@@ -147,6 +162,11 @@ class PollingScheduler(LoopComponent):
         self.serialize = serialize
         self.metrics = metrics
         self.dispatched_total = 0
+        self.swept_total = 0
+        self._sweep_cursor = 0
+        self._sweep_at = 0.0
+        self._suspects: dict[tuple[str, str], float] = {}  # (item, job id) -> first seen
+        self._seen: set[tuple[str, str]] = set()  # suspects seen again in this HSCAN pass
 
     async def tick(self) -> float:
         """Dispatch up to one batch per shard; come back at once while a shard is full."""
@@ -154,7 +174,51 @@ class PollingScheduler(LoopComponent):
         for shard in range(self.poller.shards):
             n = await self.dispatch_shard(shard)
             more = more or n >= self.poller.batch_size
+        if self.clock.monotonic() >= self._sweep_at:
+            self._sweep_at = self.clock.monotonic() + self.poller.interval_s
+            await self.sweep()
         return 0.0 if more else self.poller.interval_s
+
+    async def sweep(self) -> int:
+        """One step through the in-flight hash: an entry whose job record is gone, seen so for
+        :data:`SWEEP_GRACE_S` (the consumer that ran it has reported by then), names a job that
+        ended without reporting; its item is put back unless the app rescheduled or removed it.
+        Returns how many items were put back."""
+        p = self.poller
+        cursor, ended = await self.store.store.inflight_ended(
+            p.name, self._sweep_cursor, p.batch_size
+        )
+        now = self.clock.monotonic()
+        ripe: list[tuple[str, str, str]] = []
+        for entry in ended:
+            first = self._suspects.setdefault(entry, now)
+            self._seen.add(entry)
+            if now - first >= max(SWEEP_GRACE_S, 3 * p.interval_s):
+                ripe.append(
+                    (entry[0], entry[1], self.store.keys.poll_shard(p.name, p.shard_of(entry[0])))
+                )
+        self._sweep_cursor = cursor
+        if cursor == 0:  # a full pass: forget suspects that were not seen again
+            self._suspects = {e: t for e, t in self._suspects.items() if e in self._seen}
+            self._seen = set()
+        if not ripe:
+            return 0
+        for item, job_id, _ in ripe:
+            self._suspects.pop((item, job_id), None)
+        due = ms(self.clock.time() + p.failure_delay_s)
+        back, _ = await self.store.poll_sweep(p.name, ripe, due)
+        if back:
+            log.warning(
+                "poll items whose job ended unreported are back in their shards",
+                poller=p.name,
+                items=back,
+                due_in_s=p.failure_delay_s,
+            )
+        self.swept_total += back
+        self.health.extra["swept"] = self.swept_total
+        if self.metrics is not None:
+            self.metrics.dispatched.labels(p.name, "swept").inc(back)
+        return back
 
     async def dispatch_shard(self, shard: int) -> int:
         """Dispatch one batch of due items from ``shard``; return how many items were read."""
@@ -188,24 +252,44 @@ class PollingScheduler(LoopComponent):
 
 
 class InflightHook:
-    """Consumer hook: once a poll item's job ended, forget its in-flight entry (so the hash
-    holds only items whose job may still exist)."""
+    """Consumer hook: settle a poll item once its job ended. Success forgets the item's in-flight
+    entry (the task rescheduled it, or it is done); a failure for good puts the item back, due
+    the poller's ``failure_delay_s`` later; a retry leaves it in flight."""
 
-    def __init__(self, store: Store, pollers: Mapping[str, PollerDef]) -> None:
+    def __init__(
+        self, store: Store, pollers: Mapping[str, PollerDef], clock: Clock | None = None
+    ) -> None:
         self.store = store
         self.ids: JobIds = store.ids
         self.pollers = dict(pollers)
+        self.clock: Clock = clock or SystemClock()
 
     def context(self, job_id: str) -> Mapping[str, Any]:
         return {}
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
-        if outcome == "retry" or not args:
+        if outcome == "retry":
             return
         parsed = self.ids.parse_poll(job_id)
         if parsed is None or parsed[0] not in self.pollers:
             return  # enqueued directly, not by a poller
+        p = self.pollers[parsed[0]]
+        item = str(args[0]) if args else parsed[1]
         try:
-            await self.store.inflight_clear(parsed[0], str(args[0]), job_id)
-        except Exception as exc:  # the next dispatch of the item overwrites the entry anyway
-            log.warning("could not clear in-flight entry", job_id=job_id, error=str(exc))
+            if outcome == "success":
+                await self.store.inflight_clear(p.name, item, job_id)
+                return
+            shard_key = self.store.keys.poll_shard(p.name, p.shard_of(item))
+            await on_server_time(self.clock, self.store.server_time_ms)
+            due = ms(self.clock.time() + p.failure_delay_s)
+            put = await self.store.poll_requeue(shard_key, p.name, item, job_id, due)
+            log.debug(
+                "poll job failed; item due again" if put == 1 else "poll job failed",
+                poller=p.name,
+                item=item,
+                job_id=job_id,
+                due_in_s=p.failure_delay_s if put == 1 else None,
+                kept=REQUEUE_SKIPPED.get(put),
+            )
+        except Exception as exc:  # the leader's sweep settles the item later
+            log.warning("could not settle poll item", job_id=job_id, error=str(exc))

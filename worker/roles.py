@@ -192,7 +192,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id)
     ]
     if w.app.pollers:
-        hooks.append(InflightHook(w.store, w.app.pollers))
+        hooks.append(InflightHook(w.store, w.app.pollers, w.clock))
     dead = DeadLetters(
         w.store,
         w.clock,

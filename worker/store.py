@@ -306,6 +306,8 @@ class Store:
         self._leases_take = r.register_script(K.LEASES_TAKE)
         self._unique_enqueue = r.register_script(K.UNIQUE_ENQUEUE)
         self._inflight_clear = r.register_script(K.INFLIGHT_CLEAR)
+        self._poll_unschedule = r.register_script(K.POLL_UNSCHEDULE)
+        self._poll_requeue = r.register_script(K.POLL_REQUEUE)
         self._dead_retry = r.register_script(K.DEAD_RETRY)
         self._boot = r.register_script(K.BOOT)
         self._heartbeat = r.register_script(K.HEARTBEAT)
@@ -324,6 +326,7 @@ class Store:
         self.init_begin_script = r.register_script(K.INIT_BEGIN)
         self.checkpoint_script = r.register_script(K.CHECKPOINT)
         self.reap_script = r.register_script(K.REAP)
+        self.poll_sweep_script = r.register_script(K.POLL_SWEEP)
 
     # -- durable writes (WAIT) ----------------------------------------------------------------
     def with_redis(self, redis: Redis) -> Store:
@@ -607,18 +610,49 @@ class Store:
         return int(sum(added))
 
     async def unschedule_item(self, shard_key: str, poller: str, item: str) -> bool:
-        """Take ``item`` off its shard and forget its in-flight entry if that job has ended."""
-        removed = bool(await self.redis.zrem(shard_key, item))
-        await self.inflight_clear(poller, item, None)
-        return removed
+        """Take ``item`` off its shard, or mark it removed while a job carries it (``keys.
+        POLL_UNSCHEDULE``); whether the poller held it."""
+        keys = [shard_key, self.keys.poll_inflight(poller), self.keys.poll_removed(poller)]
+        return int(await self._poll_unschedule(keys=keys, args=[item, K.ARQ_JOB])) == 1
 
     async def inflight_clear(self, poller: str, item: str, job_id: str | None) -> bool:
         """Forget ``item``'s in-flight job: the entry equal to ``job_id``, or (``None``) an
         entry whose job no longer exists."""
-        done = await self._inflight_clear(
-            keys=[self.keys.poll_inflight(poller)], args=[item, job_id or "", K.ARQ_JOB]
-        )
+        keys = [self.keys.poll_inflight(poller), self.keys.poll_removed(poller)]
+        done = await self._inflight_clear(keys=keys, args=[item, job_id or "", K.ARQ_JOB])
         return int(done) == 1
+
+    async def poll_requeue(
+        self, shard_key: str, poller: str, item: str, job_id: str, due_ms: int
+    ) -> int:
+        """Put back an item whose job ``job_id`` failed for good (``keys.POLL_REQUEUE``: 1 put
+        back, 0 waiting already, -1 removed by the app, -2 carried by another job)."""
+        keys = [shard_key, self.keys.poll_inflight(poller), self.keys.poll_removed(poller)]
+        out, acked = await self._eval(self._poll_requeue, keys, [item, job_id, due_ms], probe=True)
+        if not self.replicated(acked):
+            raise self._short("poll requeue", acked)
+        return int(out)
+
+    async def inflight_ended(
+        self, poller: str, cursor: int, count: int
+    ) -> tuple[int, list[tuple[str, str]]]:
+        """One ``HSCAN`` step of the in-flight hash: ``(next cursor, [(item, job id)])`` of the
+        entries whose job record no longer exists (read-only)."""
+        key = self.keys.poll_inflight(poller)
+        cursor, raw = await self.redis.hscan(key, cursor, count=count)
+        entries: list[tuple[str, str]] = []
+        for k, v in raw.items():
+            try:
+                entries.append((_s(k), _s(v)))
+            except UnicodeDecodeError:  # not written by a dispatch: left alone
+                M.skip("poll in-flight entry", key, k, "not UTF-8")
+        if not entries:
+            return int(cursor), []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, job_id in entries:
+                pipe.exists(K.ARQ_JOB + job_id)
+            live = await pipe.execute()
+        return int(cursor), [e for e, n in zip(entries, live, strict=True) if not n]
 
     async def shard_backlog(self, shard_keys: Sequence[str], now_ms: int) -> list[tuple[int, int]]:
         """Per shard key: ``(waiting, due)``."""
@@ -1295,6 +1329,21 @@ class FencedStore:
         ]
         sent, busy, dup, gone = await self._run(self.store.dispatch_script, keys, args)
         return DispatchOutcome(int(sent), int(busy), int(dup), int(gone))
+
+    async def poll_sweep(
+        self, poller: str, ended: Sequence[tuple[str, str, str]], due_ms: int
+    ) -> tuple[int, int]:
+        """Put back items (``(item, job id, shard key)``) whose job ended unreported, due at
+        ``due_ms`` (``keys.POLL_SWEEP``): ``(put back, forgotten)``."""
+        shard_keys: list[str] = []
+        args: list[Any] = [K.ARQ_JOB, due_ms]
+        for item, job_id, shard_key in ended:
+            if shard_key not in shard_keys:
+                shard_keys.append(shard_key)
+            args += [item, job_id, shard_keys.index(shard_key) + 4]  # after lock, hashes
+        keys = [self.keys.poll_inflight(poller), self.keys.poll_removed(poller), *shard_keys]
+        back, dropped = await self._run(self.store.poll_sweep_script, keys, args)
+        return int(back), int(dropped)
 
     async def init_begin(self, name: str, version: str, now_ms: int) -> InitProgress:
         """Start or resume initializer ``name`` at ``version`` (``keys.INIT_BEGIN``)."""
