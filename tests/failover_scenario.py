@@ -298,6 +298,7 @@ class Scenario:
         self.procs: list[Proc] = []
         self.outcome = Outcome()
         self._settled_ms = 0
+        self._bring_back = True
 
     # -- ledgers ------------------------------------------------------------------------------
     def _lk(self, name: str) -> str:
@@ -459,11 +460,15 @@ class Scenario:
                 self.outcome.primaries.append((time.time(), port))
                 seen = port
 
-    def run(self, faults: Sequence[str] = ("checkpoint", "tick", "dispatch")) -> Outcome:
+    def run(
+        self, faults: Sequence[str] = ("checkpoint", "tick", "dispatch"), *, bring_back: bool = True
+    ) -> Outcome:
         """The scenario with ``faults`` in order: ``checkpoint``, ``tick``, ``dispatch`` (the
         primary SIGKILLed right after that write), ``planned`` (a planned switch right after a
         tick, see :meth:`planned_failover_after_tick`). Poll items are scheduled before the
-        first ``dispatch``."""
+        first ``dispatch``. ``bring_back=False``: a killed primary stays dead (with one
+        replica, the promoted node then has none)."""
+        self._bring_back = bring_back
         o = self.outcome
         enq = Enqueuer(self.s.url(), self.prefix, wait_replicas=self.wait_replicas)
         stop_watch = threading.Event()
@@ -506,6 +511,8 @@ class Scenario:
     def _recover(self, kill: Kill) -> None:
         """Wait for the first tick due after ``kill``, then bring the killed node back."""
         self.wait_first_tick_after(kill)
+        if not self._bring_back and not kill.deposed:
+            return
         self.bring_back(next(n for n in self.s.nodes if n.port == kill.port), deposed=kill.deposed)
 
     def _schedule_items(self, count: int, spread_s: float) -> None:

@@ -9,8 +9,11 @@ dispatch batch; after each kill the old primary comes back as a replica. The led
 server that is never faulted. The same scenario runs on a Redis Cluster of 3 primaries with 2
 replicas each: the app's keys share one hash slot, and the node serving it is the one killed.
 
-Two replicas, not one: with WAIT 1, a promoted node without a replica confirms nothing, and
-durable writes (the lease first) stop until a replica is back.
+Two replicas, so that every promoted node still has one and each write stays confirmed.
+With one replica (the most common topology) killed for good, the promoted node has none: the
+default policy (``auto``) goes on without waiting, degraded, and everything resumes within
+seconds of the promotion (``test_sentinel_one_replica_primary_killed_for_good_...``); an
+explicit ``WORKER_REDIS_WAIT_REPLICAS=1`` would stop every durable write instead.
 
 Detection at 2 s, not 1 s (``python -m bench failover`` measures at 1 s): on a loaded 2-core
 CI machine a Sentinel at 1 s judged a primary it had switched to a second earlier down and
@@ -131,7 +134,37 @@ def test_cluster_slot_primary_killed_at_the_worst_moments_costs_no_duplicate_and
     cluster: Cluster, ledger: RealRedis, tmp_path: Path
 ) -> None:
     """The same on a Redis Cluster (the app's slot's primary is killed), with WAIT 1 set
-    explicitly (auto means 0 with a cluster URL: a cluster may have no replicas)."""
+    explicitly (strict: a slot's primary always has a replica left here)."""
     o = Scenario(cluster, ledger.url, tmp_path, wait_replicas=1, say=print).run()
     print("cluster failover outcome:", o.summary())
     check(o)
+
+
+#: After the promotion, ticks, poll items, enqueues and queued jobs resume within this.
+RESUME_BOUND_S = 10.0
+
+
+def test_sentinel_one_replica_primary_killed_for_good_resumes_within_seconds(
+    ledger: RealRedis, tmp_path: Path
+) -> None:
+    """1 primary + 1 replica + 3 Sentinels, default settings (``auto``), the primary SIGKILLed
+    right after a poll dispatch batch and never back: the promoted node has no replica.
+    Strict WAIT 1 (the old default) stopped everything here (no tick, poll item, enqueue or
+    job start until a replica came back); ``auto`` waits for the replica while it is attached,
+    so nothing confirmed before the kill is lost, and goes on degraded after it."""
+    with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as one:
+        scenario = Scenario(one, ledger.url, tmp_path, say=print)
+        o = scenario.run(faults=("dispatch",), bring_back=False)
+    print("one replica, primary gone outcome:", o.summary())
+    check(o, ["right after a poll dispatch batch"])
+    (kill,) = o.kills
+    assert kill.first_tick_after_s is not None
+    assert kill.first_tick_after_s - kill.promoted_after_s < RESUME_BOUND_S, o.summary()
+    assert o.enqueue_outage_s < kill.promoted_after_s + RESUME_BOUND_S, o.summary()
+    assert "NotReplicated" not in o.enqueue_errors, o.summary()
+    # each worker process said once that it went on degraded
+    said = [
+        sum(str(e.get("event", "")).startswith("durability degraded") for e in p.events())
+        for p in scenario.procs
+    ]
+    assert said == [1] * len(scenario.procs), said

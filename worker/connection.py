@@ -31,7 +31,7 @@ import re
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -43,6 +43,8 @@ from redis.connection import parse_url
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+
+from worker.durability import ReplicaView
 
 __all__ = [
     "RedisTarget",
@@ -111,10 +113,16 @@ def cluster_tag(prefix: str) -> str | None:
 @dataclass(frozen=True)
 class Replication:
     """``WAIT`` policy: a write that must survive a primary failover counts as done only once
-    ``replicas`` replicas confirmed it within ``timeout_ms`` (0 replicas: no ``WAIT``)."""
+    ``replicas`` replicas confirmed it within ``timeout_ms`` (0 replicas: no ``WAIT``).
+    ``adaptive`` (``WORKER_REDIS_WAIT_REPLICAS=auto``): only as many as are attached to the
+    primary, up to ``replicas``; with none attached the write goes on, degraded (see
+    :mod:`worker.durability`). ``view``: what the last round trip saw, shared by the stores
+    of one process."""
 
     replicas: int = 0
     timeout_ms: int = 500
+    adaptive: bool = False
+    view: ReplicaView = field(default_factory=ReplicaView, compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:

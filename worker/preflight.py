@@ -86,8 +86,10 @@ def eviction_verdict(policy: str | None, allow_eviction: bool) -> str:
 
 async def check_replicas(redis: Any, replication: Replication) -> list[str]:
     """With a WAIT policy, warn when the primary has fewer connected replicas than it asks
-    for: every durable write (lease, ticks, enqueues) would fail until enough are back."""
-    if not replication.enabled:
+    for: every durable write (lease, ticks, enqueues) would fail until enough are back. An
+    adaptive policy (``auto``) never fails that way; its first durable write says whether it
+    runs degraded (:mod:`worker.durability`)."""
+    if not replication.enabled or replication.adaptive:
         return []
     try:
         info = await redis.info("replication")
@@ -99,7 +101,7 @@ async def check_replicas(redis: Any, replication: Replication) -> list[str]:
     return [
         f"WORKER_REDIS_WAIT_REPLICAS={replication.replicas} but the primary has {have} "
         "connected replica(s): leadership, ticks and enqueues fail (NotReplicated) until "
-        "enough replicas are back; set WORKER_REDIS_WAIT_REPLICAS=0 for a Redis without replicas"
+        "enough replicas are back; set WORKER_REDIS_WAIT_REPLICAS=auto to go on without them"
     ]
 
 
