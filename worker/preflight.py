@@ -48,9 +48,20 @@ async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -
             if clock.monotonic() >= deadline:
                 raise ConfigError(
                     f"WORKER_REDIS_URL: cannot reach Redis at {mask_url(url)} within "
-                    f"{timeout_s:g}s ({type(exc).__name__}: {exc})"
+                    f"{timeout_s:g}s ({type(exc).__name__}: {exc}){_tls_hint(exc)}"
                 ) from None
             await clock.sleep(0.5)
+
+
+def _tls_hint(exc: BaseException) -> str:
+    """What to do about a certificate refused for its name (TLS URLs check it by default)."""
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text and "mismatch" in text:
+        return (
+            "; the server's certificate does not name the host in the URL: connect by a name "
+            "it carries, or opt out with ?ssl_check_hostname=false"
+        )
+    return ""
 
 
 async def read_eviction_policy(redis: Any) -> tuple[str | None, str]:
