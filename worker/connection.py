@@ -286,9 +286,7 @@ def _parse_ha(
     check_hostname = ssl and _check_hostname(options, name, shown)
     ssl_options = tuple(
         sorted(
-            (k, v)
-            for k, v in options.items()
-            if k.startswith("ssl_") and k != "ssl_check_hostname"
+            (k, v) for k, v in options.items() if k.startswith("ssl_") and k != "ssl_check_hostname"
         )
     )
     return RedisTarget(
