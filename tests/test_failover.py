@@ -32,14 +32,20 @@ same scenario many times and prints the figures.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.failover_scenario import INIT, Outcome, Scenario
 from tests.realredis import RealRedis
 from tests.topology import Cluster, SentinelSet
+from worker.client import Client
 
 pytestmark = pytest.mark.slow
 
@@ -155,6 +161,7 @@ def test_sentinel_one_replica_primary_killed_for_good_resumes_within_seconds(
     with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as one:
         scenario = Scenario(one, ledger.url, tmp_path, say=print)
         o = scenario.run(faults=("dispatch",), bring_back=False)
+        doctor, banners = degraded_views(scenario)
     print("one replica, primary gone outcome:", o.summary())
     check(o, ["right after a poll dispatch batch"])
     (kill,) = o.kills
@@ -168,3 +175,37 @@ def test_sentinel_one_replica_primary_killed_for_good_resumes_within_seconds(
         for p in scenario.procs
     ]
     assert said == [1] * len(scenario.procs), said
+    # and the operators see it: doctor fails "durability", the console shows a banner
+    assert doctor["status"] == "fail" and "unconfirmed" in doctor["summary"], doctor
+    assert any("durability" in b["text"] for b in banners), banners
+
+
+def degraded_views(scenario: Scenario) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """``python -m worker doctor``'s durability check and the console's banners, against the
+    promoted primary (default settings)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "worker", "doctor", "--json"],
+        env=scenario.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(out.stdout)
+    (check,) = [c for c in report["checks"] if c["name"] == "durability"]
+
+    async def console() -> list[dict[str, str]]:
+        from tests.apps.failover import app
+        from worker import doctor
+        from worker.settings import Settings
+        from worker.web import api
+
+        settings = Settings(redis_url=scenario.s.url(), key_prefix=scenario.prefix)
+        client = await Client.from_settings(settings, app=app)
+        try:
+            limits = doctor.Limits.from_settings(settings)
+            view = await api.overview(api.ConsoleState(client, app, limits=limits))
+            return list(view["banners"])
+        finally:
+            await client.close()
+
+    return check, asyncio.run(console())
