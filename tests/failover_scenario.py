@@ -428,6 +428,16 @@ class Scenario:
 
         return self._kill_when("right after a poll dispatch batch", dispatched)
 
+    def kill_replica(self) -> Kill:
+        """SIGKILL a replica (the primary stays): no failover; the WAIT policy loses it."""
+        primary = self.s.primary()
+        node = next(n for n in self.s.nodes if n.port != primary.port and n.running)
+        node.kill()
+        kill = Kill("a replica killed", time.time(), node.port)
+        self.say(f"killed the replica :{node.port}")
+        self.outcome.kills.append(kill)
+        return kill
+
     def wait_first_tick_after(self, kill: Kill, timeout: float = 60) -> None:
         after_ms = int(kill.at * 1000)
 
@@ -465,7 +475,8 @@ class Scenario:
     ) -> Outcome:
         """The scenario with ``faults`` in order: ``checkpoint``, ``tick``, ``dispatch`` (the
         primary SIGKILLed right after that write), ``planned`` (a planned switch right after a
-        tick, see :meth:`planned_failover_after_tick`). Poll items are scheduled before the
+        tick, see :meth:`planned_failover_after_tick`), ``replica`` (a replica SIGKILLed, then
+        brought back once a tick due after it ran). Poll items are scheduled before the
         first ``dispatch``. ``bring_back=False``: a killed primary stays dead (with one
         replica, the promoted node then has none)."""
         self._bring_back = bring_back
@@ -497,6 +508,8 @@ class Scenario:
                     self._recover(self.kill_after_dispatch())
                 elif fault == "planned":
                     self._recover(self.planned_failover_after_tick())
+                elif fault == "replica":
+                    self._recover(self.kill_replica())
                 else:
                     raise ValueError(f"unknown fault {fault!r}")
         finally:

@@ -180,6 +180,23 @@ def test_sentinel_one_replica_primary_killed_for_good_resumes_within_seconds(
     assert any("durability" in b["text"] for b in banners), banners
 
 
+def test_sentinel_one_replica_replica_killed_and_back_work_goes_on(
+    ledger: RealRedis, tmp_path: Path
+) -> None:
+    """1 primary + 1 replica, default settings: the replica SIGKILLed, then restarted once a
+    tick due after the kill ran. Strict WAIT 1 stopped every durable write until it was back;
+    ``auto`` goes on degraded, and waits for the replica again once it is attached."""
+    with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as one:
+        scenario = Scenario(one, ledger.url, tmp_path, say=print)
+        o = scenario.run(faults=("replica",))
+    print("one replica, replica killed outcome:", o.summary())
+    check(o, ["a replica killed"])
+    assert "NotReplicated" not in o.enqueue_errors, o.summary()
+    events = [str(e.get("event", "")) for p in scenario.procs for e in p.events()]
+    assert any(e.startswith("durability degraded") for e in events)
+    assert any(e.startswith("durability restored") for e in events)
+
+
 def degraded_views(scenario: Scenario) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """``python -m worker doctor``'s durability check and the console's banners, against the
     promoted primary (default settings)."""
