@@ -6,7 +6,7 @@ that is never faulted.
 One run:
 
 1. 3 ``leader`` + 2 ``consumer`` processes of tests/apps/failover.py against
-   ``redis+sentinel://`` (WAIT 1 by default) or ``redis+cluster://`` (the node serving the
+   ``redis+sentinel://`` (WAIT ``auto`` by default) or ``redis+cluster://`` (the node serving the
    app's slot), a client enqueueing ``record`` jobs all along;
 2. kill 1: the primary is SIGKILLed right after an initializer batch was checkpointed on it
    (its replication may not have happened), the initializer mid-way;

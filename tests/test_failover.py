@@ -2,7 +2,7 @@
 
 The topology is real (tests/topology.py): a primary, two replicas and three Sentinels (failure
 detected after 2 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentinel://`` with
-the default WAIT policy for Sentinel (1 replica), a client enqueueing all along. The primary is
+the default WAIT policy (``auto``: the attached replicas, up to one), a client enqueueing all along. The primary is
 SIGKILLed at the worst moments (tests/failover_scenario.py): right after an initializer batch
 was checkpointed (the initializer mid-way), right after a tick was enqueued, right after a poll
 dispatch batch; after each kill the old primary comes back as a replica. The ledgers live on a
@@ -139,9 +139,9 @@ def test_sentinel_planned_switch_with_writes_paused_costs_no_duplicate_and_no_lo
 def test_cluster_slot_primary_killed_at_the_worst_moments_costs_no_duplicate_and_no_loss(
     cluster: Cluster, ledger: RealRedis, tmp_path: Path
 ) -> None:
-    """The same on a Redis Cluster (the app's slot's primary is killed), with WAIT 1 set
-    explicitly (strict: a slot's primary always has a replica left here)."""
-    o = Scenario(cluster, ledger.url, tmp_path, wait_replicas=1, say=print).run()
+    """The same on a Redis Cluster (the app's slot's primary is killed), default settings
+    (``auto``: the attached replicas, up to one; each promoted primary keeps one here)."""
+    o = Scenario(cluster, ledger.url, tmp_path, say=print).run()
     print("cluster failover outcome:", o.summary())
     check(o)
 

@@ -79,7 +79,7 @@ class ReplicaView:
                 wanted=wanted,
             )
         elif self.degraded and not degraded:
-            log.warning("durability restored: a replica attached; durable writes wait for it")
+            log.info("durability restored: a replica attached; durable writes wait for it")
         self.degraded = degraded
         return min(wanted, attached)
 
