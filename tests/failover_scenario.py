@@ -55,7 +55,7 @@ APP = "tests.apps.failover:app"
 TICK_MS = 1000
 
 #: Worker timings: the tests' FAST_ENV (lease TTL 3 s, renew 0.5 s, deadline 1.5 s, heartbeat
-#: 0.5 s, orphan stale 2 s); WAIT 1 replica within 0.5 s comes with the Sentinel URL.
+#: 0.5 s, orphan stale 2 s); WAIT ``auto`` (the attached replicas, up to one) by default.
 WORKER_ENV = dict(FAST_ENV)
 INIT = {
     "FAILOVER_INIT_ITEMS": "8000",

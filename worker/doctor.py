@@ -2,7 +2,7 @@
 
 It reads Redis only (plus the app, for the jobs and pollers it declares) and judges what a
 correct deployment at N replicas must look like (seed 004): exactly one leader with a sane
-epoch, a Redis that never evicts, replicas the WAIT policy can count on, every registered instance heartbeating, one app version, clocks
+epoch, a Redis that never evicts, every registered instance heartbeating, one app version, clocks
 that agree, periodic jobs on schedule and succeeding, pollers and the queue keeping up, no dead
 letters, no holds sets nobody owns. Each check answers ✓ (ok), ! (warning: shown, does not fail)
 or ✗ (fails: the command exits 1) with a one-line explanation and, where useful, the offending
