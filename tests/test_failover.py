@@ -3,9 +3,9 @@
 The topology is real (tests/topology.py): a primary, two replicas and three Sentinels (failure
 detected after 2 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentinel://`` with
 the default WAIT policy (``auto``: the attached replicas, up to one), a client enqueueing all
-along. The primary is SIGKILLed at the worst moments (tests/failover_scenario.py): right after an initializer batch
-was checkpointed (the initializer mid-way), right after a tick was enqueued, right after a poll
-dispatch batch; after each kill the old primary comes back as a replica. The ledgers live on a
+along. The primary is SIGKILLed at the worst moments (tests/failover_scenario.py): right
+after an initializer batch was checkpointed (the initializer mid-way), right after a tick was
+enqueued, right after a poll dispatch batch; after each kill the old primary comes back as a replica. The ledgers live on a
 server that is never faulted. The same scenario runs on a Redis Cluster of 3 primaries with 2
 replicas each: the app's keys share one hash slot, and the node serving it is the one killed.
 
