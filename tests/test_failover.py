@@ -5,9 +5,10 @@ detected after 2 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentin
 the default WAIT policy (``auto``: the attached replicas, up to one), a client enqueueing all
 along. The primary is SIGKILLed at the worst moments (tests/failover_scenario.py): right
 after an initializer batch was checkpointed (the initializer mid-way), right after a tick was
-enqueued, right after a poll dispatch batch; after each kill the old primary comes back as a replica. The ledgers live on a
-server that is never faulted. The same scenario runs on a Redis Cluster of 3 primaries with 2
-replicas each: the app's keys share one hash slot, and the node serving it is the one killed.
+enqueued, right after a poll dispatch batch; after each kill the old primary comes back as a
+replica. The ledgers live on a server that is never faulted. The same scenario runs on a Redis
+Cluster of 3 primaries with 2 replicas each: the app's keys share one hash slot, and the node
+serving it is the one killed.
 
 Two replicas, so that every promoted node still has one and each write stays confirmed.
 With one replica (the most common topology) killed for good, the promoted node has none: the
