@@ -58,8 +58,10 @@ class ReplicaView:
         self.degraded = False
 
     def expect(self, wanted: int) -> int:
-        """How many confirmations to ask the next ``WAIT`` for (the last look's count)."""
-        return wanted if self.attached is None else min(wanted, self.attached)
+        """How many confirmations to ask the next ``WAIT`` for: the last look's count; none
+        before the first look (a primary without replicas must not cost the first write a
+        whole timeout: with one attached, a second ``WAIT`` follows at once)."""
+        return 0 if self.attached is None else min(wanted, self.attached)
 
     def observe(self, info: Any, wanted: int) -> int:
         """Record ``INFO replication`` (or the error reading it) and return how many
