@@ -395,3 +395,18 @@ async def test_dead_retry_from_the_command_line_waits_for_the_replicas(
     assert "requeued" not in out.stdout
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "confirmed by 0 of the 1 replica" in lines[0], lines
+
+
+def test_attached_replicas_are_online_and_recent() -> None:
+    from worker.durability import ReplicaView, attached_replicas
+
+    online = {"ip": "10.0.0.2", "port": 6379, "state": "online", "offset": 10, "lag": 0}
+    info = {"role": "master", "connected_slaves": 3, "slave0": online,
+            "slave1": {**online, "state": "wait_bgsave"}, "slave2": {**online, "lag": 11}}  # fmt: skip
+    assert attached_replicas(info) == 1
+    assert attached_replicas({"role": "master", "connected_slaves": 0}) == 0
+    view = ReplicaView()
+    assert view.expect(1) == 0  # before the first look: no WAIT that must time out
+    assert view.observe(info, 1) == 1 and not view.degraded
+    assert view.observe(RuntimeError("NOPERM"), 1) == 1  # unreadable: strict
+    assert view.observe({"connected_slaves": 0}, 1) == 0 and view.degraded

@@ -56,6 +56,8 @@ class ReplicaView:
         self.attached: int | None = None
         #: the last look found fewer replicas than the policy's maximum: writes go on unconfirmed
         self.degraded = False
+        #: ``INFO replication`` was refused once (said once)
+        self.unreadable = False
 
     def expect(self, wanted: int) -> int:
         """How many confirmations to ask the next ``WAIT`` for: the last look's count; none
@@ -68,6 +70,13 @@ class ReplicaView:
         confirmations a write needs: the attached replicas, up to ``wanted``. Unreadable: all
         ``wanted`` (strict)."""
         if not isinstance(info, dict):
+            if not self.unreadable:
+                self.unreadable = True
+                log.warning(
+                    "cannot read INFO replication (grant +info); durable writes wait for "
+                    "WORKER_REDIS_WAIT_REPLICAS strictly",
+                    error=str(info),
+                )
             return wanted
         attached = attached_replicas(info)
         self.attached = attached
