@@ -401,8 +401,13 @@ def test_attached_replicas_are_online_and_recent() -> None:
     from worker.durability import ReplicaView, attached_replicas
 
     online = {"ip": "10.0.0.2", "port": 6379, "state": "online", "offset": 10, "lag": 0}
-    info = {"role": "master", "connected_slaves": 3, "slave0": online,
-            "slave1": {**online, "state": "wait_bgsave"}, "slave2": {**online, "lag": 11}}  # fmt: skip
+    info = {
+        "role": "master",
+        "connected_slaves": 3,
+        "slave0": online,
+        "slave1": {**online, "state": "wait_bgsave"},
+        "slave2": {**online, "lag": 11},
+    }
     assert attached_replicas(info) == 1
     assert attached_replicas({"role": "master", "connected_slaves": 0}) == 0
     view = ReplicaView()
