@@ -340,14 +340,21 @@ def detached(pair: Pair) -> Any:
 async def test_auto_waits_while_a_replica_is_attached_goes_on_without_one_and_waits_again(
     r: Any, pair: Pair
 ) -> None:
-    auto = Replication(1, 200, adaptive=True)
+    from worker.durability import ReplicaView
+
+    auto = Replication(1, 200, adaptive=True, view=ReplicaView(grace_s=1.0))
     store = Store(r, KEYS, auto)
     assert await store.unique_enqueue(NewJob("a", b"x", 1), 60_000) is True
     assert (auto.view.attached, auto.view.degraded) == (1, False)
     with lagging(pair), pytest.raises(NotReplicated):  # attached but silent: as strict
         await store.unique_enqueue(NewJob("b", b"x", 1), 60_000)
-    with detached(pair):  # the primary has no replica: go on, degraded
-        assert await store.unique_enqueue(NewJob("c", b"x", 1), 60_000) is True
+    with detached(pair):  # the primary lost its replica: strict for grace_s, then go on
+        with pytest.raises(NotReplicated):
+            await store.unique_enqueue(NewJob("c", b"x", 1), 60_000)
+        assert not auto.view.degraded
+        await asyncio.sleep(1.0)
+        assert await store.unique_enqueue(NewJob("c", b"x", 1), 60_000) is False  # there
+        assert await store.unique_enqueue(NewJob("c2", b"x", 1), 60_000) is True
         await store.confirm()
         assert (auto.view.attached, auto.view.degraded) == (0, True)
         strict = Store(r, KEYS, Replication(1, 200))  # an explicit number: today's outage
@@ -412,6 +419,11 @@ def test_attached_replicas_are_online_and_recent() -> None:
     assert attached_replicas({"role": "master", "connected_slaves": 0}) == 0
     view = ReplicaView()
     assert view.expect(1) == 0  # before the first look: no WAIT that must time out
-    assert view.observe(info, 1) == 1 and not view.degraded
+    assert view.observe({**info, "master_replid": "a"}, 1) == 1 and not view.degraded
     assert view.observe(RuntimeError("NOPERM"), 1) == 1  # unreadable: strict
-    assert view.observe({"connected_slaves": 0}, 1) == 0 and view.degraded
+    # primary "a" lost its replica: strict for the grace period (a failover away from it?)
+    assert view.observe({"master_replid": "a"}, 1) == 1 and not view.degraded
+    # a promoted node (another replication id) without replicas: go on at once, degraded
+    assert view.observe({"master_replid": "b"}, 1) == 0 and view.degraded
+    assert view.observe({"master_replid": "a"}, 1) == 1  # "a" is still in its grace period
+    assert ReplicaView().observe({"master_replid": "c"}, 1) == 0  # first seen without any

@@ -12,6 +12,8 @@ what was written since. It waits again from the first write after a replica atta
 that froze or lost its link still counts for that long (its writes wait and fail as with a
 strict number), then no longer. Every durable round trip reads ``INFO replication`` just
 before its ``WAIT``, so the decision is about the replicas of the primary that took the write.
+A primary that had a replica and lost it stays strict for :data:`LOST_GRACE_S` first (see
+:class:`ReplicaView`: it may be a primary being failed over away from).
 
 An explicit number (``WORKER_REDIS_WAIT_REPLICAS=1``) is strict: every durable write needs that
 many confirmations, and with fewer replicas attached leadership, ticks, poll dispatch, enqueues
@@ -20,12 +22,15 @@ and job starts stop (``NotReplicated``) until enough are back.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import structlog
 
 log = structlog.get_logger("worker.durability")
 
+#: A primary that lost its last replica stays strict this long before going on without one.
+LOST_GRACE_S = 3.0
 #: A replica whose last acknowledgement is older than this is not counted as attached (Redis's
 #: ``min-replicas-max-lag`` default).
 ATTACHED_MAX_LAG_S = 10
@@ -49,9 +54,19 @@ def attached_replicas(info: dict[str, Any]) -> int:
 
 class ReplicaView:
     """The attached replicas the last durable round trip saw, shared by every store of a
-    process (one per :class:`~worker.connection.Replication`); logs each change of state."""
+    process (one per :class:`~worker.connection.Replication`); logs each change of state.
 
-    def __init__(self) -> None:
+    A primary that *loses* its last replica (it had one at an earlier look: same replication
+    id) stays strict for ``grace_s`` before going on without one: that is what a failover away
+    from a live primary looks like from it (its replica promoted), and in that time the
+    Sentinels name the new primary and the workers move to it (their pools ask every second),
+    so what it would acknowledge unconfirmed, and lose, is refused instead. A promoted node
+    (a new replication id) or one first seen without replicas is trusted at once."""
+
+    def __init__(self, grace_s: float = LOST_GRACE_S) -> None:
+        self.grace_s = grace_s
+        #: per primary (replication id): replicas at the last look, when it lost its last one
+        self._seen: dict[str, tuple[int, float | None]] = {}
         #: replicas attached at the last look (``None``: not looked yet)
         self.attached: int | None = None
         #: the last look found fewer replicas than the policy's maximum: writes go on unconfirmed
@@ -80,6 +95,17 @@ class ReplicaView:
             return wanted
         attached = attached_replicas(info)
         self.attached = attached
+        replid = str(info.get("master_replid", ""))
+        had, lost_at = self._seen.pop(replid, (0, None))
+        if attached:
+            lost_at = None
+        elif had and lost_at is None:
+            lost_at = time.monotonic()
+        self._seen[replid] = (attached, lost_at)
+        while len(self._seen) > 8:  # the primaries of the last failovers
+            del self._seen[next(iter(self._seen))]
+        if lost_at is not None and time.monotonic() - lost_at < self.grace_s:
+            return wanted  # this primary just lost its replicas: strict for a while
         degraded = attached < wanted
         if degraded and not self.degraded:
             log.warning(
