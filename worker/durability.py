@@ -80,6 +80,15 @@ class ReplicaView:
         whole timeout: with one attached, a second ``WAIT`` follows at once)."""
         return 0 if self.attached is None else min(wanted, self.attached)
 
+    def forget(self) -> None:
+        """The connection failed (a failover?): the next ``WAIT`` asks for none first, so a
+        promoted node without replicas does not cost a whole timeout."""
+        self.attached = None
+
+    def peek(self, info: Any, wanted: int) -> int:
+        """The confirmations ``info`` allows, up to ``wanted``, without recording it."""
+        return min(wanted, attached_replicas(info)) if isinstance(info, dict) else wanted
+
     def observe(self, info: Any, wanted: int) -> int:
         """Record ``INFO replication`` (or the error reading it) and return how many
         confirmations a write needs: the attached replicas, up to ``wanted``. Unreadable: all

@@ -30,6 +30,7 @@ from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import keys as K
 from worker.connection import Replication
@@ -310,18 +311,24 @@ class Store:
         rep = self.replication
         asked = rep.view.expect(rep.replicas) if rep.adaptive else rep.replicas
         for attempt in range(2):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                build(pipe)
-                if rep.enabled:
-                    if probe:
-                        pipe.incr(self.keys.probe)
-                    if rep.adaptive:
-                        pipe.info("replication")
-                    pipe.wait(asked, rep.timeout_ms)
-                out = await pipe.execute(raise_on_error=False)
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    build(pipe)
+                    if rep.enabled:
+                        if probe:
+                            pipe.incr(self.keys.probe)
+                        if rep.adaptive:
+                            pipe.info("replication")
+                        pipe.wait(asked, rep.timeout_ms)
+                    out = await pipe.execute(raise_on_error=False)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                rep.view.forget()  # a failover? the next primary's replicas are unknown
+                raise
             if attempt == 0 and scripts and any(isinstance(r, NoScriptError) for r in out):
                 for script in scripts:
                     await self.redis.script_load(script.script)
+                if rep.adaptive:  # a new primary (scripts unknown): ask for what it has
+                    asked = min(asked, rep.view.peek(out[-2], rep.replicas))
                 continue
             break
         acked = rep.replicas
