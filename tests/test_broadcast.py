@@ -489,3 +489,16 @@ def test_the_broadcast_component_runs_in_every_role_when_handlers_exist() -> Non
 
     for role in ("all", "leader", "consumer"):
         assert "broadcast" in roles.plan(role, app, settings).enabled
+
+
+async def test_a_stream_entry_without_a_numeric_seq_is_numbered_past(r: Any) -> None:
+    """BROADCAST on a topic whose newest entries are not its own (``seq`` not a whole number):
+    the next message is numbered after the newest valid one (numbers never repeat)."""
+    store = Store(r, KEYS)
+    stream = KEYS.broadcast("pricing")
+    assert (await store.broadcast("pricing", b"a", origin="o", chain=(), history=100))[1] == 1
+    for bad in ("x", "2.5", "-3"):
+        await r.xadd(stream, {"seq": bad, "origin": "?", "chain": "", "data": b"?"})
+    assert (await store.broadcast("pricing", b"b", origin="o", chain=(), history=100))[1] == 2
+    entries = await store.broadcast_read({stream: "0-0"}, count=100, block_ms=10)
+    assert [e.seq for e in entries] == [1, None, None, None, 2]

@@ -25,6 +25,9 @@ import redis as redis_sync
 from redis.crc import key_slot
 
 from tests.conftest import CliRun, Spawn, client_call, wait_until
+from tests.test_clock_skew import (
+    test_skewed_and_jumping_host_clocks_neither_lose_double_nor_advance_ticks_or_poll_items as test_cluster_clock_skew,  # noqa: E501
+)
 from tests.test_demo import run_demo
 from tests.test_faults import (
     test_initializer_once_per_cluster_resumes_after_sigkill as test_cluster_initializer_resumes_after_sigkill,  # noqa: E501
@@ -40,6 +43,7 @@ from tests.topology import Cluster
 pytestmark = pytest.mark.slow
 
 __all__ = [
+    "test_cluster_clock_skew",
     "test_cluster_initializer_resumes_after_sigkill",
     "test_cluster_sigkill_leader_missed_ticks_caught_up",
     "test_cluster_sigstop_leader_is_fenced",

@@ -14,6 +14,7 @@ from worker.component import (
     Group,
     Health,
     LoopComponent,
+    dependency_failure,
     supervise,
 )
 from worker.errors import LeadershipLost
@@ -435,3 +436,53 @@ def test_health_backoff_past_sla_and_crash_loops_are_overdue() -> None:
     c.failed(6.0, "RuntimeError: secret job data")
     assert c.snapshot(7.0, errors=False)["last_error"] == "RuntimeError"
     assert c.snapshot(7.0)["last_error"] == "RuntimeError: secret job data"
+
+
+def test_a_crash_loop_ends_at_the_next_completed_iteration() -> None:
+    """Liveness comes back as soon as the component works again, not 300 s later."""
+    h = Health("x", state="running")
+    for t in range(5):
+        h.failed(float(t), "RuntimeError: boom")
+    assert h.crash_looping(5.0) and h.overdue(5.0)
+    h.ok(6.0)
+    assert not h.crash_looping(6.5) and not h.overdue(6.5)
+    h.failed(7.0, "RuntimeError: boom")  # failing again, without an iteration since
+    assert h.crash_looping(7.5)
+
+
+def test_redis_failures_make_a_component_unready_never_crash_looping() -> None:
+    """Redis refusing writes (maxmemory) or away: every replica at once, and a restart brings
+    nothing back; so readiness says it, liveness does not."""
+    h = Health("heartbeat", sla_s=10, state="backoff")
+    for t in range(20):
+        h.failed(float(t), "OutOfMemoryError: command not allowed", dependency="Redis down")
+    assert not h.crash_looping(20.0) and not h.overdue(60.0)  # past its SLA in backoff too
+    assert h.not_ready() == ["heartbeat: Redis down"]
+    assert h.snapshot(20.0)["dependency_error"] == "Redis down"
+    h.ok(21.0)
+    assert h.not_ready() == [] and "dependency_error" not in h.snapshot(21.0)
+
+
+async def test_supervise_classifies_redis_errors_as_dependency_failures() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import OutOfMemoryError, ResponseError
+
+    class Failing(Component):
+        def __init__(self, errors: list[Exception]) -> None:
+            super().__init__("f", SystemClock())
+            self.errors = errors
+
+        async def run(self, stop: asyncio.Event) -> None:
+            await asyncio.sleep(0)
+            if self.errors:
+                raise self.errors.pop(0)
+
+    c = Failing([OutOfMemoryError("OOM"), RedisConnectionError("gone"), ResponseError("bug")])
+    await asyncio.wait_for(
+        supervise(c, asyncio.Event(), backoff=Backoff(base_s=0.001, cap_s=0.001)), timeout=5
+    )
+    assert c.health.restarts == 3
+    assert len(c.health.recent_restarts) == 1  # only the ResponseError counts toward a loop
+    assert dependency_failure(OutOfMemoryError("x")) == "Redis unavailable (OutOfMemoryError)"
+    assert dependency_failure(TimeoutError()) == "timed out (TimeoutError)"
+    assert dependency_failure(ResponseError("x")) is None

@@ -191,7 +191,11 @@ async def test_stale_instances_are_listed(r: Any) -> None:
         "consumer-2 (consumer-2-ddd): last heartbeat 15.0s ago",
         "consumer-3-eee (consumer-3-eee): last heartbeat 3.0s ago, record expired",
     ]
+    # the sorted set emptied (a reaper misjudging live instances): their records still count
     await r.delete(KEYS.instances)
+    check = (await diagnose(r, app)).check("heartbeats")
+    assert check.data["registered"] == 3 and check.data["stale"] == ["consumer-2-ddd"]
+    await r.delete(*await r.keys(KEYS.instance("*")))
     assert "no instance is registered" in (await diagnose(r, app)).check("heartbeats").summary
 
 
@@ -214,12 +218,18 @@ async def test_clock_skew_fails_only_beyond_the_bound(r: Any) -> None:
     await register(r, "consumer-2-ddd", "consumer-2", "consumer", clock_offset_ms=-1500.0)
     check = (await diagnose(r, app)).check("clock-skew")
     assert check.status == "fail" and check.data["spread_ms"] == 1503.0
-    assert check.details == ["consumer-1: +3 ms", "consumer-2: -1500 ms"]
+    assert check.details == ["consumer-2 (consumer-2-ddd): -1500 ms ± 0 ms"]
     # the same spread measured over slow round trips may be within the limit: not proven
     await register(
         r, "consumer-2-ddd", "consumer-2", "consumer", clock_offset_ms=-1500.0, clock_rtt_ms=1200
     )
     assert (await diagnose(r, app)).check("clock-skew").status == "ok"
+    # one instance alone (the leader) 30 s off the Redis clock: no spread, still a failure
+    await r.delete(KEYS.instances, *await r.keys(KEYS.instance("*")))
+    await register(r, "leader-1-aaa", "leader-1", "leader", clock_offset_ms=-30_000.0)
+    check = (await diagnose(r, app)).check("clock-skew")
+    assert check.status == "fail" and check.data["spread_ms"] == 0
+    assert check.details == ["leader-1 (leader-1-aaa): -30000 ms ± 0 ms"]
     # instances that never measured (first heartbeat, older versions): a warning
     for i in ("leader-1-aaa", "consumer-1-bbb", "consumer-2-ddd"):
         await register(r, i, i, "consumer", clock_offset_ms=None)

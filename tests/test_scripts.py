@@ -762,6 +762,7 @@ def test_keys_live_under_the_prefix() -> None:
         k_ids.unique("u"),
         k.dead,
         k.dead_jobs,
+        k.dead_index,
     ]
     assert all(n.startswith("app1:") for n in names)
     assert len(set(names)) == len(names)
@@ -802,10 +803,11 @@ async def test_dead_retry_requeues_once_and_refuses_live_ids(r: Any) -> None:
     jid = "t:job-1"
     await r.zadd(KEYS.dead, {jid: T})
     await r.hset(KEYS.dead_jobs, jid, "{}")
+    await r.hset(KEYS.dead_index, jid, "{}")
     await r.set(K.ARQ_RESULT + jid, b"failed")
     await r.set(K.ARQ_RETRY + jid, 5)
     args = [jid, b"payload", K.ARQ_JOB, K.ARQ_RESULT, K.ARQ_RETRY, JOB_TTL, T + 1, KEYS.wake]
-    keys = [KEYS.queue, KEYS.dead, KEYS.dead_jobs]
+    keys = [KEYS.queue, KEYS.dead, KEYS.dead_jobs, KEYS.dead_index]
     await r.set(K.ARQ_JOB + jid, b"still queued")
     assert await run(r, K.DEAD_RETRY, keys, args) == 0  # an id in use is never overwritten
     assert await r.get(K.ARQ_JOB + jid) == b"still queued"
@@ -816,6 +818,7 @@ async def test_dead_retry_requeues_once_and_refuses_live_ids(r: Any) -> None:
     assert await r.zscore(KEYS.queue, jid) == T + 1
     assert not await r.exists(K.ARQ_RESULT + jid, K.ARQ_RETRY + jid)  # tries start over
     assert await r.zcard(KEYS.dead) == 0 and await r.hlen(KEYS.dead_jobs) == 0
+    assert await r.hlen(KEYS.dead_index) == 0
     assert await run(r, K.DEAD_RETRY, keys, args) == -1
 
 

@@ -68,6 +68,7 @@ async def heartbeat(r: Any, clock: FakeClock, iid: str, name: str, role: str, **
         Store(r, KEYS), View(), clock, instance_id=iid, instance_name=name, role=role, interval_s=2
     )
     await hb.tick()
+    await r.zadd(KEYS.instances, {iid: int(clock.time() * 1000)})  # as if the server's clock
 
 
 async def seed(r: Any) -> App:

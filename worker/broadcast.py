@@ -55,8 +55,10 @@ from typing import Any, Literal
 import structlog
 from redis.exceptions import RedisError
 
+from worker import malformed
 from worker.clock import Clock
 from worker.component import Component
+from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
 from worker.store import BroadcastEntry, Store
@@ -250,14 +252,15 @@ class BroadcastListener(Component):
                     self.receive(entry, start=True)
             elif cursor != START and (entry is None or _id(entry.entry_id) < _id(cursor)):
                 topic = self.topic_of[key]
-                if entry is not None and self.recent.get(key, {}).get(entry.entry_id) == entry.seq:
+                kept = self.recent.get(key, {}).get(entry.entry_id) if entry is not None else None
+                if entry is not None and kept is not None and kept == entry.seq:
                     # The stream we read, without its newest entries (a failover to a replica
                     # that missed them): everything it kept was handled; read on after it.
                     log.warning(
                         "broadcast topic lost its newest messages (a failover?)", topic=topic
                     )
                     self.cursors[key] = entry.entry_id
-                    self.seqs[topic] = entry.seq
+                    self.seqs[topic] = kept
                 else:
                     log.warning("broadcast topic began again (Redis lost it?)", topic=topic)
                     self.cursors[key] = START
@@ -272,9 +275,14 @@ class BroadcastListener(Component):
         return len(entries)
 
     def receive(self, entry: BroadcastEntry, *, start: bool = False) -> None:
-        """Move the cursor past ``entry`` and queue it for the topic's handlers."""
+        """Move the cursor past ``entry`` and queue it for the topic's handlers; an entry
+        without a sequence number (not written by :func:`publish`) is skipped, logged once."""
         topic = self.topic_of[entry.key]
         self.cursors[entry.key] = entry.entry_id
+        if entry.seq is None:
+            malformed.skip("broadcast", entry.key, entry.entry_id, "its seq is not a number")
+            self._count(topic, "malformed")
+            return
         recent = self.recent.setdefault(entry.key, {})
         recent[entry.entry_id] = entry.seq
         if len(recent) > HISTORY:
@@ -325,7 +333,7 @@ class BroadcastListener(Component):
             try:
                 await h.fn(self.context, data)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error = capped(f"{type(exc).__name__}: {exc}")
                 if attempt >= h.tries:
                     log.error(
                         "broadcast handler failed; giving up", error=error, exc_info=exc, **fields

@@ -265,6 +265,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             processes=getattr(args, "processes", None),
             health_port=getattr(args, "health_port", None),
         )
+        if args.command not in ("run", "web"):
+            # what the one-shot commands print is stdout's; a warning met on the way (a
+            # malformed Redis entry skipped) goes to stderr (run and web configure their own)
+            from worker.logs import configure_logging
+
+            configure_logging("WARNING", settings.log_format)
         code = commands[args.command](settings, args)
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at exit
     except ConfigError as exc:

@@ -36,7 +36,7 @@ from arq.jobs import Job
 
 from worker import keys as K
 from worker.broadcast import publish
-from worker.clock import Clock, SystemClock, ms
+from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import RedisTarget, Replication, cluster_tag, connect_redis, parse_redis_url
 from worker.errors import ConfigError
 from worker.keys import DEFAULT_QUEUE
@@ -89,7 +89,8 @@ class Client:
         self.keys = keys
         self.store = store or Store(redis, keys, replication)
         self.app = app
-        self.clock = clock or SystemClock()
+        #: the Redis server's clock by default: a due time means the same on every host
+        self.clock = clock or RedisClock()
         self._serialize = serialize
         self._expires_ms = expires_ms
 
@@ -143,7 +144,7 @@ class Client:
                 "WORKER_REDIS_URL: not set (nor WORKER_REDIS_URL_FILE); the client needs the "
                 "Redis URL the workers use"
             )
-        clock = clock or SystemClock()
+        clock = clock or RedisClock()
         serialize, deserialize = get_serializer(settings.serializer)
         keys = K.Keys(settings.key_prefix)
         redis = connect_redis(
@@ -198,6 +199,7 @@ class Client:
         jid = job_id or (
             self.store.ids.unique(unique_key) if unique_key is not None else self.new_job_id()
         )
+        await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
         payload = job_payload(function, args, kwargs, now, self._serialize)

@@ -3,6 +3,11 @@
 Every component reads *and waits* through a :class:`Clock`, so timing logic (lease renewals,
 backoff, heartbeats) is tested on a :class:`FakeClock` that only moves when a test advances it,
 without sleeping and without wall-clock assertions (asynq's ``SimulatedClock`` idea).
+
+A worker process and a :class:`~worker.client.Client` read wall time from a
+:class:`RedisClock`: the Redis server's clock (``TIME``), carried between reads by this host's
+monotonic clock. Every time two processes must agree on (a tick's instant, a job's due time, a
+poll item's) is then on one clock, whatever the hosts' clocks say.
 """
 
 from __future__ import annotations
@@ -146,6 +151,96 @@ class FakeClock:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         raise TimeoutError
+
+
+class RedisClock:
+    """The Redis server's clock, read on this host: the server's ``TIME`` from the last sync,
+    plus the monotonic time elapsed since the reply came back.
+
+    That is a lower bound of the server's clock (``TIME`` was read before the reply arrived),
+    late by at most the sync's round trip and never early, so a job or tick due by the server's
+    clock is never seen due before its instant. A host's wall clock (skewed, stepped by NTP,
+    faked) plays no part; its monotonic clock only measures the seconds since the last sync
+    (:meth:`observe` is fed on every heartbeat; :meth:`ensure` syncs when that is older than
+    ``max_age_s``). Until a first sync it reads the host's clock. Waiting and monotonic time
+    are the host's (``base``).
+    """
+
+    #: A sample with a round trip this many times the current one's is ignored while the
+    #: current one is younger than ``KEEP_S`` (a slow reply would make the clock later).
+    SLOW_FACTOR = 4.0
+    KEEP_S = 30.0
+
+    def __init__(self, base: Clock | None = None) -> None:
+        self.base: Clock = base or SystemClock()
+        #: server seconds minus host monotonic seconds, at the reply of the kept sample
+        self._offset: float | None = None
+        self._rtt_s = 0.0
+        self._synced_at = float("-inf")  # host monotonic time of the kept sample's reply
+
+    @property
+    def synced(self) -> bool:
+        return self._offset is not None
+
+    @property
+    def rtt_s(self) -> float:
+        """Round trip of the kept sample: how late :meth:`time` may be, at most."""
+        return self._rtt_s
+
+    def time(self) -> float:
+        if self._offset is None:
+            return self.base.time()
+        return self.base.monotonic() + self._offset
+
+    def monotonic(self) -> float:
+        return self.base.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.base.sleep(seconds)
+
+    async def wait(self, events: asyncio.Event | Iterable[asyncio.Event], seconds: float) -> bool:
+        return await self.base.wait(events, seconds)
+
+    async def wait_for(self, aw: Awaitable[T], seconds: float) -> T:
+        return await self.base.wait_for(aw, seconds)
+
+    def observe(self, server_ms: float, sent: float, received: float) -> None:
+        """A ``TIME`` reply: ``server_ms`` read between host monotonic ``sent`` and
+        ``received`` (seconds)."""
+        rtt = max(0.0, received - sent)
+        fresh = received - self._synced_at < self.KEEP_S
+        if self._offset is not None and fresh and rtt > self._rtt_s * self.SLOW_FACTOR + 0.001:
+            return
+        # half a millisecond under: rounded to ms (:func:`ms`), it stays a lower bound
+        self._offset = server_ms / 1000 - received - 0.0005
+        self._rtt_s = rtt
+        self._synced_at = received
+
+    async def sync(self, read_server_ms: Callable[[], Awaitable[float]]) -> None:
+        """Read the server's clock now (``read_server_ms``: ``TIME`` in ms)."""
+        sent = self.base.monotonic()
+        server_ms = await read_server_ms()
+        self.observe(server_ms, sent, self.base.monotonic())
+
+    async def ensure(
+        self, read_server_ms: Callable[[], Awaitable[float]], max_age_s: float = 60.0
+    ) -> None:
+        """:meth:`sync` unless a sample younger than ``max_age_s`` is kept."""
+        if self.base.monotonic() - self._synced_at >= max_age_s:
+            await self.sync(read_server_ms)
+
+
+async def on_server_time(clock: Clock, read_server_ms: Callable[[], Awaitable[float]]) -> None:
+    """Before reading ``clock`` for a time another process compares: a :class:`RedisClock`
+    syncs when its last sample is old (a client has no heartbeat feeding it); other clocks
+    (:class:`FakeClock`, :class:`SystemClock`) are left alone."""
+    if isinstance(clock, RedisClock):
+        await clock.ensure(read_server_ms)
+
+
+def host_clock(clock: Clock) -> Clock:
+    """The host's own clock under ``clock`` (a :class:`RedisClock`'s base, else itself)."""
+    return clock.base if isinstance(clock, RedisClock) else clock
 
 
 def ms(seconds: float) -> int:

@@ -8,8 +8,13 @@ through the component's :class:`~worker.clock.Clock`, so tests drive time.
 Supervision (seed 001): each component is its own asyncio task; one that raises is logged
 with its name and restarted with capped exponential backoff; it never kills the process or
 stalls the others. A component that keeps failing is *not live*: liveness fails when it has
-restarted ``CRASH_LOOP_RESTARTS`` times within ``CRASH_LOOP_WINDOW_S`` or sat in backoff past
-its SLA. A group is a set of components started and stopped together.
+restarted ``CRASH_LOOP_RESTARTS`` times within ``CRASH_LOOP_WINDOW_S`` without completing an
+iteration since, or sat in backoff past its SLA. A failure of Redis itself
+(:data:`DEPENDENCY_ERRORS`: unreachable, timing out, refusing writes at ``maxmemory``, a
+read-only replica mid-failover) is a dependency outage, not a crash: it makes the process
+*unready* until the component completes an iteration again and never fails liveness, since
+restarting does not bring Redis back and would restart every replica at once. A group is a set
+of components started and stopped together.
 
 Progress, not only "process alive" (seed 003): a component with an SLA must report an
 iteration (``Health.ok``) within it; a service reports through ``ctx.alive()``. A component
@@ -30,7 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.clock import Clock
 from worker.errors import LeadershipLost
@@ -45,6 +58,27 @@ DEFAULT_BACKOFF_SLA_S = 120.0
 #: States in which a component owes no progress (``waiting``: a singleton service waiting for
 #: its lease to settle).
 AT_REST = frozenset({"idle", "stopped", "finished", "fenced", "waiting"})
+#: Redis failing, not the component: unready while it lasts, never a crash loop (module doc).
+#: ``NotReplicated`` (a WAIT policy's replicas did not confirm) is a ``ConnectionError``.
+DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    MasterDownError,
+    ClusterDownError,
+    TryAgainError,
+    TimeoutError,  # a bounded wait on Redis (or on a service's own dependency)
+)
+
+
+def dependency_failure(exc: BaseException) -> str | None:
+    """Why ``exc`` makes its component unready rather than crash-looping, or ``None`` when it
+    is the component's own failure."""
+    if not isinstance(exc, DEPENDENCY_ERRORS):
+        return None
+    name = type(exc).__name__
+    return f"timed out ({name})" if type(exc) is TimeoutError else f"Redis unavailable ({name})"
 
 
 @dataclass
@@ -68,6 +102,9 @@ class Health:
     unready: list[str] = field(default_factory=list)
     #: Problems reported on the probes and ``/status`` without failing them.
     warnings: list[str] = field(default_factory=list)
+    #: The Redis failure (:func:`dependency_failure`) of the current failing streak: the
+    #: process is unready until the next completed iteration.
+    dependency_error: str | None = None
 
     @property
     def active(self) -> bool:
@@ -78,17 +115,35 @@ class Health:
         self.iterations += 1
         self.last_ok = now
         self.failing_since = None
+        self.dependency_error = None
 
-    def failed(self, now: float, error: str) -> None:
+    def failed(self, now: float, error: str, *, dependency: str | None = None) -> None:
+        """Record a failure; a ``dependency`` one (its reason: Redis away or refusing writes)
+        counts toward readiness, not toward a crash loop."""
         self.restarts += 1
         self.last_error = error
-        self.recent_restarts.append(now)
+        if dependency is not None:
+            self.dependency_error = dependency
+        else:
+            self.recent_restarts.append(now)
         if self.failing_since is None:
             self.failing_since = now
 
     def crash_looping(self, now: float) -> bool:
+        """``CRASH_LOOP_RESTARTS`` restarts within the window, and no iteration completed
+        since the last of them (a component working again is live again at once)."""
         r = self.recent_restarts
-        return len(r) >= CRASH_LOOP_RESTARTS and now - r[0] <= CRASH_LOOP_WINDOW_S
+        if len(r) < CRASH_LOOP_RESTARTS or now - r[0] > CRASH_LOOP_WINDOW_S:
+            return False
+        return self.last_ok is None or self.last_ok < r[-1]
+
+    def not_ready(self) -> list[str]:
+        """Why this component holds the process unready: its own reasons (failing checks) and
+        a Redis failure it is backing off from."""
+        out = list(self.unready)
+        if self.dependency_error is not None:
+            out.append(f"{self.name}: {self.dependency_error}")
+        return out
 
     def overdue(self, now: float) -> bool:
         """True when the component is not making progress: a running one has not completed an
@@ -102,6 +157,8 @@ class Health:
         if self.crash_looping(now):
             return True
         if self.state == "backoff":
+            if self.dependency_error is not None:
+                return False  # Redis is away: readiness says so (see not_ready)
             since = self.failing_since
             return since is not None and now - since > (self.sla_s or DEFAULT_BACKOFF_SLA_S)
         if self.sla_s is None:
@@ -128,6 +185,8 @@ class Health:
         }
         if self.parts:
             out["overdue_parts"] = sorted(n for n, p in list(self.parts.items()) if p.overdue(now))
+        if self.dependency_error is not None:
+            out["dependency_error"] = self.dependency_error
         if self.unready:
             out["unready"] = list(self.unready)
         if self.warnings:
@@ -228,7 +287,8 @@ async def supervise(
                 return
             except Exception as exc:
                 now = clock.monotonic()
-                h.failed(now, f"{type(exc).__name__}: {exc}")
+                dependency = dependency_failure(exc)
+                h.failed(now, f"{type(exc).__name__}: {exc}", dependency=dependency)
                 if now - (h.started or 0) > backoff.reset_after_s:
                     backoff.attempt = 0
                 delay = backoff.next_delay()
@@ -241,7 +301,7 @@ async def supervise(
                     restarts=h.restarts,
                     retry_in_s=round(delay, 2),
                     # Redis being away is expected in operation; keep those lines short.
-                    exc_info=None if isinstance(exc, RedisConnectionError | TimeoutError) else exc,
+                    exc_info=None if dependency is not None else exc,
                 )
                 if on_restart is not None:
                     on_restart(component, exc)

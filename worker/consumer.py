@@ -55,6 +55,7 @@ from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, Outcome
 from worker.keys import DEFAULT_QUEUE
+from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
 from worker.store import FOREIGN, Claimed, Finish, Store
@@ -767,8 +768,10 @@ class Consumer(Component):
         max_tries: int,
     ) -> Outcome:
         """A run that raised: retried when the task retries that exception and tries remain
-        (set aside once they are used up), else a failed result (arq semantics)."""
-        error = f"{type(exc).__name__}: {exc}"
+        (set aside once they are used up), else a failed result (arq semantics). The error
+        text is capped in logs (:func:`worker.logs.capped`; the dead letter caps its own)."""
+        full = f"{type(exc).__name__}: {exc}"
+        error = capped(full)
         if job.retry_on and isinstance(exc, job.retry_on):
             if result_for.job_try < max_tries:
                 delay = job.retry_delay(result_for.job_try) if job.retry_delay else 0.0
@@ -777,7 +780,7 @@ class Consumer(Component):
                 self.totals["retried"] += 1
                 log.info("job failed; retrying", job_id=c.job_id, error=error, retry_in_s=delay)
                 return "retry"
-            reason = f"{error} (after {result_for.job_try} tries)"
+            reason = f"{full} (after {result_for.job_try} tries)"
             bad = BadJob(reason, "retries")
             await self._give_up(c, run, bad, start_ms, result_for, count=False)
             return "failure"
@@ -865,7 +868,7 @@ class Consumer(Component):
         if keep > 0:
             queue = self.store.keys.queue_of(c.queue)
             rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
-            data = rf(False, _JobFailed(bad.reason), start_ms, self.serialize)
+            data = rf(False, _JobFailed(capped(bad.reason)), start_ms, self.serialize)
         self._end(Finish("failed", c.job_id, run.token, data, ms(keep), queue=c.queue))
         self.totals["failed"] += 1
         if count and self.metrics is not None:

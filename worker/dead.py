@@ -4,7 +4,10 @@ A consumer sets aside a job it cannot run — expired, malformed or oversized pa
 function, retries exhausted — with the reason and its payload, so nothing vanishes silently.
 The set is bounded twice: at most ``WORKER_DEAD_LETTER_MAX`` entries (the oldest are dropped and
 counted), and each entry keeps at most ``WORKER_DEAD_LETTER_PAYLOAD_BYTES`` of its payload plus
-the full length and sha256 (a 50 MB hostile job costs a few KB here). After fixing the cause
+the full length and sha256 (a 50 MB hostile job costs a few KB here). A reason longer than
+:data:`~worker.logs.TEXT_CHARS` is cut the same way (``reason_chars``, ``reason_sha256``).
+Listings read ``<prefix>dead:index``, the records without their payloads, so a page costs
+about what it returns. After fixing the cause
 (deploying the missing function, say), re-queue it::
 
     python -m worker dead                       # list the newest page
@@ -30,7 +33,9 @@ from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
 from worker.connection import Replication
 from worker.keys import DEFAULT_QUEUE
+from worker.logs import TEXT_CHARS, capped
 from worker.metrics import Metrics
+from worker.serializer import json_loads, msgpack_loads
 from worker.store import Store
 
 log = structlog.get_logger("worker.dead")
@@ -82,7 +87,7 @@ class DeadLetters:
         at_ms = ms(self.clock.time())
         record = {
             "job_id": job_id,
-            "reason": reason,
+            "reason": capped(reason),
             "kind": kind,
             "queue": queue,
             "task": task,
@@ -94,12 +99,31 @@ class DeadLetters:
             "truncated": len(head) < max(size, 0),
             "payload_b64": base64.b64encode(head).decode() if head else None,
         }
+        if task is None:
+            record["task"] = task_of(head)
+        if len(reason) > TEXT_CHARS:
+            record["reason_chars"] = len(reason)
+            record["reason_sha256"] = hashlib.sha256(
+                reason.encode(errors="backslashreplace")
+            ).hexdigest()
         dropped = await self.store.add_dead(job_id, record, at_ms, self.max_entries)
-        log.warning("job set aside in dead-letter set", job_id=job_id, reason=reason)
+        log.warning("job set aside in dead-letter set", job_id=job_id, reason=record["reason"])
         if self.metrics is not None:
             self.metrics.dead.labels(kind).inc()
             if dropped:
                 self.metrics.dead_dropped.inc(dropped)
+
+
+def task_of(payload: bytes) -> str | None:
+    """The function name of an arq job payload, when it decodes as msgpack or JSON (never
+    unpickled: a dead letter is hostile input), cut to 256 characters; else ``None``."""
+    for loads in (msgpack_loads, json_loads):
+        try:
+            fn = loads(payload).get("f") if payload else None
+        except Exception:
+            continue
+        return fn[:256] if isinstance(fn, str) else None
+    return None
 
 
 async def list_dead(

@@ -86,9 +86,10 @@ class Report:
 @dataclass(frozen=True)
 class Limits:
     """Thresholds. ``stale_s``: a heartbeat older than this is stale (default: the orphan
-    bound, after which the leader re-queues the instance's jobs); ``max_skew_s``: clock spread
-    between instances; ``max_lag_s``: how long the oldest due job or poll item may wait;
-    ``tick_grace_s``: how late a due tick may be before its job counts as overdue."""
+    bound, after which the leader re-queues the instance's jobs); ``max_skew_s``: how far an
+    instance's clock may be from the Redis server's; ``max_lag_s``: how long the oldest due
+    job or poll item may wait; ``tick_grace_s``: how late a due tick may be before its job
+    counts as overdue."""
 
     stale_s: float = 10.0
     max_skew_s: float = 1.0
@@ -109,7 +110,7 @@ class Limits:
 
 @dataclass
 class Instance:
-    """A registered instance: its heartbeat score (its own clock, ms) and record (``None``
+    """A registered instance: its last heartbeat (the server's clock, ms) and record (``None``
     once expired: it missed about 2.5 heartbeats)."""
 
     id: str
@@ -126,9 +127,8 @@ class Instance:
         return float(value) if isinstance(value, int | float) else None
 
     def age_s(self, now_ms: int) -> float:
-        """Seconds since its last heartbeat on the server's clock (its own clock corrected by
-        its measured offset, when known)."""
-        return (now_ms - (self.heartbeat_ms + (self.offset_ms or 0.0))) / 1000
+        """Seconds since its last heartbeat, on the server's clock."""
+        return (now_ms - self.heartbeat_ms) / 1000
 
 
 @dataclass
@@ -411,13 +411,13 @@ def check_versions(snap: Snapshot, app: App, limits: Limits) -> Check:
 
 
 def check_clock_skew(snap: Snapshot, app: App, limits: Limits) -> Check:
-    """Hosts' clocks agree. Each instance measures its offset to the Redis server's clock on
-    every heartbeat (server ``TIME`` minus the midpoint of its own clock around the round
-    trip, exact within half the round trip); the spread of those offsets is the skew between
-    hosts. It fails only when the skew certainly exceeds ``max_skew_s`` (spread minus both
-    measurements' uncertainty)."""
+    """Every host's clock agrees with the Redis server's. Each instance measures its offset to
+    the server's clock on every heartbeat (server ``TIME`` minus the midpoint of its own clock
+    around the round trip, exact within half the round trip). It fails when any instance's
+    offset, the leader's included, certainly exceeds ``max_skew_s`` (its size minus that
+    uncertainty): a single instance off by 30 s fails as well as two that disagree."""
     measured = [
-        (i, i.offset_ms, float((i.record or {}).get("clock_rtt_ms") or 0.0))
+        (i, i.offset_ms or 0.0, float((i.record or {}).get("clock_rtt_ms") or 0.0) / 2)
         for i in snap.live
         if i.offset_ms is not None
     ]
@@ -428,29 +428,31 @@ def check_clock_skew(snap: Snapshot, app: App, limits: Limits) -> Check:
             "not measured yet (instances measure their clock on each heartbeat after the first; "
             "older versions never do)",
         )
-    hi = max(measured, key=lambda m: m[1] or 0.0)
-    lo = min(measured, key=lambda m: m[1] or 0.0)
-    spread = (hi[1] or 0.0) - (lo[1] or 0.0)
-    uncertainty = (hi[2] + lo[2]) / 2
-    worst = max(abs(m[1] or 0.0) for m in measured)
+    limit_ms = limits.max_skew_s * 1000
+    worst = max(measured, key=lambda m: abs(m[1]))
+    spread = max(m[1] for m in measured) - min(m[1] for m in measured)
+    off = [m for m in measured if abs(m[1]) - m[2] > limit_ms]
     data = {
         "spread_ms": round(spread, 1),
-        "uncertainty_ms": round(uncertainty, 1),
-        "max_offset_to_redis_ms": round(worst, 1),
+        "max_offset_to_redis_ms": round(worst[1], 1),
+        "uncertainty_ms": round(worst[2], 1),
         "offsets_ms": {m[0].name: m[1] for m in measured},
-        "limit_ms": limits.max_skew_s * 1000,
+        "off": [m[0].id for m in off],
+        "limit_ms": limit_ms,
     }
     text = (
-        f"clock spread {spread:.0f} ms ± {uncertainty:.0f} ms across {len(measured)} instances "
-        f"(largest offset to Redis {worst:.0f} ms; limit {limits.max_skew_s * 1000:.0f} ms)"
+        f"largest offset to Redis {worst[1]:+.0f} ms ± {worst[2]:.0f} ms ({worst[0].name}), "
+        f"spread {spread:.0f} ms across {_n(len(measured), 'instance')} "
+        f"(limit {limit_ms:.0f} ms)"
     )
-    if spread - uncertainty > limits.max_skew_s * 1000:
+    if off:
         return Check(
             "clock-skew",
             "fail",
-            text + ": cron ticks move with the leader's clock and the reaper judges consumers "
-            "by theirs; run NTP/chrony everywhere",
-            [f"{hi[0].name}: {hi[1]:+.0f} ms", f"{lo[0].name}: {lo[1]:+.0f} ms"],
+            f"{len(off)} of {_n(len(measured), 'instance')} off the Redis clock: {text}; code "
+            "that reads its host's clock (jobs, services, log times) disagrees with Redis and "
+            "the other hosts: run NTP/chrony everywhere",
+            [f"{m[0].name} ({m[0].id}): {m[1]:+.0f} ms ± {m[2]:.0f} ms" for m in off],
             data,
         )
     missing = len(snap.live) - len(measured)

@@ -4,9 +4,11 @@
   iteration within its SLA and is not crash-looping ("process alive" is not "work
   progressing", seed 003). It stays 200 during a graceful shutdown so the kubelet does not kill
   a draining pod (seed 004).
-- ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives, and while a
-  dependency check (``@app.health_check``) fails: a database being down makes a process unable
-  to do useful work (readiness), but restarting it does not help (so never liveness).
+- ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives, while a dependency
+  check (``@app.health_check``) fails, and while a component backs off from Redis failing
+  (``component.DEPENDENCY_ERRORS``: unreachable, at ``maxmemory``, failing over): a database
+  or Redis being down makes a process unable to do useful work (readiness), but restarting it
+  does not help and would restart every replica at once (so never liveness).
 - Stale periodic jobs (a last success older than ``max_staleness``) are *reported* in both
   bodies (``warnings``) and in metrics, but fail neither probe: a user job failing is fixed by
   a human, and a leader that Kubernetes restarts or stops routing to would fix nothing (every

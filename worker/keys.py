@@ -41,6 +41,7 @@ __all__ = [
     "FENCE_ERROR",
     "FINISH",
     "HANDOFF",
+    "HEARTBEAT",
     "HISTORY_KEEP",
     "INFLIGHT_CLEAR",
     "INIT_BEGIN",
@@ -54,6 +55,7 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "SLOT_TAKE",
+    "TIME",
     "UNIQUE_ENQUEUE",
     "Keys",
 ]
@@ -302,6 +304,11 @@ class Keys:
         """Hash: job id -> JSON record {reason, payload (base64), at}."""
         return f"{self.prefix}dead:jobs"
 
+    @property
+    def dead_index(self) -> str:
+        """Hash: job id -> the same JSON record without its payload (what a listing reads)."""
+        return f"{self.prefix}dead:index"
+
 
 # ---------------------------------------------------------------------------------------------
 # Leadership
@@ -477,6 +484,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+
+TIME = """
+-- The server's clock, read where the app's keys live (a Redis Cluster routes the call by
+-- KEYS[1] to the node serving the app's slot, the node whose clock the lease scripts read;
+-- a plain TIME would go to whichever node the client picked).
+-- KEYS[1] -> any key of the app (the leader lock)
+-- Returns: {seconds, microseconds}
+return redis.call('TIME')
 """
 
 CLAIM_STATIC = """
@@ -706,6 +722,26 @@ return {added, batches}
 """
 )
 
+HEARTBEAT = """
+-- Write an instance's record and its heartbeat score, on the server's clock: the orphan
+-- reaper and doctor judge silence on that one clock, whatever the hosts' clocks say.
+-- KEYS[1] -> the instance's record
+-- KEYS[2] -> instances sorted set
+-- ARGV[1] -> instance id
+-- ARGV[2] -> record (JSON)
+-- ARGV[3] -> record TTL ms
+-- ARGV[4] -> score ms, or "" for the server's clock (tests pass one)
+-- Returns: the server's clock {seconds, microseconds} (the caller's clock-offset estimate).
+local t = redis.call('TIME')
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local score = ARGV[4]
+if score == '' then
+  score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+redis.call('ZADD', KEYS[2], score, ARGV[1])
+return t
+"""
+
 REAP = (
     """
 -- Fenced. Make the jobs of a dead instance available again: drop the in-progress marker of
@@ -864,6 +900,7 @@ DEAD_RETRY = """
 -- KEYS[1] -> arq queue
 -- KEYS[2] -> dead-letter sorted set
 -- KEYS[3] -> dead-letter records hash
+-- KEYS[4] -> dead-letter index hash (records without payloads)
 -- ARGV[1] -> job id
 -- ARGV[2] -> raw payload (decoded from the record by the caller)
 -- ARGV[3] -> arq job key prefix
@@ -884,6 +921,7 @@ redis.call('SET', ARGV[3] .. ARGV[1], ARGV[2], 'PX', ARGV[6])
 redis.call('ZADD', KEYS[1], ARGV[7], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('PUBLISH', ARGV[8], ARGV[7])
 return 1
 """
@@ -941,15 +979,31 @@ BROADCAST = """
 -- ARGV[2] -> origin: the sender's instance id (or a client's id)
 -- ARGV[3] -> chain: comma-separated topics whose handlers caused this message ("" if none)
 -- ARGV[4] -> payload (serialized {"data": ...})
+-- An entry whose seq is not a whole number (not written here) is passed over: the number
+-- follows the newest valid one among the kept entries.
 -- Returns: {entry id, sequence number}.
-local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local seq = 1
-if newest[1] then
-  local fields = newest[1][2]
+local function seq_of(entry)
+  local fields = entry[2]
   for i = 1, #fields, 2 do
     if fields[i] == 'seq' then
-      seq = tonumber(fields[i + 1]) + 1
+      local n = tonumber(fields[i + 1])
+      if n and n >= 0 and n < 2 ^ 53 and n == math.floor(n) then
+        return n
+      end
     end
+  end
+  return nil
+end
+local seq = 1
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if newest[1] and not seq_of(newest[1]) then
+  newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[1])
+end
+for _, entry in ipairs(newest) do
+  local n = seq_of(entry)
+  if n then
+    seq = n + 1
+    break
   end
 end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*',
@@ -1161,12 +1215,15 @@ DEAD_ADD = """
 -- Set a job aside in the bounded dead-letter set; the oldest entries beyond the cap go.
 -- KEYS[1] -> dead-letter sorted set (job id -> time set aside)
 -- KEYS[2] -> dead-letter records hash (job id -> JSON)
+-- KEYS[3] -> dead-letter index hash (job id -> JSON without the payload: listings read it)
 -- ARGV[1] -> job id
 -- ARGV[2] -> record (JSON)
 -- ARGV[3] -> now ms
 -- ARGV[4] -> most entries kept
+-- ARGV[5] -> the record without its payload (JSON)
 -- Returns: how many old entries were dropped.
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[4])
 if over <= 0 then
@@ -1181,6 +1238,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, over)) do
 end
 redis.call('ZREM', KEYS[1], unpack(old))
 redis.call('HDEL', KEYS[2], unpack(old))
+redis.call('HDEL', KEYS[3], unpack(old))
 return #old
 """
 

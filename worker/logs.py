@@ -10,6 +10,7 @@ is rendered, and the rendered line is masked once more as a safety net.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import sys
@@ -26,6 +27,19 @@ _URL = re.compile(r"(?i)\b(?:rediss?(?:\+(?:sentinel|cluster))?|unix)://[^\s'\"<
 _PASSWORD_ARG = re.compile(
     r"(?i)(\b(?:sentinel_)?password=)(\"[^\"]*\"|'[^']*'|\\\"[^\"\\]*\\\"|[^&\s,;)'\"\\]*)"
 )
+
+
+#: Longest error text or reason kept whole in a log line, a dead letter or a result.
+TEXT_CHARS = 2000
+
+
+def capped(text: str, limit: int = TEXT_CHARS) -> str:
+    """``text`` when at most ``limit`` characters, else its first ``limit`` characters and
+    how long it was with its sha256 (a 20 MB exception message costs 2 KB where it goes)."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode(errors="backslashreplace")).hexdigest()
+    return f"{text[:limit]}… [cut: {len(text)} characters in all, sha256 {digest}]"
 
 
 def mask_text(text: str) -> str:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from worker import malformed
 
 # Counters and histograms export a `*_created` series each by default: it doubles the series
 # for no use here (process start is `worker_info`'s and the scrape's business).
@@ -84,7 +90,7 @@ class Metrics:
             "worker_broadcasts",
             "Broadcast messages by topic and outcome: received (read by this process), handled, "
             "retried, failed (a handler gave up, per handler), missed (trimmed from the history "
-            "before this process read them).",
+            "before this process read them), malformed (skipped: its seq is not a number).",
             ["topic", "outcome"],
             registry=r,
         )
@@ -145,8 +151,24 @@ class Metrics:
             "to the primary: durable writes go on unconfirmed, a failover can lose them.",
             registry=r,
         )
+        r.register(_Malformed())
         self.data_loss = Counter(
             "worker_redis_data_loss",
             "Times this process found Redis's boot marker gone (the dataset was lost).",
             registry=r,
         )
+
+
+class _Malformed(Collector):
+    """``worker_malformed_entries{kind}``: :data:`worker.malformed.SKIPPED`, read at scrape."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "worker_malformed_entries",
+            "Malformed Redis entries this process skipped (each counted once), by what they "
+            "should have been: score, broadcast, JSON object, leadership change.",
+            labels=["kind"],
+        )
+        for kind, n in sorted(malformed.SKIPPED.items()):
+            family.add_metric([kind], n)
+        yield family

@@ -30,7 +30,7 @@ import structlog
 from arq.constants import expires_extra_ms
 
 from worker.client import Client
-from worker.clock import Clock, ms
+from worker.clock import Clock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import JobDef, Outcome, TaskFn
@@ -377,6 +377,7 @@ async def trigger(client: Client, job: PeriodicDef) -> str | None:
     """Run periodic ``job`` once now, outside its schedule (``python -m worker trigger``):
     a job like a tick at this instant (``ctx.tick`` is now), in the job's queue; its recorded
     last tick does not move. Returns the job id, or ``None`` if one for this instant exists."""
+    await on_server_time(client.clock, client.store.server_time_ms)
     now_ms = ms(client.clock.time())
     job_id = client.store.ids.periodic(job.name, now_ms)
     return await client.enqueue(job.name, job_id=job_id, queue=job.queue)

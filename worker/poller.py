@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import structlog
 from arq.constants import expires_extra_ms
 
-from worker.clock import Clock, ms
+from worker.clock import Clock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import Outcome
@@ -97,6 +97,7 @@ class BoundPoller:
         Rescheduling an item already waiting moves it; an item in flight is dispatched again
         only after its current job ends.
         """
+        await on_server_time(self.clock, self.store.server_time_ms)
         await self.store.schedule_items(
             {self.shard_key(item): {item: due_ms(at, delay, self.clock)}}
         )
@@ -105,6 +106,7 @@ class BoundPoller:
         self, items: Mapping[str, dt.datetime | float] | Iterable[str], *, delay: float = 0.0
     ) -> int:
         """Schedule many items in one pipelined round trip; returns how many were new."""
+        await on_server_time(self.clock, self.store.server_time_ms)
         if isinstance(items, Mapping):
             pairs = [(i, due_ms(at, 0.0, self.clock)) for i, at in items.items()]
         else:

@@ -6,13 +6,19 @@ deletes it on clean exit. A sorted set of last-heartbeat times outlives the reco
 leader's :class:`OrphanReaper` looks there for consumers whose heartbeat is stale and makes the
 jobs they held available again (arq alone would wait for its in-progress key to expire, 310 s
 by default). A live peer's jobs are never touched: reaping is guarded by the heartbeat score
-(seed 004 #1).
+(seed 004 #1). Scores are the Redis server's clock (``TIME`` in the heartbeat's script) and the
+reaper judges them on that clock, so no host's clock moves the verdict (a leader 30 s fast
+judged every live instance stale). Silence is evidence only while Redis accepts this
+process's own writes (:class:`WriteWitness`): under ``maxmemory`` (every heartbeat refused, the
+reaper's script not), a failover or an outage, the reaper reaps nobody.
 
 Each record also carries this host's clock offset to the Redis server, measured on the previous
 heartbeat: the server's ``TIME`` read in the heartbeat's own transaction minus the midpoint of
 the local wall clock before and after it (``clock_offset_ms``), exact to within half the round
-trip (``clock_rtt_ms`` / 2). ``doctor`` compares the offsets of all instances: clock skew
-between hosts moves cron ticks and can make the orphan reaper judge a live consumer stale.
+trip (``clock_rtt_ms`` / 2). ``doctor`` fails an instance whose offset is above its limit: the
+process's own code (jobs, services) reads that host's clock. Ticks, due times and poll items are
+on the Redis server's clock, which the same ``TIME`` reply keeps in sync (see
+:class:`~worker.clock.RedisClock`).
 
 The heartbeat also watches the dataset's boot marker: a process that saw one marker and then
 finds another (or none) knows Redis lost its data (a restart without persistence, a failover
@@ -24,11 +30,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from uuid import uuid4
 
 import structlog
 
-from worker.clock import Clock, ms
+from worker.clock import Clock, RedisClock, host_clock, ms
 from worker.component import LoopComponent
 from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
@@ -39,8 +46,38 @@ from worker.views import ProcessView
 log = structlog.get_logger("worker.registry")
 
 
+@dataclass
+class WriteWitness:
+    """Since when this process's heartbeat writes have been accepted without a break: the
+    orphan reaper's evidence that Redis takes writes, so a silent peer is silent and not
+    refused (``maxmemory``), cut off with everyone (an outage) or mid-failover.
+
+    ``ok_since`` (monotonic) is ``None`` after a failed write; a gap longer than ``max_gap_s``
+    between two accepted writes (the heartbeat hung, the process froze) starts it again."""
+
+    max_gap_s: float = float("inf")
+    ok_since: float | None = None
+    last_ok: float | None = None
+
+    def ok(self, now: float) -> None:
+        if self.ok_since is None or self.last_ok is None or now - self.last_ok > self.max_gap_s:
+            self.ok_since = now
+        self.last_ok = now
+
+    def failed(self) -> None:
+        self.ok_since = None
+
+    def since(self, now: float) -> float | None:
+        """When the current unbroken run of accepted writes began, or ``None`` if there is
+        none (the last write failed, or none was accepted for ``max_gap_s``)."""
+        if self.last_ok is None or now - self.last_ok > self.max_gap_s:
+            return None
+        return self.ok_since
+
+
 class Heartbeat(LoopComponent):
-    """Registers this process and refreshes its record every ``interval_s``."""
+    """Registers this process and refreshes its record every ``interval_s``; tells the
+    ``witness`` whether each write was accepted (the orphan reaper's evidence)."""
 
     def __init__(
         self,
@@ -54,8 +91,14 @@ class Heartbeat(LoopComponent):
         interval_s: float,
         metrics: Metrics | None = None,
         app: str | None = None,
+        witness: WriteWitness | None = None,
     ) -> None:
         super().__init__("heartbeat", clock, sla_s=max(10.0, interval_s * 5))
+        #: the record's times and the offset are the host's clock (``doctor`` compares hosts);
+        #: the ``TIME`` read in the same round trip keeps a :class:`RedisClock` in sync
+        self.host, self.server_clock = host_clock(clock), clock
+        self.witness = witness if witness is not None else WriteWitness()
+        self.witness.max_gap_s = interval_s * 2 + 1
         self.max_backoff_s = interval_s  # back within an interval after an outage (see reaper)
         self.store = store
         self.process = process
@@ -74,23 +117,32 @@ class Heartbeat(LoopComponent):
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "version": __version__,
-            "started_ms": ms(clock.time()),
+            "started_ms": ms(self.host.time()),
         }
 
     async def tick(self) -> float:
-        now = ms(self.clock.time())
+        try:
+            await self._beat()
+        except BaseException:
+            self.witness.failed()
+            raise
+        self.witness.ok(self.clock.monotonic())
+        return self.interval_s
+
+    async def _beat(self) -> None:
+        now = ms(self.host.time())
         await self.check_boot_marker(now)
         record = {**self.static, **self.process.describe(), "heartbeat_ms": now}
         if self.clock_offset is not None:
             record["clock_offset_ms"], record["clock_rtt_ms"] = self.clock_offset
-        before = self.clock.time()
-        server_ms = await self.store.heartbeat(
-            self.instance_id, record, ms(self.interval_s * 2.5), now
-        )
-        after = self.clock.time()
+        before, sent = self.host.time(), self.clock.monotonic()
+        # the score is the server's TIME (HEARTBEAT): the reaper judges silence on that clock
+        server_ms = await self.store.heartbeat(self.instance_id, record, ms(self.interval_s * 2.5))
+        after, received = self.host.time(), self.clock.monotonic()
         rtt = (after - before) * 1000
         self.clock_offset = (round(server_ms - (before + after) * 500, 1), round(rtt, 1))
-        return self.interval_s
+        if isinstance(self.server_clock, RedisClock):
+            self.server_clock.observe(server_ms, sent, received)
 
     async def check_boot_marker(self, now_ms: int) -> bool:
         """Read (or create) the boot marker; ``True`` if it changed since the last look."""
@@ -120,11 +172,14 @@ class Heartbeat(LoopComponent):
 class OrphanReaper(LoopComponent):
     """Leader-only: re-queue the in-flight jobs of instances whose heartbeat is stale.
 
-    Silence is judged only while this process itself could reach Redis: for ``stale_s`` after
-    the reaper (re)starts — a new lease, a failed round trip — or after a gap in its own ticks
-    (it was frozen, or its calls hung through a failover), it reaps nobody. A Redis outage or
-    a primary failover stops every heartbeat at once; reaping then would hand the jobs of live
-    consumers (whose finishes are on their way to the new primary) to others: a second run.
+    Staleness is judged on the Redis server's clock (the heartbeat scores are its ``TIME``).
+    Silence is judged only while this process itself could write to Redis: for ``settle_s``
+    after the reaper (re)starts, after a gap in its own ticks (it was frozen, or its calls hung
+    through a failover), and after this process's own heartbeat last failed or stalled (the
+    ``witness``: Redis at ``maxmemory`` refuses every heartbeat but still runs the reaper's
+    script), it reaps nobody. An outage, a full Redis or a primary failover stops every
+    heartbeat at once; reaping then would hand the jobs of live consumers (whose finishes are
+    on their way) to others: a second run.
     """
 
     def __init__(
@@ -137,6 +192,7 @@ class OrphanReaper(LoopComponent):
         metrics: Metrics | None = None,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
         settle_s: float | None = None,
+        witness: WriteWitness | None = None,
     ) -> None:
         super().__init__("orphan-reaper", clock, sla_s=max(30.0, interval_s * 10))
         #: Redis must have been reachable this long (default ``stale_s``) before anyone is
@@ -144,15 +200,28 @@ class OrphanReaper(LoopComponent):
         self.settle_s = stale_s if settle_s is None else settle_s
         self._reachable_since = clock.monotonic()
         self._last_tick: float | None = None
+        self._holding_off = False
         self.store = store
         self.queues = list(queues)
         self.stale_s = stale_s
         self.interval_s = interval_s
         self.metrics = metrics
+        self.witness = witness
 
     async def setup(self) -> None:
         self._reachable_since = self.clock.monotonic()
         self._last_tick = None
+
+    def _writable_for(self, now: float) -> float | None:
+        """Seconds this process has had Redis reachable and taking its writes (``None``: its
+        own heartbeat is not being written)."""
+        since = self._reachable_since
+        if self.witness is not None:
+            ok_since = self.witness.since(now)
+            if ok_since is None:
+                return None
+            since = max(since, ok_since)
+        return now - since
 
     async def tick(self) -> float:
         now = self.clock.monotonic()
@@ -160,14 +229,25 @@ class OrphanReaper(LoopComponent):
             # This process was frozen, or its Redis calls hung (a failover): the others may
             # have been cut off just as long. Silence counts only from now.
             self._reachable_since = now
-        cutoff = ms(self.clock.time() - self.stale_s)
-        stale_instances = await self.store.store.stale_instances(cutoff)
+        server_ms = round(await self.store.store.server_time_ms())
+        stale_instances = await self.store.store.stale_instances(server_ms - ms(self.stale_s))
         self._last_tick = self.clock.monotonic()
-        if self._last_tick - self._reachable_since < self.settle_s:
-            return self.interval_s  # too soon after a (re)start or an outage to judge anyone
+        writable_s = self._writable_for(self._last_tick)
+        if writable_s is None or writable_s < self.settle_s:
+            # too soon after a (re)start, an outage or a refused heartbeat to judge anyone
+            if stale_instances and writable_s is None and not self._holding_off:
+                log.warning(
+                    "orphan reaper holds off: this process's own heartbeat is not being "
+                    "written (Redis refusing writes, unreachable or failing over), so silent "
+                    "instances may be alive",
+                    silent=len(stale_instances),
+                )
+                self._holding_off = True
+            return self.interval_s
+        self._holding_off = False
         for stale in stale_instances:
             released = await self.store.reap(
-                stale.instance_id, stale.heartbeat_ms, ms(self.clock.time()), self.queues
+                stale.instance_id, stale.heartbeat_ms, server_ms, self.queues
             )
             if released is None:
                 continue  # it heartbeated meanwhile
@@ -177,6 +257,6 @@ class OrphanReaper(LoopComponent):
                 "stale instance reaped",
                 instance=stale.instance_id,
                 jobs_released=released,
-                silent_for_s=round((ms(self.clock.time()) - stale.heartbeat_ms) / 1000, 1),
+                silent_for_s=round((server_ms - stale.heartbeat_ms) / 1000, 1),
             )
         return self.interval_s

@@ -43,7 +43,7 @@ from worker.metrics import Metrics
 from worker.periodic import NAME as PERIODIC_NAME
 from worker.periodic import PeriodicEnqueuer, TickHook
 from worker.poller import InflightHook, PollingScheduler
-from worker.registry import Heartbeat, OrphanReaper
+from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.services import Service
 from worker.settings import ROLES, Role, Settings
@@ -80,6 +80,8 @@ class Wiring:
     fenced: FencedStore | None = None
     #: Built right after the leadership, so user code gets the lease (``ctx.is_leading()``).
     context: Context = field(init=False)
+    #: The heartbeat's record of accepted writes, read by the orphan reaper.
+    writes: WriteWitness = field(default_factory=WriteWitness)
 
     @property
     def store(self) -> Store:
@@ -124,6 +126,7 @@ def _heartbeat(w: Wiring, _: Any) -> Component:
         interval_s=s.heartbeat_interval_s,
         metrics=w.metrics,
         app=w.app.name,
+        witness=w.writes,
     )
 
 
@@ -253,11 +256,12 @@ def _reaper(w: Wiring, _: Any) -> Component:
     s = w.settings
     return OrphanReaper(
         w.fence(),
-        w.clock,
+        w.clock,  # it reads the server's TIME itself: heartbeat scores are on that clock
         stale_s=s.orphan_stale_s,
         interval_s=s.heartbeat_interval_s,
         metrics=w.metrics,
         queues=w.app.queue_names(),
+        witness=w.writes,
     )
 
 

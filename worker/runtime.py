@@ -27,7 +27,7 @@ from worker import keys as K
 from worker import local, manifest, roles
 from worker.app import App
 from worker.client import Client
-from worker.clock import Clock, SystemClock, ms
+from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.component import Component, Group
 from worker.connection import connect_redis, parse_redis_url
 from worker.consumer import Consumer
@@ -67,7 +67,8 @@ class Runtime:
         )
         #: the WAIT policy of every durable write this process makes
         self.replication = settings.replication()
-        self.clock = clock or SystemClock()
+        #: wall time is the Redis server's (synced on connect, then by every heartbeat)
+        self.clock = clock or RedisClock()
         self.keys = K.Keys(settings.key_prefix)
         self.metrics = Metrics()
         view = self.replication.view
@@ -183,6 +184,7 @@ class Runtime:
             for warning in await check_redis_contract(redis, s, self.replication):
                 log.warning(warning)
             store = Store(redis, self.keys)
+            await on_server_time(self.clock, store.server_time_ms)
             await check_app_identity(store, self.app.name)
             w = self._build(redis)
             # what admin commands describe (``status`` without ``--app``)

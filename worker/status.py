@@ -16,7 +16,7 @@ from arq.connections import ArqRedis
 
 from worker import keys as K
 from worker.app import App
-from worker.clock import Clock, SystemClock, ms
+from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.periodic import freshness
 from worker.poller import BoundPoller
 from worker.preflight import NOEVICTION, eviction_verdict, read_eviction_policy
@@ -43,8 +43,9 @@ async def collect(
 ) -> dict[str, Any]:
     """Read the cluster's state from Redis (read-only). ``allow_eviction``: this deployment's
     ``WORKER_ALLOW_EVICTION``, to judge the server's eviction policy."""
-    clock = clock or SystemClock()
+    clock = clock or RedisClock()
     store = Store(redis, keys)
+    await on_server_time(clock, store.server_time_ms)  # due times are on the server's clock
     now = ms(clock.time())
     queue_names = app.queue_names()
     async with redis.pipeline(transaction=False) as pipe:
@@ -76,7 +77,7 @@ async def collect(
         info["heartbeat_age_s"] = round((now - heartbeat_ms) / 1000, 1)
         info["alive"] = rec is not None
         instances.append(info)
-    instances.sort(key=lambda i: (i.get("role", ""), i.get("name", "")))
+    instances.sort(key=lambda i: (str(i.get("role", "")), str(i.get("name", ""))))
     apps: dict[str, int] = {}
     for inst in instances:
         if inst["alive"] and isinstance(inst.get("app"), str):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -33,6 +34,7 @@ from redis.exceptions import NoScriptError, ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import keys as K
+from worker import malformed as M
 from worker.connection import Replication
 from worker.errors import LeadershipLost, NotReplicated
 from worker.ids import JobIds, LockValue
@@ -46,14 +48,43 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _score(key: str, member: Any, value: Any) -> int | None:
+    """A sorted-set score as whole ms; one that is not finite (written by someone else) is
+    logged once: ``-inf`` reads as 0 (due since ever), ``+inf`` as ``None`` (never)."""
+    number = float(value)
+    if math.isfinite(number):
+        return int(number)
+    M.skip("score", key, _s(member), f"score {number}")
+    return 0 if number < 0 else None
+
+
+def _object(key: str, raw: Any) -> dict[str, Any] | None:
+    """A JSON object record, ``None`` when absent; one that is not a JSON object (written by
+    someone else) is logged once and reads as absent."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        M.skip("JSON object", key, key, f"{type(exc).__name__}: {exc}")
+        return None
+    if not isinstance(value, dict):
+        M.skip("JSON object", key, key, f"a JSON {type(value).__name__}, not an object")
+        return None
+    return value
+
+
 def _entry(key: str, entry_id: Any, fields: Mapping[Any, Any]) -> BroadcastEntry:
+    """A broadcast stream entry; its ``seq`` is ``None`` when it is not a whole number (an
+    entry this framework did not write: its readers skip it)."""
     f = {_s(k): v for k, v in fields.items()}
     chain = _s(f.get("chain", b""))
     data = f.get("data", b"")
+    seq = _s(f.get("seq", b""))
     return BroadcastEntry(
         key,
         _s(entry_id),
-        int(f.get("seq", 0)),
+        int(seq) if seq.isascii() and seq.isdigit() and len(seq) < 19 else None,
         _s(f.get("origin", b"")),
         tuple(chain.split(",")) if chain else (),
         data if isinstance(data, bytes) else str(data).encode(),
@@ -125,12 +156,16 @@ class LeaderChange:
     @classmethod
     def parse(cls, raw: str | bytes) -> LeaderChange | None:
         """The entry ACQUIRE or RELEASE wrote (``<epoch>|<ms>|<reason>|<instance>``; the
-        instance name is last and may hold anything), ``None`` if unreadable."""
-        text = raw.decode() if isinstance(raw, bytes) else raw
+        instance name is last and may hold anything), ``None`` if unreadable (its time past
+        year 9999 included)."""
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         parts = text.split("|", 3)
-        if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+        if len(parts) != 4 or not (parts[0].isascii() and parts[0].isdigit()):
             return None
-        return cls(int(parts[0]), int(parts[1]), parts[2], parts[3])
+        at_ms = M.time_ms(parts[1]) if parts[1].isascii() and parts[1].isdigit() else None
+        if at_ms is None or len(parts[0]) > 18:
+            return None
+        return cls(int(parts[0]), at_ms, parts[2], parts[3])
 
 
 @dataclass(frozen=True)
@@ -232,7 +267,7 @@ class BroadcastEntry:
 
     key: str
     entry_id: str
-    seq: int
+    seq: int | None
     origin: str
     chain: tuple[str, ...]
     payload: bytes
@@ -270,6 +305,7 @@ class Store:
         self._inflight_clear = r.register_script(K.INFLIGHT_CLEAR)
         self._dead_retry = r.register_script(K.DEAD_RETRY)
         self._boot = r.register_script(K.BOOT)
+        self._heartbeat = r.register_script(K.HEARTBEAT)
         self._claim = r.register_script(K.CLAIM)
         self._release_own = r.register_script(K.RELEASE_OWN)
         self._finish = r.register_script(K.FINISH)
@@ -278,6 +314,7 @@ class Store:
         self._rate_take = r.register_script(K.RATE_TAKE)
         self._broadcast = r.register_script(K.BROADCAST)
         self._periodic_result = r.register_script(K.PERIODIC_RESULT)
+        self._time = r.register_script(K.TIME)
         # fenced scripts, run through FencedStore
         self.enqueue_ticks_script = r.register_script(K.ENQUEUE_TICKS)
         self.dispatch_script = r.register_script(K.DISPATCH)
@@ -449,8 +486,14 @@ class Store:
 
     async def leader_history(self, limit: int = K.HISTORY_KEEP) -> list[LeaderChange]:
         """The most recent leadership changes, newest first."""
-        raw = await self.redis.lrange(self.keys.leader_history, 0, limit - 1)
-        return [c for c in map(LeaderChange.parse, raw) if c is not None]
+        out = []
+        for raw in await self.redis.lrange(self.keys.leader_history, 0, limit - 1):
+            change = LeaderChange.parse(raw)
+            if change is None:
+                M.skip("leadership change", self.keys.leader_history, raw, "unreadable")
+            else:
+                out.append(change)
+        return out
 
     async def claim_static(self, token: str, ttl_ms: int) -> LockValue:
         """Always-leader mode: take the lock unconditionally (it expires unless renewed)."""
@@ -563,7 +606,7 @@ class Store:
         due = await self.redis.zrangebyscore(
             shard_key, "-inf", now_ms, start=0, num=limit, withscores=True
         )
-        return [(_s(item), int(score)) for item, score in due]
+        return [(_s(item), _score(shard_key, item, score) or 0) for item, score in due]
 
     async def schedule_items(self, by_shard: Mapping[str, Mapping[str, int]]) -> int:
         """ZADD items (item -> due ms) into their shard keys in one round trip; new items."""
@@ -649,15 +692,16 @@ class Store:
 
     # -- instance registry --------------------------------------------------------------------
     async def heartbeat(
-        self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, now_ms: int
+        self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, score_ms: int | None = None
     ) -> float:
-        """Write the instance's record and heartbeat score; returns the server's clock (``TIME``,
-        in ms) read in the same transaction, for the clock-offset estimate."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.time()
-            pipe.set(self.keys.instance(instance_id), json.dumps(record, default=str), px=ttl_ms)
-            pipe.zadd(self.keys.instances, {instance_id: now_ms})
-            (sec, usec), _, _ = await pipe.execute()
+        """Write the instance's record and heartbeat score (the server's clock unless
+        ``score_ms`` says otherwise, ``keys.HEARTBEAT``); returns the server's clock (``TIME``,
+        in ms) read in the same script, for the clock-offset estimate."""
+        score = "" if score_ms is None else score_ms
+        sec, usec = await self._heartbeat(
+            keys=[self.keys.instance(instance_id), self.keys.instances],
+            args=[instance_id, json.dumps(record, default=str), ttl_ms, score],
+        )
         return int(sec) * 1000 + int(usec) / 1000
 
     async def deregister(self, instance_id: str) -> None:
@@ -670,17 +714,37 @@ class Store:
         raw = await self.redis.zrangebyscore(
             self.keys.instances, "-inf", cutoff_ms, withscores=True
         )
-        return [Stale(_s(i), int(score)) for i, score in raw]
+        return [Stale(_s(i), _score(self.keys.instances, i, score) or 0) for i, score in raw]
 
     async def instances(self) -> list[tuple[str, int, dict[str, Any] | None]]:
-        """Every registered instance: ``(id, last heartbeat ms, record or None if expired)``."""
-        members = await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
-        ids = [_s(m) for m, _ in members]
-        records = await self.redis.mget([self.keys.instance(i) for i in ids]) if ids else []
-        return [
-            (i, int(score), json.loads(rec) if rec else None)
-            for i, (_, score), rec in zip(ids, members, records, strict=True)
-        ]
+        """Every registered instance: ``(id, last heartbeat ms on the server's clock, record or
+        None if expired)``. Records are also found by ``SCAN``, so an instance missing from the
+        heartbeat sorted set (reaped while alive) still counts; its time is then the record's
+        ``heartbeat_ms`` corrected by its measured clock offset. A record that is not a JSON
+        object reads as expired (and is logged once)."""
+        members: dict[str, int | None] = {
+            _s(m): _score(self.keys.instances, m, score) or 0
+            for m, score in await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
+        }
+        head = self.keys.instance("")
+        async for key in self.redis.scan_iter(match=f"{head}*", count=1000):
+            name = _s(key)
+            if self.keys.holds_owner(name) is None:
+                members.setdefault(name[len(head) :], None)  # record only: time from it
+        ids = list(members)
+        raw = await self.redis.mget([self.keys.instance(i) for i in ids]) if ids else []
+        out = []
+        for i, blob in zip(ids, raw, strict=True):
+            rec, score = _object(self.keys.instance(i), blob), members[i]
+            if score is None:
+                if rec is None:
+                    continue  # expired between SCAN and MGET, or unreadable
+                beat, offset = rec.get("heartbeat_ms"), rec.get("clock_offset_ms") or 0
+                if not isinstance(beat, int | float) or not isinstance(offset, int | float):
+                    continue
+                score = round(beat + offset)
+            out.append((i, score, rec))
+        return out
 
     async def live_apps(self) -> dict[str, int]:
         """Live instances (their record has not expired) per app name. Records without an app
@@ -718,8 +782,8 @@ class Store:
         return found
 
     async def server_time_ms(self) -> float:
-        """The server's clock (``TIME``) in ms."""
-        sec, usec = await self.redis.time()
+        """The server's clock (``TIME``, on the node of the app's keys) in ms."""
+        sec, usec = await self._time(keys=[self.keys.leader])
         return int(sec) * 1000 + int(usec) / 1000
 
     async def lease_counters(self) -> tuple[int | None, dict[str, str]]:
@@ -744,14 +808,17 @@ class Store:
         return [(int(raw[2 * i]), int(raw[2 * i + 1])) for i in range(len(queues))]
 
     async def queue_heads(self, keys: Sequence[str]) -> list[int | None]:
-        """The earliest score (ms) of each sorted set, ``None`` where it is empty."""
+        """The earliest score (ms) of each sorted set, ``None`` where it is empty (or holds
+        only entries scored ``+inf``: never due)."""
         if not keys:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.zrange(key, 0, 0, withscores=True)
             heads = await pipe.execute()
-        return [int(h[0][1]) if h else None for h in heads]
+        return [
+            _score(key, h[0][0], h[0][1]) if h else None for key, h in zip(keys, heads, strict=True)
+        ]
 
     async def dead_count(self) -> int:
         return int(await self.redis.zcard(self.keys.dead))
@@ -896,9 +963,8 @@ class Store:
                 payload = None
             size = len(payload) if payload is not None else int(data)
             queue = queues[int(raw[i + 4]) - 3]
-            jobs.append(
-                Claimed(_s(raw[i]), int(float(raw[i + 1])), int(raw[i + 2]), payload, size, queue)
-            )
+            score = _score(self.keys.queue_of(queue), raw[i], raw[i + 1]) or 0  # -inf: due
+            jobs.append(Claimed(_s(raw[i]), score, int(raw[i + 2]), payload, size, queue))
         return Claims(jobs, int(raw[0]), self.replicated(acked))
 
     async def confirm_claims(self, job_ids: Sequence[str]) -> tuple[list[str | None], bool]:
@@ -978,7 +1044,11 @@ class Store:
             for q in queues:
                 pipe.zrange(self.keys.queue_of(q), 0, 0, withscores=True)
             heads = await pipe.execute()
-        scores = [int(h[0][1]) for h in heads if h]
+        found = [
+            _score(self.keys.queue_of(q), h[0][0], h[0][1]) if h else None
+            for q, h in zip(queues, heads, strict=True)
+        ]
+        scores = [s for s in found if s is not None]
         return min(scores) if scores else None
 
     # -- cluster-wide limits ------------------------------------------------------------------
@@ -1066,26 +1136,40 @@ class Store:
     async def add_dead(
         self, job_id: str, record: Mapping[str, Any], at_ms: int, max_entries: int
     ) -> int:
-        """Set a job aside; returns how many of the oldest entries the cap dropped."""
+        """Set a job aside (its record, and the record without ``payload_b64`` in the index
+        listings read); returns how many of the oldest entries the cap dropped."""
+        index = {k: v for k, v in record.items() if k != "payload_b64"}
         dropped = await self._dead_add(
-            keys=[self.keys.dead, self.keys.dead_jobs],
-            args=[job_id, json.dumps(record), at_ms, max_entries],
+            keys=[self.keys.dead, self.keys.dead_jobs, self.keys.dead_index],
+            args=[job_id, json.dumps(record), at_ms, max_entries, json.dumps(index)],
         )
         return int(dropped)
 
     async def dead_records(
         self, limit: int, offset: int = 0
     ) -> list[tuple[str, dict[str, Any] | None]]:
-        """Dead letters newest first, ``limit`` from ``offset``: ``(job id, record or None)``."""
+        """Dead letters newest first, ``limit`` from ``offset``: ``(job id, record without its
+        payload, or None)``. Reads the index; only entries set aside before it existed are
+        read whole (their payload dropped here)."""
         ids = await self.redis.zrevrange(self.keys.dead, offset, offset + limit - 1)
         if not ids:
             return []
-        raw = await self.redis.hmget(self.keys.dead_jobs, ids)
-        return [(_s(i), json.loads(rec) if rec else None) for i, rec in zip(ids, raw, strict=True)]
+        raw = await self.redis.hmget(self.keys.dead_index, ids)
+        old = [i for i, rec in zip(ids, raw, strict=True) if rec is None]
+        legacy = await self.redis.hmget(self.keys.dead_jobs, old) if old else []
+        whole = dict(zip(old, legacy, strict=True))
+        out: list[tuple[str, dict[str, Any] | None]] = []
+        for i, rec in zip(ids, raw, strict=True):
+            key = self.keys.dead_index if rec is not None else self.keys.dead_jobs
+            record = _object(key, rec if rec is not None else whole.get(i))
+            if record is not None:
+                record.pop("payload_b64", None)
+            out.append((_s(i), record))
+        return out
 
     async def dead_record(self, job_id: str) -> dict[str, Any] | None:
-        raw = await self.redis.hget(self.keys.dead_jobs, job_id)
-        return json.loads(raw) if raw else None
+        """One dead letter's whole record (payload included), ``None`` if absent or unreadable."""
+        return _object(self.keys.dead_jobs, await self.redis.hget(self.keys.dead_jobs, job_id))
 
     async def dead_retry(
         self, job_id: str, payload: bytes, ttl_ms: int, now_ms: int, queue: str = K.DEFAULT_QUEUE
@@ -1093,7 +1177,7 @@ class Store:
         """Re-queue a dead letter: 1 re-queued, 0 the id is live, -1 not a dead letter."""
         result, acked = await self._eval(
             self._dead_retry,
-            [self.keys.queue_of(queue), self.keys.dead, self.keys.dead_jobs],
+            [self.keys.queue_of(queue), self.keys.dead, self.keys.dead_jobs, self.keys.dead_index],
             [
                 job_id,
                 payload,
@@ -1112,7 +1196,7 @@ class Store:
     async def dead_purge(self) -> int:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zcard(self.keys.dead)
-            pipe.delete(self.keys.dead, self.keys.dead_jobs)
+            pipe.delete(self.keys.dead, self.keys.dead_jobs, self.keys.dead_index)
             count, _ = await pipe.execute()
         return int(count)
 
@@ -1123,7 +1207,8 @@ class Store:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zrem(self.keys.dead, *job_ids)
             pipe.hdel(self.keys.dead_jobs, *job_ids)
-            removed, _ = await pipe.execute()
+            pipe.hdel(self.keys.dead_index, *job_ids)
+            removed, _, _ = await pipe.execute()
         return int(removed)
 
     # -- the operators' log -------------------------------------------------------------------

@@ -61,7 +61,8 @@ class ProcessView(Protocol):
         """Each component's health snapshot by name."""
 
     def unready_reasons(self) -> list[str]:
-        """Why running components hold the process unready (failing dependency checks)."""
+        """Why running components hold the process unready (failing dependency checks, Redis
+        unavailable)."""
 
     def warnings(self) -> list[str]:
         """Problems running components report without failing a probe (stale periodic jobs)."""
@@ -139,7 +140,7 @@ class ProcessState:
 
     def unready_reasons(self) -> list[str]:
         active = [c for g in self.groups.values() for c in g.components if c.health.active]
-        return [r for c in active for r in c.health.unready]
+        return [r for c in active for r in c.health.not_ready()]
 
     def warnings(self) -> list[str]:
         active = [c for g in self.groups.values() for c in g.components if c.health.active]

@@ -4,13 +4,16 @@
 :func:`worker.status.collect` (the same reads as ``python -m worker status``), the doctor's
 verdict (:func:`worker.doctor.diagnose`, at most every :data:`DOCTOR_EVERY_S`), per-minute
 throughput per queue, leadership history and the operators' recent actions. Dead letters are
-paged (:func:`dead_page`), one at a time in detail (:func:`dead_detail`, payload preview cut to
-:data:`PREVIEW_BYTES`). Payloads are hostile input: they are decoded only with msgpack or JSON
-(never unpickled) and returned as text for the page to show as text.
+paged (:func:`dead_page`: records without their payloads, so a page costs about what it
+returns), one at a time in detail (:func:`dead_detail`, payload preview cut to
+:data:`PREVIEW_BYTES`, rendered in a thread and never past the cut, so a nested payload does not
+block the console). Payloads are hostile input: they are decoded only with msgpack or JSON (never
+unpickled) and returned as text for the page to show as text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
@@ -63,7 +66,6 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
     """Every panel but the dead letters (see module docstring)."""
     client = state.client
     store = client.store
-    now_ms = ms(client.clock.time())
     cluster = await status.collect(
         client.redis,
         client.keys,
@@ -71,6 +73,7 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
         client.clock,
         allow_eviction=state.limits.allow_eviction,
     )
+    now_ms = ms(client.clock.time())  # after collect, which syncs a client's clock
     series = await store.throughput(state.app.queue_names(), now_ms, MINUTES)
     for q in cluster["queues"]:
         points = series.get(q["queue"], [])
@@ -128,10 +131,7 @@ async def dead_page(state: ConsoleState, page: int, size: int = PAGE) -> dict[st
     items = []
     for job_id, rec in await store.dead_records(size, (page - 1) * size):
         record: dict[str, Any] = rec if rec is not None else {"job_id": job_id, "reason": "?"}
-        payload = _payload(record)
-        record.pop("payload_b64", None)
-        if not record.get("task"):
-            record["task"] = _task_of(payload, state.serializer)
+        record.setdefault("task", None)
         items.append(record)
     return {"total": total, "page": page, "pages": pages, "size": size, "items": items}
 
@@ -145,7 +145,7 @@ async def dead_detail(state: ConsoleState, job_id: str) -> dict[str, Any] | None
     record.pop("payload_b64", None)
     if not record.get("task"):
         record["task"] = _task_of(payload, state.serializer)
-    record["preview"] = preview(payload, state.serializer)
+    record["preview"] = await asyncio.to_thread(preview, payload, state.serializer)
     return record
 
 
@@ -179,12 +179,29 @@ def _task_of(payload: bytes, serializer: str) -> str | None:
 
 def preview(payload: bytes, serializer: str, limit: int = PREVIEW_BYTES) -> dict[str, Any]:
     """A text preview of a payload: the decoded record as JSON when it decodes, else the
-    bytes as text (undecodable bytes escaped); ``truncated`` when cut to ``limit``."""
+    bytes as text (undecodable bytes escaped); ``truncated`` when cut to ``limit``. The JSON is
+    rendered piece by piece and only up to the cut (a 64 KB payload nested 700 deep would be
+    ~80 MB of indented text)."""
     decoded = _decode(payload, serializer)
     if decoded is not None:
-        text = json.dumps(decoded, indent=2, default=repr, ensure_ascii=False)
-        kind = serializer
-    else:
-        text = payload.decode("utf-8", errors="backslashreplace")
-        kind = "raw"
-    return {"format": kind, "text": text[:limit], "truncated": len(text) > limit}
+        encoder = json.JSONEncoder(indent=2, default=repr, ensure_ascii=False)
+        try:
+            text = "".join(_upto(encoder.iterencode(decoded), limit + 1))
+            return {"format": serializer, "text": text[:limit], "truncated": len(text) > limit}
+        except (RecursionError, ValueError):
+            pass  # nested deeper than Python recurses: shown as bytes
+    # a character is at most 4 bytes: more than 4 * limit bytes are more than limit characters
+    head = payload[: 4 * limit + 4]
+    text = head.decode("utf-8", errors="backslashreplace")
+    more = len(text) > limit or len(head) < len(payload)
+    return {"format": "raw", "text": text[:limit], "truncated": more}
+
+
+def _upto(chunks: Any, limit: int) -> Any:
+    """The chunks of ``chunks`` until they hold ``limit`` characters (then stop reading)."""
+    total = 0
+    for chunk in chunks:
+        yield chunk
+        total += len(chunk)
+        if total >= limit:
+            return

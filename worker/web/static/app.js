@@ -70,7 +70,8 @@ function isoIn(iso, now) {
 }
 
 function clock(ms) {
-  return ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) + "Z" : "–";
+  const d = new Date(ms);  // an out-of-range time (a hostile record) is Invalid Date
+  return ms && !isNaN(d) ? d.toISOString().replace("T", " ").slice(0, 19) + "Z" : "–";
 }
 
 function bytes(n) {
