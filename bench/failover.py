@@ -10,7 +10,10 @@ dispatch batch, the old primary brought back as a replica after each. Ledgers on
 is never faulted.
 
 ``python -m bench failover --runs 5`` (about a minute a run); ``--topology cluster``;
-``--wait-replicas 0`` runs the same without durable writes (what WAIT buys).
+``--wait-replicas 0`` runs the same without durable writes (what WAIT buys), ``auto`` with the
+workers' default. ``--replicas 1 --never-back --wait-replicas auto``: the most common topology
+(1 primary + 1 replica), the primary killed once after a poll dispatch batch and never brought
+back (a fresh topology per run); ``--wait-replicas 1`` there shows the strict policy's outage.
 """
 
 from __future__ import annotations
@@ -32,9 +35,15 @@ def main() -> None:
     ap.add_argument("--topology", choices=("sentinel", "cluster"), default="sentinel")
     ap.add_argument(
         "--wait-replicas",
-        type=int,
-        default=1,
-        help="WORKER_REDIS_WAIT_REPLICAS of the workers and the enqueueing client (1)",
+        default="1",
+        help="WORKER_REDIS_WAIT_REPLICAS of the workers and the enqueueing client: a number or "
+        "auto (1)",
+    )
+    ap.add_argument("--replicas", type=int, default=2, help="replicas per primary (2)")
+    ap.add_argument(
+        "--never-back",
+        action="store_true",
+        help="kill the primary once (after a dispatch batch) and never bring it back",
     )
     ap.add_argument(
         "--down-after-ms",
@@ -44,34 +53,44 @@ def main() -> None:
     )
     ap.add_argument("--verbose", action="store_true", help="print each step")
     args = ap.parse_args()
+    wait = None if args.wait_replicas == "auto" else int(args.wait_replicas)
+    faults = ("dispatch",) if args.never_back else ("checkpoint", "tick", "dispatch")
     logs = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     ledger = RealRedis(extra_args=("--appendfsync", "everysec"))
     ledger.start()
     outcomes: list[Outcome] = []
+
+    def topology() -> SentinelSet | Cluster:
+        if args.topology == "sentinel":
+            return SentinelSet(
+                replicas=args.replicas, down_after_ms=args.down_after_ms, failover_timeout_ms=3000
+            )
+        return Cluster(masters=3, replicas=args.replicas, node_timeout_ms=args.down_after_ms)
+
+    def one_run(s: SentinelSet | Cluster, i: int) -> None:
+        run_logs = logs / f"run-{i + 1}"
+        run_logs.mkdir()
+        scenario = Scenario(
+            s, ledger.url, run_logs, wait_replicas=wait,
+            say=print if args.verbose else (lambda _: None),
+        )  # fmt: skip
+        o = scenario.run(faults, bring_back=not args.never_back)
+        outcomes.append(o)
+        print(f"run {i + 1}: {o.summary()} (load {loadavg()})", flush=True)
+
     try:
-        topology: SentinelSet | Cluster = (
-            SentinelSet(replicas=2, down_after_ms=args.down_after_ms, failover_timeout_ms=3000)
-            if args.topology == "sentinel"
-            else Cluster(masters=3, replicas=2, node_timeout_ms=args.down_after_ms)
-        )
-        with topology as s:
-            print_machine(machine())
-            print(f"{args.runs} runs on {args.topology}, WORKER_REDIS_WAIT_REPLICAS="
-                  f"{args.wait_replicas}, failure detection {args.down_after_ms} ms; worker logs "
-                  f"in {logs}")  # fmt: skip
+        print_machine(machine())
+        print(f"{args.runs} runs on {args.topology} ({args.replicas} replica(s)), "
+              f"WORKER_REDIS_WAIT_REPLICAS={args.wait_replicas}, failure detection "
+              f"{args.down_after_ms} ms; worker logs in {logs}")  # fmt: skip
+        if args.never_back:  # the killed primary stays dead: a fresh topology per run
             for i in range(args.runs):
-                run_logs = logs / f"run-{i + 1}"
-                run_logs.mkdir()
-                scenario = Scenario(
-                    s,
-                    ledger.url,
-                    run_logs,
-                    wait_replicas=args.wait_replicas,
-                    say=print if args.verbose else (lambda _: None),
-                )
-                o = scenario.run()
-                outcomes.append(o)
-                print(f"run {i + 1}: {o.summary()} (load {loadavg()})", flush=True)
+                with topology() as s:
+                    one_run(s, i)
+        else:
+            with topology() as s:
+                for i in range(args.runs):
+                    one_run(s, i)
     finally:
         ledger.close()
     report(outcomes, args.topology)

@@ -6,7 +6,7 @@ that is never faulted.
 One run:
 
 1. 3 ``leader`` + 2 ``consumer`` processes of tests/apps/failover.py against
-   ``redis+sentinel://`` (WAIT 1 by default) or ``redis+cluster://`` (the node serving the
+   ``redis+sentinel://`` (WAIT ``auto`` by default) or ``redis+cluster://`` (the node serving the
    app's slot), a client enqueueing ``record`` jobs all along;
 2. kill 1: the primary is SIGKILLed right after an initializer batch was checkpointed on it
    (its replication may not have happened), the initializer mid-way;
@@ -55,7 +55,7 @@ APP = "tests.apps.failover:app"
 TICK_MS = 1000
 
 #: Worker timings: the tests' FAST_ENV (lease TTL 3 s, renew 0.5 s, deadline 1.5 s, heartbeat
-#: 0.5 s, orphan stale 2 s); WAIT 1 replica within 0.5 s comes with the Sentinel URL.
+#: 0.5 s, orphan stale 2 s); WAIT ``auto`` (the attached replicas, up to one) by default.
 WORKER_ENV = dict(FAST_ENV)
 INIT = {
     "FAILOVER_INIT_ITEMS": "8000",
@@ -298,6 +298,7 @@ class Scenario:
         self.procs: list[Proc] = []
         self.outcome = Outcome()
         self._settled_ms = 0
+        self._bring_back = True
 
     # -- ledgers ------------------------------------------------------------------------------
     def _lk(self, name: str) -> str:
@@ -427,6 +428,16 @@ class Scenario:
 
         return self._kill_when("right after a poll dispatch batch", dispatched)
 
+    def kill_replica(self) -> Kill:
+        """SIGKILL a replica (the primary stays): no failover; the WAIT policy loses it."""
+        primary = self.s.primary()
+        node = next(n for n in self.s.nodes if n.port != primary.port and n.running)
+        node.kill()
+        kill = Kill("a replica killed", time.time(), node.port)
+        self.say(f"killed the replica :{node.port}")
+        self.outcome.kills.append(kill)
+        return kill
+
     def wait_first_tick_after(self, kill: Kill, timeout: float = 60) -> None:
         after_ms = int(kill.at * 1000)
 
@@ -459,11 +470,16 @@ class Scenario:
                 self.outcome.primaries.append((time.time(), port))
                 seen = port
 
-    def run(self, faults: Sequence[str] = ("checkpoint", "tick", "dispatch")) -> Outcome:
+    def run(
+        self, faults: Sequence[str] = ("checkpoint", "tick", "dispatch"), *, bring_back: bool = True
+    ) -> Outcome:
         """The scenario with ``faults`` in order: ``checkpoint``, ``tick``, ``dispatch`` (the
         primary SIGKILLed right after that write), ``planned`` (a planned switch right after a
-        tick, see :meth:`planned_failover_after_tick`). Poll items are scheduled before the
-        first ``dispatch``."""
+        tick, see :meth:`planned_failover_after_tick`), ``replica`` (a replica SIGKILLed, then
+        brought back once a tick due after it ran). Poll items are scheduled before the
+        first ``dispatch``. ``bring_back=False``: a killed primary stays dead (with one
+        replica, the promoted node then has none)."""
+        self._bring_back = bring_back
         o = self.outcome
         enq = Enqueuer(self.s.url(), self.prefix, wait_replicas=self.wait_replicas)
         stop_watch = threading.Event()
@@ -492,6 +508,8 @@ class Scenario:
                     self._recover(self.kill_after_dispatch())
                 elif fault == "planned":
                     self._recover(self.planned_failover_after_tick())
+                elif fault == "replica":
+                    self._recover(self.kill_replica())
                 else:
                     raise ValueError(f"unknown fault {fault!r}")
         finally:
@@ -506,6 +524,8 @@ class Scenario:
     def _recover(self, kill: Kill) -> None:
         """Wait for the first tick due after ``kill``, then bring the killed node back."""
         self.wait_first_tick_after(kill)
+        if not self._bring_back and not kill.deposed:
+            return
         self.bring_back(next(n for n in self.s.nodes if n.port == kill.port), deposed=kill.deposed)
 
     def _schedule_items(self, count: int, spread_s: float) -> None:

@@ -161,6 +161,24 @@ async def test_an_evicting_redis_fails_unless_allowed(r: Any) -> None:
     assert doctor.judge(good, app, LIMITS).check("eviction").status == "ok"
 
 
+async def test_durability_fails_without_the_replicas_the_policy_counts_on(r: Any) -> None:
+    from worker.connection import Replication
+
+    app = make_app()
+    await seed_healthy(r, app)
+    snap = dataclasses.replace(await doctor.gather(r, KEYS, app, now_ms=NOW), attached_replicas=0)
+    assert doctor.judge(snap, app, LIMITS).check("durability").status == "ok"  # no WAIT
+    auto = dataclasses.replace(LIMITS, replication=Replication(1, 500, adaptive=True))
+    check = doctor.judge(snap, app, auto).check("durability")
+    assert check.status == "fail" and "go on unconfirmed" in check.summary
+    strict = dataclasses.replace(LIMITS, replication=Replication(1, 500))
+    check = doctor.judge(snap, app, strict).check("durability")
+    assert check.status == "fail" and "NotReplicated" in check.summary
+    one = dataclasses.replace(snap, attached_replicas=1)
+    assert doctor.judge(one, app, auto).check("durability").status == "ok"
+    assert doctor.judge(one, app, strict).check("durability").status == "ok"
+
+
 async def test_stale_instances_are_listed(r: Any) -> None:
     app = make_app()
     await seed_healthy(r, app)

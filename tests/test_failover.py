@@ -2,15 +2,19 @@
 
 The topology is real (tests/topology.py): a primary, two replicas and three Sentinels (failure
 detected after 2 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentinel://`` with
-the default WAIT policy for Sentinel (1 replica), a client enqueueing all along. The primary is
-SIGKILLed at the worst moments (tests/failover_scenario.py): right after an initializer batch
-was checkpointed (the initializer mid-way), right after a tick was enqueued, right after a poll
-dispatch batch; after each kill the old primary comes back as a replica. The ledgers live on a
-server that is never faulted. The same scenario runs on a Redis Cluster of 3 primaries with 2
-replicas each: the app's keys share one hash slot, and the node serving it is the one killed.
+the default WAIT policy (``auto``: the attached replicas, up to one), a client enqueueing all
+along. The primary is SIGKILLed at the worst moments (tests/failover_scenario.py): right
+after an initializer batch was checkpointed (the initializer mid-way), right after a tick was
+enqueued, right after a poll dispatch batch; after each kill the old primary comes back as a
+replica. The ledgers live on a server that is never faulted. The same scenario runs on a Redis
+Cluster of 3 primaries with 2 replicas each: the app's keys share one hash slot, and the node
+serving it is the one killed.
 
-Two replicas, not one: with WAIT 1, a promoted node without a replica confirms nothing, and
-durable writes (the lease first) stop until a replica is back.
+Two replicas, so that every promoted node still has one and each write stays confirmed.
+With one replica (the most common topology) killed for good, the promoted node has none: the
+default policy (``auto``) goes on without waiting, degraded, and everything resumes within
+seconds of the promotion (``test_sentinel_one_replica_primary_killed_for_good_...``); an
+explicit ``WORKER_REDIS_WAIT_REPLICAS=1`` would stop every durable write instead.
 
 Detection at 2 s, not 1 s (``python -m bench failover`` measures at 1 s): on a loaded 2-core
 CI machine a Sentinel at 1 s judged a primary it had switched to a second earlier down and
@@ -29,14 +33,21 @@ same scenario many times and prints the figures.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.failover_scenario import INIT, Outcome, Scenario
 from tests.realredis import RealRedis
 from tests.topology import Cluster, SentinelSet
+from worker.client import Client
+from worker.durability import LOST_GRACE_S
 
 pytestmark = pytest.mark.slow
 
@@ -130,8 +141,94 @@ def test_sentinel_planned_switch_with_writes_paused_costs_no_duplicate_and_no_lo
 def test_cluster_slot_primary_killed_at_the_worst_moments_costs_no_duplicate_and_no_loss(
     cluster: Cluster, ledger: RealRedis, tmp_path: Path
 ) -> None:
-    """The same on a Redis Cluster (the app's slot's primary is killed), with WAIT 1 set
-    explicitly (auto means 0 with a cluster URL: a cluster may have no replicas)."""
-    o = Scenario(cluster, ledger.url, tmp_path, wait_replicas=1, say=print).run()
+    """The same on a Redis Cluster (the app's slot's primary is killed), default settings
+    (``auto``: the attached replicas, up to one; each promoted primary keeps one here)."""
+    o = Scenario(cluster, ledger.url, tmp_path, say=print).run()
     print("cluster failover outcome:", o.summary())
     check(o)
+
+
+#: After the promotion, ticks, poll items, enqueues and queued jobs resume within this.
+RESUME_BOUND_S = 10.0
+
+
+def test_sentinel_one_replica_primary_killed_for_good_resumes_within_seconds(
+    ledger: RealRedis, tmp_path: Path
+) -> None:
+    """1 primary + 1 replica + 3 Sentinels, default settings (``auto``), the primary SIGKILLed
+    right after a poll dispatch batch and never back: the promoted node has no replica.
+    Strict WAIT 1 (the old default) stopped everything here (no tick, poll item, enqueue or
+    job start until a replica came back); ``auto`` waits for the replica while it is attached,
+    so nothing confirmed before the kill is lost, and goes on degraded after it."""
+    with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as one:
+        scenario = Scenario(one, ledger.url, tmp_path, say=print)
+        o = scenario.run(faults=("dispatch",), bring_back=False)
+        doctor, banners = degraded_views(scenario)
+    print("one replica, primary gone outcome:", o.summary())
+    check(o, ["right after a poll dispatch batch"])
+    (kill,) = o.kills
+    assert kill.first_tick_after_s is not None
+    assert kill.first_tick_after_s - kill.promoted_after_s < RESUME_BOUND_S, o.summary()
+    assert o.enqueue_outage_s < kill.promoted_after_s + RESUME_BOUND_S, o.summary()
+    assert "NotReplicated" not in o.enqueue_errors, o.summary()
+    # each worker process said once that it went on degraded
+    said = [
+        sum(str(e.get("event", "")).startswith("durability degraded") for e in p.events())
+        for p in scenario.procs
+    ]
+    assert said == [1] * len(scenario.procs), said
+    # and the operators see it: doctor fails "durability", the console shows a banner
+    assert doctor["status"] == "fail" and "unconfirmed" in doctor["summary"], doctor
+    assert any("durability" in b["text"] for b in banners), banners
+
+
+def test_sentinel_one_replica_replica_killed_and_back_work_goes_on(
+    ledger: RealRedis, tmp_path: Path
+) -> None:
+    """1 primary + 1 replica, default settings: the replica SIGKILLed, then restarted once a
+    tick due after the kill ran. Strict WAIT 1 stopped every durable write until it was back;
+    ``auto`` stays strict for ``LOST_GRACE_S`` (a primary losing its replica may be being
+    failed over away from), then goes on degraded, and waits for the replica again once it is
+    attached."""
+    with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as one:
+        scenario = Scenario(one, ledger.url, tmp_path, say=print)
+        o = scenario.run(faults=("replica",))
+    print("one replica, replica killed outcome:", o.summary())
+    check(o, ["a replica killed"])
+    # strict for the grace period (the primary lost its replica: a failover away from it?),
+    # then on without waiting
+    assert o.enqueue_outage_s < LOST_GRACE_S + RESUME_BOUND_S, o.summary()
+    events = [str(e.get("event", "")) for p in scenario.procs for e in p.events()]
+    assert any(e.startswith("durability degraded") for e in events)
+    assert any(e.startswith("durability restored") for e in events)
+
+
+def degraded_views(scenario: Scenario) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """``python -m worker doctor``'s durability check and the console's banners, against the
+    promoted primary (default settings)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "worker", "doctor", "--json"],
+        env=scenario.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(out.stdout)
+    (check,) = [c for c in report["checks"] if c["name"] == "durability"]
+
+    async def console() -> list[dict[str, str]]:
+        from tests.apps.failover import app
+        from worker import doctor
+        from worker.settings import Settings
+        from worker.web import api
+
+        settings = Settings(redis_url=scenario.s.url(), key_prefix=scenario.prefix)
+        client = await Client.from_settings(settings, app=app)
+        try:
+            limits = doctor.Limits.from_settings(settings)
+            view = await api.overview(api.ConsoleState(client, app, limits=limits))
+            return list(view["banners"])
+        finally:
+            await client.close()
+
+    return check, asyncio.run(console())

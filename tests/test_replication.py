@@ -310,3 +310,120 @@ async def test_a_claim_whose_reply_was_lost_is_given_back(r: Any, pair: Pair) ->
     assert await r.scard(KEYS.holds("c3")) == 0
     stop.set()
     await asyncio.wait_for(task, 10)
+
+
+# -- the default policy (auto): the attached replicas, up to one --------------------------------
+
+
+def detached(pair: Pair) -> Any:
+    """Context manager: the replica leaves the primary inside it (``REPLICAOF NO ONE``) and
+    follows it again, synced, after."""
+
+    def attached() -> int:
+        with pair.primary.client() as c:
+            return int(c.info("replication")["connected_slaves"])
+
+    class _Detach:
+        def __enter__(self) -> None:
+            with pair.replica.client() as c:
+                c.replicaof("NO", "ONE")
+            wait_for(lambda: attached() == 0, 20, "the replica to leave")
+
+        def __exit__(self, *exc: object) -> None:
+            with pair.replica.client() as c:
+                c.replicaof(*pair.primary.address)
+            wait_for(lambda: pair.replica.synced_replica_of(pair.primary), 20, "replica sync")
+
+    return _Detach()
+
+
+async def test_auto_waits_while_a_replica_is_attached_goes_on_without_one_and_waits_again(
+    r: Any, pair: Pair
+) -> None:
+    from worker.durability import ReplicaView
+
+    auto = Replication(1, 200, adaptive=True, view=ReplicaView(grace_s=1.0))
+    store = Store(r, KEYS, auto)
+    assert await store.unique_enqueue(NewJob("a", b"x", 1), 60_000) is True
+    assert (auto.view.attached, auto.view.degraded) == (1, False)
+    with lagging(pair), pytest.raises(NotReplicated):  # attached but silent: as strict
+        await store.unique_enqueue(NewJob("b", b"x", 1), 60_000)
+    with detached(pair):  # the primary lost its replica: strict for grace_s, then go on
+        with pytest.raises(NotReplicated):
+            await store.unique_enqueue(NewJob("c", b"x", 1), 60_000)
+        assert not auto.view.degraded
+        await asyncio.sleep(1.0)
+        assert await store.unique_enqueue(NewJob("c", b"x", 1), 60_000) is False  # there
+        assert await store.unique_enqueue(NewJob("c2", b"x", 1), 60_000) is True
+        await store.confirm()
+        assert (auto.view.attached, auto.view.degraded) == (0, True)
+        strict = Store(r, KEYS, Replication(1, 200))  # an explicit number: today's outage
+        with pytest.raises(NotReplicated):
+            await strict.unique_enqueue(NewJob("d", b"x", 1), 60_000)
+    # attached again: the first write after waits for it (a probe, then WAIT 1)
+    assert await store.unique_enqueue(NewJob("e", b"x", 1), 60_000) is True
+    assert (auto.view.attached, auto.view.degraded) == (1, False)
+    with pair.replica.client() as c:
+        assert c.exists(K.ARQ_JOB + "e")
+    with lagging(pair), pytest.raises(NotReplicated):
+        await store.unique_enqueue(NewJob("f", b"x", 1), 60_000)
+
+
+async def test_a_dead_letter_requeue_honours_the_policy(r: Any, pair: Pair) -> None:
+    from worker.dead import retry_dead
+
+    store = Store(r, KEYS, WAIT1)
+    dead = DeadLetters(store, SystemClock(), instance_id="i-1", max_entries=100)
+    payload = msgpack_dumps({"t": "f"})
+    await dead.set_aside("dl-1", "boom", "failed", payload, len(payload))
+    with lagging(pair), pytest.raises(NotReplicated, match="dead-letter re-queue"):
+        await retry_dead(r, KEYS, "dl-1", replication=WAIT1)
+    assert await r.exists(K.ARQ_JOB + "dl-1")  # re-queued on the primary, not acknowledged
+    assert await retry_dead(r, KEYS, "dl-1", replication=WAIT1) == "missing"
+
+
+async def test_dead_retry_from_the_command_line_waits_for_the_replicas(
+    r: Any, pair: Pair, cli: Any
+) -> None:
+    """``python -m worker dead --retry`` with WAIT 1 and a silent replica: not acknowledged
+    (one line, exit 1), as a client's enqueue would be; it used to answer ``requeued``."""
+    dead = DeadLetters(Store(r, KEYS), SystemClock(), instance_id="i-1", max_entries=100)
+    payload = msgpack_dumps({"t": "f"})
+    await dead.set_aside("dl-2", "boom", "failed", payload, len(payload))
+    env = {
+        "WORKER_REDIS_URL": pair.url,
+        "WORKER_KEY_PREFIX": KEYS.prefix,
+        "WORKER_REDIS_WAIT_REPLICAS": "1",
+        "WORKER_REDIS_WAIT_TIMEOUT_S": "0.2",
+    }
+    with lagging(pair):
+        out = await asyncio.to_thread(cli, "dead", "--retry", "dl-2", env=env)
+    assert out.returncode != 0, out.stdout
+    assert "requeued" not in out.stdout
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "confirmed by 0 of the 1 replica" in lines[0], lines
+
+
+def test_attached_replicas_are_online_and_recent() -> None:
+    from worker.durability import ReplicaView, attached_replicas
+
+    online = {"ip": "10.0.0.2", "port": 6379, "state": "online", "offset": 10, "lag": 0}
+    info = {
+        "role": "master",
+        "connected_slaves": 3,
+        "slave0": online,
+        "slave1": {**online, "state": "wait_bgsave"},
+        "slave2": {**online, "lag": 11},
+    }
+    assert attached_replicas(info) == 1
+    assert attached_replicas({"role": "master", "connected_slaves": 0}) == 0
+    view = ReplicaView()
+    assert view.expect(1) == 0  # before the first look: no WAIT that must time out
+    assert view.observe({**info, "master_replid": "a"}, 1) == 1 and not view.degraded
+    assert view.observe(RuntimeError("NOPERM"), 1) == 1  # unreadable: strict
+    # primary "a" lost its replica: strict for the grace period (a failover away from it?)
+    assert view.observe({"master_replid": "a"}, 1) == 1 and not view.degraded
+    # a promoted node (another replication id) without replicas: go on at once, degraded
+    assert view.observe({"master_replid": "b"}, 1) == 0 and view.degraded
+    assert view.observe({"master_replid": "a"}, 1) == 1  # "a" is still in its grace period
+    assert ReplicaView().observe({"master_replid": "c"}, 1) == 0  # first seen without any

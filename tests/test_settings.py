@@ -470,3 +470,24 @@ def test_health_host_defaults_to_loopback() -> None:
     s = load_settings()
     assert s.health_host == "127.0.0.1"
     assert s.allow_eviction is False and s.status_show_errors is False
+
+
+@pytest.mark.parametrize(
+    ("url", "wait", "expected"),
+    [
+        ("redis://h:6379/0", None, (0, True)),  # one server: nothing to wait for
+        ("redis+sentinel://s1:26379/m/0", None, (1, True)),  # the attached ones, up to 1
+        ("redis+cluster://n1:7000", None, (1, True)),
+        ("redis+sentinel://s1:26379/m/0", "1", (1, False)),  # a number is strict
+        ("redis+sentinel://s1:26379/m/0", "0", (0, False)),
+    ],
+)
+def test_wait_replicas_auto_adapts_and_a_number_is_strict(
+    monkeypatch: pytest.MonkeyPatch, url: str, wait: str | None, expected: tuple[int, bool]
+) -> None:
+    monkeypatch.setenv("WORKER_REDIS_URL", url)
+    monkeypatch.setenv("WORKER_KEY_PREFIX", "{app}:")
+    if wait is not None:
+        monkeypatch.setenv("WORKER_REDIS_WAIT_REPLICAS", wait)
+    rep = load_settings().replication()
+    assert (rep.replicas, rep.adaptive) == expected

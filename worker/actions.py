@@ -93,7 +93,12 @@ class Operations:
         results: Counter[str] = Counter()
         failed: dict[str, str] = {}
         for job_id in ids:  # one at a time, as the CLI: each is its own script call
-            outcome = await dead.retry_dead(self.client.redis, self.client.keys, job_id)
+            outcome = await dead.retry_dead(
+                self.client.redis,
+                self.client.keys,
+                job_id,
+                replication=self.store.replication,
+            )
             results[outcome] += 1
             if outcome != "requeued" and len(failed) < 100:
                 failed[job_id] = outcome

@@ -441,7 +441,9 @@ async def _dead(settings: Settings, args: argparse.Namespace) -> int:
         if ids:
             ok = True
             for job_id in ids:  # one at a time: a long list never sits in memory twice
-                outcome = await dead.retry_dead(redis, keys, job_id)
+                outcome = await dead.retry_dead(
+                    redis, keys, job_id, replication=a.store.replication
+                )
                 ok = ok and outcome == "requeued"
                 say(f"{job_id}: {outcome}")
             return 0 if ok else 1

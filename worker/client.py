@@ -19,8 +19,9 @@ the serializer pair of :func:`worker.serializer.get_serializer`).
 
 Connections come from :func:`worker.connection.connect_redis` (re-exported here): one server,
 a Sentinel-managed primary or a Redis Cluster. With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``,
-1 by default with Sentinel) an ``enqueue`` returns only once the replicas have the job, and
-raises :class:`~worker.errors.NotReplicated` otherwise.
+by default with Sentinel or Cluster the attached replicas, up to one) an ``enqueue`` returns
+only once the replicas have the job, and raises :class:`~worker.errors.NotReplicated`
+otherwise.
 """
 
 from __future__ import annotations
@@ -107,10 +108,13 @@ class Client:
         """Connect to ``url`` with the same settings the workers use (prefix, serializer).
         ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
         :class:`~worker.connection.RedisTarget`, which carries Sentinel credentials).
-        ``wait_replicas``: replicas an enqueue waits for (``None``: 1 with Sentinel, else 0)."""
+        ``wait_replicas``: replicas an enqueue waits for, strictly (``None``, as
+        ``WORKER_REDIS_WAIT_REPLICAS=auto``: with Sentinel or Cluster the attached ones, up to
+        1, else 0)."""
         target = parse_redis_url(url) if isinstance(url, str) else url
+        adaptive = wait_replicas is None
         if wait_replicas is None:
-            wait_replicas = 1 if target.kind == "sentinel" else 0
+            wait_replicas = 0 if target.kind == "single" else 1
         serialize, deserialize = get_serializer(serializer)
         keys = K.Keys(key_prefix)
         redis = connect_redis(
@@ -121,7 +125,9 @@ class Client:
         except BaseException:
             await redis.aclose(close_connection_pool=True)
             raise
-        replication = Replication(wait_replicas, max(1, round(wait_timeout_s * 1000)))
+        replication = Replication(
+            wait_replicas, max(1, round(wait_timeout_s * 1000)), adaptive=adaptive
+        )
         return cls(redis, keys=keys, serialize=serialize, app=app, replication=replication)
 
     @classmethod

@@ -31,7 +31,7 @@ import re
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -43,6 +43,8 @@ from redis.connection import parse_url
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+
+from worker.durability import ReplicaView
 
 __all__ = [
     "RedisTarget",
@@ -67,7 +69,18 @@ SCHEMES: dict[str, tuple[Kind, bool]] = {
 }
 DEFAULT_PORT = {"sentinel": 26379, "cluster": 6379}
 #: Query arguments of the Sentinel and Cluster forms (the single-server form takes redis-py's).
-HA_QUERY = frozenset({"sentinel_username", "sentinel_password", "ssl_cert_reqs", "ssl_ca_certs"})
+HA_QUERY = frozenset(
+    {
+        "sentinel_username",
+        "sentinel_password",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_check_hostname",
+    }
+)
+#: ``ssl_check_hostname=`` values (redis-py's spelling of false; true as well, strictly).
+_FALSE = frozenset({"0", "f", "false", "n", "no"})
+_TRUE = frozenset({"1", "t", "true", "y", "yes"})
 #: How long a Sentinel or a cluster seed node may take to answer a topology question.
 DISCOVERY_TIMEOUT_S = 2.0
 URL_PASSWORD_HINT = (
@@ -112,10 +125,16 @@ def cluster_tag(prefix: str) -> str | None:
 @dataclass(frozen=True)
 class Replication:
     """``WAIT`` policy: a write that must survive a primary failover counts as done only once
-    ``replicas`` replicas confirmed it within ``timeout_ms`` (0 replicas: no ``WAIT``)."""
+    ``replicas`` replicas confirmed it within ``timeout_ms`` (0 replicas: no ``WAIT``).
+    ``adaptive`` (``WORKER_REDIS_WAIT_REPLICAS=auto``): only as many as are attached to the
+    primary, up to ``replicas``; with none attached the write goes on, degraded (see
+    :mod:`worker.durability`). ``view``: what the last round trip saw, shared by the stores
+    of one process."""
 
     replicas: int = 0
     timeout_ms: int = 500
+    adaptive: bool = False
+    view: ReplicaView = field(default_factory=ReplicaView, compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -141,6 +160,9 @@ class RedisTarget:
     sentinel_username: str | None = None
     sentinel_password: str | None = None
     ssl_options: tuple[tuple[str, str], ...] = ()
+    #: TLS: the server's certificate must name the host connected to (on unless the URL says
+    #: ``ssl_check_hostname=false``, or ``ssl_cert_reqs=none`` turns verification off)
+    check_hostname: bool = False
 
     def describe(self) -> str:
         """The URL with its passwords masked."""
@@ -176,7 +198,10 @@ def parse_redis_url(
                 f"{name}: WORKER_SENTINEL_USERNAME/WORKER_SENTINEL_PASSWORD are set but the URL "
                 f"is not a redis+sentinel:// URL (got {shown!r})"
             )
-        return RedisTarget(url, "single", ssl=ssl)
+        query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+        return RedisTarget(
+            url, "single", ssl=ssl, check_hostname=ssl and _check_hostname(query, name, shown)
+        )
     return _parse_ha(url, name, shown, kind, ssl, sentinel_username, sentinel_password)
 
 
@@ -259,7 +284,12 @@ def _parse_ha(
     for key, given in given_creds.items():
         if given is not None and key in options:
             raise bad(f"{key} is in the URL and in WORKER_{key.upper()}; set it in one place")
-    ssl_options = tuple(sorted((k, v) for k, v in options.items() if k.startswith("ssl_")))
+    check_hostname = ssl and _check_hostname(options, name, shown)
+    ssl_options = tuple(
+        sorted(
+            (k, v) for k, v in options.items() if k.startswith("ssl_") and k != "ssl_check_hostname"
+        )
+    )
     return RedisTarget(
         url,
         kind,
@@ -272,7 +302,25 @@ def _parse_ha(
         sentinel_username if sentinel_username is not None else options.get("sentinel_username"),
         sentinel_password if sentinel_password is not None else options.get("sentinel_password"),
         ssl_options,
+        check_hostname,
     )
+
+
+def _check_hostname(query: dict[str, str], name: str, shown: str) -> bool:
+    """Whether a TLS URL's connections check the certificate's host name: yes unless it says
+    ``ssl_check_hostname=false`` or turns verification off (``ssl_cert_reqs=none``)."""
+    unverified = query.get("ssl_cert_reqs", "required").lower() == "none"
+    raw = query.get("ssl_check_hostname")
+    if raw is None:
+        return not unverified
+    if raw.lower() not in _TRUE | _FALSE:
+        raise ValueError(f"{name}: invalid URL {shown!r}: ssl_check_hostname must be true or false")
+    if raw.lower() in _TRUE and unverified:
+        raise ValueError(
+            f"{name}: invalid URL {shown!r}: ssl_check_hostname=true needs the certificate "
+            "verified (drop ssl_cert_reqs=none)"
+        )
+    return raw.lower() in _TRUE
 
 
 def _host_port(text: str, default: int, bad: Any) -> tuple[str, int]:
@@ -438,7 +486,7 @@ class SlotPool(ConnectionPool):
             try:
                 layout = await node.execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call]
             except Exception as exc:
-                errors.append(f"{host}:{port}: {type(exc).__name__}")
+                errors.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
                 continue
             finally:
                 with contextlib.suppress(Exception):
@@ -514,10 +562,13 @@ def connect_redis(
         common["client_name"] = client_name
     pool: ConnectionPool
     if target.kind == "single":
-        pool = ConnectionPool.from_url(target.url, **common)
+        tls_single = {"ssl_check_hostname": target.check_hostname} if target.ssl else {}
+        pool = ConnectionPool.from_url(target.url, **common, **tls_single)
     else:
         auth = {"username": target.username, "password": target.password}
-        tls = dict(target.ssl_options)
+        tls: dict[str, Any] = dict(target.ssl_options)
+        if target.ssl:
+            tls["ssl_check_hostname"] = target.check_hostname
         discovery = {
             "socket_connect_timeout": DISCOVERY_TIMEOUT_S,
             "socket_timeout": DISCOVERY_TIMEOUT_S,

@@ -31,6 +31,7 @@ from arq.constants import expires_extra_ms
 
 from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
+from worker.connection import Replication
 from worker.keys import DEFAULT_QUEUE
 from worker.logs import TEXT_CHARS, capped
 from worker.metrics import Metrics
@@ -150,11 +151,19 @@ async def count_dead(redis: ArqRedis, keys: K.Keys) -> int:
     return int(await redis.zcard(keys.dead))
 
 
-async def retry_dead(redis: ArqRedis, keys: K.Keys, job_id: str, clock: Clock | None = None) -> str:
+async def retry_dead(
+    redis: ArqRedis,
+    keys: K.Keys,
+    job_id: str,
+    clock: Clock | None = None,
+    *,
+    replication: Replication | None = None,
+) -> str:
     """Re-queue one dead-lettered job; returns ``requeued``, ``live`` (an id in use),
     ``missing`` (not dead-lettered), ``no payload`` (the job record had already expired) or
-    ``truncated`` (only part of an oversized payload was kept)."""
-    store = Store(redis, keys)
+    ``truncated`` (only part of an oversized payload was kept). ``replication``: the WAIT
+    policy the re-queue honours, as every enqueue (:class:`~worker.errors.NotReplicated`)."""
+    store = Store(redis, keys, replication)
     rec = await store.dead_record(job_id)
     if rec is not None and rec.get("truncated"):
         return "truncated"

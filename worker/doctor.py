@@ -26,9 +26,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from worker import keys as K
 from worker.app import App
+from worker.connection import Replication
+from worker.durability import attached_replicas, describe
 from worker.ids import LockValue
 from worker.periodic import freshness
 from worker.preflight import ALLOW_EVICTION, NOEVICTION, read_eviction_policy
@@ -93,10 +96,16 @@ class Limits:
     max_lag_s: float = 60.0
     tick_grace_s: float = 30.0
     allow_eviction: bool = False
+    #: the WAIT policy the workers run with (``durability`` judges the primary against it)
+    replication: Replication = field(default_factory=Replication)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
-        return cls(stale_s=settings.orphan_stale_s, allow_eviction=settings.allow_eviction)
+        return cls(
+            stale_s=settings.orphan_stale_s,
+            allow_eviction=settings.allow_eviction,
+            replication=settings.replication(),
+        )
 
 
 @dataclass
@@ -141,6 +150,8 @@ class Snapshot:
     poller_heads: dict[str, list[int | None]]
     dead_letters: int
     holds: dict[str, int]
+    #: replicas attached to the primary (``INFO replication``; ``None``: not readable)
+    attached_replicas: int | None = None
 
     @property
     def live(self) -> list[Instance]:
@@ -176,6 +187,7 @@ async def gather(redis: Redis, keys: K.Keys, app: App, *, now_ms: int | None = N
         poller_heads=heads,
         dead_letters=await store.dead_count(),
         holds=await store.holds_sets(),
+        attached_replicas=await read_attached(redis),
     )
 
 
@@ -624,10 +636,36 @@ def check_orphaned_holds(snap: Snapshot, app: App, limits: Limits) -> Check:
     )
 
 
+async def read_attached(redis: Redis) -> int | None:
+    """Replicas attached to the primary, as the WAIT policy counts them (``None``: unreadable)."""
+    try:
+        return attached_replicas(await redis.info("replication"))
+    except ResponseError:
+        return None
+
+
+def check_durability(snap: Snapshot, app: App, limits: Limits) -> Check:
+    """Whether the primary's replicas give the WAIT policy what it waits for: with ``auto``
+    and none attached, writes go on unconfirmed (a failover can lose them); with a strict
+    number and too few, durable writes stop."""
+    rep = limits.replication
+    policy = "auto" if rep.adaptive else str(rep.replicas)
+    data = {"policy": policy, "wait_for": rep.replicas, "attached": snap.attached_replicas}
+    if not rep.enabled:
+        return Check(
+            "durability", "ok", "no WAIT policy: writes are not confirmed by replicas", data=data
+        )
+    if snap.attached_replicas is None:
+        return Check("durability", "warn", "cannot read INFO replication", data=data)
+    ok, text = describe(snap.attached_replicas, rep.replicas, rep.adaptive)
+    return Check("durability", "ok" if ok else "fail", text, data=data)
+
+
 CHECKS: Sequence[Callable[[Snapshot, App, Limits], Check]] = (
     check_leader,
     check_epochs,
     check_eviction,
+    check_durability,
     check_heartbeats,
     check_versions,
     check_clock_skew,

@@ -160,6 +160,12 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge("worker_ready", "1 while /readyz answers 200.", registry=r)
+        self.durability_degraded = Gauge(
+            "worker_redis_durability_degraded",
+            "1 while the WAIT policy (WORKER_REDIS_WAIT_REPLICAS=auto) finds no replica attached "
+            "to the primary: durable writes go on unconfirmed, a failover can lose them.",
+            registry=r,
+        )
         r.register(_Malformed())
         self.data_loss = Counter(
             "worker_redis_data_loss",

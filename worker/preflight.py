@@ -49,9 +49,20 @@ async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -
             if clock.monotonic() >= deadline:
                 raise ConfigError(
                     f"WORKER_REDIS_URL: cannot reach Redis at {mask_url(url)} within "
-                    f"{timeout_s:g}s ({type(exc).__name__}: {exc})"
+                    f"{timeout_s:g}s ({type(exc).__name__}: {exc}){_tls_hint(exc)}"
                 ) from None
             await clock.sleep(0.5)
+
+
+def _tls_hint(exc: BaseException) -> str:
+    """What to do about a certificate refused for its name (TLS URLs check it by default)."""
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text and "mismatch" in text:
+        return (
+            "; the server's certificate does not name the host in the URL: connect by a name "
+            "it carries, or opt out with ?ssl_check_hostname=false"
+        )
+    return ""
 
 
 async def read_eviction_policy(redis: Any) -> tuple[str | None, str]:
@@ -87,8 +98,10 @@ def eviction_verdict(policy: str | None, allow_eviction: bool) -> str:
 
 async def check_replicas(redis: Any, replication: Replication) -> list[str]:
     """With a WAIT policy, warn when the primary has fewer connected replicas than it asks
-    for: every durable write (lease, ticks, enqueues) would fail until enough are back."""
-    if not replication.enabled:
+    for: every durable write (lease, ticks, enqueues) would fail until enough are back. An
+    adaptive policy (``auto``) never fails that way; its first durable write says whether it
+    runs degraded (:mod:`worker.durability`)."""
+    if not replication.enabled or replication.adaptive:
         return []
     try:
         info = await redis.info("replication")
@@ -100,7 +113,7 @@ async def check_replicas(redis: Any, replication: Replication) -> list[str]:
     return [
         f"WORKER_REDIS_WAIT_REPLICAS={replication.replicas} but the primary has {have} "
         "connected replica(s): leadership, ticks and enqueues fail (NotReplicated) until "
-        "enough replicas are back; set WORKER_REDIS_WAIT_REPLICAS=0 for a Redis without replicas"
+        "enough replicas are back; set WORKER_REDIS_WAIT_REPLICAS=auto to go on without them"
     ]
 
 

@@ -79,6 +79,8 @@ class Runtime:
         self.clock = clock or RedisClock()
         self.keys = K.Keys(settings.key_prefix)
         self.metrics = Metrics()
+        view = self.replication.view
+        self.metrics.durability_degraded.set_function(lambda: float(view.degraded))
         self.serializer = get_serializer(settings.serializer)  # once: pickle warns
         plan = roles.plan(settings.role, app, settings)
         self.state = ProcessState(

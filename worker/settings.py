@@ -105,7 +105,10 @@ class Settings(BaseSettings):
     sentinel_username: str | None = Field(None, description="ACL user of the Sentinels")
     sentinel_password: str | None = Field(None, description="password of the Sentinels")
     redis_wait_replicas: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
-        "auto", description="replicas confirming a durable write (WAIT); auto: 1 with Sentinel"
+        "auto",
+        description="replicas confirming a durable write (WAIT); auto: with a Sentinel or "
+        "Cluster URL the attached ones, up to 1 (none attached: go on, degraded); a number: "
+        "strict",
     )
     redis_wait_timeout_s: float = Field(0.5, gt=0, le=60)
 
@@ -290,15 +293,22 @@ class Settings(BaseSettings):
         )
 
     def wait_replicas(self) -> int:
-        """Replicas a durable write waits for: ``WORKER_REDIS_WAIT_REPLICAS``, where ``auto``
-        is 1 with a Sentinel URL (a Sentinel set has replicas to fail over to) and 0 otherwise."""
+        """Replicas a durable write waits for at most: ``WORKER_REDIS_WAIT_REPLICAS``, where
+        ``auto`` is 1 with a Sentinel or Cluster URL (there are replicas to fail over to; only
+        the attached ones are waited for) and 0 otherwise."""
         if self.redis_wait_replicas != "auto":
             return self.redis_wait_replicas
-        return 1 if self.redis_url and self.redis_url.split("://")[0].endswith("+sentinel") else 0
+        scheme = self.redis_url.split("://")[0] if self.redis_url else ""
+        return 1 if scheme.endswith(("+sentinel", "+cluster")) else 0
 
     def replication(self) -> Replication:
-        """The ``WAIT`` policy of durable writes (see :class:`worker.connection.Replication`)."""
-        return Replication(self.wait_replicas(), ms_round(self.redis_wait_timeout_s))
+        """The ``WAIT`` policy of durable writes (see :class:`worker.connection.Replication`):
+        ``auto`` waits for the attached replicas (adaptive), a number is strict."""
+        return Replication(
+            self.wait_replicas(),
+            ms_round(self.redis_wait_timeout_s),
+            adaptive=self.redis_wait_replicas == "auto",
+        )
 
     def _resolve_web_token(self) -> None:
         """Read ``web_token_file`` (a mounted Secret); a token must be long enough to guess

@@ -31,6 +31,7 @@ from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import keys as K
 from worker import malformed as M
@@ -345,37 +346,64 @@ class Store:
         probe: bool = False,
     ) -> tuple[list[Any], int]:
         """Run the commands ``build`` queues in one round trip, followed (when the WAIT policy
-        asks for replicas) by ``[INCR probe,] WAIT n timeout`` on the same connection: ``(their
-        results, replicas that confirmed)``. A failed command raises; a script the server does
-        not know (``NOSCRIPT``: a new primary, a restart) is loaded and the round trip repeated.
-        Without a policy the acknowledgement is vacuous: ``replicas`` (0)."""
+        asks for replicas) by ``[INCR probe,] [INFO replication,] WAIT n timeout`` on the same
+        connection: ``(their results, replicas that confirmed)``. A failed command raises; a
+        script the server does not know (``NOSCRIPT``: a new primary, a restart) is loaded and
+        the round trip repeated. Without a policy the acknowledgement is vacuous: ``replicas``
+        (0). An adaptive policy (``auto``) needs only the replicas ``INFO`` shows attached, up
+        to ``replicas`` (see :mod:`worker.durability`): none attached counts as confirmed."""
         rep = self.replication
+        asked = rep.view.expect(rep.replicas) if rep.adaptive else rep.replicas
         for attempt in range(2):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                build(pipe)
-                if rep.enabled:
-                    if probe:
-                        pipe.incr(self.keys.probe)
-                    pipe.wait(rep.replicas, rep.timeout_ms)
-                out = await pipe.execute(raise_on_error=False)
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    build(pipe)
+                    if rep.enabled:
+                        if probe:
+                            pipe.incr(self.keys.probe)
+                        if rep.adaptive:
+                            pipe.info("replication")
+                        pipe.wait(asked, rep.timeout_ms)
+                    out = await pipe.execute(raise_on_error=False)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                rep.view.forget()  # a failover? the next primary's replicas are unknown
+                raise
             if attempt == 0 and scripts and any(isinstance(r, NoScriptError) for r in out):
                 for script in scripts:
                     await self.redis.script_load(script.script)
+                if rep.adaptive:  # a new primary (scripts unknown): ask for what it has
+                    asked = min(asked, rep.view.peek(out[-2], rep.replicas))
                 continue
             break
         acked = rep.replicas
         if rep.enabled:
             raw = out.pop()
+            info = out.pop() if rep.adaptive else None
             probed = out.pop() if probe else None
             if isinstance(probed, Exception):  # READONLY: a demoted primary
                 raise RedisConnectionError(f"probe write refused: {probed}")
             if isinstance(raw, Exception):  # "WAIT cannot be used with replica instances"
                 raise RedisConnectionError(f"WAIT refused: {raw}")
             acked = int(raw)
+            if rep.adaptive:
+                acked = await self._adapt(acked, asked, rep.view.observe(info, rep.replicas))
         for result in out:
             if isinstance(result, Exception):
                 raise result
         return out, acked
+
+    async def _adapt(self, acked: int, asked: int, needed: int) -> int:
+        """The acknowledgement under an adaptive policy: ``needed`` replicas were attached
+        when the write was made (``asked`` were waited for). Enough: counts as the policy's
+        full number; a replica attached since the last look: wait for it now (a probe covers
+        every earlier write)."""
+        if acked < needed and asked < needed:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.incr(self.keys.probe)
+                pipe.wait(needed, self.replication.timeout_ms)
+                _, raw = await pipe.execute()
+            acked = int(raw)
+        return self.replication.replicas if acked >= needed else acked
 
     async def _eval(
         self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], *, probe: bool = False
