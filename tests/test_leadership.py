@@ -21,7 +21,10 @@ from worker import keys as K
 from worker.clock import Clock, FakeClock, SystemClock
 from worker.component import Component, Group
 from worker.ids import LockValue
-from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
+from worker.leadership.base import Leadership, LeaderTiming
+from worker.leadership.elector import LeaderElector
+from worker.leadership.maintainer import LeaderWork
+from worker.leadership.static import StaticLeader
 from worker.store import Acquired, Store
 
 KEYS = K.Keys("t:")
@@ -139,9 +142,10 @@ def start(
     group = Group("singletons", [probe])
     leader: Leadership
     if kind == "elector":
-        leader = LeaderElector(store, timing, clock, singletons=group, stop_grace_s=2)
+        leader = LeaderElector(store, timing, clock, stop_grace_s=2)
     else:
-        leader = StaticLeader(store, clock, singletons=group, stop_grace_s=2, retry_s=0.1)
+        leader = StaticLeader(store, clock, retry_s=0.1)
+    leader.listen(LeaderWork(group, stop_grace_s=2))
     run = Run(leader, probe).start()
     runs.append(run)
     return run

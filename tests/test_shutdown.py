@@ -15,7 +15,7 @@ from tests.apps.ledger import app as ledger_app
 from tests.conftest import Spawn, wait_until
 from worker import keys as K
 from worker.client import Client
-from worker.leader import EXIT_UNFENCED
+from worker.leadership.maintainer import EXIT_UNFENCED
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_operations import ledger
 from worker import keys as K
 from worker.clock import SystemClock
-from worker.leader import StaticLeader
+from worker.leadership.static import StaticLeader
 from worker.store import Acquired, Refused, Store
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,8 +8,8 @@ know roles.
 
 Groups: ``infra`` (heartbeat, health server) and ``work`` (consumer, broadcast listener,
 per-process services) run in every process for its whole life; ``leadership`` holds the
-elector, which starts the ``singletons`` group while it holds the lease and stops it on losing
-it.
+elector, whose listener (:class:`~worker.leadership.maintainer.LeaderWork`) starts the
+``singletons`` group while it holds the lease and stops it on losing it.
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ from worker.health import HealthServer
 from worker.initializer import Initializer
 from worker.jobs import JobHook
 from worker.keyed import KeyedService
-from worker.leader import NAME as LEADER_NAME
-from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
+from worker.leadership.base import NAME as LEADER_NAME
+from worker.leadership.base import Leadership, LeaderTiming
+from worker.leadership.elector import LeaderElector
+from worker.leadership.maintainer import LeaderWork
+from worker.leadership.static import StaticLeader
 from worker.metrics import Metrics
 from worker.periodic import NAME as PERIODIC_NAME
 from worker.periodic import PeriodicEnqueuer, TickHook
@@ -245,20 +248,27 @@ def _process_service(w: Wiring, sv: Any) -> Component:
 
 def _leadership(w: Wiring, _: Any) -> Component:
     s = w.settings
-    common: dict[str, Any] = {
-        "singletons": w.singletons,
-        "stop_grace_s": s.stop_grace_s,
-        "metrics": w.metrics,
-    }
+    leader: Leadership
     if s.leader_election == "static":
-        return StaticLeader(w.store, w.clock, ttl_s=s.leader_ttl_s, **common)
-    timing = LeaderTiming(
-        s.leader_ttl_s,
-        s.leader_renew_interval_s,
-        s.leader_renew_deadline_s,
-        s.leader_poll_interval_s,
-    )
-    return LeaderElector(w.leader_store(), timing, w.clock, instance=s.instance_name, **common)
+        leader = StaticLeader(w.store, w.clock, ttl_s=s.leader_ttl_s, metrics=w.metrics)
+    else:
+        timing = LeaderTiming(
+            s.leader_ttl_s,
+            s.leader_renew_interval_s,
+            s.leader_renew_deadline_s,
+            s.leader_poll_interval_s,
+        )
+        leader = LeaderElector(
+            w.leader_store(),
+            timing,
+            w.clock,
+            stop_grace_s=s.stop_grace_s,
+            metrics=w.metrics,
+            instance=s.instance_name,
+        )
+    # the election starts and stops nothing itself: the leader-only work listens to it
+    leader.listen(LeaderWork(w.singletons, stop_grace_s=s.stop_grace_s))
+    return leader
 
 
 def _initializer(w: Wiring, init: Any) -> Component:
