@@ -54,8 +54,6 @@ from worker.services import Cardinality, ServiceDef, ServiceKeys
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]
-#: A task is a job function registered with ``@app.task`` (kept as a name for readers).
-TaskDef = JobDef
 
 _NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
 

@@ -50,7 +50,8 @@ from zoneinfo import ZoneInfo
 
 import structlog
 
-from worker import App, Context, JobContext
+from worker.app import App
+from worker.context import Context, JobContext
 
 log = structlog.get_logger("worker.demo")
 

@@ -1,4 +1,5 @@
-"""Identifiers the framework builds and parses: lock values and job ids, encoder beside decoder.
+"""Identifiers the framework builds and parses: lock values, job ids and the key prefix's Redis
+Cluster hash tag, encoder beside decoder.
 
 Nothing else in the package slices these strings: whoever builds an id here is the only one who
 may take it apart again (a round-trip test pins each pair).
@@ -8,6 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from uuid import uuid4
+
+
+def hash_tag(prefix: str) -> str:
+    """The Redis Cluster hash tag a key prefix starts with, braces included (``{shop}:`` ->
+    ``{shop}``), or ``""``. An empty tag (``{}:``) is none: Redis Cluster then hashes the
+    whole key, so the app's keys would not share a slot."""
+    if prefix.startswith("{"):
+        end = prefix.find("}")
+        if end > 1:
+            return prefix[: end + 1]
+    return ""
 
 
 @dataclass(frozen=True, order=True)

@@ -26,6 +26,8 @@ from arq.constants import (
     retry_key_prefix,
 )
 
+from worker.ids import hash_tag
+
 __all__ = [
     "ACQUIRE",
     "BOOT",
@@ -161,9 +163,7 @@ class Keys:
     def slot_tag(self) -> str:
         """The Redis Cluster hash tag the prefix starts with (``{shop}``), or ``""``: every job
         id must then start with it, so arq's per-job keys share the app's slot."""
-        if self.prefix.startswith("{") and "}" in self.prefix:
-            return self.prefix[: self.prefix.index("}") + 1]
-        return ""
+        return hash_tag(self.prefix)
 
     @property
     def abort(self) -> str:
