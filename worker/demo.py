@@ -174,7 +174,7 @@ async def load_cards(
         await ctx.redis.hset(
             _key(ctx, "cards"), mapping={cid: json.dumps(card) for cid, card in batch.items()}
         )
-        now = time.time()
+        now = ctx.clock.time()
         yield (
             str(last),
             {

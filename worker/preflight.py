@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import socket
 from typing import Any
@@ -43,7 +42,7 @@ async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -
     deadline = clock.monotonic() + timeout_s
     while True:
         try:
-            await asyncio.wait_for(redis.ping(), timeout=5)
+            await clock.wait_for(redis.ping(), 5)
             return
         except Exception as exc:
             if clock.monotonic() >= deadline:

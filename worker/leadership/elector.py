@@ -207,7 +207,7 @@ class LeaderElector(Leadership):
         if self.metrics is not None:
             self.metrics.leader_transitions.labels("handoff").inc()
         try:
-            released = await asyncio.wait_for(
+            released = await self.clock.wait_for(
                 self.store.release_lock(lock, reason="handoff", instance=self.instance), 2.0
             )
             log.info("leadership handed over", epoch=lock.epoch, released=released)
@@ -284,8 +284,8 @@ class LeaderElector(Leadership):
         if lock is None:
             return
         try:
-            released = await asyncio.wait_for(
-                self.store.release_lock(lock, instance=self.instance), timeout=2.0
+            released = await self.clock.wait_for(
+                self.store.release_lock(lock, instance=self.instance), 2.0
             )
             log.info("leadership released", released=released)
         except Exception as exc:
