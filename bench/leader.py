@@ -88,7 +88,7 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     from worker import keys as K
     from worker.client import connect_redis
     from worker.clock import SystemClock
-    from worker.periodic import PeriodicEnqueuer
+    from worker.duties.periodic import PeriodicEnqueuer
     from worker.serializer import get_serializer
     from worker.store import FencedStore, Store
 
@@ -168,7 +168,7 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     from worker.client import Client, connect_redis
     from worker.clock import SystemClock
     from worker.context import Context
-    from worker.keyed import KeyedService
+    from worker.duties.keyed import KeyedService
     from worker.serializer import get_serializer
     from worker.settings import Settings
     from worker.store import Store

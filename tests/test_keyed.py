@@ -13,8 +13,8 @@ from worker import keys as K
 from worker.app import App
 from worker.clock import SystemClock
 from worker.context import Context
+from worker.duties.keyed import KeyedService, owner
 from worker.errors import ConfigError
-from worker.keyed import KeyedService, owner
 from worker.store import Store
 
 KEYS = K.Keys("t:")

@@ -41,16 +41,16 @@ from typing import Any, TypeVar, overload
 from worker.broadcast import BroadcastDef, OnStart
 from worker.checks import HealthCheckDef
 from worker.context import Context
+from worker.duties.initializer import InitializerDef
+from worker.duties.periodic import CatchUp, PeriodicDef
+from worker.duties.poller import PollerDef
+from worker.duties.services import Cardinality, ServiceDef, ServiceKeys
 from worker.errors import ConfigError
-from worker.initializer import InitializerDef
 from worker.jobs import JobDef
 from worker.keys import DEFAULT_QUEUE
 from worker.limits import parse_rate
-from worker.periodic import CatchUp, PeriodicDef
-from worker.poller import PollerDef
 from worker.retry import RetryDelay, as_delay
 from worker.schedule import make_schedule
-from worker.services import Cardinality, ServiceDef, ServiceKeys
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]

@@ -484,7 +484,7 @@ def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
     """Enqueue one run of a periodic job now."""
     from worker import admin
     from worker.client import Client
-    from worker.periodic import trigger
+    from worker.duties.periodic import trigger
     from worker.serializer import get_serializer
 
     async def run() -> int:

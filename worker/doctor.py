@@ -32,8 +32,8 @@ from worker import keys as K
 from worker.app import App
 from worker.connection import Replication
 from worker.durability import attached_replicas, describe
+from worker.duties.periodic import freshness
 from worker.ids import LockValue
-from worker.periodic import freshness
 from worker.preflight import ALLOW_EVICTION, NOEVICTION, read_eviction_policy
 from worker.settings import Settings
 from worker.store import PeriodicRuns, Store

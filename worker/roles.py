@@ -33,22 +33,22 @@ from worker.component import Backoff, Component, Group
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context
 from worker.dead import DeadLetters
+from worker.duties.initializer import Initializer, InitializerDef
+from worker.duties.keyed import KeyedService
+from worker.duties.periodic import NAME as PERIODIC_NAME
+from worker.duties.periodic import PeriodicEnqueuer, TickHook
+from worker.duties.poller import InflightHook, PollerDef, PollingScheduler
+from worker.duties.services import Service, ServiceDef
 from worker.health import HealthServer
-from worker.initializer import Initializer
 from worker.jobs import JobHook
-from worker.keyed import KeyedService
 from worker.leadership.base import NAME as LEADER_NAME
 from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
 from worker.metrics import Metrics
-from worker.periodic import NAME as PERIODIC_NAME
-from worker.periodic import PeriodicEnqueuer, TickHook
-from worker.poller import InflightHook, PollingScheduler
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
-from worker.services import Service
 from worker.settings import ROLES, Role, Settings
 from worker.store import FencedStore, Store
 from worker.views import ProcessView
@@ -229,7 +229,7 @@ def _broadcast(w: Wiring, _: Any) -> Component:
     )
 
 
-def _process_service(w: Wiring, sv: Any) -> Component:
+def _process_service(w: Wiring, sv: ServiceDef) -> Component:
     if sv.cardinality == "per_process":
         return Service(sv, w.context, w.clock)
     s = w.settings
@@ -271,12 +271,12 @@ def _leadership(w: Wiring, _: Any) -> Component:
     return leader
 
 
-def _initializer(w: Wiring, init: Any) -> Component:
+def _initializer(w: Wiring, init: InitializerDef) -> Component:
     poller = w.app.pollers.get(init.poller) if init.poller else None
     return Initializer(init, poller, w.context, w.fence(), w.clock, w.metrics)
 
 
-def _poller(w: Wiring, p: Any) -> Component:
+def _poller(w: Wiring, p: PollerDef) -> Component:
     queue = w.app.queue_of(p.task)
     return PollingScheduler(p, w.fence(), w.serializer[0], w.clock, w.metrics, queue)
 
@@ -304,7 +304,7 @@ def _backlog(w: Wiring, _: Any) -> Component:
     return QueueMetrics(w.store, w.app.queue_names(), w.clock, w.metrics)
 
 
-def _singleton_service(w: Wiring, sv: Any) -> Component:
+def _singleton_service(w: Wiring, sv: ServiceDef) -> Component:
     return Service(sv, w.context, w.clock, leader=w.leadership)
 
 

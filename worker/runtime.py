@@ -231,7 +231,7 @@ class Runtime:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_shutdown, sig.name)
             for name in ("infra", "work", "leadership"):
-                self.state.groups[name].start()  # the leadership starts the singletons itself
+                self.state.groups[name].start()  # LeaderWork starts the singletons on election
             self.state.ready = True
             self.metrics.ready.set(1)
             consumer = self.state.component("consumer")

@@ -17,8 +17,8 @@ from arq.connections import ArqRedis
 from worker import keys as K
 from worker.app import App
 from worker.clock import Clock, RedisClock, ms, on_server_time
-from worker.periodic import freshness
-from worker.poller import BoundPoller
+from worker.duties.periodic import freshness
+from worker.duties.poller import BoundPoller
 from worker.preflight import NOEVICTION, eviction_verdict, read_eviction_policy
 from worker.store import Store
 
