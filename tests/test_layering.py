@@ -1,5 +1,6 @@
-"""The layering stays honest: worker/'s import graph has no cycles (type-only imports
-included), and only the wiring module and the command line decide anything by role."""
+"""The layering stays honest: worker/'s import graph, subpackages included, has no cycles
+(type-only imports and package ``__init__`` <-> submodule included), and only the wiring module
+and the command line decide anything by role."""
 
 from __future__ import annotations
 
@@ -12,20 +13,32 @@ ROLE_AWARE = {"roles", "cli", "settings"}
 
 
 def modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.glob("*.py"))}
+    """Every module under worker/, subpackages included, by dotted name below ``worker``
+    (a subpackage's ``__init__`` by the package's name: ``web``)."""
+    out: dict[str, ast.Module] = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        parts = p.relative_to(PACKAGE).with_suffix("").parts
+        if len(parts) > 1 and parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = ast.parse(p.read_text(), str(p))
+    return out
 
 
 def imports(tree: ast.Module) -> set[str]:
-    """worker.* modules a module imports, anywhere (inside functions and TYPE_CHECKING too)."""
+    """worker.* modules a module imports, anywhere (inside functions and TYPE_CHECKING too);
+    ``from worker.web import api`` counts both ``web`` and ``web.api``."""
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == "worker":
                 out |= {a.name for a in node.names}
             elif node.module.startswith("worker."):
-                out.add(node.module.split(".")[1])
+                below = node.module.removeprefix("worker.")
+                out |= {below} | {f"{below}.{a.name}" for a in node.names}
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("worker.")}
+            out |= {
+                a.name.removeprefix("worker.") for a in node.names if a.name.startswith("worker.")
+            }
     return out
 
 
