@@ -8,10 +8,10 @@ letters, no holds sets nobody owns. Each check answers ✓ (ok), ! (warning: sho
 or ✗ (fails: the command exits 1) with a one-line explanation and, where useful, the offending
 instances or jobs below it.
 
-:func:`diagnose` gathers a :class:`Snapshot` (one read of everything, "now" being the Redis
-server's clock) and runs every check on it; each check is a pure function of the snapshot, so
-it can be tested on a hand-made one. :func:`render` prints the checklist; ``--json`` prints
-:meth:`Report.to_json`.
+:func:`diagnose` reads a :class:`~worker.snapshot.ClusterSnapshot` (the read model ``status``
+and the console read too; "now" being the Redis server's clock) and runs every check on it;
+each check is a pure function of the snapshot, so it can be tested on a hand-made one.
+:func:`render` prints the checklist; ``--json`` prints :meth:`Report.to_json`.
 
 Some checks look at moments: a leader that took over within the last heartbeat interval, or a
 tick due a second ago, can show as ✗ once. Run it again before acting; between the steps of a
@@ -26,17 +26,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from worker import keys as K
+from worker import snapshot
 from worker.app import App
 from worker.connection import Replication
-from worker.durability import attached_replicas, describe
-from worker.ids import LockValue
+from worker.durability import describe
 from worker.periodic import freshness
-from worker.preflight import ALLOW_EVICTION, NOEVICTION, read_eviction_policy
+from worker.preflight import ALLOW_EVICTION, NOEVICTION
 from worker.settings import Settings
-from worker.store import PeriodicRuns, Store
+from worker.snapshot import ClusterSnapshot, Instance
+from worker.store import Store
 
 Status = Literal["ok", "warn", "fail"]
 MARKS: dict[str, str] = {"ok": "✓", "warn": "!", "fail": "✗"}
@@ -108,87 +108,14 @@ class Limits:
         )
 
 
-@dataclass
-class Instance:
-    """A registered instance: its last heartbeat (the server's clock, ms) and record (``None``
-    once expired: it missed about 2.5 heartbeats)."""
-
-    id: str
-    heartbeat_ms: int
-    record: dict[str, Any] | None
-
-    @property
-    def name(self) -> str:
-        return str((self.record or {}).get("name") or self.id)
-
-    @property
-    def offset_ms(self) -> float | None:
-        value = (self.record or {}).get("clock_offset_ms")
-        return float(value) if isinstance(value, int | float) else None
-
-    def age_s(self, now_ms: int) -> float:
-        """Seconds since its last heartbeat, on the server's clock."""
-        return (now_ms - self.heartbeat_ms) / 1000
-
-
-@dataclass
-class Snapshot:
-    """Everything the checks judge, read once."""
-
-    now_ms: int
-    prefix: str
-    lock: LockValue | None
-    lock_pttl_ms: int
-    epoch_counter: int | None
-    lease_state: dict[str, str]
-    instances: list[Instance]
-    policy: str | None
-    policy_source: str
-    periodic_last: dict[str, int]
-    periodic_runs: dict[str, PeriodicRuns]
-    queue_head_ms: int | None
-    poller_heads: dict[str, list[int | None]]
-    dead_letters: int
-    holds: dict[str, int]
-    #: replicas attached to the primary (``INFO replication``; ``None``: not readable)
-    attached_replicas: int | None = None
-
-    @property
-    def live(self) -> list[Instance]:
-        return [i for i in self.instances if i.record is not None]
+#: The doctor judges the cluster's one read model (:mod:`worker.snapshot`).
+Snapshot = ClusterSnapshot
 
 
 async def gather(redis: Redis, keys: K.Keys, app: App, *, now_ms: int | None = None) -> Snapshot:
     """Read everything the checks need (read-only). ``now_ms``: judge at this instant instead
     of the server's clock (tests)."""
-    store = Store(redis, keys)
-    now = now_ms if now_ms is not None else round(await store.server_time_ms())
-    lock, pttl = await store.read_lock()
-    counter, lease_state = await store.lease_counters()
-    instances = [Instance(i, hb, rec) for i, hb, rec in await store.instances()]
-    policy, source = await read_eviction_policy(redis)
-    heads: dict[str, list[int | None]] = {}
-    for p in app.pollers.values():
-        shards = [keys.poll_shard(p.name, s) for s in range(p.shards)]
-        heads[p.name] = await store.queue_heads(shards)
-    return Snapshot(
-        now_ms=now,
-        prefix=keys.prefix,
-        lock=lock,
-        lock_pttl_ms=pttl,
-        epoch_counter=counter,
-        lease_state=lease_state,
-        instances=instances,
-        policy=policy,
-        policy_source=source,
-        periodic_last=await store.periodic_last(),
-        periodic_runs=await store.periodic_runs(),
-        queue_head_ms=await store.queue_head(app.queue_names()),
-        poller_heads=heads,
-        dead_letters=await store.dead_count(),
-        holds=await store.holds_sets(),
-        attached_replicas=await read_attached(redis),
-    )
+    return await snapshot.read(Store(redis, keys), app, now_ms=now_ms)
 
 
 async def diagnose(
@@ -634,14 +561,6 @@ def check_orphaned_holds(snap: Snapshot, app: App, limits: Limits) -> Check:
     return Check(
         "orphaned-holds", "ok", f"{_n(len(snap.holds), 'holds set')}, all of registered instances"
     )
-
-
-async def read_attached(redis: Redis) -> int | None:
-    """Replicas attached to the primary, as the WAIT policy counts them (``None``: unreadable)."""
-    try:
-        return attached_replicas(await redis.info("replication"))
-    except ResponseError:
-        return None
 
 
 def check_durability(snap: Snapshot, app: App, limits: Limits) -> Check:
