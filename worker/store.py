@@ -7,7 +7,7 @@ the leader may make, reads the lock value from a :class:`~worker.views.LeaderVie
 refusal to :class:`~worker.errors.LeadershipLost` after telling the view (stepping down is
 that one call).
 
-Durable writes (``WORKER_REDIS_WAIT_REPLICAS`` > 0, see docs/architecture.md §5.8): the lease's
+Durable writes (``WORKER_REDIS_WAIT_REPLICAS`` > 0, see docs/architecture.md §5.9): the lease's
 acquire and renew, fenced singleton writes, claims and finishes, enqueues, poll schedules,
 ``once``/mutex/per-key leases are each sent with ``WAIT n timeout`` in the same round trip (one
 connection, so the ``WAIT`` covers the write). ``WAIT`` cannot run inside a script, and it
