@@ -21,6 +21,7 @@ from worker.clock import SystemClock
 from worker.consumer import BadJob, ClaimGuard, Consumer, ConsumerConfig, validate
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
+from worker.limits import LimitsHook
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.store import Finish, Store
@@ -289,12 +290,13 @@ class Loop:
         ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), instance)
         store = self.client.store
         config.setdefault("queues", tuple(app.queue_names()))
+        limits = LimitsHook(store, SystemClock(), slot_lease_s=config.pop("slot_lease_s", 10.0))
         cfg = ConsumerConfig(**{"poll_delay_s": 0.01, "idle_poll_max_s": 0.02, **config})
         dead = DeadLetters(
             store, SystemClock(), instance_id=instance, max_entries=100, keep_bytes=64
         )
         self.consumer = Consumer(
-            app.jobs(), [], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
+            app.jobs(), [limits], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
             instance_id=instance, config=cfg, dead=dead,
         )  # fmt: skip
         self.stop = asyncio.Event()
