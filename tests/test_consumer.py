@@ -645,3 +645,32 @@ async def test_rate_limit_spreads_starts(r: Any, loops: list[Loop]) -> None:
     await eventually(lambda: len(starts) == 10, within=10, what="every start")
     # a burst of 5, then 5 more spread over about a second
     assert starts[-1] - starts[0] >= 0.8, starts[-1] - starts[0]
+
+
+# -- the shape ----------------------------------------------------------------------------------
+
+
+def test_the_consumer_knows_no_feature_and_stays_in_small_parts() -> None:
+    """Features attach through ``JobHook`` from the wiring: no module of ``worker/consumer/``
+    imports one; each part stays under 400 lines; a part imports siblings, never the package."""
+    import ast
+    from pathlib import Path
+
+    features = {"periodic", "poller", "limits", "broadcast", "initializer", "services", "keyed"}
+    offenders = []
+    for path in sorted((Path(__file__).parent.parent / "worker" / "consumer").glob("*.py")):
+        text = path.read_text()
+        assert len(text.splitlines()) <= 400, f"{path.name} is over 400 lines"
+        for node in ast.walk(ast.parse(text)):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "worker" and len(parts) > 1 and parts[1] in features:
+                    offenders.append(f"{path.name} imports {name}")
+                if name == "worker.consumer" and path.name != "__init__.py":
+                    offenders.append(f"{path.name} imports the package")
+    assert not offenders, offenders
