@@ -193,7 +193,7 @@ class Consumer(Component):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(completer.flush_quietly(), until - self.clock.monotonic())
             if completer.pending:
-                await asyncio.sleep(0.3)
+                await self.clock.sleep(0.3)
         if self.claims.in_doubt and self.clock.monotonic() < until:
             # a claim whose reply was lost just before the stop: give its jobs back now (a
             # process that deregisters is never reaped; they would wait for their markers)
