@@ -52,7 +52,7 @@ class Claims:
     ) -> None:
         self.store = store
         self.clock = clock
-        self.hooks = list(hooks)
+        self.hooks = [h for h in hooks if type(h).renew is not JobHook.renew]  # those renewing
         self.instance_id = instance_id
         self.doubt_s = doubt_s
         self.queues = queues

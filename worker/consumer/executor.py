@@ -59,6 +59,9 @@ class Executor:
     ) -> None:
         self.jobs = {j.name: j for j in jobs}
         self.hooks = list(hooks)
+        # only the hooks that override a step are called for it (a no-op await per job saved)
+        self._admit = [h for h in self.hooks if type(h).admit is not JobHook.admit]
+        self._release = [h for h in self.hooks if type(h).release is not JobHook.release]
         self.context = context
         self.store = store
         self.serialize, self.deserialize = serializer
@@ -134,7 +137,7 @@ class Executor:
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            for hook in self.hooks:
+            for hook in self._release:
                 with contextlib.suppress(Exception):
                     await hook.release(job, job_id)
             if self.metrics is not None:
@@ -149,10 +152,10 @@ class Executor:
     async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
         hook named, and the hooks that had let it start give back what they took."""
-        for i, hook in enumerate(self.hooks):
+        for i, hook in enumerate(self._admit):
             due_ms = await hook.admit(job, c.job_id)
             if due_ms is not None:
-                for earlier in self.hooks[:i]:
+                for earlier in self._admit[:i]:
                     await earlier.release(job, c.job_id)
                 self._end(c, run, "defer", score_ms=due_ms)
                 return False
