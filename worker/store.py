@@ -869,6 +869,18 @@ class Store:
     async def dead_count(self) -> int:
         return int(await self.redis.zcard(self.keys.dead))
 
+    async def service_keys(self, service: str) -> tuple[int, dict[str, str]]:
+        """A ``per_key`` service for operators: its member processes and each leased key's
+        owner (instance id), read with ``ZCARD``, ``SCAN`` and ``MGET``."""
+        lease_keys = [
+            _s(k) async for k in self.redis.scan_iter(match=self.keys.service_lease(service, "*"))
+        ]
+        owners = await self.redis.mget(lease_keys) if lease_keys else []
+        head = len(self.keys.service_lease(service, ""))
+        pairs = sorted(zip(lease_keys, owners, strict=True))
+        leased = {k[head:]: _s(o) for k, o in pairs if o is not None}
+        return int(await self.redis.zcard(self.keys.service_members(service))), leased
+
     async def set_holds(self, instance_id: str, job_ids: Iterable[str], ttl_ms: int) -> None:
         """Replace the set of job ids ``instance_id`` is running (for orphan recovery)."""
         key = self.keys.holds(instance_id)
