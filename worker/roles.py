@@ -46,6 +46,7 @@ from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
+from worker.limits import LimitsHook
 from worker.metrics import Metrics
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
@@ -191,8 +192,11 @@ def _consumer(w: Wiring, _: Any) -> Component:
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
         burst=w.burst,
     )
+    # the features' per-job hooks (worker.jobs.JobHook), called in this order for every job
+    store = w.store.with_redis(w.consumer_redis())
     hooks: list[JobHook] = [
-        TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id)
+        LimitsHook(store, w.clock),
+        TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id),
     ]
     if w.app.pollers:
         hooks.append(InflightHook(w.store, w.app.pollers, w.clock))
@@ -208,7 +212,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         w.app.jobs(),
         hooks,
         w.context,
-        w.store.with_redis(w.consumer_redis()),
+        store,
         w.serializer,
         w.clock,
         instance_id=w.instance_id,
