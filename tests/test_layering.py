@@ -12,20 +12,36 @@ ROLE_AWARE = {"roles", "cli", "settings"}
 
 
 def modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.glob("*.py"))}
+    """Every module of worker/, subpackages included, by dotted name under ``worker``
+    (``storage.keys``; a package's ``__init__`` by the package's name, ``storage``)."""
+    out: dict[str, ast.Module] = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        parts = p.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = ast.parse(p.read_text(), str(p))
+    return out
 
 
-def imports(tree: ast.Module) -> set[str]:
-    """worker.* modules a module imports, anywhere (inside functions and TYPE_CHECKING too)."""
+def imports(tree: ast.Module, known: set[str] | None = None) -> set[str]:
+    """worker.* modules a module imports, anywhere (inside functions and TYPE_CHECKING too),
+    by dotted name under ``worker``; ``from worker.pkg import sub`` names the submodule when
+    ``known`` has it (and the package too: Python runs its ``__init__`` first)."""
+    known = known or set()
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == "worker":
                 out |= {a.name for a in node.names}
             elif node.module.startswith("worker."):
-                out.add(node.module.split(".")[1])
+                base = node.module.removeprefix("worker.")
+                subs = {f"{base}.{a.name}" for a in node.names} & known
+                out |= subs if len(subs) == len(node.names) else subs | {base}
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("worker.")}
+            names = [a.name for a in node.names]
+            out |= {n.removeprefix("worker.") for n in names if n.startswith("worker.")}
+    if not known:  # the flat view: top-level modules only
+        out = {m.split(".")[0] for m in out}
     return out
 
 
@@ -51,14 +67,27 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def graph_of(mods: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """The import graph. ``from worker.pkg import sub`` inside ``pkg`` is an edge to ``sub``
+    only (the package's ``__init__`` is already running); from outside, to both; a name from
+    the package's ``__init__`` itself is an edge to it from anywhere."""
+    known = set(mods)
+    graph: dict[str, set[str]] = {}
+    for name, tree in mods.items():
+        if name in ("__init__", "__main__"):
+            continue
+        edges = set()
+        for m in imports(tree, known):
+            # importing a submodule from outside its package runs the package's __init__
+            parents = [".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)]
+            edges |= {m} | {p for p in parents if not name.startswith(p + ".")}
+        graph[name] = {m for m in edges if m in mods and m != name} - {"__init__", "__main__"}
+    return graph
+
+
 def test_the_import_graph_has_no_cycles() -> None:
-    mods = modules()
     # __init__ and __main__ only re-export and start; everything else is a real layer
-    graph = {
-        name: {m for m in imports(tree) if m in mods and m != name}
-        for name, tree in mods.items()
-        if name not in ("__init__", "__main__")
-    }
+    graph = graph_of(modules())
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or [])}"
 
 

@@ -21,7 +21,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.conftest import FixedLease
 from tests.topology import Node, free_port_pair, wait_for
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import SystemClock
@@ -33,7 +32,8 @@ from worker.errors import NotReplicated
 from worker.leader import LeaderElector, LeaderTiming
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
-from worker.store import DueTicks, FencedStore, NewJob, Renewal, Store
+from worker.storage import DueTicks, FencedStore, NewJob, Renewal, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("rep:")
 WAIT1 = Replication(1, 200)

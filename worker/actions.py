@@ -5,8 +5,8 @@ poller, ask the leader for a planned handoff. Each action returns an :class:`Out
 recorded with who asked, through what and when: one structlog line (``operator action``) and
 an entry in the capped ``<prefix>audit`` list the console shows. The work itself is done by
 the modules that own it (:mod:`worker.dead`, :func:`worker.periodic.trigger`,
-:meth:`Store.pause <worker.store.Store.pause>`, :meth:`Store.request_handoff
-<worker.store.Store.request_handoff>`), so an action has the same effect whichever door it
+:meth:`Store.pause <worker.storage.Store.pause>`, :meth:`Store.request_handoff
+<worker.storage.Store.request_handoff>`), so an action has the same effect whichever door it
 came through.
 """
 
@@ -152,7 +152,7 @@ class Operations:
 
     async def pause(self, kind: DutyKind, name: str) -> Outcome:
         """Pause a periodic job (its ticks are skipped) or a poller (nothing is dispatched),
-        cluster-wide (:meth:`Store.pause <worker.store.Store.pause>`)."""
+        cluster-wide (:meth:`Store.pause <worker.storage.Store.pause>`)."""
         return await self._set_paused(kind, name, paused=True)
 
     async def resume(self, kind: DutyKind, name: str) -> Outcome:

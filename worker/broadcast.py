@@ -61,7 +61,7 @@ from worker.component import Component
 from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
-from worker.store import BroadcastEntry, Store
+from worker.storage import BroadcastEntry, Store
 
 log = structlog.get_logger("worker.broadcast")
 

@@ -34,17 +34,17 @@ from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import Job
 
-from worker import keys as K
 from worker.broadcast import publish
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import RedisTarget, Replication, connect_redis, parse_redis_url
 from worker.errors import ConfigError
-from worker.keys import DEFAULT_QUEUE
 from worker.poller import BoundPoller, Pollers, due_ms
 from worker.preflight import wait_for_redis
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings
-from worker.store import NewJob, Store
+from worker.storage import NewJob, Store, open_store
+from worker.storage import keys as K
+from worker.storage.keys import DEFAULT_QUEUE
 
 __all__ = ["Client", "arq_options", "connect_redis"]
 
@@ -87,7 +87,7 @@ class Client:
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
         self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
-        self.store = store or Store(redis, keys, replication)
+        self.store = store or open_store(redis, keys, replication)
         self.app = app
         #: the Redis server's clock by default: a due time means the same on every host
         self.clock = clock or RedisClock()

@@ -58,11 +58,11 @@ from worker.component import Component
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, Outcome
-from worker.keys import DEFAULT_QUEUE
 from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
-from worker.store import FOREIGN, Claimed, Finish, Store
+from worker.storage import FOREIGN, Claimed, Finish, Store
+from worker.storage.keys import DEFAULT_QUEUE
 
 log = structlog.get_logger("worker.consumer")
 

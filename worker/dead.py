@@ -29,14 +29,14 @@ import structlog
 from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 
-from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
 from worker.connection import Replication
-from worker.keys import DEFAULT_QUEUE
 from worker.logs import TEXT_CHARS, capped
 from worker.metrics import Metrics
 from worker.serializer import json_loads, msgpack_loads
-from worker.store import Store
+from worker.storage import Store, open_store
+from worker.storage import keys as K
+from worker.storage.keys import DEFAULT_QUEUE
 
 log = structlog.get_logger("worker.dead")
 
@@ -131,7 +131,7 @@ async def list_dead(
 ) -> list[dict[str, Any]]:
     """Dead-lettered jobs newest first, ``limit`` from ``offset``, without their payloads."""
     out = []
-    for job_id, rec in await Store(redis, keys).dead_records(limit, offset):
+    for job_id, rec in await open_store(redis, keys, None).dead_records(limit, offset):
         record = rec if rec is not None else {"job_id": job_id, "reason": "?"}
         record.pop("payload_b64", None)
         out.append(record)
@@ -140,7 +140,7 @@ async def list_dead(
 
 async def all_dead_ids(redis: ArqRedis, keys: K.Keys) -> list[str]:
     """Every dead-lettered job id, newest first, read page by page."""
-    store, ids, offset = Store(redis, keys), [], 0
+    store, ids, offset = open_store(redis, keys, None), [], 0
     while page := await store.dead_records(1000, offset):
         ids += [job_id for job_id, _ in page]
         offset += len(page)
@@ -148,7 +148,7 @@ async def all_dead_ids(redis: ArqRedis, keys: K.Keys) -> list[str]:
 
 
 async def count_dead(redis: ArqRedis, keys: K.Keys) -> int:
-    return int(await redis.zcard(keys.dead))
+    return await open_store(redis, keys, None).dead_count()
 
 
 async def retry_dead(
@@ -163,7 +163,7 @@ async def retry_dead(
     ``missing`` (not dead-lettered), ``no payload`` (the job record had already expired) or
     ``truncated`` (only part of an oversized payload was kept). ``replication``: the WAIT
     policy the re-queue honours, as every enqueue (:class:`~worker.errors.NotReplicated`)."""
-    store = Store(redis, keys, replication)
+    store = open_store(redis, keys, replication)
     rec = await store.dead_record(job_id)
     if rec is not None and rec.get("truncated"):
         return "truncated"
@@ -179,4 +179,4 @@ async def retry_dead(
 
 async def purge_dead(redis: ArqRedis, keys: K.Keys) -> int:
     """Forget every dead-lettered job; returns how many there were."""
-    return await Store(redis, keys).dead_purge()
+    return await open_store(redis, keys, None).dead_purge()

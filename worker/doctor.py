@@ -28,7 +28,6 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from worker import keys as K
 from worker.app import App
 from worker.connection import Replication
 from worker.durability import attached_replicas, describe
@@ -36,7 +35,8 @@ from worker.ids import LockValue
 from worker.periodic import freshness
 from worker.preflight import ALLOW_EVICTION, NOEVICTION, read_eviction_policy
 from worker.settings import Settings
-from worker.store import PeriodicRuns, Store
+from worker.storage import PeriodicRuns, open_store
+from worker.storage import keys as K
 
 Status = Literal["ok", "warn", "fail"]
 MARKS: dict[str, str] = {"ok": "✓", "warn": "!", "fail": "✗"}
@@ -161,7 +161,7 @@ class Snapshot:
 async def gather(redis: Redis, keys: K.Keys, app: App, *, now_ms: int | None = None) -> Snapshot:
     """Read everything the checks need (read-only). ``now_ms``: judge at this instant instead
     of the server's clock (tests)."""
-    store = Store(redis, keys)
+    store = open_store(redis, keys, None)  # read-only
     now = now_ms if now_ms is not None else round(await store.server_time_ms())
     lock, pttl = await store.read_lock()
     counter, lease_state = await store.lease_counters()

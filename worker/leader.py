@@ -45,7 +45,7 @@ from worker.clock import Clock, ms
 from worker.component import Component, Group
 from worker.ids import LockValue
 from worker.metrics import Metrics
-from worker.store import Refused, Renewal, Store
+from worker.storage import Refused, Renewal, Store
 
 log = structlog.get_logger("worker.leader")
 

@@ -31,10 +31,10 @@ from worker.clock import Clock, SystemClock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import Outcome
-from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.serializer import Serialize, job_payload
-from worker.store import FencedStore, NewJob, Store
+from worker.storage import FencedStore, NewJob, Store
+from worker.storage.keys import DEFAULT_QUEUE
 
 log = structlog.get_logger("worker.poller")
 

@@ -21,12 +21,12 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, ResponseError
 
-from worker import keys as K
 from worker.clock import Clock
 from worker.connection import Replication
 from worker.errors import ConfigError
 from worker.settings import Settings, mask_url
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 
 #: The only ``maxmemory-policy`` under which no key is ever evicted.
 NOEVICTION = "noeviction"

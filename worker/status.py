@@ -14,13 +14,13 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from worker import keys as K
 from worker.app import App
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.periodic import freshness
 from worker.poller import BoundPoller
 from worker.preflight import NOEVICTION, eviction_verdict, read_eviction_policy
-from worker.store import Store
+from worker.storage import keys as K
+from worker.storage import open_store
 
 
 def _s(v: Any) -> str:
@@ -44,7 +44,7 @@ async def collect(
     """Read the cluster's state from Redis (read-only). ``allow_eviction``: this deployment's
     ``WORKER_ALLOW_EVICTION``, to judge the server's eviction policy."""
     clock = clock or RedisClock()
-    store = Store(redis, keys)
+    store = open_store(redis, keys, None)  # read-only
     await on_server_time(clock, store.server_time_ms)  # due times are on the server's clock
     now = ms(clock.time())
     queue_names = app.queue_names()

@@ -28,7 +28,6 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock, ms
@@ -36,6 +35,7 @@ from worker.consumer import validate
 from worker.context import Context, JobContext
 from worker.serializer import get_serializer
 from worker.settings import Settings
+from worker.storage import keys as K
 
 
 class Harness:
