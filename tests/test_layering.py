@@ -113,3 +113,150 @@ def test_only_the_wiring_and_the_cli_decide_by_role() -> None:
                     ):
                         offenders.append(f"{name}:{node.lineno} compares a role")
     assert not offenders, offenders
+
+
+#: The storage package: the only code that sends Redis commands.
+STORAGE = "storage"
+#: The app's example jobs use the job context's Redis as any app may.
+APP_CODE = {"demo"}
+#: Redis client methods that send a command, and what a receiver of them is called.
+REDIS_METHODS = set(
+    [
+        "get",
+        "set",
+        "mget",
+        "hget",
+        "hset",
+        "hgetall",
+        "hdel",
+        "hvals",
+        "hscan",
+        "hmget",
+        "zadd",
+        "zrem",
+        "zrange",
+        "zrangebyscore",
+        "zrevrange",
+        "zcard",
+        "zcount",
+        "zscore",
+        "zremrangebyscore",
+        "publish",
+        "pubsub",
+        "pipeline",
+        "execute_command",
+        "scan",
+        "scan_iter",
+        "delete",
+        "exists",
+        "incr",
+        "sadd",
+        "srem",
+        "smembers",
+        "scard",
+        "lrange",
+        "lpush",
+        "ltrim",
+        "xread",
+        "xadd",
+        "xrevrange",
+        "info",
+        "config_get",
+        "ping",
+        "time",
+        "eval",
+        "evalsha",
+        "script_load",
+        "register_script",
+        "pttl",
+        "expire",
+        "pexpire",
+        "getrange",
+        "flushall",
+        "acl_whoami",
+        "acl_getuser",
+        "subscribe",
+        "psubscribe",
+    ]
+)
+REDIS_RECEIVERS = ("redis", "pipe", "pubsub")
+#: Redis commands still sent outside worker/storage, module -> calls: this list only shrinks
+#: (issue 18: the consumer and the read side move theirs when they are split).
+PENDING = {
+    "client": 1,  # ping
+    "consumer": 2,  # its wake-up subscription
+    "doctor": 1,  # INFO replication
+    "leader": 2,  # its announcement subscription
+    "preflight": 5,  # ping, CONFIG GET, INFO, EXISTS
+    "status": 7,
+    "testing": 4,
+}
+
+
+def _receiver(node: ast.expr) -> str:
+    while isinstance(node, ast.Attribute | ast.Call):
+        node = node.value if isinstance(node, ast.Attribute) else node.func
+        if isinstance(node, ast.Attribute) and not isinstance(node.value, ast.Call):
+            return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def redis_calls(tree: ast.Module) -> list[int]:
+    """Lines calling a method on something named like a Redis client or pipeline
+    (``redis.get(...)``, ``self.redis.zadd(...)``, ``pipe.hset(...)``, ``redis.pubsub()``)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = _receiver(node.func).lower()
+            if node.func.attr in REDIS_METHODS and (any(w in owner for w in REDIS_RECEIVERS)):
+                out.append(node.lineno)
+    return sorted(out)
+
+
+def test_no_redis_command_outside_the_storage_package() -> None:
+    found = {
+        name: len(lines)
+        for name, tree in modules().items()
+        if not (name == STORAGE or name.startswith(STORAGE + ".")) and name not in APP_CODE
+        if (lines := redis_calls(tree))
+    }
+    grown = {m: n for m, n in found.items() if n > PENDING.get(m, 0)}
+    assert not grown, f"Redis commands outside worker/storage (move them into it): {grown}"
+
+
+def test_the_redis_call_finder_finds_calls() -> None:
+    tree = ast.parse(
+        "async def f(self, redis, r):\n    await self.redis.zadd('k', {})\n"
+        "    await redis.get('k')\n    redis.pubsub()\n    d.get('k')\n"
+    )
+    assert redis_calls(tree) == [2, 3, 4]
+
+
+def scripts() -> dict[str, str]:
+    """Every Lua script of worker/storage: a module-level string constant that calls Redis
+    and that no other constant is built from (those are fragments, such as ``FENCE``)."""
+    found: dict[str, str] = {}
+    fragments: set[str] = set()
+    for name, tree in modules().items():
+        if not name.startswith(STORAGE + "."):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                text = ast.unparse(node.value)
+                if "redis.call" in text or "redis.error_reply" in text:
+                    found[node.targets[0].id] = name
+                fragments |= {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    return {s: m for s, m in found.items() if s not in fragments}
+
+
+def test_every_script_is_used_by_exactly_one_function() -> None:
+    users: dict[str, set[str]] = {s: set() for s in scripts()}
+    for name, tree in modules().items():
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                for n in ast.walk(fn):
+                    ref = n.id if isinstance(n, ast.Name) else None
+                    if ref in users:
+                        users[ref].add(f"{name}.{fn.name}")
+    wrong = {s: sorted(u) for s, u in users.items() if len(u) != 1}
+    assert users and not wrong, f"scripts not used by exactly one function: {wrong}"

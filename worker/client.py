@@ -221,7 +221,7 @@ class Client:
         """Ask the consumer running (or about to run) ``job_id`` to cancel it: what arq's
         ``Job.abort()`` asks, in the app's own set (``<prefix>abort``, the one the consumers
         read; arq's shared ``arq:abort`` is not, so use this instead of ``Job.abort()``)."""
-        await self.redis.zadd(self.keys.abort, {job_id: ms(self.clock.time())})
+        await self.store.request_abort(job_id, ms(self.clock.time()))
 
     def unique_job_id(self, unique_key: str) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""

@@ -320,6 +320,10 @@ class ClaimOps(StoreBase):
         raw = await self.redis.mget([K.ARQ_IN_PROGRESS + j for j in job_ids])
         return [None if v is None else _s(v) for v in raw]
 
+    async def request_abort(self, job_id: str, at_ms: int) -> None:
+        """Ask for ``job_id`` to be aborted (``Client.abort``, in ``<prefix>abort``)."""
+        await self.redis.zadd(self.keys.abort, {job_id: at_ms})
+
     async def abort_requests(self) -> list[str]:
         """Job ids someone asked to abort (``Client.abort``, in ``<prefix>abort``)."""
         return [_s(v) for v in await self.redis.zrange(self.keys.abort, 0, -1)]
