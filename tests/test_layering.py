@@ -183,13 +183,7 @@ REDIS_RECEIVERS = ("redis", "pipe", "pubsub")
 #: Redis commands still sent outside worker/storage, module -> calls: this list only shrinks
 #: (issue 18: the consumer and the read side move theirs when they are split).
 PENDING = {
-    "client": 1,  # ping
-    "consumer": 2,  # its wake-up subscription
-    "doctor": 1,  # INFO replication
-    "leader": 2,  # its announcement subscription
-    "preflight": 5,  # ping, CONFIG GET, INFO, EXISTS
-    "status": 7,
-    "testing": 4,
+    "consumer": 2,  # its wake-up subscription (the consumer is being split)
 }
 
 

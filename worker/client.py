@@ -42,7 +42,7 @@ from worker.poller import BoundPoller, Pollers, due_ms
 from worker.preflight import wait_for_redis
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings
-from worker.storage import NewJob, Store, open_store
+from worker.storage import NewJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.keys import DEFAULT_QUEUE
 
@@ -121,7 +121,7 @@ class Client:
             target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
         )
         try:
-            await redis.ping()
+            await server.ping(redis)
         except BaseException:
             await redis.aclose(close_connection_pool=True)
             raise

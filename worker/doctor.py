@@ -33,10 +33,11 @@ from worker.connection import Replication
 from worker.durability import attached_replicas, describe
 from worker.ids import LockValue
 from worker.periodic import freshness
-from worker.preflight import ALLOW_EVICTION, NOEVICTION, read_eviction_policy
+from worker.preflight import ALLOW_EVICTION, NOEVICTION
 from worker.settings import Settings
-from worker.storage import PeriodicRuns, open_store
+from worker.storage import PeriodicRuns, open_store, server
 from worker.storage import keys as K
+from worker.storage.server import read_eviction_policy
 
 Status = Literal["ok", "warn", "fail"]
 MARKS: dict[str, str] = {"ok": "✓", "warn": "!", "fail": "✗"}
@@ -639,7 +640,7 @@ def check_orphaned_holds(snap: Snapshot, app: App, limits: Limits) -> Check:
 async def read_attached(redis: Redis) -> int | None:
     """Replicas attached to the primary, as the WAIT policy counts them (``None``: unreadable)."""
     try:
-        return attached_replicas(await redis.info("replication"))
+        return attached_replicas(await server.replication_info(redis))
     except ResponseError:
         return None
 

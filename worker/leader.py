@@ -32,14 +32,12 @@ never raises: in doubt the answer is no.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 from dataclasses import dataclass
 from uuid import uuid4
 
 import structlog
-from redis.asyncio import Redis
 
 from worker.clock import Clock, ms
 from worker.component import Component, Group
@@ -404,43 +402,34 @@ class LeaderElector(Leadership):
         """Pub/sub: a release wakes the campaign loop; an acquisition by anyone else makes a
         leader step down at once (its lock is gone) and raises everyone's epoch floor. Lost
         messages only cost time: polling and renewing find the same facts."""
-        redis: Redis = self.store.redis
         keys = self.store.keys
-        announce = keys.leader_announce.encode()
-        handoff = keys.leader_handoff_channel.encode()
-        listen_s = min(1.0, self.timing.renew_deadline_s / 4)
-        while not stop.is_set():
-            pubsub = redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(
-                    keys.leader_channel, keys.leader_announce, keys.leader_handoff_channel
-                )
-                while not stop.is_set():
-                    # shorter than the lease connection's socket timeout (deadline / 2)
-                    msg = await pubsub.get_message(timeout=listen_s)
-                    if msg is None or msg.get("type") != "message":
-                        continue
-                    if msg.get("channel") == handoff:
-                        epoch = self.epoch
-                        if epoch is not None and msg.get("data") == str(epoch).encode():
-                            self._handoff.set()  # the renew would tell too, a bit later
-                        continue
-                    if msg.get("channel") != announce:
-                        wake.set()
-                        continue
-                    other = LockValue.parse(msg.get("data"))
-                    if other is None:
-                        continue
-                    self.note_epoch(other.epoch)
-                    if self._lock is not None and other != self._lock:
-                        self.lost(f"another process acquired the lease (epoch {other.epoch})")
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                await self.clock.wait(stop, self.timing.poll_interval_s)
-            finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+        announce, handoff = keys.leader_announce, keys.leader_handoff_channel
+
+        def heard(channel: str, data: bytes) -> None:
+            if channel == handoff:
+                epoch = self.epoch
+                if epoch is not None and data == str(epoch).encode():
+                    self._handoff.set()  # the renew would tell too, a bit later
+                return
+            if channel != announce:
+                wake.set()
+                return
+            other = LockValue.parse(data)
+            if other is None:
+                return
+            self.note_epoch(other.epoch)
+            if self._lock is not None and other != self._lock:
+                self.lost(f"another process acquired the lease (epoch {other.epoch})")
+
+        await self.store.listen(
+            [keys.leader_channel, announce, handoff],
+            heard,
+            stop,
+            clock=self.clock,
+            # shorter than the lease connection's socket timeout (deadline / 2)
+            poll_s=min(1.0, self.timing.renew_deadline_s / 4),
+            retry_s=self.timing.poll_interval_s,
+        )
 
     async def release(self) -> None:
         lock = self._forget()

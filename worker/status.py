@@ -18,9 +18,10 @@ from worker.app import App
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.periodic import freshness
 from worker.poller import BoundPoller
-from worker.preflight import NOEVICTION, eviction_verdict, read_eviction_policy
+from worker.preflight import NOEVICTION, eviction_verdict
 from worker.storage import keys as K
 from worker.storage import open_store
+from worker.storage.server import read_eviction_policy
 
 
 def _s(v: Any) -> str:
@@ -48,19 +49,15 @@ async def collect(
     await on_server_time(clock, store.server_time_ms)  # due times are on the server's clock
     now = ms(clock.time())
     queue_names = app.queue_names()
-    async with redis.pipeline(transaction=False) as pipe:
-        for name in queue_names:
-            pipe.zcard(keys.queue_of(name))
-            pipe.zcount(keys.queue_of(name), "-inf", now)
-        pipe.zcard(keys.dead)
-        *counts, dead = await pipe.execute()
+    depths = await store.queue_depths(queue_names, now)
+    dead = await store.dead_count()
     heads = await store.queue_heads([keys.queue_of(n) for n in queue_names])
     queues = [
         {
             "name": keys.queue_of(n),
             "queue": n,
-            "depth": int(counts[2 * i]),
-            "due": int(counts[2 * i + 1]),
+            "depth": depths[i][1],
+            "due": depths[i][0],
             "oldest_due_age_s": _lag(heads[i], now),
         }
         for i, n in enumerate(queue_names)
@@ -145,18 +142,12 @@ async def collect(
     for sv in app.services.values():
         if sv.cardinality != "per_key":
             continue
-        lease_keys = [k async for k in redis.scan_iter(match=keys.service_lease(sv.name, "*"))]
-        owners = await redis.mget(lease_keys) if lease_keys else []
-        prefix_len = len(keys.service_lease(sv.name, ""))
+        processes, owners = await store.service_owners(sv.name)
         services.append(
             {
                 "name": sv.name,
-                "processes": int(await redis.zcard(keys.service_members(sv.name))),
-                "keys": {
-                    _s(k)[prefix_len:]: names.get(_s(o), _s(o))
-                    for k, o in sorted(zip(lease_keys, owners, strict=True))
-                    if o is not None
-                },
+                "processes": processes,
+                "keys": {k: names.get(o, o) for k, o in sorted(owners.items())},
             }
         )
     initializers = []

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.storage import keys as K
-from worker.storage.base import StoreBase, _score
+from worker.storage.base import StoreBase, _s, _score
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,19 @@ class JobOps(StoreBase):
             if len(head) < keep:
                 head += part[: keep - len(head)]
         return digest.hexdigest(), head
+
+    async def pop_due(self, queue: str, now_ms: int) -> tuple[str, bytes | None] | None:
+        """Take the first job due at ``now_ms`` off ``queue`` with its record (what the test
+        harness runs inline): ``(job id, its payload or None)``, ``None`` when none is due."""
+        key = self.keys.queue_of(queue)
+        due = await self.redis.zrangebyscore(key, "-inf", now_ms, 0, 1)
+        if not due:
+            return None
+        job_id = _s(due[0])
+        await self.redis.zrem(key, job_id)
+        raw = await self.redis.get(K.ARQ_JOB + job_id)
+        await self.redis.delete(K.ARQ_JOB + job_id)
+        return job_id, (bytes(raw) if raw is not None else None)
 
     async def job_payload(self, job_id: str) -> bytes | None:
         raw = await self.redis.get(K.ARQ_JOB + job_id)

@@ -18,6 +18,7 @@ from worker.storage.operators import OperatorOps
 from worker.storage.periodic import FencedPeriodicOps, PeriodicOps
 from worker.storage.poller import FencedPollerOps, PollerOps
 from worker.storage.registry import FencedRegistryOps, RegistryOps
+from worker.storage.subscriptions import SubscriptionOps
 
 
 class Store(
@@ -32,6 +33,7 @@ class Store(
     DeadOps,
     BroadcastOps,
     OperatorOps,
+    SubscriptionOps,
 ):
     """Every unfenced Redis operation of the framework, one part per concern (see
     :mod:`worker.storage`); build it with :func:`open_store`."""
