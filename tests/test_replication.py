@@ -377,9 +377,9 @@ async def test_a_dead_letter_requeue_honours_the_policy(r: Any, pair: Pair) -> N
     payload = msgpack_dumps({"t": "f"})
     await dead.set_aside("dl-1", "boom", "failed", payload, len(payload))
     with lagging(pair), pytest.raises(NotReplicated, match="dead-letter re-queue"):
-        await retry_dead(r, KEYS, "dl-1", replication=WAIT1)
+        await retry_dead(store, "dl-1")
     assert await r.exists(K.ARQ_JOB + "dl-1")  # re-queued on the primary, not acknowledged
-    assert await retry_dead(r, KEYS, "dl-1", replication=WAIT1) == "missing"
+    assert await retry_dead(store, "dl-1") == "missing"
 
 
 async def test_dead_retry_from_the_command_line_waits_for_the_replicas(

@@ -93,12 +93,7 @@ class Operations:
         results: Counter[str] = Counter()
         failed: dict[str, str] = {}
         for job_id in ids:  # one at a time, as the CLI: each is its own script call
-            outcome = await dead.retry_dead(
-                self.client.redis,
-                self.client.keys,
-                job_id,
-                replication=self.store.replication,
-            )
+            outcome = await dead.retry_dead(self.store, job_id)
             results[outcome] += 1
             if outcome != "requeued" and len(failed) < 100:
                 failed[job_id] = outcome
@@ -120,7 +115,7 @@ class Operations:
     async def purge_dead(self, job_ids: Sequence[str] | None = None) -> Outcome:
         """Forget dead letters (``None``: every one, as ``dead --purge``)."""
         if job_ids is None:
-            n = await dead.purge_dead(self.client.redis, self.client.keys)
+            n = await dead.purge_dead(self.store)
             target = "all"
         else:
             n = await self.store.dead_remove(list(job_ids))
@@ -129,7 +124,7 @@ class Operations:
         return await self._record(Outcome("purge", target, ok=True, message=message))
 
     async def _all_dead(self) -> list[str]:
-        return await dead.all_dead_ids(self.client.redis, self.client.keys)
+        return await dead.all_dead_ids(self.store)
 
     # -- periodic jobs and pollers ------------------------------------------------------------
     async def trigger(self, name: str) -> Outcome:

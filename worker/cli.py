@@ -431,25 +431,22 @@ async def _dead(settings: Settings, args: argparse.Namespace) -> int:
 
     async with admin.connect(settings, "dead") as a:
         admin.flush_notes()
-        redis, keys = a.redis, a.keys
         if args.purge:
-            say(f"purged {await dead.purge_dead(redis, keys)} dead-lettered jobs")
+            say(f"purged {await dead.purge_dead(a.store)} dead-lettered jobs")
             return 0
         ids = list(args.retry or [])
         if args.retry_all:
-            ids += await dead.all_dead_ids(redis, keys)
+            ids += await dead.all_dead_ids(a.store)
         if ids:
             ok = True
             for job_id in ids:  # one at a time: a long list never sits in memory twice
-                outcome = await dead.retry_dead(
-                    redis, keys, job_id, replication=a.store.replication
-                )
+                outcome = await dead.retry_dead(a.store, job_id)
                 ok = ok and outcome == "requeued"
                 say(f"{job_id}: {outcome}")
             return 0 if ok else 1
         page = max(1, args.page or 1)
-        records = await dead.list_dead(redis, keys, limit=dead.PAGE, offset=(page - 1) * dead.PAGE)
-        total = await dead.count_dead(redis, keys)
+        records = await dead.list_dead(a.store, limit=dead.PAGE, offset=(page - 1) * dead.PAGE)
+        total = await dead.count_dead(a.store)
     if args.json or not sys.stdout.isatty():
         say(json.dumps(records, indent=2))
     else:

@@ -118,7 +118,7 @@ class Leadership(Component):
             self._lost.set()
 
     async def settled(self, stop: asyncio.Event) -> bool:
-        """Wait out the safety gap of this lease (see ``keys.ACQUIRE``): ``True`` once
+        """Wait out the safety gap of this lease (see ``election.ACQUIRE``): ``True`` once
         singleton services may start, ``False`` if stopped or no longer leading first."""
         settled_at = self._settled_at
         if settled_at is not None:
@@ -359,7 +359,7 @@ class LeaderElector(Leadership):
 
     async def _hand_over(self) -> None:
         """A planned handoff: stop the singletons, release the lease (clean: the next holder
-        need not wait, see ``keys.ACQUIRE``) and stay a standby for ``handoff_pause_s``."""
+        need not wait, see ``election.ACQUIRE``) and stay a standby for ``handoff_pause_s``."""
         self._handoff.clear()
         lock = await self._step_down("handoff requested", planned=True)
         if lock is None:
@@ -382,7 +382,7 @@ class LeaderElector(Leadership):
         ours, so a standby takes over before the lease expires instead of after. A shorter
         block keeps the lease, as it always did. Not a clean release: the lease state keeps
         this holder's last renew, so the next holder's singleton services wait until this
-        process has certainly stopped its own (``keys.ACQUIRE``'s gap) — they are frozen in the
+        process has certainly stopped its own (``election.ACQUIRE``'s gap) — they are frozen in the
         blocked loop, not stopped."""
         lock, loop = self._lock, self._loop
         if lock is None or lock == self._blocked or self._fresh():

@@ -41,7 +41,7 @@ log = structlog.get_logger("worker.poller")
 #: How long the leader's sweep sees an in-flight entry whose job record is gone before it puts
 #: the item back (at least 3 poll intervals): the consumer that ran the job reports within it.
 SWEEP_GRACE_S = 10.0
-#: Why a failed job's item was not put back (``keys.POLL_REQUEUE``'s answers).
+#: Why a failed job's item was not put back (``poller.POLL_REQUEUE``'s answers).
 REQUEUE_SKIPPED = {0: "rescheduled by the app", -1: "removed by the app", -2: "another job"}
 
 

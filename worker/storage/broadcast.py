@@ -28,7 +28,7 @@ def _entry(key: str, entry_id: Any, fields: Mapping[Any, Any]) -> BroadcastEntry
 
 @dataclass(frozen=True)
 class BroadcastEntry:
-    """One message of a broadcast topic's stream (see ``keys.BROADCAST``): ``entry_id`` is
+    """One message of a broadcast topic's stream (see ``broadcast.BROADCAST``): ``entry_id`` is
     the readers' cursor, ``seq`` the topic's message number, ``chain`` the topics whose
     handlers caused it."""
 
@@ -91,7 +91,7 @@ class BroadcastOps(StoreBase):
         self, topic: str, payload: bytes, *, origin: str, chain: Sequence[str], history: int
     ) -> tuple[str, int]:
         """Append a message to ``topic``'s stream, capped at ``history`` entries: ``(entry
-        id, sequence number)`` (see ``keys.BROADCAST``); :class:`NotReplicated` when the
+        id, sequence number)`` (see ``broadcast.BROADCAST``); :class:`NotReplicated` when the
         replicas did not confirm it (a failover could lose it: send it again)."""
         (entry_id, seq), acked = await self._eval(
             self._script(BROADCAST),

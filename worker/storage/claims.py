@@ -14,7 +14,7 @@ CLAIM_SKIPS = 1000
 
 
 #: ``Claimed.size`` of a job id outside the app's Redis Cluster hash slot or outside the Redis
-#: user's ACL key patterns (see ``keys.CLAIM``).
+#: user's ACL key patterns (see ``claims.CLAIM``).
 FOREIGN = -2
 
 
@@ -239,7 +239,7 @@ class ClaimOps(StoreBase):
         queues: Sequence[str] = (K.DEFAULT_QUEUE,),
     ) -> int:
         """Make the jobs ``instance_id`` holds but does not know about due again (a claim
-        whose reply was lost; see ``keys.RELEASE_OWN``): how many. :class:`NotReplicated`
+        whose reply was lost; see ``claims.RELEASE_OWN``): how many. :class:`NotReplicated`
         when the replicas did not confirm it (a failover could bring the claims back)."""
         released, acked = await self._eval(
             self._script(RELEASE_OWN),
@@ -265,7 +265,7 @@ class ClaimOps(StoreBase):
         queues: Sequence[str] = (K.DEFAULT_QUEUE,),
     ) -> Claims:
         """Claim up to ``limit`` due jobs under ``token`` from ``queues``, highest priority
-        first (see ``keys.CLAIM``)."""
+        first (see ``claims.CLAIM``)."""
         raw, acked = await self._eval(
             self._script(CLAIM),
             [

@@ -15,7 +15,7 @@ from worker.storage.leases import LeaseOps
 @dataclass(frozen=True)
 class Acquired:
     """A won campaign: the new lock value, and how long singleton services must wait (ms)
-    because the previous lease was not released cleanly (see ``keys.ACQUIRE``)."""
+    because the previous lease was not released cleanly (see ``election.ACQUIRE``)."""
 
     lock: LockValue
     gap_ms: int
@@ -27,11 +27,11 @@ class Acquired:
 
 
 class Renewal(IntEnum):
-    """What a renew of the lease found (``keys.RENEW``); truthy when the lease was renewed."""
+    """What a renew of the lease found (``election.RENEW``); truthy when the lease was renewed."""
 
     LOST = 0
     RENEWED = 1
-    #: renewed, and an operator asked this epoch to hand the lease over (``keys.HANDOFF``)
+    #: renewed, and an operator asked this epoch to hand the lease over (``election.HANDOFF``)
     HANDOFF = 2
 
 
@@ -295,7 +295,7 @@ class ElectionOps(LeaseOps):
     ) -> Acquired | Refused:
         """Take the lease with a new epoch above ``floor`` if free, announcing it and noting
         it (by ``instance``) in the history; ``bound_ms`` is a holder's renew deadline + stop
-        grace (see ``keys.ACQUIRE``)."""
+        grace (see ``election.ACQUIRE``)."""
         k = self.keys
         (value, gap, other), acked = await self._eval(
             self._script(ACQUIRE),
@@ -335,14 +335,14 @@ class ElectionOps(LeaseOps):
 
     async def drop_lock(self, lock: LockValue) -> bool:
         """Delete the lease if it is ``lock`` and wake the standbys, recording *no* clean
-        release: the next holder waits out this holder's safety bound (``keys.ACQUIRE``)."""
+        release: the next holder waits out this holder's safety bound (``election.ACQUIRE``)."""
         dropped = await self.release_lease(self.keys.leader, str(lock))
         if dropped:
             await self.redis.publish(self.keys.leader_channel, str(lock.epoch))
         return dropped
 
     async def request_handoff(self, ttl_ms: int) -> int | None:
-        """Ask the current leader to hand the lease over (``keys.HANDOFF``): the epoch the
+        """Ask the current leader to hand the lease over (``election.HANDOFF``): the epoch the
         request targets, ``None`` when nobody holds the lease."""
         epoch = await self._script(HANDOFF)(
             keys=[self.keys.leader, self.keys.leader_handoff],

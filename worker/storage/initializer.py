@@ -96,7 +96,7 @@ class FencedInitializerOps(FencedBase):
     """The leader's initializer writes: begin or resume, checkpoint a batch."""
 
     async def init_begin(self, name: str, version: str, now_ms: int) -> InitProgress:
-        """Start or resume initializer ``name`` at ``version`` (``keys.INIT_BEGIN``)."""
+        """Start or resume initializer ``name`` at ``version`` (``initializer.INIT_BEGIN``)."""
         epoch = self.leader.lock.epoch if self.leader.lock else 0
         done, cursor, batches, items = await self._run(
             INIT_BEGIN, [self.keys.init_state(name)], [version, now_ms, epoch]
@@ -115,7 +115,7 @@ class FencedInitializerOps(FencedBase):
         items: Sequence[tuple[str, int, str]],
     ) -> int:
         """Write one initializer batch (``(shard key, due ms, item)``) with its checkpoint;
-        returns how many items were new (``keys.CHECKPOINT``)."""
+        returns how many items were new (``initializer.CHECKPOINT``)."""
         shard_keys: list[str] = []
         index: dict[str, int] = {}
         args: list[Any] = [version, cursor or "", next_cursor, "1" if last else "0", now_ms]

@@ -193,7 +193,7 @@ class JobOps(StoreBase):
         self, instance_id: str, runs: Sequence[Finish], *, now_ms: int, resend: bool = False
     ) -> FinishOutcome:
         """Finish runs whose claims still hold, counting finished runs per queue in the
-        minute of ``now_ms`` (see ``keys.FINISH``). ``resend``: these runs were sent before
+        minute of ``now_ms`` (see ``jobs.FINISH``). ``resend``: these runs were sent before
         without a confirmation (they may have been applied: the probe makes the ``WAIT``
         measure now)."""
         queues: list[str] = []

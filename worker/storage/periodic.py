@@ -189,7 +189,7 @@ class FencedPeriodicOps(FencedBase):
     """The leader's periodic write: enqueueing due ticks."""
 
     async def enqueue_ticks(self, due: Sequence[DueTicks], ttl_ms: int) -> list[TickOutcome]:
-        """Enqueue the ticks of several periodic jobs in one step (``keys.ENQUEUE_TICKS``); a
+        """Enqueue the ticks of several periodic jobs in one step (``periodic.ENQUEUE_TICKS``); a
         job whose recorded last tick is behind ``known_last`` comes back ``rolled_back``."""
         args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, self.keys.wake]
         queues: list[str] = []

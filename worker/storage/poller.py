@@ -248,7 +248,7 @@ class PollerOps(StoreBase):
     async def poll_requeue(
         self, shard_key: str, poller: str, item: str, job_id: str, due_ms: int
     ) -> int:
-        """Put back an item whose job ``job_id`` failed for good (``keys.POLL_REQUEUE``: 1 put
+        """Put back an item whose job ``job_id`` failed for good (``poller.POLL_REQUEUE``: 1 put
         back, 0 waiting already, -1 removed by the app, -2 carried by another job)."""
         keys = [shard_key, self.keys.poll_inflight(poller), self.keys.poll_removed(poller)]
         out, acked = await self._eval(
@@ -311,7 +311,7 @@ class FencedPollerOps(FencedBase):
         ttl_ms: int,
         queue: str = K.DEFAULT_QUEUE,
     ) -> DispatchOutcome:
-        """Move due ``items`` of one shard into ``queue``, one job each (``keys.DISPATCH``)."""
+        """Move due ``items`` of one shard into ``queue``, one job each (``poller.DISPATCH``)."""
         args: list[Any] = [
             K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms, self.keys.wake, poller,
         ]  # fmt: skip
@@ -330,7 +330,7 @@ class FencedPollerOps(FencedBase):
         self, poller: str, ended: Sequence[tuple[str, str, str]], due_ms: int
     ) -> tuple[int, int]:
         """Put back items (``(item, job id, shard key)``) whose job ended unreported, due at
-        ``due_ms`` (``keys.POLL_SWEEP``): ``(put back, forgotten)``."""
+        ``due_ms`` (``poller.POLL_SWEEP``): ``(put back, forgotten)``."""
         shard_keys: list[str] = []
         args: list[Any] = [K.ARQ_JOB, due_ms]
         for item, job_id, shard_key in ended:

@@ -97,7 +97,7 @@ class RegistryOps(StoreBase):
         self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, score_ms: int | None = None
     ) -> float:
         """Write the instance's record and heartbeat score (the server's clock unless
-        ``score_ms`` says otherwise, ``keys.HEARTBEAT``); returns the server's clock (``TIME``,
+        ``score_ms`` says otherwise, ``registry.HEARTBEAT``); returns the server's clock (``TIME``,
         in ms) read in the same script, for the clock-offset estimate."""
         score = "" if score_ms is None else score_ms
         sec, usec = await self._script(HEARTBEAT)(
