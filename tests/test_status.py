@@ -10,8 +10,9 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from worker import cli, status
+from worker import status
 from worker.app import App
+from worker.cli import cluster
 from worker.clock import FakeClock
 from worker.errors import ConfigError
 from worker.registry import Heartbeat
@@ -232,14 +233,14 @@ async def test_status_command_never_prints_the_password(
         await seeded.aclose()
     settings = Settings.model_construct(redis_url=password_server, key_prefix="t:")
     for as_json in (True, False):
-        assert await cli._status(settings, app, as_json=as_json) == 0
+        assert await cluster.show_status(settings, app, as_json=as_json) == 0
         out = capsys.readouterr()
         assert "leader-1" in out.out
         assert SECRET not in out.out + out.err
 
     wrong = password_server.replace(SECRET, SECRET + "-wrong")
     with pytest.raises(ConfigError) as info:
-        await cli._status(
+        await cluster.show_status(
             Settings.model_construct(redis_url=wrong, key_prefix="t:"), app, as_json=True
         )
     assert "status: cannot use Redis" in str(info.value)

@@ -306,3 +306,29 @@ def test_a_preview_is_rendered_only_up_to_its_cut() -> None:
     raw = preview(b"\xff" * 600, "msgpack", limit=1000)  # 2,400 characters escaped
     assert raw["format"] == "raw" and raw["truncated"] and len(raw["text"]) == 1000
     assert preview(b"\xff\xfe", "msgpack")["truncated"] is False
+
+
+async def test_the_overview_reads_the_cluster_once_per_poll(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.web import api
+
+    reads: list[str] = []
+    instances, holds = client.store.instances, client.store.holds_sets
+
+    async def counted_instances() -> Any:
+        reads.append("instances")
+        return await instances()
+
+    async def counted_holds() -> Any:
+        reads.append("holds")
+        return await holds()
+
+    monkeypatch.setattr(client.store, "instances", counted_instances)
+    monkeypatch.setattr(client.store, "holds_sets", counted_holds)
+    state = api.ConsoleState(client, ledger)
+    first = await api.overview(state)  # the doctor is due: the snapshot carries its part
+    second = await api.overview(state)  # within 5 s: the doctor's last verdict, no holds read
+    assert reads == ["instances", "holds", "instances"]
+    assert first["doctor"] == second["doctor"]
+    assert set(second["cluster"]) >= {"instances", "leader", "queues", "periodic", "pollers"}

@@ -15,9 +15,9 @@ from __future__ import annotations
 import getpass
 import socket
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
@@ -25,9 +25,8 @@ from worker import dead
 from worker.app import App
 from worker.client import Client
 from worker.clock import ms
+from worker.ids import DUTY_KINDS, DutyKind, duty
 from worker.periodic import trigger as trigger_periodic
-from worker.settings import Settings
-from worker.terminal import say
 
 log = structlog.get_logger("worker.actions")
 
@@ -37,8 +36,6 @@ AUDIT_KEEP = 200
 HANDOFF_REQUEST_TTL_S = 30.0
 #: The component every leader candidate runs (standbys included).
 CANDIDATE = "leader-election"
-
-DutyKind = Literal["periodic", "poller"]
 
 
 @dataclass(frozen=True)
@@ -86,15 +83,22 @@ class Operations:
         self.store = client.store
 
     # -- dead letters -------------------------------------------------------------------------
-    async def requeue_dead(self, job_ids: Sequence[str] | None = None) -> Outcome:
+    async def requeue_dead(
+        self,
+        job_ids: Sequence[str] | None = None,
+        each: Callable[[str, str], None] | None = None,
+    ) -> Outcome:
         """Put dead-lettered jobs back on their queue (``None``: every one), as
-        ``python -m worker dead --retry ID`` / ``--retry-all`` do."""
+        ``python -m worker dead --retry ID`` / ``--retry-all`` do. ``each(job_id, result)``
+        hears every job's result as it comes (``requeued``, ``missing``, ``truncated``…)."""
         ids = list(job_ids) if job_ids is not None else await self._all_dead()
         results: Counter[str] = Counter()
         failed: dict[str, str] = {}
         for job_id in ids:  # one at a time, as the CLI: each is its own script call
             outcome = await dead.retry_dead(self.store, job_id)
             results[outcome] += 1
+            if each is not None:
+                each(job_id, outcome)
             if outcome != "requeued" and len(failed) < 100:
                 failed[job_id] = outcome
         target = "all" if job_ids is None else _ids(ids)
@@ -121,7 +125,9 @@ class Operations:
             n = await self.store.dead_remove(list(job_ids))
             target = _ids(job_ids)
         message = f"purged {n} dead-lettered job{'s' if n != 1 else ''}"
-        return await self._record(Outcome("purge", target, ok=True, message=message))
+        return await self._record(
+            Outcome("purge", target, ok=True, message=message, details={"purged": n})
+        )
 
     async def _all_dead(self) -> list[str]:
         return await dead.all_dead_ids(self.store)
@@ -156,16 +162,16 @@ class Operations:
     async def _set_paused(self, kind: DutyKind, name: str, *, paused: bool) -> Outcome:
         action = "pause" if paused else "resume"
         known = self.app.periodics if kind == "periodic" else self.app.pollers
-        duty = f"{kind}:{name}"
-        if kind not in ("periodic", "poller") or name not in known:
+        target = duty(kind, name)
+        if kind not in DUTY_KINDS or name not in known:
             return await self._record(
-                Outcome(action, duty, ok=False, message=f"no {kind} {name!r}")
+                Outcome(action, target, ok=False, message=f"no {kind} {name!r}")
             )
-        changed = await (self.store.pause(duty) if paused else self.store.resume(duty))
+        changed = await (self.store.pause(target) if paused else self.store.resume(target))
         state = "paused" if paused else "running"
-        message = f"{duty}: {state}" + ("" if changed else f" (it already was {state})")
+        message = f"{target}: {state}" + ("" if changed else f" (it already was {state})")
         return await self._record(
-            Outcome(action, duty, ok=True, message=message, details={"changed": changed})
+            Outcome(action, target, ok=True, message=message, details={"changed": changed})
         )
 
     # -- leadership ---------------------------------------------------------------------------
@@ -235,34 +241,3 @@ def _ids(job_ids: Sequence[str]) -> str:
     if len(job_ids) <= 3:
         return ", ".join(job_ids)
     return f"{', '.join(job_ids[:3])} and {len(job_ids) - 3} more"
-
-
-async def handoff_command(settings: Settings, app: App, *, force: bool = False) -> int:
-    """``python -m worker handoff``: ask for the handoff, then wait (up to the lease TTL plus
-    a poll) for another epoch to hold the lease and print who leads. Exit 0 when the lease
-    moved, 1 when the request was refused or nothing moved in time."""
-    client = await Client.from_settings(settings, app=app)
-    try:
-        outcome = await Operations(client, app, Actor.local()).handoff(force=force)
-        say(outcome.message)
-        if not outcome.ok:
-            return 1
-        epoch = outcome.details["epoch"]
-        deadline = (
-            client.clock.monotonic() + settings.leader_ttl_s + settings.leader_poll_interval_s
-        )
-        while client.clock.monotonic() < deadline:
-            lock, _ = await client.store.read_lock()
-            if lock is not None and lock.epoch > epoch:
-                who = next(
-                    (h.instance for h in await client.store.leader_history(5)
-                     if h.epoch == lock.epoch and h.instance),
-                    "a standby",
-                )  # fmt: skip
-                say(f"epoch {lock.epoch} is held by {who}")
-                return 0
-            await client.clock.sleep(0.1)
-        say("the lease did not move in time; `python -m worker status` shows who leads")
-        return 1
-    finally:
-        await client.close()

@@ -7,7 +7,27 @@ may take it apart again (a round-trip test pins each pair).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 from uuid import uuid4
+
+#: The kinds of duty an operator pauses and resumes by name.
+DutyKind = Literal["periodic", "poller"]
+DUTY_KINDS: tuple[DutyKind, ...] = ("periodic", "poller")
+
+
+def duty(kind: DutyKind, name: str) -> str:
+    """A duty's name ``<kind>:<name>`` (``periodic:report``): what the paused set holds and
+    what ``pause``/``resume`` accept."""
+    return f"{kind}:{name}"
+
+
+def parse_duty(text: str) -> tuple[DutyKind, str] | None:
+    """``(kind, name)`` of a duty name, ``None`` when ``text`` names no kind."""
+    kind, sep, name = text.partition(":")
+    for known in DUTY_KINDS:
+        if sep and name and kind == known:
+            return known, name
+    return None
 
 
 def hash_tag(prefix: str) -> str | None:

@@ -14,18 +14,15 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
+from worker import snapshot
 from worker.app import App
-from worker.clock import Clock, RedisClock, ms, on_server_time
-from worker.periodic import freshness
-from worker.poller import BoundPoller
+from worker.clock import Clock
+from worker.ids import duty
+from worker.periodic import PeriodicDef, freshness
 from worker.preflight import NOEVICTION, eviction_verdict
+from worker.snapshot import ClusterSnapshot
 from worker.storage import keys as K
 from worker.storage import open_store
-from worker.storage.server import read_eviction_policy
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _iso(tick_ms: int | None) -> str | None:
@@ -44,148 +41,139 @@ async def collect(
 ) -> dict[str, Any]:
     """Read the cluster's state from Redis (read-only). ``allow_eviction``: this deployment's
     ``WORKER_ALLOW_EVICTION``, to judge the server's eviction policy."""
-    clock = clock or RedisClock()
-    store = open_store(redis, keys, None)  # read-only
-    await on_server_time(clock, store.server_time_ms)  # due times are on the server's clock
-    now = ms(clock.time())
-    queue_names = app.queue_names()
-    depths = await store.queue_depths(queue_names, now)
-    dead = await store.dead_count()
-    heads = await store.queue_heads([keys.queue_of(n) for n in queue_names])
+    snap = await snapshot.read(open_store(redis, keys, None), app, clock, checks=False)
+    return view(snap, app, allow_eviction=allow_eviction)
+
+
+def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> dict[str, Any]:
+    """``status``'s document (``--json``; the console's ``cluster``) of one snapshot (pure)."""
+    now = snap.now_ms
     queues = [
         {
-            "name": keys.queue_of(n),
-            "queue": n,
-            "depth": depths[i][1],
-            "due": depths[i][0],
-            "oldest_due_age_s": _lag(heads[i], now),
+            "name": q.key,
+            "queue": q.name,
+            "depth": q.depth,
+            "due": q.due,
+            "oldest_due_age_s": _lag(q.head_ms, now),
         }
-        for i, n in enumerate(queue_names)
+        for q in snap.queues
     ]
-    depth, due = queues[0]["depth"], queues[0]["due"]
-    lock, pttl = await store.read_lock()
-    periodic = await store.periodic_last()
-    runs = await store.periodic_runs()
-    paused = await store.paused()
-
-    instances = []
-    for instance_id, heartbeat_ms, rec in await store.instances():
-        info: dict[str, Any] = rec if rec is not None else {"id": instance_id}
-        info["heartbeat_age_s"] = round((now - heartbeat_ms) / 1000, 1)
-        info["alive"] = rec is not None
-        instances.append(info)
-    instances.sort(key=lambda i: (str(i.get("role", "")), str(i.get("name", ""))))
+    instances = _instances(snap)
     apps: dict[str, int] = {}
     for inst in instances:
         if inst["alive"] and isinstance(inst.get("app"), str):
             apps[inst["app"]] = apps.get(inst["app"], 0) + 1
+    return {
+        "at": _iso(now),
+        "redis": {
+            "maxmemory_policy": snap.policy,
+            "source": snap.policy_source,
+            "ok": snap.policy == NOEVICTION,
+            "eviction_allowed": allow_eviction,
+            "verdict": eviction_verdict(snap.policy, allow_eviction),
+        },
+        "prefix": snap.prefix,
+        "described_app": app.name,
+        "apps": dict(sorted(apps.items())),
+        "instances": instances,
+        "leader": _leader(snap, instances),
+        "queue": {k: queues[0][k] for k in ("name", "depth", "due")},
+        "queues": queues,
+        "periodic": [_periodic(snap, pd) for pd in app.periodics.values()],
+        "pollers": [_poller(snap, p.name, p.task) for p in app.pollers.values()],
+        "initializers": [_initializer(snap, i.name, i.version) for i in app.initializers.values()],
+        "per_key_services": [
+            {
+                "name": name,
+                "processes": processes,
+                "keys": {k: _name_of(instances, o) for k, o in leased.items()},
+            }
+            for name, (processes, leased) in snap.per_key.items()
+        ],
+        "dead_letters": snap.dead_letters,
+    }
 
+
+def _instances(snap: ClusterSnapshot) -> list[dict[str, Any]]:
+    out = []
+    for inst in snap.instances:
+        info: dict[str, Any] = dict(inst.record) if inst.record is not None else {"id": inst.id}
+        info["heartbeat_age_s"] = round((snap.now_ms - inst.heartbeat_ms) / 1000, 1)
+        info["alive"] = inst.record is not None
+        out.append(info)
+    out.sort(key=lambda i: (str(i.get("role", "")), str(i.get("name", ""))))
+    return out
+
+
+def _name_of(instances: list[dict[str, Any]], instance_id: str) -> Any:
+    return next((i.get("name") for i in instances if i.get("id") == instance_id), instance_id)
+
+
+def _leader(snap: ClusterSnapshot, instances: list[dict[str, Any]]) -> dict[str, Any]:
+    lock, pttl = snap.lock, snap.lock_pttl_ms
     leader: dict[str, Any] = {"held": lock is not None}
     if lock is not None:
         leader["epoch"] = lock.epoch
         leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl > 0 else None
-        # left by an old static leader; the next campaign replaces it (see election.ACQUIRE)
+        # left by an old static leader; the next campaign replaces it (see keys.ACQUIRE)
         leader["no_expiry"] = pttl == -1
         holder = next(
-            (i for i in instances if i.get("is_leader") and i.get("epoch") == leader["epoch"]), None
+            (i for i in instances if i.get("is_leader") and i.get("epoch") == lock.epoch), None
         )
         leader["instance"] = holder.get("name") if holder else None
         leader["lease_age_s"] = holder.get("lease_age_s") if holder else None
+    return leader
 
-    last = periodic
-    periodics = []
-    for pd in app.periodics.values():
-        run = runs.get(pd.name)
-        fresh = freshness(pd, run, now)
-        periodics.append(
-            {
-                "name": pd.name,
-                "schedule": pd.schedule.describe(),
-                "last_tick": _iso(last.get(pd.name)),
-                "next_tick": _iso(pd.schedule.next(now)),
-                "last_success": _run_end(run.success if run else None),
-                "last_failure": _run_end(run.failure if run else None),
-                "failing_since": _iso(run.failing_since_ms if run else None),
-                "success_age_s": None
-                if fresh.success_age_s is None
-                else round(fresh.success_age_s, 1),
-                "max_staleness_s": pd.max_staleness_s,
-                "stale": fresh.stale,
-                "catch_up": pd.catch_up,
-                "queue": pd.queue,
-                "paused": f"periodic:{pd.name}" in paused,
-            }
-        )
-    pollers = []
-    for p in app.pollers.values():
-        shards: list[dict[str, Any]] = [
-            dict(s) for s in await BoundPoller(p, store, clock).backlog()
-        ]
-        shard_heads = await store.queue_heads([keys.poll_shard(p.name, s) for s in range(p.shards)])
-        for shard, head in zip(shards, shard_heads, strict=True):
-            shard["lag_s"] = _lag(head, now)
-        lags = [s["lag_s"] for s in shards if s["lag_s"] is not None]
-        pollers.append(
-            {
-                "name": p.name,
-                "task": p.task,
-                "paused": f"poller:{p.name}" in paused,
-                "in_flight": await store.poll_in_flight(p.name),
-                "waiting": sum(s["waiting"] for s in shards),
-                "due": sum(s["due"] for s in shards),
-                "lag_s": max(lags) if lags else None,
-                "shards": shards,
-            }
-        )
-    services = []
-    names = {i.get("id"): i.get("name") for i in instances}
-    for sv in app.services.values():
-        if sv.cardinality != "per_key":
-            continue
-        processes, owners = await store.service_owners(sv.name)
-        services.append(
-            {
-                "name": sv.name,
-                "processes": processes,
-                "keys": {k: names.get(o, o) for k, o in sorted(owners.items())},
-            }
-        )
-    initializers = []
-    for i in app.initializers.values():
-        st = await store.init_state(i.name)
-        initializers.append(
-            {
-                "name": i.name,
-                "version": i.version,
-                "stored_version": st.get("version"),
-                "done": st.get("done") == "1" and st.get("version") == i.version,
-                "batches": int(st.get("batches", 0)),
-                "items": int(st.get("items", 0)),
-                "cursor": st.get("cursor") or None,
-            }
-        )
-    policy, source = await read_eviction_policy(redis)
+
+def _periodic(snap: ClusterSnapshot, pd: PeriodicDef) -> dict[str, Any]:
+    run = snap.periodic_runs.get(pd.name)
+    fresh = freshness(pd, run, snap.now_ms)
     return {
-        "at": _iso(now),
-        "redis": {
-            "maxmemory_policy": policy,
-            "source": source,
-            "ok": policy == NOEVICTION,
-            "eviction_allowed": allow_eviction,
-            "verdict": eviction_verdict(policy, allow_eviction),
-        },
-        "prefix": keys.prefix,
-        "described_app": app.name,
-        "apps": dict(sorted(apps.items())),
-        "instances": instances,
-        "leader": leader,
-        "queue": {"name": keys.queue_of(queue_names[0]), "depth": depth, "due": due},
-        "queues": queues,
-        "periodic": periodics,
-        "pollers": pollers,
-        "initializers": initializers,
-        "per_key_services": services,
-        "dead_letters": int(dead),
+        "name": pd.name,
+        "schedule": pd.schedule.describe(),
+        "last_tick": _iso(snap.periodic_last.get(pd.name)),
+        "next_tick": _iso(pd.schedule.next(snap.now_ms)),
+        "last_success": _run_end(run.success if run else None),
+        "last_failure": _run_end(run.failure if run else None),
+        "failing_since": _iso(run.failing_since_ms if run else None),
+        "success_age_s": None if fresh.success_age_s is None else round(fresh.success_age_s, 1),
+        "max_staleness_s": pd.max_staleness_s,
+        "stale": fresh.stale,
+        "catch_up": pd.catch_up,
+        "queue": pd.queue,
+        "paused": duty("periodic", pd.name) in snap.paused,
+    }
+
+
+def _poller(snap: ClusterSnapshot, name: str, task: str) -> dict[str, Any]:
+    state = snap.pollers[name]
+    shards: list[dict[str, Any]] = [
+        {"shard": s, "waiting": w, "due": d, "lag_s": _lag(head, snap.now_ms)}
+        for s, ((w, d), head) in enumerate(zip(state.shards, state.heads, strict=True))
+    ]
+    lags = [s["lag_s"] for s in shards if s["lag_s"] is not None]
+    return {
+        "name": name,
+        "task": task,
+        "paused": duty("poller", name) in snap.paused,
+        "in_flight": state.in_flight,
+        "waiting": sum(s["waiting"] for s in shards),
+        "due": sum(s["due"] for s in shards),
+        "lag_s": max(lags) if lags else None,
+        "shards": shards,
+    }
+
+
+def _initializer(snap: ClusterSnapshot, name: str, version: str) -> dict[str, Any]:
+    st = snap.initializers.get(name, {})
+    return {
+        "name": name,
+        "version": version,
+        "stored_version": st.get("version"),
+        "done": st.get("done") == "1" and st.get("version") == version,
+        "batches": int(st.get("batches", 0)),
+        "items": int(st.get("items", 0)),
+        "cursor": st.get("cursor") or None,
     }
 
 
@@ -246,7 +234,57 @@ def _apps_line(apps: dict[str, int], prefix: str) -> str:
 
 def render(status: dict[str, Any]) -> str:
     """A readable multi-table view of :func:`collect`'s result."""
-    out: list[str] = [f"cluster status at {status['at']}", ""]
+    out: list[str] = [f"cluster status at {status['at']}", "", *_summary(status)]
+    out += _table(
+        ["INSTANCE", "APP", "ROLE", "LEADER", "IN FLIGHT", "HEARTBEAT", "HOST", "PID", "VERSION"],
+        [
+            [
+                i.get("name", i.get("id")),
+                i.get("app"),
+                i.get("role"),
+                f"yes (epoch {i.get('epoch')})" if i.get("is_leader") else "",
+                i.get("in_flight"),
+                f"{i['heartbeat_age_s']}s ago" + ("" if i["alive"] else " STALE"),
+                i.get("host"),
+                i.get("pid"),
+                i.get("version"),
+            ]
+            for i in status["instances"]
+        ],
+    )
+    out += _periodic_table(status)
+    if status["pollers"]:
+        out += [
+            "",
+            *_table(
+                ["POLLER", "TASK", "WAITING", "DUE", "IN FLIGHT", "PER SHARD (due)"],
+                [
+                    [
+                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
+                        p["task"],
+                        p["waiting"],
+                        p["due"],
+                        p["in_flight"],
+                        " ".join(str(s["due"]) for s in p["shards"]),
+                    ]
+                    for p in status["pollers"]
+                ],
+            ),
+        ]
+    out += _initializer_table(status)
+    for sv in status.get("per_key_services", []):
+        out += [
+            "",
+            f"per_key service {sv['name']}: {len(sv['keys'])} keys running "
+            f"on {sv['processes']} processes",
+            *_table(["KEY", "INSTANCE"], [[k, o] for k, o in sv["keys"].items()]),
+        ]
+    return "\n".join(out)
+
+
+def _summary(status: dict[str, Any]) -> list[str]:
+    """The lines above the tables: apps, Redis, leader, queues, dead letters."""
+    out: list[str] = []
     apps: dict[str, int] | None = status.get("apps")
     if apps is not None:
         out.append(_apps_line(apps, status.get("prefix", "?")))
@@ -267,84 +305,49 @@ def render(status: dict[str, Any]) -> str:
         out.append("leader: none")
     for q in status.get("queues") or [status["queue"]]:
         out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)")
-    out += [f"dead letters: {status['dead_letters']}", ""]
-    out += _table(
-        ["INSTANCE", "APP", "ROLE", "LEADER", "IN FLIGHT", "HEARTBEAT", "HOST", "PID", "VERSION"],
-        [
+    return [*out, f"dead letters: {status['dead_letters']}", ""]
+
+
+def _periodic_table(status: dict[str, Any]) -> list[str]:
+    if not status["periodic"]:
+        return []
+    return [
+        "",
+        *_table(
+            ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK", "LAST SUCCESS", "LAST FAILURE"],
             [
-                i.get("name", i.get("id")),
-                i.get("app"),
-                i.get("role"),
-                f"yes (epoch {i.get('epoch')})" if i.get("is_leader") else "",
-                i.get("in_flight"),
-                f"{i['heartbeat_age_s']}s ago" + ("" if i["alive"] else " STALE"),
-                i.get("host"),
-                i.get("pid"),
-                i.get("version"),
-            ]
-            for i in status["instances"]
-        ],
-    )
-    if status["periodic"]:
-        out += [
-            "",
-            *_table(
-                ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK", "LAST SUCCESS", "LAST FAILURE"],
                 [
-                    [
-                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
-                        p["schedule"],
-                        p["last_tick"],
-                        p["next_tick"],
-                        (_ago((p.get("last_success") or {}).get("at"), status["at"]) or "-")
-                        + (" STALE" if p.get("stale") else ""),
-                        _failure_cell(p.get("last_failure"), status["at"]),
-                    ]
-                    for p in status["periodic"]
-                ],
-            ),
-        ]
-    if status["pollers"]:
-        out += [
-            "",
-            *_table(
-                ["POLLER", "TASK", "WAITING", "DUE", "IN FLIGHT", "PER SHARD (due)"],
+                    p["name"] + (" (PAUSED)" if p.get("paused") else ""),
+                    p["schedule"],
+                    p["last_tick"],
+                    p["next_tick"],
+                    (_ago((p.get("last_success") or {}).get("at"), status["at"]) or "-")
+                    + (" STALE" if p.get("stale") else ""),
+                    _failure_cell(p.get("last_failure"), status["at"]),
+                ]
+                for p in status["periodic"]
+            ],
+        ),
+    ]
+
+
+def _initializer_table(status: dict[str, Any]) -> list[str]:
+    if not status["initializers"]:
+        return []
+    return [
+        "",
+        *_table(
+            ["INITIALIZER", "VERSION", "DONE", "BATCHES", "ITEMS", "CURSOR"],
+            [
                 [
-                    [
-                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
-                        p["task"],
-                        p["waiting"],
-                        p["due"],
-                        p["in_flight"],
-                        " ".join(str(s["due"]) for s in p["shards"]),
-                    ]
-                    for p in status["pollers"]
-                ],
-            ),
-        ]
-    if status["initializers"]:
-        out += [
-            "",
-            *_table(
-                ["INITIALIZER", "VERSION", "DONE", "BATCHES", "ITEMS", "CURSOR"],
-                [
-                    [
-                        i["name"],
-                        i["version"],
-                        "yes" if i["done"] else "no",
-                        i["batches"],
-                        i["items"],
-                        i["cursor"],
-                    ]
-                    for i in status["initializers"]
-                ],
-            ),
-        ]
-    for sv in status.get("per_key_services", []):
-        out += [
-            "",
-            f"per_key service {sv['name']}: {len(sv['keys'])} keys running "
-            f"on {sv['processes']} processes",
-            *_table(["KEY", "INSTANCE"], [[k, o] for k, o in sv["keys"].items()]),
-        ]
-    return "\n".join(out)
+                    i["name"],
+                    i["version"],
+                    "yes" if i["done"] else "no",
+                    i["batches"],
+                    i["items"],
+                    i["cursor"],
+                ]
+                for i in status["initializers"]
+            ],
+        ),
+    ]

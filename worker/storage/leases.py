@@ -124,18 +124,17 @@ class LeaseOps(StoreBase):
             _, _, members = await pipe.execute()
         return [_s(m) for m in members]
 
-    async def service_owners(self, service: str) -> tuple[int, dict[str, str]]:
-        """A per_key service's members (processes running it) and its held keys: ``(members,
-        {key: owning instance id})`` (read-only; ``SCAN`` for the lease keys)."""
-        pattern = self.keys.service_lease(service, "*")
-        lease_keys = [k async for k in self.redis.scan_iter(match=pattern)]
+    async def service_keys(self, service: str) -> tuple[int, dict[str, str]]:
+        """A ``per_key`` service for operators: its member processes and each leased key's
+        owner (instance id), read with ``ZCARD``, ``SCAN`` and ``MGET``."""
+        lease_keys = [
+            _s(k) async for k in self.redis.scan_iter(match=self.keys.service_lease(service, "*"))
+        ]
         owners = await self.redis.mget(lease_keys) if lease_keys else []
-        members = int(await self.redis.zcard(self.keys.service_members(service)))
         head = len(self.keys.service_lease(service, ""))
-        held = {
-            _s(k)[head:]: _s(o) for k, o in zip(lease_keys, owners, strict=True) if o is not None
-        }
-        return members, held
+        pairs = sorted(zip(lease_keys, owners, strict=True))
+        leased = {k[head:]: _s(o) for k, o in pairs if o is not None}
+        return int(await self.redis.zcard(self.keys.service_members(service))), leased
 
     async def service_leave(self, service: str, instance_id: str) -> None:
         await self.redis.zrem(self.keys.service_members(service), instance_id)

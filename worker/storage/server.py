@@ -8,6 +8,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from worker.durability import attached_replicas
 from worker.storage.base import _s
 
 
@@ -49,3 +50,11 @@ async def touch(redis: Any, key: str) -> None:
     """``EXISTS key``: raises :class:`~redis.exceptions.NoPermissionError` when the Redis
     user may not use ``key``."""
     await redis.exists(key)
+
+
+async def read_attached(redis: Any) -> int | None:
+    """Replicas attached to the primary, as the WAIT policy counts them (``None``: unreadable)."""
+    try:
+        return attached_replicas(await replication_info(redis))
+    except ResponseError:
+        return None

@@ -1,8 +1,9 @@
 """The console's JSON views: what the page shows, read from Redis only.
 
-:func:`overview` is one document for every panel but the dead letters: the cluster view of
-:func:`worker.status.collect` (the same reads as ``python -m worker status``), the doctor's
-verdict (:func:`worker.doctor.diagnose`, at most every :data:`DOCTOR_EVERY_S`), per-minute
+:func:`overview` is one document for every panel but the dead letters, from one read of the
+cluster's read model (:func:`worker.snapshot.read`, what ``status`` and ``doctor`` read): its
+status view (:func:`worker.status.view`), the doctor's verdict on it (:func:`worker.doctor.judge`,
+at most every :data:`DOCTOR_EVERY_S`, the snapshot then read with the checks' part), per-minute
 throughput per queue, leadership history and the operators' recent actions. Dead letters are
 paged (:func:`dead_page`: records without their payloads, so a page costs about what it
 returns), one at a time in detail (:func:`dead_detail`, payload preview cut to
@@ -20,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker import doctor, status
+from worker import doctor, snapshot, status
 from worker.app import App
 from worker.client import Client
 from worker.clock import ms
@@ -51,14 +52,17 @@ class ConsoleState:
     limits: doctor.Limits = field(default_factory=doctor.Limits)
     _doctor: tuple[float, dict[str, Any]] | None = None
 
-    async def doctor_report(self) -> dict[str, Any]:
-        """The checklist's verdict, re-run at most every :data:`DOCTOR_EVERY_S`."""
-        now = self.client.clock.monotonic()
-        if self._doctor is None or now - self._doctor[0] >= DOCTOR_EVERY_S:
-            report = await doctor.diagnose(
-                self.client.redis, self.client.keys, self.app, limits=self.limits
-            )
-            self._doctor = (now, report.to_json())
+    def doctor_due(self) -> bool:
+        """Whether the checklist is to run again (every :data:`DOCTOR_EVERY_S`)."""
+        last = self._doctor
+        return last is None or self.client.clock.monotonic() - last[0] >= DOCTOR_EVERY_S
+
+    def doctor_report(self, snap: snapshot.ClusterSnapshot | None) -> dict[str, Any]:
+        """The checklist's verdict on ``snap`` (read with the checks' part), else the last."""
+        if snap is not None:
+            report = doctor.judge(snap, self.app, self.limits)
+            self._doctor = (self.client.clock.monotonic(), report.to_json())
+        assert self._doctor is not None
         return self._doctor[1]
 
 
@@ -66,21 +70,17 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
     """Every panel but the dead letters (see module docstring)."""
     client = state.client
     store = client.store
-    cluster = await status.collect(
-        client.redis,
-        client.keys,
-        state.app,
-        client.clock,
-        allow_eviction=state.limits.allow_eviction,
-    )
-    now_ms = ms(client.clock.time())  # after collect, which syncs a client's clock
+    judge = state.doctor_due()
+    snap = await snapshot.read(store, state.app, client.clock, checks=judge)
+    cluster = status.view(snap, state.app, allow_eviction=state.limits.allow_eviction)
+    now_ms = ms(client.clock.time())  # after the read, which syncs a client's clock
     series = await store.throughput(state.app.queue_names(), now_ms, MINUTES)
     for q in cluster["queues"]:
         points = series.get(q["queue"], [])
         q["throughput"] = [[at, done, failed] for at, done, failed in points]
         q["done_last_hour"] = sum(p[1] for p in points)
         q["failed_last_hour"] = sum(p[2] for p in points)
-    report = await state.doctor_report()
+    report = state.doctor_report(snap if judge else None)
     history = [
         {"epoch": h.epoch, "at_ms": h.at_ms, "reason": h.reason, "instance": h.instance}
         for h in await store.leader_history(RECENT)

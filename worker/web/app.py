@@ -40,6 +40,7 @@ from worker.httpguard import (
     one_request,
     parse_hosts,
 )
+from worker.ids import DUTY_KINDS, DutyKind
 from worker.settings import Settings, mask_url
 from worker.web import api
 from worker.web.auth import Guard, Handler, operator, secure_headers
@@ -245,11 +246,12 @@ def _name(body: dict[str, Any]) -> str:
     return name
 
 
-def _kind(body: dict[str, Any]) -> Any:
+def _kind(body: dict[str, Any]) -> DutyKind:
     kind = body.get("kind")
-    if kind not in ("periodic", "poller"):
-        raise _bad('"kind" is "periodic" or "poller"')
-    return kind
+    for known in DUTY_KINDS:
+        if kind == known:
+            return known
+    raise _bad('"kind" is "periodic" or "poller"')
 
 
 async def _requeue(ops: Operations, body: dict[str, Any]) -> Outcome:
