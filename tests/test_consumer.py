@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -20,6 +20,8 @@ from worker.clock import SystemClock
 from worker.consumer import BadJob, ClaimGuard, Consumer, ConsumerConfig, validate
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
+from worker.jobs import JobDef, JobHook, Outcome
+from worker.limits import LimitsHook
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import Finish, Store
@@ -284,17 +286,20 @@ async def test_guard_cancels_a_job_whose_claim_was_lost() -> None:
 class Loop:
     """A consumer running as a task on ``r``, with a client to enqueue."""
 
-    def __init__(self, r: Any, app: App, instance: str = "i-1", **config: Any) -> None:
+    def __init__(
+        self, r: Any, app: App, instance: str = "i-1", hooks: Sequence[JobHook] = (), **config: Any
+    ) -> None:
         self.client = Client(r, keys=KEYS, serialize=msgpack_dumps, app=app)
         ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), instance)
         store = self.client.store
         config.setdefault("queues", tuple(app.queue_names()))
+        limits = LimitsHook(store, SystemClock(), slot_lease_s=config.pop("slot_lease_s", 10.0))
         cfg = ConsumerConfig(**{"poll_delay_s": 0.01, "idle_poll_max_s": 0.02, **config})
         dead = DeadLetters(
             store, SystemClock(), instance_id=instance, max_entries=100, keep_bytes=64
         )
         self.consumer = Consumer(
-            app.jobs(), [], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
+            app.jobs(), [limits, *hooks], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
             instance_id=instance, config=cfg, dead=dead,
         )  # fmt: skip
         self.stop = asyncio.Event()
@@ -643,3 +648,70 @@ async def test_rate_limit_spreads_starts(r: Any, loops: list[Loop]) -> None:
     await eventually(lambda: len(starts) == 10, within=10, what="every start")
     # a burst of 5, then 5 more spread over about a second
     assert starts[-1] - starts[0] >= 0.8, starts[-1] - starts[0]
+
+
+class Recorder(JobHook):
+    """A feature's hook: defers each job once, then records every step the consumer calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def admit(self, job: JobDef, job_id: str) -> int | None:
+        self.calls.append("admit")
+        return None if "admit" in self.calls[:-1] else int(time.time() * 1000) + 50
+
+    def context(self, job_id: str) -> Mapping[str, Any]:
+        self.calls.append("context")
+        return {"mark": "from the hook"}
+
+    async def release(self, job: JobDef, job_id: str) -> None:
+        self.calls.append("release")
+
+    async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
+        self.calls.append(f"ended:{outcome}")
+
+
+async def test_hooks_admit_defer_add_context_and_see_each_end(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    seen: list[tuple[str, int]] = []
+
+    @app.task(max_tries=1)  # a deferral gives its try back
+    async def work(ctx: JobContext) -> None:
+        seen.append((ctx["mark"], ctx.job_try))
+
+    rec = Recorder()
+    lp = Loop(r, app, hooks=[rec])
+    loops.append(lp.start())
+    await lp.client.enqueue("work")
+    await eventually(lambda: "ended:success" in rec.calls, what="the run's end")
+    assert seen == [("from the hook", 1)]
+    assert rec.calls == ["admit", "admit", "context", "release", "ended:success"]
+
+
+# -- the shape ----------------------------------------------------------------------------------
+
+
+def test_the_consumer_knows_no_feature_and_stays_in_small_parts() -> None:
+    """Features attach through ``JobHook`` from the wiring: no module of ``worker/consumer/``
+    imports one; each part stays under 400 lines; a part imports siblings, never the package."""
+    import ast
+    from pathlib import Path
+
+    features = {"periodic", "poller", "limits", "broadcast", "initializer", "services", "keyed"}
+    offenders = []
+    for path in sorted((Path(__file__).parent.parent / "worker" / "consumer").glob("*.py")):
+        text = path.read_text()
+        assert len(text.splitlines()) <= 400, f"{path.name} is over 400 lines"
+        for node in ast.walk(ast.parse(text)):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "worker" and len(parts) > 1 and parts[1] in features:
+                    offenders.append(f"{path.name} imports {name}")
+                if name == "worker.consumer" and path.name != "__init__.py":
+                    offenders.append(f"{path.name} imports the package")
+    assert not offenders, offenders

@@ -180,11 +180,8 @@ REDIS_METHODS = set(
     ]
 )
 REDIS_RECEIVERS = ("redis", "pipe", "pubsub")
-#: Redis commands still sent outside worker/storage, module -> calls: this list only shrinks
-#: (issue 18: the consumer and the read side move theirs when they are split).
-PENDING = {
-    "consumer": 2,  # its wake-up subscription (the consumer is being split)
-}
+#: Redis commands still sent outside worker/storage, module -> calls: none (keep it so).
+PENDING: dict[str, int] = {}
 
 
 def _receiver(node: ast.expr) -> str:

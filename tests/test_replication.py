@@ -218,7 +218,7 @@ async def test_a_claim_the_replicas_did_not_confirm_waits_unstarted(r: Any, pair
         task = asyncio.create_task(consumer.run(stop))
         await eventually(lambda: _claimed(r, job_ids), what="the batch claimed")
         await asyncio.sleep(0.6)  # several confirmation checks, all short of the replica
-        assert ran == [] and len(consumer._unconfirmed) == 5
+        assert ran == [] and len(consumer.fetch.unconfirmed) == 5
     await eventually(lambda: _done(r, job_ids), what="the batch to run once confirmed")
     assert sorted(ran) == sorted(j for j in job_ids if j)
     stop.set()
@@ -245,12 +245,12 @@ async def test_ends_the_replicas_did_not_confirm_are_sent_again(r: Any, pair: Pa
         await eventually(lambda: _done(r, [job_id]), what="the end written on the primary")
 
         async def pending() -> bool:
-            return bool(consumer._resend)
+            return bool(consumer.completer.resend)
 
         await eventually(pending, what="the end kept for sending again")
         # as if a failover lost that end: the claim is back on the (new) primary
         # (one transaction: the consumer's next resend must not land half-way through it)
-        token = consumer._resend[0].token
+        token = consumer.completer.resend[0].token
         async with r.pipeline(transaction=True) as tx:
             tx.set(K.ARQ_IN_PROGRESS + job_id, token)
             tx.set(K.ARQ_JOB + job_id, b"x")
@@ -258,10 +258,10 @@ async def test_ends_the_replicas_did_not_confirm_are_sent_again(r: Any, pair: Pa
             tx.delete(K.ARQ_RESULT + job_id)
             await tx.execute()
         await eventually(lambda: _done(r, [job_id]), what="the end sent again, same claim")
-        assert consumer._resend  # applied, still not confirmed
+        assert consumer.completer.resend  # applied, still not confirmed
 
     async def confirmed() -> bool:
-        return not consumer._resend
+        return not consumer.completer.resend
 
     await eventually(confirmed, what="the end confirmed")
     assert await r.exists(K.ARQ_RESULT + job_id)

@@ -9,18 +9,27 @@ limit") are the reason: the limits live in Redis, so they hold across every cons
 - ``rate="N/s"`` (``/m``, ``/h``): a generic cell rate algorithm (one timestamp in Redis):
   N starts per period, bursts of up to N.
 
-A job over a limit is deferred (put back, its try given back), never failed.
+A job over a limit is deferred (put back, its try given back), never failed: the consumer
+asks :class:`LimitsHook` (registered in ``worker/roles.py``) before each job starts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import re
 
+from worker.clock import Clock, ms
 from worker.errors import ConfigError
+from worker.jobs import JobDef, JobHook
+from worker.storage import Store
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)s?\s*$")
 _UNIT_S = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
 _UNIT_S |= {"h": 3600.0, "hour": 3600.0}
+#: Lease of a concurrency slot, renewed while its job runs (a dead holder's slot comes back
+#: after at most this long).
+SLOT_LEASE_S = 10.0
 
 
 def parse_rate(text: str) -> tuple[int, float]:
@@ -32,3 +41,47 @@ def parse_rate(text: str) -> tuple[int, float]:
     if per <= 0:
         raise ConfigError(f"task rate={text!r}: the period must be positive")
     return int(m.group(1)), per
+
+
+class LimitsHook(JobHook):
+    """Consumer hook: a limited task's job takes its concurrency slot and rate allowance before
+    it starts (deferred, its try given back, while either is not free), renews its slot while it
+    runs, and gives the slot back when it ends."""
+
+    def __init__(self, store: Store, clock: Clock, *, slot_lease_s: float = SLOT_LEASE_S) -> None:
+        self.store = store
+        self.clock = clock
+        self.slot_lease_s = slot_lease_s
+        self.slots: dict[str, str] = {}  # job id -> task, concurrency slots held
+
+    async def admit(self, job: JobDef, job_id: str) -> int | None:
+        if not (job.max_concurrency or job.rate):
+            return None
+        now = ms(self.clock.time())
+        wait = 0
+        if job.max_concurrency:
+            lease = ms(self.slot_lease_s)
+            wait = await self.store.take_slot(job.name, job_id, now, lease, job.max_concurrency)
+            if not wait:
+                self.slots[job_id] = job.name
+        if not wait and job.rate:
+            wait = await self.store.take_rate(job.name, now, *job.rate)
+            if wait and self.slots.pop(job_id, None) is not None:
+                await self.store.release_slot(job.name, job_id)  # not starting after all
+        if not wait:
+            return None
+        return now + min(wait, 1000) + random.randint(0, 50)  # look again soon; spread the herd
+
+    async def release(self, job: JobDef, job_id: str) -> None:
+        if self.slots.pop(job_id, None) is not None:
+            with contextlib.suppress(Exception):
+                await self.store.release_slot(job.name, job_id)
+
+    async def renew(self) -> None:
+        """Keep the concurrency slots of running jobs."""
+        if not self.slots:
+            return
+        by_task: dict[str, list[str]] = {}
+        for job_id, task in self.slots.items():
+            by_task.setdefault(task, []).append(job_id)
+        await self.store.renew_slots(by_task, ms(self.clock.time() + self.slot_lease_s))

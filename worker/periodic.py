@@ -33,7 +33,7 @@ from worker.client import Client
 from worker.clock import Clock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
-from worker.jobs import JobDef, Outcome, TaskFn
+from worker.jobs import JobDef, JobHook, Outcome, TaskFn
 from worker.metrics import Metrics
 from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
@@ -333,7 +333,7 @@ class PeriodicEnqueuer(LoopComponent):
             log.info("tick already enqueued elsewhere", job=job.name, deduplicated=out.duplicate)
 
 
-class TickHook:
+class TickHook(JobHook):
     """Consumer hook: a periodic job's ``ctx.tick`` comes from its job id, and how each of its
     runs ended (success, or failure with the error's class; not a retry: it runs again) is
     recorded cluster-wide with one script call (:meth:`Store.periodic_result`)."""

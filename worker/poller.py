@@ -30,7 +30,7 @@ from arq.constants import expires_extra_ms
 from worker.clock import Clock, SystemClock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
-from worker.jobs import Outcome
+from worker.jobs import JobHook, Outcome
 from worker.metrics import Metrics
 from worker.serializer import Serialize, job_payload
 from worker.storage import FencedStore, NewJob, Store
@@ -251,7 +251,7 @@ class PollingScheduler(LoopComponent):
         return len(due)
 
 
-class InflightHook:
+class InflightHook(JobHook):
     """Consumer hook: settle a poll item once its job ended. Success forgets the item's in-flight
     entry (the task rescheduled it, or it is done); a failure for good puts the item back, due
     the poller's ``failure_delay_s`` later; a retry leaves it in flight."""

@@ -39,6 +39,7 @@ from worker.jobs import JobHook
 from worker.keyed import KeyedService
 from worker.leader import NAME as LEADER_NAME
 from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
+from worker.limits import LimitsHook
 from worker.metrics import Metrics
 from worker.periodic import NAME as PERIODIC_NAME
 from worker.periodic import PeriodicEnqueuer, TickHook
@@ -188,8 +189,11 @@ def _consumer(w: Wiring, _: Any) -> Component:
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
         burst=w.burst,
     )
+    # the features' per-job hooks (worker.jobs.JobHook), called in this order for every job
+    store = w.store.with_redis(w.consumer_redis())
     hooks: list[JobHook] = [
-        TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id)
+        LimitsHook(store, w.clock),
+        TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id),
     ]
     if w.app.pollers:
         hooks.append(InflightHook(w.store, w.app.pollers, w.clock))
@@ -205,7 +209,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         w.app.jobs(),
         hooks,
         w.context,
-        w.store.with_redis(w.consumer_redis()),
+        store,
         w.serializer,
         w.clock,
         instance_id=w.instance_id,

@@ -115,7 +115,7 @@ def _leader(snap: ClusterSnapshot, instances: list[dict[str, Any]]) -> dict[str,
     if lock is not None:
         leader["epoch"] = lock.epoch
         leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl > 0 else None
-        # left by an old static leader; the next campaign replaces it (see keys.ACQUIRE)
+        # left by an old static leader; the next campaign replaces it (see election.ACQUIRE)
         leader["no_expiry"] = pttl == -1
         holder = next(
             (i for i in instances if i.get("is_leader") and i.get("epoch") == lock.epoch), None

@@ -1,0 +1,120 @@
+"""The claims a consumer holds: its runs, their fencing tokens, and the checks that keep them.
+
+Each claim carries a token ``<instance id>/<n>``; a run finishes only while its marker still
+holds that token. While jobs run (or one waits in doubt) :meth:`Claims.check` confirms the
+tokens, lets each hook renew what its running jobs hold, and cancels a run whose claim another
+consumer took over (:class:`~worker.consumer.guard.ClaimGuard` holds every step meanwhile).
+A claim round trip whose reply was lost leaves jobs claimed in our name that no run of ours
+knows: :meth:`Claims.release_unknown` gives them back before the next claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from worker.clock import Clock, ms
+from worker.consumer.guard import ClaimGuard
+from worker.jobs import JobHook
+from worker.storage import Store
+
+log = structlog.get_logger("worker.consumer")
+
+
+@dataclass
+class Run:
+    """One claimed job while it runs (owned by :class:`Claims`)."""
+
+    job_id: str
+    token: str
+    task: asyncio.Task[None] | None = None
+    aborted: bool = False
+    started: float = field(default=0.0)
+    ended: bool = False  # its end is recorded (or queued to be): no claim to check any more
+
+
+class Claims:
+    """The runs table and the claim checks; the only writer of :attr:`running`'s entries'
+    ``aborted`` and of :attr:`in_doubt`."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        hooks: Sequence[JobHook],
+        *,
+        instance_id: str,
+        doubt_s: float,
+        queues: tuple[str, ...],
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.hooks = [h for h in hooks if type(h).renew is not JobHook.renew]  # those renewing
+        self.instance_id = instance_id
+        self.doubt_s = doubt_s
+        self.queues = queues
+        self.guard = ClaimGuard(clock, doubt_s)
+        self.running: dict[str, Run] = {}
+        #: a claim round trip failed: it may have claimed jobs no run of ours knows about
+        self.in_doubt = False
+
+    async def check(self, stop: asyncio.Event) -> None:
+        """While jobs run (or one waits in doubt): confirm the claims, cancel lost ones."""
+        interval = max(0.05, self.doubt_s / 4)
+        while not stop.is_set():
+            await self.clock.wait((stop, self.guard.wanted), interval)
+            if stop.is_set() or not (self.running or self.guard.wanted.is_set()):
+                continue
+            ids = [job_id for job_id, run in self.running.items() if not run.ended]
+            sent = self.clock.monotonic()
+            try:
+                tokens = await self.store.claim_tokens(ids)
+                for hook in self.hooks:  # e.g. keep the concurrency slots of running jobs
+                    await hook.renew()
+            except Exception as exc:
+                log.warning("claim check failed", error=f"{type(exc).__name__}: {exc}")
+                await self.clock.wait(stop, interval)
+                continue
+            lost = {
+                job_id
+                for job_id, token in zip(ids, tokens, strict=True)
+                if job_id in self.running
+                and not self.running[job_id].ended  # ended meanwhile: FINISH may have run
+                and token != self.running[job_id].token
+            }
+            self.guard.checked(sent, lost)
+            for job_id in lost:
+                run = self.running.get(job_id)
+                if run is not None and run.task is not None:
+                    log.warning(
+                        "job claim taken over by another consumer; cancelling", job_id=job_id
+                    )
+                    run.task.cancel()
+
+    async def release_unknown(self, known: Iterable[str]) -> None:
+        """Make the jobs held in our name that we do not know about due again (a claim whose
+        reply was lost); the runs we know (running, held, ending: ``known`` besides the
+        running ones) keep their claims."""
+        keep = {*self.running, *known}
+        released = await self.store.release_own(
+            self.instance_id, sorted(keep), ms(self.clock.time()), self.queues
+        )
+        self.in_doubt = False
+        if released:
+            log.warning(
+                "gave back jobs claimed in a round trip whose reply was lost; they run again",
+                jobs=released,
+            )
+
+    async def abort_requested(self) -> None:
+        """Cancel the runs of ours whose abort was requested (``Client.abort``)."""
+        mine = [j for j in await self.store.abort_requests() if j in self.running]
+        for job_id in mine:
+            run = self.running[job_id]
+            run.aborted = True
+            if run.task is not None:
+                run.task.cancel()
+        await self.store.aborts_handled(mine)

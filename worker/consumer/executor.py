@@ -1,0 +1,327 @@
+"""The one-job executor: runs one claimed job from its record to its end.
+
+Checks the envelope, the try counter and every hook's admission; builds the job's ``ctx``;
+runs the function under its timeout and the claim guard; and turns how it ended into one
+``Finish`` for the completer: a result (arq's record), a retry (arq's ``Retry``, a retried
+exception, a cancellation), a deferral (a hook held it back), or a dead letter. Semantics
+follow arq: retries up to ``max_tries``, job timeouts, ``keep_result``, aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from arq.jobs import serialize_result
+from arq.worker import Retry, RetryJob
+
+from worker.clock import Clock, ms
+from worker.consumer.claims import Run
+from worker.consumer.completer import Completer
+from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
+from worker.consumer.envelope import BadJob, decode
+from worker.consumer.guard import ClaimGuard
+from worker.context import Context, JobContext
+from worker.dead import DeadLetters
+from worker.jobs import JobDef, JobHook, Outcome
+from worker.logs import capped
+from worker.metrics import Metrics
+from worker.serializer import Deserialize, Serialize
+from worker.storage import FOREIGN, Claimed, Finish, Store
+
+log = structlog.get_logger("worker.consumer")
+
+
+class Executor:
+    """Runs one job at a time per call (many calls run concurrently); holds no state of its
+    own besides the counters in :attr:`totals`."""
+
+    def __init__(
+        self,
+        jobs: Sequence[JobDef],
+        hooks: Sequence[JobHook],
+        context: Context,
+        store: Store,
+        serializer: tuple[Serialize, Deserialize],
+        clock: Clock,
+        guard: ClaimGuard,
+        completer: Completer,
+        *,
+        instance_id: str,
+        config: ConsumerConfig,
+        dead: DeadLetters,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.jobs = {j.name: j for j in jobs}
+        self.hooks = list(hooks)
+        # only the hooks that override a step are called for it (a no-op await per job saved)
+        self._admit = [h for h in self.hooks if type(h).admit is not JobHook.admit]
+        self._release = [h for h in self.hooks if type(h).release is not JobHook.release]
+        self.context = context
+        self.store = store
+        self.serialize, self.deserialize = serializer
+        self.clock = clock
+        self.guard = guard
+        self.completer = completer
+        self.totals = completer.totals
+        self.instance_id = instance_id
+        self.config = config
+        self.dead = dead
+        self.metrics = metrics
+
+    async def run(self, c: Claimed, run: Run) -> None:
+        """Run ``c`` to its end; bookkeeping never leaves a run unaccounted for."""
+        try:
+            await self.execute(c, run)
+        except BaseException as exc:
+            log.error("job bookkeeping failed", job_id=c.job_id, error=repr(exc))
+            self._end(c, run, "retry", score_ms=c.score_ms)
+
+    async def execute(self, c: Claimed, run: Run) -> None:
+        """Check, admit, run and finish one job."""
+        job_id = c.job_id
+        start_ms = ms(self.clock.time())
+        try:
+            fn_name, args, kwargs, enqueue_try, enqueued_ms = decode(
+                c, self.deserialize, self.store.keys, self.config.max_payload_bytes
+            )
+            job = self.jobs.get(fn_name)
+            if job is None:
+                raise BadJob(f"unknown function {fn_name!r}", "unknown")
+        except BadJob as bad:
+            await self._give_up(c, run, bad, start_ms)
+            return
+        job_try = c.try_
+        if enqueue_try and enqueue_try > job_try:
+            job_try = enqueue_try
+            await self.store.raise_try(job_id, job_try, RETRY_TTL_MS)
+        max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
+        queue_key = self.store.keys.queue_of(c.queue)
+        result_for = _ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
+        if job_try > max_tries:
+            reason = f"max {max_tries} retries exceeded"
+            await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
+            return
+        if not await self._admitted(job, c, run):
+            return  # deferred: it waits (for a slot, say), its try given back
+        ctx = self._context(c, run, job_try, enqueued_ms)
+        timeout = job.timeout_s or self.config.job_timeout_s
+        keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
+        started = self.clock.monotonic()
+        outcome: Outcome = "success"
+        try:
+            async with asyncio.timeout(timeout):
+                result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
+        except (Retry, RetryJob) as exc:
+            outcome = "retry"
+            defer_ms = exc.defer_score if isinstance(exc, Retry) else None
+            if defer_ms is None and job.retry_delay is not None:
+                defer_ms = ms(job.retry_delay(job_try))
+            score = ms(self.clock.time()) + defer_ms if defer_ms else c.score_ms
+            self._end(c, run, "retry", score_ms=score)
+            self.totals["retried"] += 1
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # handled here: the run ends normally
+            outcome = self._cancelled(c, run, result_for, start_ms, keep)
+        except Exception as exc:
+            outcome = await self._failed(c, run, job, exc, result_for, start_ms, keep, max_tries)
+        else:
+            data = self._result(result_for, True, result, start_ms) if keep > 0 else None
+            self._end(c, run, "done", data, ms(keep))
+            self.totals["complete"] += 1
+        finally:
+            for hook in self._release:
+                with contextlib.suppress(Exception):
+                    await hook.release(job, job_id)
+            if self.metrics is not None:
+                self.metrics.jobs.labels(fn_name, outcome).inc()
+                self.metrics.job_seconds.labels(fn_name).observe(self.clock.monotonic() - started)
+        for hook in self.hooks:
+            try:
+                await hook.ended(job_id, args, outcome)
+            except Exception as exc:
+                log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
+        """Every hook lets the job start; else it is deferred to the time the first refusing
+        hook named, and the hooks that had let it start give back what they took."""
+        for i, hook in enumerate(self._admit):
+            due_ms = await hook.admit(job, c.job_id)
+            if due_ms is not None:
+                for earlier in self._admit[:i]:
+                    await earlier.release(job, c.job_id)
+                self._end(c, run, "defer", score_ms=due_ms)
+                return False
+        return True
+
+    def _context(self, c: Claimed, run: Run, job_try: int, enqueued_ms: int) -> JobContext:
+        extra: dict[str, Any] = {}
+        for hook in self.hooks:
+            extra.update(hook.context(c.job_id))
+        ctx = JobContext(
+            {
+                "redis": self.context.redis,
+                "worker_instance": self.instance_id,
+                "job_id": c.job_id,
+                "job_try": job_try,
+                "enqueue_time": dt.datetime.fromtimestamp(enqueued_ms / 1000, dt.UTC),
+                "score": c.score_ms,
+            },
+            self.context,
+            **extra,
+        )
+        ctx.claim = (self.store, run.token)  # for ctx.still_claimed()
+        return ctx
+
+    def _end(
+        self,
+        c: Claimed,
+        run: Run,
+        kind: str,
+        data: bytes | None = None,
+        keep_ms: int = 0,
+        *,
+        score_ms: int | None = None,
+    ) -> None:
+        finish = Finish(kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue)
+        self.completer.end(finish)
+
+    def _result(self, rf: _ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
+        return rf(success, result, start_ms, ms(self.clock.time()), self.serialize)
+
+    def _cancelled(
+        self, c: Claimed, run: Run, result_for: _ResultFor, start_ms: int, keep: float
+    ) -> Outcome:
+        """A run cancelled: its claim was taken over, it was aborted, or the shutdown timeout
+        cut it (it runs again)."""
+        if c.job_id in self.guard.lost:
+            self.guard.lost.discard(c.job_id)  # another consumer runs it now: nothing to write
+            self.totals["lost"] += 1
+            if self.metrics is not None:
+                self.metrics.claims_lost.inc()
+            return "retry"
+        if run.aborted:
+            aborted = asyncio.CancelledError("aborted")
+            data = self._result(result_for, False, aborted, start_ms) if keep > 0 else None
+            self._end(c, run, "failed", data, ms(keep))
+            self.totals["failed"] += 1
+            return "failure"
+        self._end(c, run, "retry", score_ms=c.score_ms)
+        self.totals["retried"] += 1
+        return "retry"
+
+    async def _failed(
+        self,
+        c: Claimed,
+        run: Run,
+        job: JobDef,
+        exc: Exception,
+        result_for: _ResultFor,
+        start_ms: int,
+        keep: float,
+        max_tries: int,
+    ) -> Outcome:
+        """A run that raised: retried when the task retries that exception and tries remain
+        (set aside once they are used up), else a failed result (arq semantics). The error
+        text is capped in logs (:func:`worker.logs.capped`; the dead letter caps its own)."""
+        full = f"{type(exc).__name__}: {exc}"
+        error = capped(full)
+        if job.retry_on and isinstance(exc, job.retry_on):
+            if result_for.job_try < max_tries:
+                delay = job.retry_delay(result_for.job_try) if job.retry_delay else 0.0
+                self._end(c, run, "retry", score_ms=ms(self.clock.time() + delay))
+                self.totals["retried"] += 1
+                log.info("job failed; retrying", job_id=c.job_id, error=error, retry_in_s=delay)
+                return "retry"
+            reason = f"{full} (after {result_for.job_try} tries)"
+            bad = BadJob(reason, "retries")
+            await self._give_up(c, run, bad, start_ms, result_for, count=False)
+            return "failure"
+        log.info("job failed", job_id=c.job_id, function=job.name, error=error)
+        data = self._result(result_for, False, exc, start_ms) if keep > 0 else None
+        self._end(c, run, "failed", data, ms(keep))
+        self.totals["failed"] += 1
+        return "failure"
+
+    async def _give_up(
+        self,
+        c: Claimed,
+        run: Run,
+        bad: BadJob,
+        start_ms: int,
+        result_for: _ResultFor | None = None,
+        *,
+        count: bool = True,
+    ) -> None:
+        """Set the job aside, keep a failed result (as arq does), take it off the queue."""
+        try:
+            await self.dead.set_aside(
+                c.job_id,
+                bad.reason,
+                bad.kind,
+                c.payload,
+                max(c.size, 0),
+                queue=c.queue,
+                task=result_for.function if result_for else None,
+                tries=c.try_ if c.try_ >= 0 else None,
+            )
+        except Exception as exc:
+            log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
+        if c.size == FOREIGN:  # CLAIM took it off the queue; its keys are not the app's
+            self.totals["failed"] += 1
+            return
+        keep = self.config.keep_result_s
+        data = None
+        if keep > 0:
+            queue = self.store.keys.queue_of(c.queue)
+            rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
+            data = self._result(rf, False, _JobFailed(capped(bad.reason)), start_ms)
+        self._end(c, run, "failed", data, ms(keep))
+        self.totals["failed"] += 1
+        if count and self.metrics is not None:
+            self.metrics.jobs.labels(
+                result_for.function if result_for else "<unknown>", "failure"
+            ).inc()
+
+
+class _JobFailed(Exception):
+    """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
+
+
+@dataclass(frozen=True)
+class _ResultFor:
+    """Builds arq's result record for one run."""
+
+    function: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    job_try: int
+    enqueued_ms: int
+    job_id: str
+    queue: str
+
+    def __call__(
+        self, success: bool, result: Any, start_ms: int, finish_ms: int, serialize: Serialize
+    ) -> bytes | None:
+        return serialize_result(
+            self.function,
+            self.args,
+            self.kwargs,
+            self.job_try,
+            self.enqueued_ms,
+            success,
+            result,
+            start_ms,
+            finish_ms,
+            f"{self.job_id}:{self.function}",
+            self.queue,
+            job_id=self.job_id,
+            serializer=serialize,
+        )

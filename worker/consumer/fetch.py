@@ -1,0 +1,202 @@
+"""The fetch loop's rounds: when to claim, one claim round, and how long to wait after it.
+
+An idle consumer looks at the head of its queues (one command) unless a wake-up or an
+announced due time says to claim; a busy one claims every ``poll_delay_s``. One ``CLAIM``
+takes a batch (in-progress markers, try counters, payloads, the holds set for orphan
+recovery). With a WAIT policy a batch whose claim the replicas did not confirm waits unstarted
+(:attr:`Fetcher.unconfirmed`) until a later check confirms it with its claim tokens unchanged;
+a claim round trip that failed marks the claims in doubt, given back before the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+
+import structlog
+
+from worker.clock import Clock, ms
+from worker.consumer.claims import Claims, Run
+from worker.consumer.completer import Completer
+from worker.consumer.config import MAX_CLAIM, RETRY_TTL_MS, ConsumerConfig
+from worker.consumer.executor import Executor
+from worker.consumer.wakeups import Wakeups
+from worker.storage import FOREIGN, Claimed, Finish, Store
+
+log = structlog.get_logger("worker.consumer")
+
+
+class Fetcher:
+    """Owns the batch held unconfirmed (:attr:`unconfirmed`, :attr:`unconfirmed_token`) and the
+    claim tokens' numbering; starts each claimed job as a task in :attr:`Claims.running`."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        claims: Claims,
+        completer: Completer,
+        executor: Executor,
+        wakeups: Wakeups,
+        *,
+        instance_id: str,
+        config: ConsumerConfig,
+        in_progress_ttl_ms: int,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.claims = claims
+        self.running = claims.running
+        self.completer = completer
+        self.executor = executor
+        self.wakeups = wakeups
+        self.instance_id = instance_id
+        self.config = config
+        self.in_progress_ttl_ms = in_progress_ttl_ms
+        #: claimed, but the replicas have not confirmed the claim yet: not started (one batch)
+        self.unconfirmed: list[Claimed] = []
+        self.unconfirmed_token = ""
+        self._seq = itertools.count(1)
+
+    def next_delay(self, claimed: int) -> float:
+        """``poll_delay_s`` while busy; idle, until the next announced due time, at most
+        ``idle_poll_max_s`` (the fallback for jobs a plain arq client enqueued unannounced)."""
+        c, w = self.config, self.wakeups
+        if claimed or self.running or self.unconfirmed or self.completer.resend:
+            return c.poll_delay_s
+        delay = max(c.idle_poll_max_s, c.poll_delay_s)
+        if w.next_due is not None:
+            delay = min(delay, max(0.0, (w.next_due - ms(self.clock.time())) / 1000))
+        return delay
+
+    async def should_claim(self) -> bool:
+        """Claim when busy, woken by an enqueue, or an announced due time came; an idle
+        consumer otherwise looks at the head of the queue only (one command)."""
+        now = ms(self.clock.time())
+        w = self.wakeups
+        if self.running or w.woken or self.unconfirmed or self.claims.in_doubt or self.config.burst:
+            w.woken = False
+            return True
+        if w.next_due is not None and w.next_due <= now:
+            w.next_due = None
+            return True
+        due = await self.store.queue_head(self.config.queues)
+        if due is None:
+            return False
+        if due <= now:
+            return True
+        w.next_due = due if w.next_due is None else min(w.next_due, due)
+        return False
+
+    async def nothing_left(self) -> bool:
+        """Burst mode: nothing runs, no end waits to be written, no job is due."""
+        if self.running or self.completer.ended:
+            return False
+        due = await self.store.queue_head(self.config.queues)
+        return due is None or due > ms(self.clock.time())
+
+    async def claim_round(self) -> int:
+        """Claim and start a batch (or confirm the held one); how many jobs started."""
+        if self.claims.in_doubt:
+            await self.claims.release_unknown(self._known())
+        if self.unconfirmed:
+            return await self._confirm_claims()
+        free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
+        if free <= 0:
+            return 0
+        token = f"{self.instance_id}/{next(self._seq)}"
+        sent = self.clock.monotonic()
+        try:
+            claims = await self.store.claim(
+                self.instance_id,
+                token,
+                now_ms=ms(self.clock.time()),
+                limit=free,
+                in_progress_ttl_ms=self.in_progress_ttl_ms,
+                holds_ttl_ms=ms(self.config.holds_ttl_s),
+                max_payload=self.config.max_payload_bytes,
+                retry_ttl_ms=RETRY_TTL_MS,
+                queues=self.config.queues,
+            )
+        except BaseException:
+            # The script may have run and its reply been lost (a dropped connection, a primary
+            # that failed over after replicating it): jobs claimed in our name that no run of
+            # ours will finish. Give them back before claiming again.
+            self.claims.in_doubt = True
+            raise
+        self.claims.guard.confirmed(sent)
+        if claims.stale:
+            log.warning(
+                "stale in-progress markers (without a TTL: taken over; outliving any job: cut "
+                "to the marker TTL)",
+                markers=claims.stale,
+                marker_ttl_s=self.in_progress_ttl_ms / 1000,
+            )
+        if claims.jobs and not claims.replicated:
+            self.unconfirmed, self.unconfirmed_token = claims.jobs, token
+            log.warning(
+                "claimed jobs not confirmed by the replicas (WORKER_REDIS_WAIT_REPLICAS); "
+                "holding them unstarted until they are",
+                jobs=len(claims.jobs),
+            )
+            return 0
+        in_flight = len(self.running)
+        if claims.jobs and len(claims.jobs) == free and in_flight + free < self.config.concurrency:
+            self.wakeups.again()  # a full batch and room left: there may be more due right away
+        self.start(claims.jobs, token)
+        if claims.aborts_pending:
+            await self.claims.abort_requested()
+        return len(claims.jobs)
+
+    def _known(self) -> set[str]:
+        return {*(c.job_id for c in self.unconfirmed), *self.completer.known()}
+
+    async def release_unknown(self) -> None:
+        """Give back the jobs claimed in our name in a round trip whose reply was lost."""
+        await self.claims.release_unknown(self._known())
+
+    def start(self, jobs: Sequence[Claimed], token: str) -> None:
+        """Start each claimed job as a task of its own."""
+        for job in jobs:
+            run = self.running[job.job_id] = Run(job.job_id, token, started=self.clock.monotonic())
+            run.ended = job.size == FOREIGN  # never claimed: no claim to check (another slot)
+            run.task = asyncio.create_task(self._run(job, run), name=f"job:{job.job_id}")
+
+    async def _run(self, claimed: Claimed, run: Run) -> None:
+        try:
+            await self.executor.run(claimed, run)
+        finally:
+            self.running.pop(claimed.job_id, None)
+            self.wakeups.poke()
+
+    async def _confirm_claims(self) -> int:
+        """Check a batch whose claim the replicas did not confirm: once they have every write
+        so far, start the jobs still claimed with its token (a failover may have lost some:
+        those were never ours on the new primary and are not run)."""
+        held, token = self.unconfirmed, self.unconfirmed_token
+        sent = self.clock.monotonic()
+        tokens, replicated = await self.store.confirm_claims([c.job_id for c in held])
+        self.claims.guard.confirmed(sent)
+        if not replicated:
+            return 0
+        self.unconfirmed = []
+        kept = [c for c, now in zip(held, tokens, strict=True) if now == token]
+        if len(kept) < len(held):
+            log.warning(
+                "claims lost before the replicas confirmed them (a failover?); those jobs were "
+                "not run and stay queued",
+                lost=len(held) - len(kept),
+            )
+        log.info("held claims confirmed by the replicas; starting", jobs=len(kept))
+        self.start(kept, token)
+        return len(kept)
+
+    def give_back_unconfirmed(self) -> None:
+        """Drain: the held batch never started; give it back, its try with it."""
+        for c in self.unconfirmed:
+            finish = Finish(
+                "defer", c.job_id, self.unconfirmed_token, score_ms=c.score_ms, queue=c.queue
+            )
+            self.completer.end(finish)
+        self.unconfirmed = []

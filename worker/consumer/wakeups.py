@@ -1,0 +1,53 @@
+"""Wake-ups: an idle consumer claims at once when an enqueue announces a due job.
+
+Every enqueue through the framework publishes its due time on ``<prefix>wake``; a listener
+here turns it into "claim now" (:attr:`Wakeups.woken`) or a timer for a deferred job
+(:attr:`Wakeups.next_due`). A lost message costs at most the fallback poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from worker.clock import Clock, ms
+from worker.storage import Store
+
+
+class Wakeups:
+    """Owns :attr:`woken`, :attr:`next_due` and the :attr:`event` the fetch loop waits on."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+        self.event = asyncio.Event()
+        self.woken = True  # claim on the first round
+        self.next_due: int | None = None  # a deferred job announced for this time (ms)
+
+    def poke(self) -> None:
+        """Wake the fetch loop (a run ended: room for another)."""
+        self.event.set()
+
+    def again(self) -> None:
+        """Claim again at once (a full batch: more may be due)."""
+        self.woken = True
+        self.event.set()
+
+    async def listen(self, stop: asyncio.Event) -> None:
+        """Pub/sub on the wake channel until ``stop``, reconnecting after a second (the
+        store's one subscription loop, :mod:`worker.storage.subscriptions`)."""
+        await self.store.listen(
+            [self.store.keys.wake],
+            lambda _channel, data: self.heard(int(data)),
+            stop,
+            clock=self.clock,
+            poll_s=1.0,
+            retry_s=1.0,
+        )
+
+    def heard(self, due_ms: int) -> None:
+        """An enqueue announced a job due at ``due_ms``."""
+        if due_ms <= ms(self.clock.time()) + 1:
+            self.woken = True
+        elif self.next_due is None or due_ms < self.next_due:
+            self.next_due = due_ms
+        self.event.set()
