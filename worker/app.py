@@ -44,13 +44,13 @@ from worker.context import Context
 from worker.errors import ConfigError
 from worker.initializer import InitializerDef
 from worker.jobs import JobDef
-from worker.keys import DEFAULT_QUEUE
 from worker.limits import parse_rate
 from worker.periodic import CatchUp, PeriodicDef
 from worker.poller import PollerDef
 from worker.retry import RetryDelay, as_delay
 from worker.schedule import make_schedule
 from worker.services import Cardinality, ServiceDef, ServiceKeys
+from worker.storage.keys import DEFAULT_QUEUE
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]

@@ -49,7 +49,6 @@ from worker.durability import ReplicaView
 __all__ = [
     "RedisTarget",
     "Replication",
-    "cluster_tag",
     "connect_redis",
     "mask_url",
     "parse_redis_url",
@@ -111,15 +110,6 @@ def mask_url(url: str | None) -> str:
     if ":" not in userinfo:
         return masked  # a user name without a password
     return f"{scheme}{userinfo.partition(':')[0]}:***@{host}"
-
-
-def cluster_tag(prefix: str) -> str | None:
-    """The hash tag a key prefix starts with (``{shop}:`` -> ``shop``), or ``None``."""
-    if prefix.startswith("{"):
-        end = prefix.find("}")
-        if end > 1:
-            return prefix[1:end]
-    return None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,16 @@ def parse_duty(text: str) -> tuple[DutyKind, str] | None:
     return None
 
 
+def hash_tag(prefix: str) -> str | None:
+    """The Redis Cluster hash tag a key prefix starts with (``{shop}:`` -> ``shop``), or
+    ``None``: an empty ``{}`` is no tag (Redis hashes the whole key then)."""
+    if prefix.startswith("{"):
+        end = prefix.find("}")
+        if end > 1:
+            return prefix[1:end]
+    return None
+
+
 @dataclass(frozen=True, order=True)
 class LockValue:
     """The leader lock's value ``<epoch>:<token>``: the epoch orders leaderships, the random

@@ -48,7 +48,7 @@ from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.services import Service
 from worker.settings import ROLES, Role, Settings
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
 from worker.views import ProcessView
 from worker.watchdog import NAME as WATCHDOG_NAME
 from worker.watchdog import LoopWatchdog, blocked_threshold_s
