@@ -46,13 +46,13 @@ from bench._common import (
     start_server,
     table,
 )
-from worker import keys as K
 from worker.client import connect_redis
 from worker.clock import SystemClock, ms
 from worker.duties.poller import PollerDef, PollingScheduler
 from worker.ids import JobIds
 from worker.serializer import get_serializer
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("bench:")
 LOCK_VALUE = "1:bench-static-lock"

@@ -49,7 +49,6 @@ from bench._common import (
     start_server,
     table,
 )
-from worker import keys as K
 from worker.app import App
 from worker.client import Client, connect_redis
 from worker.clock import SystemClock, ms
@@ -58,7 +57,8 @@ from worker.duties.initializer import Initializer, InitializerDef
 from worker.duties.poller import PollerDef
 from worker.serializer import get_serializer
 from worker.settings import Settings
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("bench:")
 LOCK_VALUE = "1:bench-static-lock"

@@ -69,9 +69,9 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 async def enqueue_stamps(url: str, n: int, announced: bool) -> None:
-    from worker import keys as K
     from worker.client import Client
     from worker.serializer import get_serializer, job_payload
+    from worker.storage import keys as K
 
     client = await Client.connect(url, key_prefix=PREFIX)
     ser, _ = get_serializer("msgpack")

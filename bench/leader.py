@@ -85,12 +85,12 @@ def lateness(r: redis_sync.Redis) -> tuple[float, float]:
 
 async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     import bench.apps as apps
-    from worker import keys as K
     from worker.client import connect_redis
     from worker.clock import SystemClock
     from worker.duties.periodic import PeriodicEnqueuer
     from worker.serializer import get_serializer
-    from worker.store import FencedStore, Store
+    from worker.storage import FencedStore, Store
+    from worker.storage import keys as K
 
     n = len(apps.many_periodic_app.periodics)
     r = redis_sync.Redis.from_url(url)
@@ -163,7 +163,6 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
 
 async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     from bench.apps import holder
-    from worker import keys as K
     from worker.app import App
     from worker.client import Client, connect_redis
     from worker.clock import SystemClock
@@ -171,7 +170,8 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     from worker.duties.keyed import KeyedService
     from worker.serializer import get_serializer
     from worker.settings import Settings
-    from worker.store import Store
+    from worker.storage import keys as K
+    from worker.storage import open_store
 
     r = redis_sync.Redis.from_url(url)
     r.flushall()
@@ -182,7 +182,7 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     )
     app = App("bench-keys")
     app.service(cardinality="per_key", keys=[f"k{i:05d}" for i in range(n_keys)])(holder)
-    store = Store(redis, keys)
+    store = open_store(redis, keys, None)
     failed = 0
     real_renew = store.renew_leases
 

@@ -603,7 +603,7 @@ class Scenario:
 
     def _job_state(self, job_id: str) -> dict[str, Any]:
         """Where an acknowledged job that never ran is now (for the report)."""
-        from worker import keys as K
+        from worker.storage import keys as K
 
         def read(c: redis.Redis) -> dict[str, Any]:
             return {

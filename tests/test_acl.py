@@ -27,9 +27,9 @@ import redis as redis_sync
 from tests.apps.ledger import app as ledger_app
 from tests.conftest import CliRun, Spawn, wait_until
 from tests.test_operations import ledger
-from worker import keys as K
 from worker.client import Client
 from worker.embedded import free_port
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,14 +11,14 @@ import pytest
 from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_cli import assert_config_error
 from tests.test_registry import View
-from worker import keys as K
 from worker import status
 from worker.app import App
 from worker.clock import FakeClock
 from worker.errors import ConfigError
 from worker.preflight import check_app_identity
 from worker.registry import Heartbeat
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 NOW_S = 1_700_000_000.0

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker import keys as K
 from worker.backlog import QueueMetrics
 from worker.clock import FakeClock
 from worker.metrics import Metrics
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("bl:")
 NOW_S = 1_800_000_000.0

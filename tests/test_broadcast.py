@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker import broadcast as B
-from worker import keys as K
 from worker import roles
 from worker.app import App
 from worker.broadcast import BroadcastListener, publish
@@ -28,7 +27,8 @@ from worker.errors import ConfigError
 from worker.metrics import Metrics
 from worker.serializer import json_dumps, json_loads, msgpack_dumps, msgpack_loads
 from worker.settings import Settings
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 

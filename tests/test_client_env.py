@@ -14,11 +14,11 @@ from arq import create_pool
 from arq.connections import RedisSettings
 from arq.jobs import JobStatus
 
-from worker import keys as K
 from worker.app import App
 from worker.client import Client, arq_options
 from worker.errors import ConfigError
 from worker.settings import load_settings
+from worker.storage import keys as K
 
 app = App("shop")
 app.poller("cards", task="poll_card", shards=4)

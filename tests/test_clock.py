@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from worker import keys as K
 from worker.client import Client
 from worker.clock import FakeClock, RedisClock, SystemClock, host_clock, ms
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 SERVER_S = 1_800_000_000.0  # the server's clock; the fake host's wall clock is 100 M s off

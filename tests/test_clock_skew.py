@@ -23,7 +23,7 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import Spawn, WorkerProc
-from worker import keys as K
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 

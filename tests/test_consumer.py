@@ -14,7 +14,6 @@ import pytest
 from arq.jobs import Job, JobStatus, SerializationError, deserialize_result
 from arq.worker import Retry
 
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import SystemClock
@@ -25,7 +24,8 @@ from worker.jobs import JobDef, JobHook, Outcome
 from worker.limits import LimitsHook
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
-from worker.store import Finish, Store
+from worker.storage import Finish, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 T = 1_700_000_000_000

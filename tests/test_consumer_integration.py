@@ -18,10 +18,10 @@ from arq.worker import async_check_health
 
 from tests.apps.ledger import app as ledger_app
 from tests.conftest import Spawn, WorkerProc, wait_until
-from worker import keys as K
 from worker.client import Client
 from worker.clock import ms
 from worker.serializer import get_serializer, job_payload
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -304,7 +304,7 @@ def test_dead_letters_page_by_page_and_a_truncated_payload_is_not_requeued(
 
     from worker.clock import SystemClock
     from worker.dead import DeadLetters
-    from worker.store import Store
+    from worker.storage import Store
 
     prefix = "pages:"
     keys = K.Keys(prefix)

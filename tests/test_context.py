@@ -11,7 +11,6 @@ from arq.constants import expires_extra_ms
 from arq.jobs import deserialize_job
 
 from tests.conftest import FixedLease
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
@@ -20,6 +19,7 @@ from worker.errors import LeadershipLost
 from worker.ids import JobIds
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")

@@ -23,7 +23,6 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from tests.conftest import ROOT, FixedLease
-from worker import keys as K
 from worker.app import App
 from worker.client import Client, connect_redis
 from worker.clock import SystemClock, ms
@@ -31,7 +30,8 @@ from worker.duties.periodic import PeriodicEnqueuer
 from worker.duties.poller import BoundPoller, PollingScheduler
 from worker.ids import JobIds
 from worker.serializer import get_serializer
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from worker import doctor
-from worker import keys as K
 from worker.app import App
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 from worker.version import __version__
 
 KEYS = K.Keys("t:")

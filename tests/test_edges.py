@@ -43,10 +43,10 @@ from arq.jobs import Job
 
 from tests.conftest import Spawn, WorkerProc, wait_until
 from tests.realredis import RealRedis
-from worker import keys as K
 from worker.embedded import EmbeddedServer, free_port
 from worker.serializer import get_serializer, job_payload, msgpack_loads
 from worker.settings import Settings
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,8 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import ROOT, Spawn, WorkerProc, wait_until
-from worker import keys as K
 from worker.embedded import free_port
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from worker.ids import hash_tag
-from worker.keys import Keys
+from worker.storage.keys import Keys
 
 
 @pytest.mark.parametrize(
     ("prefix", "tag"),
-    [("{shop}:", "{shop}"), ("{a}{b}:", "{a}"), ("shop:", ""), ("{}:", ""), ("{shop:", "")],
+    [("{shop}:", "shop"), ("{a}{b}:", "a"), ("shop:", None), ("{}:", None), ("{shop:", None)],
 )
-def test_hash_tag(prefix: str, tag: str) -> None:
+def test_hash_tag(prefix: str, tag: str | None) -> None:
     assert hash_tag(prefix) == tag
-    assert Keys(prefix=prefix).slot_tag == tag
+    assert Keys(prefix=prefix).slot_tag == ("" if tag is None else f"{{{tag}}}")

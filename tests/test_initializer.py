@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import FixedLease
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
@@ -18,7 +17,8 @@ from worker.duties.initializer import Initializer, InitializerDef
 from worker.errors import LeadershipLost
 from worker.serializer import msgpack_dumps
 from worker.settings import Settings
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 LOCK = "9:mine"

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from worker import keys as K
 from worker.app import App
 from worker.clock import SystemClock
 from worker.context import Context
 from worker.duties.keyed import KeyedService, owner
 from worker.errors import ConfigError
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 MAILBOXES = [f"box-{i}" for i in range(8)]

@@ -1,6 +1,5 @@
-"""The layering stays honest: worker/'s import graph, subpackages included, has no cycles
-(type-only imports and package ``__init__`` <-> submodule included), and only the wiring module
-and the command line decide anything by role."""
+"""The layering stays honest: worker/'s import graph has no cycles (type-only imports
+included), and only the wiring module and the command line decide anything by role."""
 
 from __future__ import annotations
 
@@ -8,37 +7,41 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "worker"
-#: The wiring table, the command line (a package), and where the role setting is defined.
+#: The wiring table, the command line (the package), and where the role setting is defined.
 ROLE_AWARE = {"roles", "cli", "settings"}
 
 
 def modules() -> dict[str, ast.Module]:
-    """Every module under worker/, subpackages included, by dotted name below ``worker``
-    (a subpackage's ``__init__`` by the package's name: ``web``)."""
+    """Every module of worker/, subpackages included, by dotted name under ``worker``
+    (``storage.keys``; a package's ``__init__`` by the package's name, ``storage``)."""
     out: dict[str, ast.Module] = {}
     for p in sorted(PACKAGE.rglob("*.py")):
         parts = p.relative_to(PACKAGE).with_suffix("").parts
-        if len(parts) > 1 and parts[-1] == "__init__":
+        if parts[-1] == "__init__" and len(parts) > 1:
             parts = parts[:-1]
         out[".".join(parts)] = ast.parse(p.read_text(), str(p))
     return out
 
 
-def imports(tree: ast.Module) -> set[str]:
-    """worker.* modules a module imports, anywhere (inside functions and TYPE_CHECKING too);
-    ``from worker.web import api`` counts both ``web`` and ``web.api``."""
+def imports(tree: ast.Module, known: set[str] | None = None) -> set[str]:
+    """worker.* modules a module imports, anywhere (inside functions and TYPE_CHECKING too),
+    by dotted name under ``worker``; ``from worker.pkg import sub`` names the submodule when
+    ``known`` has it (and the package too: Python runs its ``__init__`` first)."""
+    known = known or set()
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == "worker":
                 out |= {a.name for a in node.names}
             elif node.module.startswith("worker."):
-                below = node.module.removeprefix("worker.")
-                out |= {below} | {f"{below}.{a.name}" for a in node.names}
+                base = node.module.removeprefix("worker.")
+                subs = {f"{base}.{a.name}" for a in node.names} & known
+                out |= subs if len(subs) == len(node.names) else subs | {base}
         elif isinstance(node, ast.Import):
-            out |= {
-                a.name.removeprefix("worker.") for a in node.names if a.name.startswith("worker.")
-            }
+            names = [a.name for a in node.names]
+            out |= {n.removeprefix("worker.") for n in names if n.startswith("worker.")}
+    if not known:  # the flat view: top-level modules only
+        out = {m.split(".")[0] for m in out}
     return out
 
 
@@ -64,14 +67,27 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def graph_of(mods: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """The import graph. ``from worker.pkg import sub`` inside ``pkg`` is an edge to ``sub``
+    only (the package's ``__init__`` is already running); from outside, to both; a name from
+    the package's ``__init__`` itself is an edge to it from anywhere."""
+    known = set(mods)
+    graph: dict[str, set[str]] = {}
+    for name, tree in mods.items():
+        if name in ("__init__", "__main__"):
+            continue
+        edges = set()
+        for m in imports(tree, known):
+            # importing a submodule from outside its package runs the package's __init__
+            parents = [".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)]
+            edges |= {m} | {p for p in parents if not name.startswith(p + ".")}
+        graph[name] = {m for m in edges if m in mods and m != name} - {"__init__", "__main__"}
+    return graph
+
+
 def test_the_import_graph_has_no_cycles() -> None:
-    mods = modules()
     # __init__ and __main__ only re-export and start; everything else is a real layer
-    graph = {
-        name: {m for m in imports(tree) if m in mods and m != name}
-        for name, tree in mods.items()
-        if name not in ("__init__", "__main__")
-    }
+    graph = graph_of(modules())
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph) or [])}"
 
 
@@ -83,7 +99,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_only_the_wiring_and_the_cli_decide_by_role() -> None:
     offenders = []
     for name, tree in modules().items():
-        if name.split(".")[0] in ROLE_AWARE:
+        if name.split(".")[0] in ROLE_AWARE:  # a package: every module of it
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "worker.settings":
@@ -97,3 +113,141 @@ def test_only_the_wiring_and_the_cli_decide_by_role() -> None:
                     ):
                         offenders.append(f"{name}:{node.lineno} compares a role")
     assert not offenders, offenders
+
+
+#: The storage package: the only code that sends Redis commands.
+STORAGE = "storage"
+#: The app's example jobs use the job context's Redis as any app may.
+APP_CODE = {"demo"}
+#: Redis client methods that send a command, and what a receiver of them is called.
+REDIS_METHODS = set(
+    [
+        "get",
+        "set",
+        "mget",
+        "hget",
+        "hset",
+        "hgetall",
+        "hdel",
+        "hvals",
+        "hscan",
+        "hmget",
+        "zadd",
+        "zrem",
+        "zrange",
+        "zrangebyscore",
+        "zrevrange",
+        "zcard",
+        "zcount",
+        "zscore",
+        "zremrangebyscore",
+        "publish",
+        "pubsub",
+        "pipeline",
+        "execute_command",
+        "scan",
+        "scan_iter",
+        "delete",
+        "exists",
+        "incr",
+        "sadd",
+        "srem",
+        "smembers",
+        "scard",
+        "lrange",
+        "lpush",
+        "ltrim",
+        "xread",
+        "xadd",
+        "xrevrange",
+        "info",
+        "config_get",
+        "ping",
+        "time",
+        "eval",
+        "evalsha",
+        "script_load",
+        "register_script",
+        "pttl",
+        "expire",
+        "pexpire",
+        "getrange",
+        "flushall",
+        "acl_whoami",
+        "acl_getuser",
+        "subscribe",
+        "psubscribe",
+    ]
+)
+REDIS_RECEIVERS = ("redis", "pipe", "pubsub")
+#: Redis commands still sent outside worker/storage, module -> calls: none (keep it so).
+PENDING: dict[str, int] = {}
+
+
+def _receiver(node: ast.expr) -> str:
+    while isinstance(node, ast.Attribute | ast.Call):
+        node = node.value if isinstance(node, ast.Attribute) else node.func
+        if isinstance(node, ast.Attribute) and not isinstance(node.value, ast.Call):
+            return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def redis_calls(tree: ast.Module) -> list[int]:
+    """Lines calling a method on something named like a Redis client or pipeline
+    (``redis.get(...)``, ``self.redis.zadd(...)``, ``pipe.hset(...)``, ``redis.pubsub()``)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = _receiver(node.func).lower()
+            if node.func.attr in REDIS_METHODS and (any(w in owner for w in REDIS_RECEIVERS)):
+                out.append(node.lineno)
+    return sorted(out)
+
+
+def test_no_redis_command_outside_the_storage_package() -> None:
+    found = {
+        name: len(lines)
+        for name, tree in modules().items()
+        if not (name == STORAGE or name.startswith(STORAGE + ".")) and name not in APP_CODE
+        if (lines := redis_calls(tree))
+    }
+    grown = {m: n for m, n in found.items() if n > PENDING.get(m, 0)}
+    assert not grown, f"Redis commands outside worker/storage (move them into it): {grown}"
+
+
+def test_the_redis_call_finder_finds_calls() -> None:
+    tree = ast.parse(
+        "async def f(self, redis, r):\n    await self.redis.zadd('k', {})\n"
+        "    await redis.get('k')\n    redis.pubsub()\n    d.get('k')\n"
+    )
+    assert redis_calls(tree) == [2, 3, 4]
+
+
+def scripts() -> dict[str, str]:
+    """Every Lua script of worker/storage: a module-level string constant that calls Redis
+    and that no other constant is built from (those are fragments, such as ``FENCE``)."""
+    found: dict[str, str] = {}
+    fragments: set[str] = set()
+    for name, tree in modules().items():
+        if not name.startswith(STORAGE + "."):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                text = ast.unparse(node.value)
+                if "redis.call" in text or "redis.error_reply" in text:
+                    found[node.targets[0].id] = name
+                fragments |= {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    return {s: m for s, m in found.items() if s not in fragments}
+
+
+def test_every_script_is_used_by_exactly_one_function() -> None:
+    users: dict[str, set[str]] = {s: set() for s in scripts()}
+    for name, tree in modules().items():
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                for n in ast.walk(fn):
+                    ref = n.id if isinstance(n, ast.Name) else None
+                    if ref in users:
+                        users[ref].add(f"{name}.{fn.name}")
+    wrong = {s: sorted(u) for s, u in users.items() if len(u) != 1}
+    assert users and not wrong, f"scripts not used by exactly one function: {wrong}"

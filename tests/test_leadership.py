@@ -17,7 +17,6 @@ import redis as redis_sync
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection as AsyncConnection
 
-from worker import keys as K
 from worker.clock import Clock, FakeClock, SystemClock
 from worker.component import Component, Group
 from worker.ids import LockValue
@@ -25,7 +24,8 @@ from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
-from worker.store import Acquired, Store
+from worker.storage import Acquired, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 FAST = LeaderTiming(ttl_s=1.0, renew_interval_s=0.2, renew_deadline_s=0.6, poll_interval_s=0.1)

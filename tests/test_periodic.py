@@ -9,7 +9,6 @@ import pytest
 from arq.jobs import deserialize_job
 
 from tests.conftest import FixedLease
-from worker import keys as K
 from worker.clock import FakeClock
 from worker.duties.periodic import (
     MAX_SLEEP_S,
@@ -23,7 +22,8 @@ from worker.ids import JobIds
 from worker.metrics import Metrics
 from worker.schedule import Every
 from worker.serializer import msgpack_dumps, msgpack_loads
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 MIN = 60_000
 T0 = 28_333_334 * MIN  # 2023-11-14T22:34:00Z, on the minute grid

@@ -17,12 +17,12 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import FixedLease, Spawn, client_call, wait_until
-from worker import keys as K
 from worker.clock import FakeClock
 from worker.duties.poller import SWEEP_GRACE_S, InflightHook, PollerDef, PollingScheduler, shard_of
 from worker.ids import JobIds
 from worker.serializer import msgpack_dumps
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 IDS = JobIds("t:")

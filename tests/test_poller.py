@@ -10,7 +10,6 @@ import pytest
 from arq.jobs import deserialize_job
 
 from tests.conftest import FixedLease
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
@@ -18,7 +17,8 @@ from worker.duties.poller import PollerDef, PollingScheduler
 from worker.errors import LeadershipLost
 from worker.ids import JobIds
 from worker.serializer import msgpack_dumps, msgpack_loads
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")

@@ -18,8 +18,9 @@ from tests.test_cli import assert_config_error
 from tests.test_operations import http_get, ledger, wait_ready
 from worker.embedded import free_port
 from worker.errors import ConfigError
-from worker.preflight import check_redis_contract, read_eviction_policy
+from worker.preflight import check_redis_contract
 from worker.settings import Settings
+from worker.storage.server import read_eviction_policy
 
 pytestmark = pytest.mark.timeout(120)
 

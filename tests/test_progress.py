@@ -14,7 +14,6 @@ from aiohttp.test_utils import make_mocked_request
 from prometheus_client import generate_latest
 
 from tests.conftest import FixedLease
-from worker import keys as K
 from worker.app import App
 from worker.checks import HealthChecks
 from worker.clock import FakeClock, SystemClock
@@ -29,7 +28,8 @@ from worker.metrics import Metrics
 from worker.registry import Heartbeat
 from worker.roles import plan
 from worker.settings import Settings
-from worker.store import FencedStore, PeriodicRuns, Store
+from worker.storage import FencedStore, PeriodicRuns, Store
+from worker.storage import keys as K
 from worker.views import ProcessState
 
 KEYS = K.Keys("t:")

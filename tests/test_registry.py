@@ -11,7 +11,6 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import FixedLease
-from worker import keys as K
 from worker.app import App
 from worker.clock import FakeClock
 from worker.component import Health
@@ -22,7 +21,8 @@ from worker.metrics import Metrics
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.roles import SPECS, plan
 from worker.settings import Settings
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 NOW_S = 1_700_000_000.0

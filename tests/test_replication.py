@@ -21,7 +21,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.conftest import FixedLease
 from tests.topology import Node, free_port_pair, wait_for
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import SystemClock
@@ -34,7 +33,8 @@ from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
-from worker.store import DueTicks, FencedStore, NewJob, Renewal, Store
+from worker.storage import DueTicks, FencedStore, NewJob, Renewal, Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("rep:")
 WAIT1 = Replication(1, 200)
@@ -378,9 +378,9 @@ async def test_a_dead_letter_requeue_honours_the_policy(r: Any, pair: Pair) -> N
     payload = msgpack_dumps({"t": "f"})
     await dead.set_aside("dl-1", "boom", "failed", payload, len(payload))
     with lagging(pair), pytest.raises(NotReplicated, match="dead-letter re-queue"):
-        await retry_dead(r, KEYS, "dl-1", replication=WAIT1)
+        await retry_dead(store, "dl-1")
     assert await r.exists(K.ARQ_JOB + "dl-1")  # re-queued on the primary, not acknowledged
-    assert await retry_dead(r, KEYS, "dl-1", replication=WAIT1) == "missing"
+    assert await retry_dead(store, "dl-1") == "missing"
 
 
 async def test_dead_retry_from_the_command_line_waits_for_the_replicas(

@@ -13,9 +13,17 @@ from typing import Any
 import pytest
 from redis.exceptions import ResponseError
 
-from worker import keys as K
 from worker.ids import JobIds, LockValue
-from worker.store import Acquired, LeaderChange, Refused, Renewal, Store
+from worker.storage import Acquired, LeaderChange, Refused, Renewal, Store
+from worker.storage import dead as dead_lua
+from worker.storage import election as election_lua
+from worker.storage import initializer as initializer_lua
+from worker.storage import jobs as jobs_lua
+from worker.storage import keys as K
+from worker.storage import leases as leases_lua
+from worker.storage import periodic as periodic_lua
+from worker.storage import poller as poller_lua
+from worker.storage import registry as registry_lua
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
@@ -221,23 +229,23 @@ async def test_leader_renew_records_server_time(r: Any) -> None:
 
 async def test_renew_replaces_ttl_not_adds(r: Any) -> None:
     await r.set(KEYS.leader, MINE, px=5000)
-    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [MINE, 3000]) == 1
+    assert await run(r, leases_lua.LEASES_RENEW, [KEYS.leader], [MINE, 3000]) == [1]
     # adding would give ~8000 ms; replacing gives at most 3000
     assert 0 < await r.pttl(KEYS.leader) <= 3000
-    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [MINE, 20_000]) == 1
+    assert await run(r, leases_lua.LEASES_RENEW, [KEYS.leader], [MINE, 20_000]) == [1]
     assert 10_000 < await r.pttl(KEYS.leader) <= 20_000
 
 
 @pytest.mark.parametrize("caller", ["7:other", "8:mine", "7:min", "7:mine "])
 async def test_renew_refuses_any_other_value(r: Any, caller: str) -> None:
     await r.set(KEYS.leader, MINE, px=5000)
-    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [caller, 60_000]) == 0
+    assert await run(r, leases_lua.LEASES_RENEW, [KEYS.leader], [caller, 60_000]) == [0]
     assert await r.get(KEYS.leader) == MINE.encode()
     assert 0 < await r.pttl(KEYS.leader) <= 5000  # TTL untouched
 
 
 async def test_renew_of_absent_lock_creates_nothing(r: Any) -> None:
-    assert await run(r, K.LEASE_RENEW, [KEYS.leader], [MINE, 5000]) == 0
+    assert await run(r, leases_lua.LEASES_RENEW, [KEYS.leader], [MINE, 5000]) == [0]
     assert await r.exists(KEYS.leader) == 0
 
 
@@ -287,11 +295,11 @@ async def test_release_compares_whole_value_and_publishes(r: Any) -> None:
 async def test_claim_static_takes_lock_unconditionally_with_a_ttl(r: Any) -> None:
     await r.set(KEYS.leader, "3:someone", px=5000)
     await r.set(KEYS.leader_epoch, 3)
-    v = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
+    v = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
     assert v == b"4:tok"
     assert await r.get(KEYS.leader) == b"4:tok"
     assert 5000 < await r.pttl(KEYS.leader) <= 8000
-    v2 = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
+    v2 = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
     assert v2 == b"5:tok"
 
 
@@ -326,7 +334,7 @@ async def _seed_reap(r: Any) -> None:
 
 FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
     "ENQUEUE_TICKS": (
-        K.ENQUEUE_TICKS,
+        periodic_lua.ENQUEUE_TICKS,
         _seed_nothing,
         [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.queue],
         [
@@ -345,25 +353,25 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
         ],
     ),
     "DISPATCH": (
-        K.DISPATCH,
+        poller_lua.DISPATCH,
         _seed_dispatch,
         [KEYS.leader, KEYS.poll_inflight("p"), KEYS.queue, KEYS.poll_shard("p", 0), KEYS.paused],
         [K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, 1000, KEYS.wake, "p", "a", "id-a", b"p"],
     ),
     "INIT_BEGIN": (
-        K.INIT_BEGIN,
+        initializer_lua.INIT_BEGIN,
         _seed_nothing,
         [KEYS.leader, KEYS.init_state("i")],
         ["v1", T, 7],
     ),
     "CHECKPOINT": (
-        K.CHECKPOINT,
+        initializer_lua.CHECKPOINT,
         _seed_checkpoint,
         [KEYS.leader, KEYS.init_state("i"), KEYS.poll_shard("p", 0)],
         ["v1", "", "c1", "1", T, 3, T, "a"],
     ),
     "REAP": (
-        K.REAP,
+        registry_lua.REAP,
         _seed_reap,
         [KEYS.leader, KEYS.holds("dead"), KEYS.instances, KEYS.queue],
         [K.ARQ_IN_PROGRESS, "dead", 1000, T, KEYS.wake],
@@ -414,7 +422,9 @@ async def _enqueue_ticks(
     r: Any, name: str, advance: int, ticks: list[int], known: int = -1
 ) -> list[int]:
     keys = [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.queue]
-    return list(await run(r, K.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks, known)))
+    return list(
+        await run(r, periodic_lua.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks, known))
+    )
 
 
 async def test_enqueue_ticks_writes_jobs_queue_and_state(r: Any) -> None:
@@ -502,7 +512,7 @@ async def _dispatch(r: Any, now: int, items: list[tuple[str, str]], defer: int =
     args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer, KEYS.wake, "p"]
     for item, jid in items:
         args += [item, jid, f"job-for-{item}".encode()]
-    return list(await run(r, K.DISPATCH, keys, args))
+    return list(await run(r, poller_lua.DISPATCH, keys, args))
 
 
 async def test_dispatch_moves_due_items_and_counts_gone(r: Any) -> None:
@@ -556,7 +566,9 @@ STATE = KEYS.init_state("i")
 
 
 async def _begin(r: Any, version: str, now: int = T, epoch: int = 7) -> list[bytes]:
-    return list(await run(r, K.INIT_BEGIN, [KEYS.leader, STATE], [MINE, version, now, epoch]))
+    return list(
+        await run(r, initializer_lua.INIT_BEGIN, [KEYS.leader, STATE], [MINE, version, now, epoch])
+    )
 
 
 async def _checkpoint(
@@ -573,7 +585,7 @@ async def _checkpoint(
     args: list[Any] = [MINE, version, cursor, nxt, "1" if last else "0", T + 5]
     for shard, due, item in items:
         args += [shard + 3, due, item]
-    return list(await run(r, K.CHECKPOINT, keys, args))
+    return list(await run(r, initializer_lua.CHECKPOINT, keys, args))
 
 
 async def test_init_begin_fresh_then_resume_same_version(r: Any) -> None:
@@ -645,7 +657,7 @@ async def test_checkpoint_cursor_compare_and_set(r: Any, version: str, cursor: s
 async def _reap(r: Any, instance: str, judged: int) -> int:
     keys = [KEYS.leader, KEYS.holds(instance), KEYS.instances, KEYS.queue]
     args = [MINE, K.ARQ_IN_PROGRESS, instance, judged, T + 7, KEYS.wake]
-    return int(await run(r, K.REAP, keys, args))
+    return int(await run(r, registry_lua.REAP, keys, args))
 
 
 async def test_reap_releases_only_jobs_still_queued(r: Any) -> None:
@@ -703,7 +715,7 @@ async def _unique(r: Any, jid: str, score: int, payload: bytes) -> int:
     return int(
         await run(
             r,
-            K.UNIQUE_ENQUEUE,
+            jobs_lua.UNIQUE_ENQUEUE,
             [KEYS.queue],
             [jid, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, score, payload, KEYS.wake],
         )
@@ -727,12 +739,12 @@ async def test_unique_enqueue(r: Any) -> None:
 
 async def test_mutex_release_only_by_owner(r: Any) -> None:
     name = KEYS.mutex("m")
-    assert await run(r, K.LEASE_RELEASE, [name], ["tok"]) == 0  # absent
+    assert await run(r, leases_lua.LEASE_RELEASE, [name], ["tok"]) == 0  # absent
     await r.set(name, "tok", px=5000)
-    assert await run(r, K.LEASE_RELEASE, [name], ["other"]) == 0
-    assert await run(r, K.LEASE_RELEASE, [name], ["to"]) == 0
+    assert await run(r, leases_lua.LEASE_RELEASE, [name], ["other"]) == 0
+    assert await run(r, leases_lua.LEASE_RELEASE, [name], ["to"]) == 0
     assert await r.get(name) == b"tok"
-    assert await run(r, K.LEASE_RELEASE, [name], ["tok"]) == 1
+    assert await run(r, leases_lua.LEASE_RELEASE, [name], ["tok"]) == 1
     assert await r.exists(name) == 0
 
 
@@ -792,12 +804,12 @@ async def test_inflight_clear_by_job_id_and_by_missing_job(r: Any) -> None:
     await r.hset(removed, mapping={"a": "job-a", "c": "job-c"})
     await r.set(K.ARQ_JOB + "job-c", b"x")
     # The ended job's id must match the entry (a newer dispatch is left alone).
-    assert await run(r, K.INFLIGHT_CLEAR, keys, ["a", "job-old", K.ARQ_JOB]) == 0
-    assert await run(r, K.INFLIGHT_CLEAR, keys, ["a", "job-a", K.ARQ_JOB]) == 1
+    assert await run(r, poller_lua.INFLIGHT_CLEAR, keys, ["a", "job-old", K.ARQ_JOB]) == 0
+    assert await run(r, poller_lua.INFLIGHT_CLEAR, keys, ["a", "job-a", K.ARQ_JOB]) == 1
     # Without a job id: cleared only when the recorded job no longer exists.
-    assert await run(r, K.INFLIGHT_CLEAR, keys, ["b", "", K.ARQ_JOB]) == 1
-    assert await run(r, K.INFLIGHT_CLEAR, keys, ["c", "", K.ARQ_JOB]) == 0
-    assert await run(r, K.INFLIGHT_CLEAR, keys, ["zz", "", K.ARQ_JOB]) == 0
+    assert await run(r, poller_lua.INFLIGHT_CLEAR, keys, ["b", "", K.ARQ_JOB]) == 1
+    assert await run(r, poller_lua.INFLIGHT_CLEAR, keys, ["c", "", K.ARQ_JOB]) == 0
+    assert await run(r, poller_lua.INFLIGHT_CLEAR, keys, ["zz", "", K.ARQ_JOB]) == 0
     assert await r.hgetall(inflight) == {b"c": b"job-c"}
     assert await r.hgetall(removed) == {b"c": b"job-c"}  # a removal mark goes with its job
 
@@ -812,17 +824,17 @@ async def test_dead_retry_requeues_once_and_refuses_live_ids(r: Any) -> None:
     args = [jid, b"payload", K.ARQ_JOB, K.ARQ_RESULT, K.ARQ_RETRY, JOB_TTL, T + 1, KEYS.wake]
     keys = [KEYS.queue, KEYS.dead, KEYS.dead_jobs, KEYS.dead_index]
     await r.set(K.ARQ_JOB + jid, b"still queued")
-    assert await run(r, K.DEAD_RETRY, keys, args) == 0  # an id in use is never overwritten
+    assert await run(r, dead_lua.DEAD_RETRY, keys, args) == 0  # an id in use is never overwritten
     assert await r.get(K.ARQ_JOB + jid) == b"still queued"
     await r.delete(K.ARQ_JOB + jid)
-    assert await run(r, K.DEAD_RETRY, keys, args) == 1
+    assert await run(r, dead_lua.DEAD_RETRY, keys, args) == 1
     assert await r.get(K.ARQ_JOB + jid) == b"payload"
     assert 0 < await r.pttl(K.ARQ_JOB + jid) <= JOB_TTL
     assert await r.zscore(KEYS.queue, jid) == T + 1
     assert not await r.exists(K.ARQ_RESULT + jid, K.ARQ_RETRY + jid)  # tries start over
     assert await r.zcard(KEYS.dead) == 0 and await r.hlen(KEYS.dead_jobs) == 0
     assert await r.hlen(KEYS.dead_index) == 0
-    assert await run(r, K.DEAD_RETRY, keys, args) == -1
+    assert await run(r, dead_lua.DEAD_RETRY, keys, args) == -1
 
 
 async def test_leases_renew_and_take_in_one_step(r: Any) -> None:

@@ -18,7 +18,7 @@ import redis as redis_sync
 from tests import test_edges
 from tests.conftest import CliRun, Spawn, wait_until
 from tests.test_edges import enqueue_jobs, instance_records, led_hash, report, settle
-from worker import keys as K
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 

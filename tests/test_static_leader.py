@@ -15,10 +15,11 @@ import redis as redis_sync
 
 from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_operations import ledger
-from worker import keys as K
 from worker.clock import SystemClock
 from worker.leadership.static import StaticLeader
-from worker.store import Acquired, Refused, Store
+from worker.storage import Acquired, Refused, Store
+from worker.storage import election as election_lua
+from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,7 +36,7 @@ async def run(r: Any, script: str, keys: list[str], args: list[Any]) -> Any:
 
 
 async def test_claim_static_sets_a_ttl(r: Any) -> None:
-    v = await run(r, K.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 4000])
+    v = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 4000])
     assert v == b"1:tok"
     assert 0 < await r.pttl(KEYS.leader) <= 4000
 

@@ -10,7 +10,6 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from worker import keys as K
 from worker import status
 from worker.app import App
 from worker.cli import cluster
@@ -18,7 +17,8 @@ from worker.clock import FakeClock
 from worker.errors import ConfigError
 from worker.registry import Heartbeat
 from worker.settings import Settings
-from worker.store import Store
+from worker.storage import Store
+from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
 NOW_S = 1_700_000_030.0  # 2023-11-14T22:13:50Z

@@ -23,7 +23,6 @@ from tests.conftest import Spawn, wait_until
 from tests.realredis import RealRedis
 from tests.test_consumer import KEYS, Loop, eventually
 from tests.test_edges import record_of, report, settle
-from worker import keys as K
 from worker.app import App
 from worker.clock import FakeClock, ms
 from worker.context import JobContext
@@ -32,7 +31,8 @@ from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.metrics import Metrics
 from worker.serializer import msgpack_loads
-from worker.store import Acquired, Store
+from worker.storage import Acquired, Store
+from worker.storage import keys as K
 from worker.watchdog import LoopWatchdog, blocked_threshold_s
 
 APP = "tests.apps.loopblock:app"

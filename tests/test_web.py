@@ -16,13 +16,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.apps.ledger import app as ledger
-from worker import keys as K
 from worker.client import Client
 from worker.clock import FakeClock, ms
 from worker.dead import DeadLetters
 from worker.errors import ConfigError
 from worker.serializer import get_serializer, job_payload
-from worker.store import Finish
+from worker.storage import Finish
+from worker.storage import keys as K
 from worker.web import create_app
 
 TOKEN = "s3cret-token-for-tests"

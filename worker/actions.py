@@ -5,8 +5,8 @@ poller, ask the leader for a planned handoff. Each action returns an :class:`Out
 recorded with who asked, through what and when: one structlog line (``operator action``) and
 an entry in the capped ``<prefix>audit`` list the console shows. The work itself is done by
 the modules that own it (:mod:`worker.dead`, :func:`worker.duties.periodic.trigger`,
-:meth:`Store.pause <worker.store.Store.pause>`, :meth:`Store.request_handoff
-<worker.store.Store.request_handoff>`), so an action has the same effect whichever door it
+:meth:`Store.pause <worker.storage.Store.pause>`, :meth:`Store.request_handoff
+<worker.storage.Store.request_handoff>`), so an action has the same effect whichever door it
 came through.
 """
 
@@ -95,12 +95,7 @@ class Operations:
         results: Counter[str] = Counter()
         failed: dict[str, str] = {}
         for job_id in ids:  # one at a time, as the CLI: each is its own script call
-            outcome = await dead.retry_dead(
-                self.client.redis,
-                self.client.keys,
-                job_id,
-                replication=self.store.replication,
-            )
+            outcome = await dead.retry_dead(self.store, job_id)
             results[outcome] += 1
             if each is not None:
                 each(job_id, outcome)
@@ -124,7 +119,7 @@ class Operations:
     async def purge_dead(self, job_ids: Sequence[str] | None = None) -> Outcome:
         """Forget dead letters (``None``: every one, as ``dead --purge``)."""
         if job_ids is None:
-            n = await dead.purge_dead(self.client.redis, self.client.keys)
+            n = await dead.purge_dead(self.store)
             target = "all"
         else:
             n = await self.store.dead_remove(list(job_ids))
@@ -135,7 +130,7 @@ class Operations:
         )
 
     async def _all_dead(self) -> list[str]:
-        return await dead.all_dead_ids(self.client.redis, self.client.keys)
+        return await dead.all_dead_ids(self.store)
 
     # -- periodic jobs and pollers ------------------------------------------------------------
     async def trigger(self, name: str) -> Outcome:
@@ -158,7 +153,7 @@ class Operations:
 
     async def pause(self, kind: DutyKind, name: str) -> Outcome:
         """Pause a periodic job (its ticks are skipped) or a poller (nothing is dispatched),
-        cluster-wide (:meth:`Store.pause <worker.store.Store.pause>`)."""
+        cluster-wide (:meth:`Store.pause <worker.storage.Store.pause>`)."""
         return await self._set_paused(kind, name, paused=True)
 
     async def resume(self, kind: DutyKind, name: str) -> Outcome:

@@ -21,7 +21,6 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from worker import keys as K
 from worker import local
 from worker.app import App, load_app
 from worker.connection import connect_redis
@@ -29,7 +28,8 @@ from worker.errors import ConfigError
 from worker.manifest import Described, describe
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
-from worker.store import Store
+from worker.storage import Store, open_store
+from worker.storage import keys as K
 from worker.terminal import say
 
 _notes: list[str] = []
@@ -92,7 +92,7 @@ async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
     ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
     redis = connect_redis(target or url, queue_name=keys.queue, serialize=ser, deserialize=de)
     try:
-        yield Admin(redis, keys, Store(redis, keys, settings.replication()), url)
+        yield Admin(redis, keys, open_store(redis, keys, settings.replication()), url)
     except (ConfigError, BrokenPipeError):  # BrokenPipeError: printing into a closed pipe
         raise
     except Exception as exc:

@@ -47,10 +47,10 @@ from worker.duties.poller import PollerDef
 from worker.duties.services import Cardinality, ServiceDef, ServiceKeys
 from worker.errors import ConfigError
 from worker.jobs import JobDef
-from worker.keys import DEFAULT_QUEUE
 from worker.limits import parse_rate
 from worker.retry import RetryDelay, as_delay
 from worker.schedule import make_schedule
+from worker.storage.keys import DEFAULT_QUEUE
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from worker.clock import Clock, ms
 from worker.component import LoopComponent
 from worker.metrics import Metrics
-from worker.store import Store
+from worker.storage import Store
 
 NAME = "queue-metrics"
 #: How often the leader reads the queue depths.

@@ -6,7 +6,7 @@ every replica (seed 004 #6), apply a config change everywhere (seed 002's pollin
 manager).
 
 Design. Pub/sub alone loses what is published while a subscriber reconnects, so each topic is
-a capped Redis stream ``<prefix>bcast:<topic>`` (``keys.BROADCAST``): every message gets the
+a capped Redis stream ``<prefix>bcast:<topic>`` (``broadcast.BROADCAST``): every message gets the
 topic's next sequence number and the stream keeps the last :data:`HISTORY` messages. One
 :class:`BroadcastListener` per process reads all its topics with ``XREAD BLOCK`` on a
 connection of its own (the blocking read is the wake-up: delivery is one round trip) and keeps
@@ -61,7 +61,7 @@ from worker.component import Component
 from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
-from worker.store import BroadcastEntry, Store
+from worker.storage import BroadcastEntry, Store
 
 log = structlog.get_logger("worker.broadcast")
 

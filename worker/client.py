@@ -34,17 +34,17 @@ from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import Job
 
-from worker import keys as K
 from worker.broadcast import publish
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import RedisTarget, Replication, connect_redis, parse_redis_url
 from worker.duties.poller import BoundPoller, Pollers, due_ms
 from worker.errors import ConfigError
-from worker.keys import DEFAULT_QUEUE
 from worker.preflight import wait_for_redis
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings
-from worker.store import NewJob, Store
+from worker.storage import NewJob, Store, open_store, server
+from worker.storage import keys as K
+from worker.storage.keys import DEFAULT_QUEUE
 
 __all__ = ["Client", "arq_options", "connect_redis"]
 
@@ -87,7 +87,7 @@ class Client:
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
         self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
-        self.store = store or Store(redis, keys, replication)
+        self.store = store or open_store(redis, keys, replication)
         self.app = app
         #: the Redis server's clock by default: a due time means the same on every host
         self.clock = clock or RedisClock()
@@ -121,7 +121,7 @@ class Client:
             target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
         )
         try:
-            await redis.ping()
+            await server.ping(redis)
         except BaseException:
             await redis.aclose(close_connection_pool=True)
             raise
@@ -221,7 +221,7 @@ class Client:
         """Ask the consumer running (or about to run) ``job_id`` to cancel it: what arq's
         ``Job.abort()`` asks, in the app's own set (``<prefix>abort``, the one the consumers
         read; arq's shared ``arq:abort`` is not, so use this instead of ``Job.abort()``)."""
-        await self.redis.zadd(self.keys.abort, {job_id: ms(self.clock.time())})
+        await self.store.request_abort(job_id, ms(self.clock.time()))
 
     def unique_job_id(self, unique_key: str) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""

@@ -28,13 +28,13 @@ from uuid import uuid4
 
 from arq.connections import ArqRedis
 
-from worker import keys as K
 from worker.client import Client
 from worker.clock import Clock, ms
 from worker.duties.poller import BoundPoller
 from worker.errors import LeadershipLost
 from worker.settings import Settings
-from worker.store import FencedPipeline, FencedStore, Store
+from worker.storage import FencedPipeline, FencedStore, Store
+from worker.storage import keys as K
 from worker.views import LeaderView
 
 

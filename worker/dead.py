@@ -26,17 +26,14 @@ import hashlib
 from typing import Any
 
 import structlog
-from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 
-from worker import keys as K
 from worker.clock import Clock, SystemClock, ms
-from worker.connection import Replication
-from worker.keys import DEFAULT_QUEUE
 from worker.logs import TEXT_CHARS, capped
 from worker.metrics import Metrics
 from worker.serializer import json_loads, msgpack_loads
-from worker.store import Store
+from worker.storage import Store
+from worker.storage.keys import DEFAULT_QUEUE
 
 log = structlog.get_logger("worker.dead")
 
@@ -126,44 +123,35 @@ def task_of(payload: bytes) -> str | None:
     return None
 
 
-async def list_dead(
-    redis: ArqRedis, keys: K.Keys, limit: int = PAGE, offset: int = 0
-) -> list[dict[str, Any]]:
+async def list_dead(store: Store, limit: int = PAGE, offset: int = 0) -> list[dict[str, Any]]:
     """Dead-lettered jobs newest first, ``limit`` from ``offset``, without their payloads."""
     out = []
-    for job_id, rec in await Store(redis, keys).dead_records(limit, offset):
+    for job_id, rec in await store.dead_records(limit, offset):
         record = rec if rec is not None else {"job_id": job_id, "reason": "?"}
         record.pop("payload_b64", None)
         out.append(record)
     return out
 
 
-async def all_dead_ids(redis: ArqRedis, keys: K.Keys) -> list[str]:
+async def all_dead_ids(store: Store) -> list[str]:
     """Every dead-lettered job id, newest first, read page by page."""
-    store, ids, offset = Store(redis, keys), [], 0
+    ids: list[str] = []
+    offset = 0
     while page := await store.dead_records(1000, offset):
         ids += [job_id for job_id, _ in page]
         offset += len(page)
     return ids
 
 
-async def count_dead(redis: ArqRedis, keys: K.Keys) -> int:
-    return int(await redis.zcard(keys.dead))
+async def count_dead(store: Store) -> int:
+    return await store.dead_count()
 
 
-async def retry_dead(
-    redis: ArqRedis,
-    keys: K.Keys,
-    job_id: str,
-    clock: Clock | None = None,
-    *,
-    replication: Replication | None = None,
-) -> str:
+async def retry_dead(store: Store, job_id: str, clock: Clock | None = None) -> str:
     """Re-queue one dead-lettered job; returns ``requeued``, ``live`` (an id in use),
     ``missing`` (not dead-lettered), ``no payload`` (the job record had already expired) or
-    ``truncated`` (only part of an oversized payload was kept). ``replication``: the WAIT
-    policy the re-queue honours, as every enqueue (:class:`~worker.errors.NotReplicated`)."""
-    store = Store(redis, keys, replication)
+    ``truncated`` (only part of an oversized payload was kept). The re-queue honours the
+    store's WAIT policy, as every enqueue (:class:`~worker.errors.NotReplicated`)."""
     rec = await store.dead_record(job_id)
     if rec is not None and rec.get("truncated"):
         return "truncated"
@@ -177,6 +165,6 @@ async def retry_dead(
     return {1: "requeued", 0: "live", -1: "missing"}[result]
 
 
-async def purge_dead(redis: ArqRedis, keys: K.Keys) -> int:
+async def purge_dead(store: Store) -> int:
     """Forget every dead-lettered job; returns how many there were."""
-    return await Store(redis, keys).dead_purge()
+    return await store.dead_purge()

@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from redis.exceptions import ResponseError
 
 from worker.clock import Clock, SystemClock
 
@@ -149,11 +148,3 @@ def describe(attached: int, wanted: int, adaptive: bool) -> tuple[bool, str]:
         f"{attached} replica(s) attached but WORKER_REDIS_WAIT_REPLICAS={wanted}: leadership, "
         "ticks, enqueues and job starts stop (NotReplicated) until enough are back"
     )
-
-
-async def read_attached(redis: Any) -> int | None:
-    """Replicas attached to the primary, as the WAIT policy counts them (``None``: unreadable)."""
-    try:
-        return attached_replicas(await redis.info("replication"))
-    except ResponseError:
-        return None

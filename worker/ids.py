@@ -31,15 +31,14 @@ def parse_duty(text: str) -> tuple[DutyKind, str] | None:
     return None
 
 
-def hash_tag(prefix: str) -> str:
-    """The Redis Cluster hash tag a key prefix starts with, braces included (``{shop}:`` ->
-    ``{shop}``), or ``""``. An empty tag (``{}:``) is none: Redis Cluster then hashes the
-    whole key, so the app's keys would not share a slot."""
+def hash_tag(prefix: str) -> str | None:
+    """The Redis Cluster hash tag a key prefix starts with (``{shop}:`` -> ``shop``), or
+    ``None``: an empty ``{}`` is no tag (Redis hashes the whole key then)."""
     if prefix.startswith("{"):
         end = prefix.find("}")
         if end > 1:
-            return prefix[: end + 1]
-    return ""
+            return prefix[1:end]
+    return None
 
 
 @dataclass(frozen=True, order=True)

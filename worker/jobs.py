@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from worker.keys import DEFAULT_QUEUE
 from worker.retry import RetryDelay
+from worker.storage.keys import DEFAULT_QUEUE
 
 TaskFn = Callable[..., Awaitable[Any]]
 #: How a run of a job ended: ``retry`` covers arq's ``Retry`` and cancellation (it runs again).

@@ -20,20 +20,17 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, ResponseError
 
-from worker import keys as K
 from worker.clock import Clock
 from worker.connection import Replication
 from worker.errors import ConfigError
 from worker.settings import Settings, mask_url
-from worker.store import Store
+from worker.storage import Store, server
+from worker.storage import keys as K
+from worker.storage.server import read_eviction_policy
 
 #: The only ``maxmemory-policy`` under which no key is ever evicted.
 NOEVICTION = "noeviction"
 ALLOW_EVICTION = "WORKER_ALLOW_EVICTION"
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -> None:
@@ -42,7 +39,7 @@ async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -
     deadline = clock.monotonic() + timeout_s
     while True:
         try:
-            await clock.wait_for(redis.ping(), 5)
+            await server.ping(redis, 5)
             return
         except Exception as exc:
             if clock.monotonic() >= deadline:
@@ -64,26 +61,6 @@ def _tls_hint(exc: BaseException) -> str:
     return ""
 
 
-async def read_eviction_policy(redis: Any) -> tuple[str | None, str]:
-    """``(policy, source)``: from ``CONFIG GET`` or, where CONFIG is not permitted (managed
-    Redis, an ACL user without it), from ``INFO memory``. ``(None, reason)`` if neither is."""
-    try:
-        found = await redis.config_get("maxmemory-policy")
-        for key, value in found.items():
-            if _s(key) == "maxmemory-policy":
-                return _s(value), "CONFIG GET"
-    except ResponseError:
-        pass  # NOPERM / unknown command: try INFO
-    try:
-        info = await redis.info("memory")
-    except ResponseError as exc:
-        return None, f"neither CONFIG GET nor INFO is permitted ({exc})"
-    policy = info.get("maxmemory_policy")
-    if policy is None:
-        return None, "INFO memory has no maxmemory_policy field"
-    return _s(policy), "INFO memory"
-
-
 def eviction_verdict(policy: str | None, allow_eviction: bool) -> str:
     """One phrase for ``status``: what the policy means for this deployment."""
     if policy is None:
@@ -103,7 +80,7 @@ async def check_replicas(redis: Any, replication: Replication) -> list[str]:
     if not replication.enabled or replication.adaptive:
         return []
     try:
-        info = await redis.info("replication")
+        info = await server.replication_info(redis)
     except ResponseError as exc:
         return [f"cannot read INFO replication ({exc}); WORKER_REDIS_WAIT_REPLICAS unchecked"]
     have = int(info.get("connected_slaves", 0) or 0)
@@ -156,7 +133,7 @@ async def check_key_permissions(store: Store) -> None:
     probe = f"{store.keys.prefix}acl-probe"
     for key in (probe, *(arq + probe for arq in (K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RESULT))):
         try:
-            await store.redis.exists(key)
+            await server.touch(store.redis, key)
         except NoPermissionError as exc:
             raise ConfigError(
                 f"WORKER_KEY_PREFIX {store.keys.prefix!r}: the Redis user may not use {key!r} "

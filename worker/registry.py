@@ -37,9 +37,9 @@ import structlog
 
 from worker.clock import Clock, RedisClock, host_clock, ms
 from worker.component import LoopComponent
-from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
+from worker.storage.keys import DEFAULT_QUEUE
 from worker.version import __version__
 from worker.views import ProcessView
 

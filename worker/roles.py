@@ -51,7 +51,7 @@ from worker.metrics import Metrics
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
-from worker.store import FencedStore, Store
+from worker.storage import FencedStore, Store
 from worker.views import ProcessView
 from worker.watchdog import NAME as WATCHDOG_NAME
 from worker.watchdog import LoopWatchdog, blocked_threshold_s

@@ -23,7 +23,6 @@ import structlog
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
-from worker import keys as K
 from worker import local, manifest, roles
 from worker.app import App
 from worker.client import Client
@@ -41,7 +40,8 @@ from worker.preflight import (
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
 from worker.settings import SHUTDOWN_DEREGISTER_S, Settings, mask_url
-from worker.store import Store
+from worker.storage import Store, open_store
+from worker.storage import keys as K
 from worker.version import __version__
 from worker.views import ProcessState
 
@@ -118,9 +118,8 @@ class Runtime:
         self._clients.append(client)
         return client
 
-    def _build(self, redis: ArqRedis) -> roles.Wiring:
+    def _build(self, redis: ArqRedis, store: Store) -> roles.Wiring:
         s = self.settings
-        store = Store(redis, self.keys, self.replication)
         client = Client(
             redis,
             keys=self.keys,
@@ -206,11 +205,11 @@ class Runtime:
             await wait_for_redis(redis, self.redis_url, s.redis_connect_timeout_s, self.clock)
             for warning in await check_redis_contract(redis, s, self.replication):
                 log.warning(warning)
-            store = Store(redis, self.keys)
+            store = open_store(redis, self.keys, self.replication)  # the process's one store
             await check_key_permissions(store)
             await on_server_time(self.clock, store.server_time_ms)
             await check_app_identity(store, self.app.name)
-            w = self._build(redis)
+            w = self._build(redis, store)
             # what admin commands describe (``status`` without ``--app``)
             written = ms(self.clock.time())
             await store.write_manifest(self.app.name, manifest.dumps(self.app, written_ms=written))

@@ -274,7 +274,7 @@ class Settings(BaseSettings):
             sentinel_username=self.sentinel_username,
             sentinel_password=self.sentinel_password,
         )
-        if target.kind == "cluster" and not hash_tag(self.key_prefix):
+        if target.kind == "cluster" and hash_tag(self.key_prefix) is None:
             raise ValueError(
                 f"WORKER_KEY_PREFIX: {self.key_prefix!r} has no hash tag; with a "
                 "redis+cluster:// URL every key of the app must share one hash slot: use a "

@@ -14,10 +14,9 @@ from typing import Any
 
 from worker.app import App
 from worker.clock import Clock, ms, on_server_time
-from worker.durability import read_attached
 from worker.ids import LockValue
-from worker.preflight import read_eviction_policy
-from worker.store import PeriodicRuns, Store
+from worker.storage import PeriodicRuns, Store
+from worker.storage.server import read_attached, read_eviction_policy
 
 
 @dataclass

@@ -14,7 +14,6 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from worker import keys as K
 from worker import snapshot
 from worker.app import App
 from worker.clock import Clock
@@ -22,7 +21,8 @@ from worker.duties.periodic import PeriodicDef, freshness
 from worker.ids import duty
 from worker.preflight import NOEVICTION, eviction_verdict
 from worker.snapshot import ClusterSnapshot
-from worker.store import Store
+from worker.storage import keys as K
+from worker.storage import open_store
 
 
 def _iso(tick_ms: int | None) -> str | None:
@@ -41,7 +41,7 @@ async def collect(
 ) -> dict[str, Any]:
     """Read the cluster's state from Redis (read-only). ``allow_eviction``: this deployment's
     ``WORKER_ALLOW_EVICTION``, to judge the server's eviction policy."""
-    snap = await snapshot.read(Store(redis, keys), app, clock, checks=False)
+    snap = await snapshot.read(open_store(redis, keys, None), app, clock, checks=False)
     return view(snap, app, allow_eviction=allow_eviction)
 
 
@@ -115,7 +115,7 @@ def _leader(snap: ClusterSnapshot, instances: list[dict[str, Any]]) -> dict[str,
     if lock is not None:
         leader["epoch"] = lock.epoch
         leader["ttl_remaining_s"] = round(pttl / 1000, 1) if pttl > 0 else None
-        # left by an old static leader; the next campaign replaces it (see keys.ACQUIRE)
+        # left by an old static leader; the next campaign replaces it (see election.ACQUIRE)
         leader["no_expiry"] = pttl == -1
         holder = next(
             (i for i in instances if i.get("is_leader") and i.get("epoch") == lock.epoch), None

@@ -28,7 +28,6 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from worker import keys as K
 from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock, ms
@@ -36,6 +35,7 @@ from worker.consumer import validate
 from worker.context import Context, JobContext
 from worker.serializer import get_serializer
 from worker.settings import Settings
+from worker.storage import keys as K
 
 
 class Harness:
@@ -125,14 +125,10 @@ class Harness:
         while ran < limit:
             found = False
             for queue in self.app.queue_names():
-                key = self.keys.queue_of(queue)
-                due = await self.redis.zrangebyscore(key, "-inf", ms(self.clock.time()), 0, 1)
-                if not due:
+                popped = await self.client.store.pop_due(queue, ms(self.clock.time()))
+                if popped is None:
                     continue
-                job_id = due[0].decode()
-                await self.redis.zrem(key, job_id)
-                raw = await self.redis.get(K.ARQ_JOB + job_id)
-                await self.redis.delete(K.ARQ_JOB + job_id)
+                job_id, raw = popped
                 if raw is None:
                     continue
                 fn, args, kwargs, _, _ = validate(self.deserialize(raw))

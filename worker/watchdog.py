@@ -39,7 +39,7 @@ import structlog
 from worker.clock import Clock, SystemClock
 from worker.component import Component
 from worker.metrics import Metrics
-from worker.store import Store
+from worker.storage import Store
 
 log = structlog.get_logger("worker.watchdog")
 
@@ -53,7 +53,7 @@ WHERE_FRAMES = 3
 @runtime_checkable
 class BlockedAware(Protocol):
     """A component that acts while the event loop is blocked: called in the watchdog's thread,
-    with a :class:`~worker.store.Store` on the thread's own connection, at every beat the loop
+    with a :class:`~worker.storage.Store` on the thread's own connection, at every beat the loop
     misses (so each call decides whether there is anything to do yet)."""
 
     async def loop_blocked(self, store: Store, lag_s: float) -> None: ...

@@ -57,10 +57,8 @@ async def _list_dead(settings: Settings, args: argparse.Namespace) -> int:
     async with admin.connect(settings, "dead") as a:
         admin.flush_notes()
         page = max(1, args.page or 1)
-        records = await dead.list_dead(
-            a.redis, a.keys, limit=dead.PAGE, offset=(page - 1) * dead.PAGE
-        )
-        total = await dead.count_dead(a.redis, a.keys)
+        records = await dead.list_dead(a.store, limit=dead.PAGE, offset=(page - 1) * dead.PAGE)
+        total = await dead.count_dead(a.store)
     if args.json or not sys.stdout.isatty():
         say(json.dumps(records, indent=2))
         return 0

@@ -19,7 +19,7 @@ import structlog
 from worker.clock import Clock, ms
 from worker.consumer.guard import ClaimGuard
 from worker.jobs import JobHook
-from worker.store import Store
+from worker.storage import Store
 
 log = structlog.get_logger("worker.consumer")
 

@@ -18,7 +18,7 @@ from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.guard import ClaimGuard
 from worker.metrics import Metrics
-from worker.store import Finish, Store
+from worker.storage import Finish, Store
 
 log = structlog.get_logger("worker.consumer")
 

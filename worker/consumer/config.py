@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.keys import DEFAULT_QUEUE
+from worker.storage.keys import DEFAULT_QUEUE
 
 SUMMARY_EVERY_S = 60.0
 HEALTH_EVERY_S = 10.0

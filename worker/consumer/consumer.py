@@ -49,7 +49,7 @@ from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
-from worker.store import Store
+from worker.storage import Store
 
 log = structlog.get_logger("worker.consumer")
 

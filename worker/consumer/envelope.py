@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.keys import Keys
 from worker.serializer import Deserialize
-from worker.store import FOREIGN, Claimed
+from worker.storage import FOREIGN, Claimed
+from worker.storage.keys import Keys
 
 #: Largest enqueue time accepted in a payload (year 2286): later values break datetimes.
 MAX_ENQUEUE_MS = 10**13

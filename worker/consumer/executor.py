@@ -32,7 +32,7 @@ from worker.jobs import JobDef, JobHook, Outcome
 from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
-from worker.store import FOREIGN, Claimed, Finish, Store
+from worker.storage import FOREIGN, Claimed, Finish, Store
 
 log = structlog.get_logger("worker.consumer")
 

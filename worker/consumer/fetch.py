@@ -22,7 +22,7 @@ from worker.consumer.completer import Completer
 from worker.consumer.config import MAX_CLAIM, RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.executor import Executor
 from worker.consumer.wakeups import Wakeups
-from worker.store import FOREIGN, Claimed, Finish, Store
+from worker.storage import FOREIGN, Claimed, Finish, Store
 
 log = structlog.get_logger("worker.consumer")
 

@@ -8,10 +8,9 @@ here turns it into "claim now" (:attr:`Wakeups.woken`) or a timer for a deferred
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from worker.clock import Clock, ms
-from worker.store import Store
+from worker.storage import Store
 
 
 class Wakeups:
@@ -34,23 +33,16 @@ class Wakeups:
         self.event.set()
 
     async def listen(self, stop: asyncio.Event) -> None:
-        """Pub/sub on the wake channel until ``stop``, reconnecting after a second."""
-        redis = self.store.redis
-        while not stop.is_set():
-            pubsub = redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.store.keys.wake)
-                while not stop.is_set():
-                    msg = await pubsub.get_message(timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        self.heard(int(msg["data"]))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                await self.clock.wait(stop, 1.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+        """Pub/sub on the wake channel until ``stop``, reconnecting after a second (the
+        store's one subscription loop, :mod:`worker.storage.subscriptions`)."""
+        await self.store.listen(
+            [self.store.keys.wake],
+            lambda _channel, data: self.heard(int(data)),
+            stop,
+            clock=self.clock,
+            poll_s=1.0,
+            retry_s=1.0,
+        )
 
     def heard(self, due_ms: int) -> None:
         """An enqueue announced a job due at ``due_ms``."""

@@ -26,7 +26,6 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from worker import keys as K
 from worker import snapshot
 from worker.app import App
 from worker.doctor.instances import (
@@ -46,7 +45,8 @@ from worker.doctor.work import (
     check_queue,
 )
 from worker.snapshot import ClusterSnapshot
-from worker.store import Store
+from worker.storage import keys as K
+from worker.storage import open_store
 
 __all__ = ["CHECKS", "MARKS", "Check", "Limits", "Report", "Snapshot", "Status"]
 __all__ += ["diagnose", "gather", "judge", "render"]
@@ -84,7 +84,7 @@ Snapshot = ClusterSnapshot
 async def gather(redis: Redis, keys: K.Keys, app: App, *, now_ms: int | None = None) -> Snapshot:
     """Read everything the checks need (read-only). ``now_ms``: judge at this instant instead
     of the server's clock (tests)."""
-    return await snapshot.read(Store(redis, keys), app, now_ms=now_ms)
+    return await snapshot.read(open_store(redis, keys, None), app, now_ms=now_ms)
 
 
 async def diagnose(

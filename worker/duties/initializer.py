@@ -21,7 +21,7 @@ from worker.component import Component
 from worker.context import Context
 from worker.duties.poller import PollerDef
 from worker.metrics import Metrics
-from worker.store import FencedStore
+from worker.storage import FencedStore
 
 log = structlog.get_logger("worker.initializer")
 

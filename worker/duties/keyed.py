@@ -32,7 +32,7 @@ from worker.clock import Clock, ms
 from worker.component import Backoff, Component, supervise
 from worker.context import Context
 from worker.duties.services import ServiceDef, run_service
-from worker.store import Store
+from worker.storage import Store
 
 log = structlog.get_logger("worker.keyed")
 T = TypeVar("T")

@@ -34,11 +34,11 @@ from worker.clock import Clock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import JobDef, JobHook, Outcome, TaskFn
-from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
-from worker.store import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
+from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
+from worker.storage.keys import DEFAULT_QUEUE
 
 log = structlog.get_logger("worker.periodic")
 

@@ -31,17 +31,17 @@ from worker.clock import Clock, SystemClock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import JobHook, Outcome
-from worker.keys import DEFAULT_QUEUE
 from worker.metrics import Metrics
 from worker.serializer import Serialize, job_payload
-from worker.store import FencedStore, NewJob, Store
+from worker.storage import FencedStore, NewJob, Store
+from worker.storage.keys import DEFAULT_QUEUE
 
 log = structlog.get_logger("worker.poller")
 
 #: How long the leader's sweep sees an in-flight entry whose job record is gone before it puts
 #: the item back (at least 3 poll intervals): the consumer that ran the job reports within it.
 SWEEP_GRACE_S = 10.0
-#: Why a failed job's item was not put back (``keys.POLL_REQUEUE``'s answers).
+#: Why a failed job's item was not put back (``poller.POLL_REQUEUE``'s answers).
 REQUEUE_SKIPPED = {0: "rescheduled by the app", -1: "removed by the app", -2: "another job"}
 
 

@@ -103,7 +103,7 @@ class Leadership(Component):
             self._lost.set()
 
     async def settled(self, stop: asyncio.Event) -> bool:
-        """Wait out the safety gap of this lease (see ``keys.ACQUIRE``): ``True`` once
+        """Wait out the safety gap of this lease (see ``election.ACQUIRE``): ``True`` once
         singleton services may start, ``False`` if stopped or no longer leading first."""
         settled_at = self._settled_at
         if settled_at is not None:

@@ -31,18 +31,16 @@ fresh acquisition and therefore a new epoch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from uuid import uuid4
 
 import structlog
-from redis.asyncio import Redis
 
 from worker.clock import Clock, ms
 from worker.ids import LockValue
 from worker.leadership.base import Leadership, LeaderTiming
 from worker.metrics import Metrics
-from worker.store import Refused, Renewal, Store
+from worker.storage import Refused, Renewal, Store
 
 log = structlog.get_logger("worker.leader")
 
@@ -198,7 +196,7 @@ class LeaderElector(Leadership):
 
     async def _hand_over(self) -> None:
         """A planned handoff: stop the singletons, release the lease (clean: the next holder
-        need not wait, see ``keys.ACQUIRE``) and stay a standby for ``handoff_pause_s``."""
+        need not wait, see ``election.ACQUIRE``) and stay a standby for ``handoff_pause_s``."""
         self._handoff.clear()
         lock = await self._step_down("handoff requested", planned=True)
         if lock is None:
@@ -221,7 +219,7 @@ class LeaderElector(Leadership):
         ours, so a standby takes over before the lease expires instead of after. A shorter
         block keeps the lease, as it always did. Not a clean release: the lease state keeps
         this holder's last renew, so the next holder's singleton services wait until this
-        process has certainly stopped its own (``keys.ACQUIRE``'s gap) — they are frozen in the
+        process has certainly stopped its own (``election.ACQUIRE``'s gap) — they are frozen in the
         blocked loop, not stopped."""
         lock, loop = self._lock, self._loop
         if lock is None or lock == self._blocked or self._fresh():
@@ -241,43 +239,34 @@ class LeaderElector(Leadership):
         """Pub/sub: a release wakes the campaign loop; an acquisition by anyone else makes a
         leader step down at once (its lock is gone) and raises everyone's epoch floor. Lost
         messages only cost time: polling and renewing find the same facts."""
-        redis: Redis = self.store.redis
         keys = self.store.keys
-        announce = keys.leader_announce.encode()
-        handoff = keys.leader_handoff_channel.encode()
-        listen_s = min(1.0, self.timing.renew_deadline_s / 4)
-        while not stop.is_set():
-            pubsub = redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(
-                    keys.leader_channel, keys.leader_announce, keys.leader_handoff_channel
-                )
-                while not stop.is_set():
-                    # shorter than the lease connection's socket timeout (deadline / 2)
-                    msg = await pubsub.get_message(timeout=listen_s)
-                    if msg is None or msg.get("type") != "message":
-                        continue
-                    if msg.get("channel") == handoff:
-                        epoch = self.epoch
-                        if epoch is not None and msg.get("data") == str(epoch).encode():
-                            self._handoff.set()  # the renew would tell too, a bit later
-                        continue
-                    if msg.get("channel") != announce:
-                        wake.set()
-                        continue
-                    other = LockValue.parse(msg.get("data"))
-                    if other is None:
-                        continue
-                    self.note_epoch(other.epoch)
-                    if self._lock is not None and other != self._lock:
-                        self.lost(f"another process acquired the lease (epoch {other.epoch})")
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                await self.clock.wait(stop, self.timing.poll_interval_s)
-            finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+        announce, handoff = keys.leader_announce, keys.leader_handoff_channel
+
+        def heard(channel: str, data: bytes) -> None:
+            if channel == handoff:
+                epoch = self.epoch
+                if epoch is not None and data == str(epoch).encode():
+                    self._handoff.set()  # the renew would tell too, a bit later
+                return
+            if channel != announce:
+                wake.set()
+                return
+            other = LockValue.parse(data)
+            if other is None:
+                return
+            self.note_epoch(other.epoch)
+            if self._lock is not None and other != self._lock:
+                self.lost(f"another process acquired the lease (epoch {other.epoch})")
+
+        await self.store.listen(
+            [keys.leader_channel, announce, handoff],
+            heard,
+            stop,
+            clock=self.clock,
+            # shorter than the lease connection's socket timeout (deadline / 2)
+            poll_s=min(1.0, self.timing.renew_deadline_s / 4),
+            retry_s=self.timing.poll_interval_s,
+        )
 
     async def release(self) -> None:
         lock = self._forget()

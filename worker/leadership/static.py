@@ -11,7 +11,7 @@ from worker.clock import Clock, ms
 from worker.ids import LockValue
 from worker.leadership.base import Leadership
 from worker.metrics import Metrics
-from worker.store import Store
+from worker.storage import Store
 
 log = structlog.get_logger("worker.leader")
 

@@ -1,0 +1,401 @@
+"""The leader lease on Redis: acquire, renew, release, hand off, history, boot marker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from worker import malformed as M
+from worker.ids import LockValue
+from worker.storage import keys as K
+from worker.storage.base import _s
+from worker.storage.leases import LeaseOps
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A won campaign: the new lock value, and how long singleton services must wait (ms)
+    because the previous lease was not released cleanly (see ``election.ACQUIRE``)."""
+
+    lock: LockValue
+    gap_ms: int
+    #: a lock without expiry this acquisition replaced (left by an old static leader), or "".
+    replaced: str = ""
+    #: confirmed by the replicas the WAIT policy requires (a lease that is not may be lost
+    #: with the primary: its holder must not act on it).
+    replicated: bool = True
+
+
+class Renewal(IntEnum):
+    """What a renew of the lease found (``election.RENEW``); truthy when the lease was renewed."""
+
+    LOST = 0
+    RENEWED = 1
+    #: renewed, and an operator asked this epoch to hand the lease over (``election.HANDOFF``)
+    HANDOFF = 2
+
+
+@dataclass(frozen=True)
+class LeaderChange:
+    """One entry of the leadership history (``keys.leader_history``): ``epoch`` acquired or
+    given up at ``at_ms`` (the server's clock) by ``instance``, and why (``first``, ``after
+    release``, ``after handoff``, ``after expiry``, ``replaced``, ``retried``, ``data loss``
+    for an acquisition; ``released``, ``handoff`` for a release)."""
+
+    epoch: int
+    at_ms: int
+    reason: str
+    instance: str
+
+    def __str__(self) -> str:
+        return f"{self.epoch}|{self.at_ms}|{self.reason}|{self.instance}"
+
+    @classmethod
+    def parse(cls, raw: str | bytes) -> LeaderChange | None:
+        """The entry ACQUIRE or RELEASE wrote (``<epoch>|<ms>|<reason>|<instance>``; the
+        instance name is last and may hold anything), ``None`` if unreadable (its time past
+        year 9999 included)."""
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        parts = text.split("|", 3)
+        if len(parts) != 4 or not (parts[0].isascii() and parts[0].isdigit()):
+            return None
+        at_ms = M.time_ms(parts[1]) if parts[1].isascii() and parts[1].isdigit() else None
+        if at_ms is None or len(parts[0]) > 18:
+            return None
+        return cls(int(parts[0]), at_ms, parts[2], parts[3])
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A lost campaign: the lock another process holds (its epoch raises the caller's floor)."""
+
+    holder: LockValue | None
+
+
+#: Run by :meth:`ElectionOps.acquire` (below).
+ACQUIRE = """
+-- Acquire the leader lease if nobody holds it; a new epoch for every acquisition, above any
+-- epoch the caller has seen (so epochs never go backwards across a Redis data loss). A lock
+-- holding the caller's own token is an acquisition whose reply the caller never got (client
+-- timeout): it is replaced by a fresh one, so the caller's deadline is measured from this call.
+-- A lock without expiry (left by an old static leader) is stale and replaced too.
+-- Every acquisition is announced, appended to the history (why: first, after release, after
+-- handoff, after expiry, replaced, retried, data loss), and answers how long singleton
+-- services must wait: a lease that was not released cleanly (expired, deleted, lost with
+-- Redis's data, stale) may still be believed held by its old holder until that holder's renew
+-- deadline plus stop grace. A pending handoff request is void (it targeted an older epoch).
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> epoch counter
+-- KEYS[3] -> lease state hash (epoch, renewed_ms, released, released_why)
+-- KEYS[4] -> history list
+-- KEYS[5] -> handoff request
+-- ARGV[1] -> random token of the campaigning process
+-- ARGV[2] -> lease TTL in ms
+-- ARGV[3] -> epoch floor: the highest epoch the caller has seen (0 if none)
+-- ARGV[4] -> safety bound in ms: renew deadline + stop grace of a holder
+-- ARGV[5] -> announce channel
+-- ARGV[6] -> the caller's instance name (for the history)
+-- ARGV[7] -> history entries kept
+-- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
+-- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", 0,
+-- the holder's lock value} (the caller learns the current epoch; the epoch counter is raised
+-- to the caller's floor).
+local current = redis.call('GET', KEYS[1])
+local floor = tonumber(ARGV[3])
+local stale = current and redis.call('PTTL', KEYS[1]) == -1
+local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
+local counter = redis.call('GET', KEYS[2])
+if current and not stale and not mine then
+  if tonumber(counter or '0') < floor then
+    redis.call('SET', KEYS[2], floor)
+  end
+  return {'', 0, current}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released', 'released_why')
+local bound = tonumber(ARGV[4])
+local gap = bound
+local why = 'first'
+if stale then
+  gap = bound
+  why = 'replaced'
+elseif current then
+  gap = 0
+  why = 'retried'
+elseif prev[1] and prev[3] == prev[1] then
+  gap = 0
+  why = 'after release'
+  if prev[4] == 'handoff' then
+    why = 'after handoff'
+  end
+elseif prev[2] then
+  gap = math.max(0, tonumber(prev[2]) + bound - now)
+  why = 'after expiry'
+elseif counter then
+  why = 'after expiry'
+elseif floor > 0 then
+  why = 'data loss'
+end
+local epoch = redis.call('INCR', KEYS[2])
+if epoch <= floor then
+  epoch = floor + 1
+  redis.call('SET', KEYS[2], epoch)
+end
+local value = epoch .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', now, 'released', '', 'released_why', '')
+redis.call('DEL', KEYS[5])
+redis.call('LPUSH', KEYS[4], epoch .. '|' .. now .. '|' .. why .. '|' .. ARGV[6])
+redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[7]) - 1)
+redis.call('PUBLISH', ARGV[5], value)
+if stale then
+  return {value, gap, current}
+end
+return {value, gap, ''}
+"""
+
+
+#: Run by :meth:`ElectionOps.renew_lock` (below).
+RENEW = """
+-- Renew the leader lease: compare the whole value, *replace* the TTL (never add to it) and
+-- record the server time of the renew (read by the next acquisition, see ACQUIRE). Also tell
+-- the leader whether an operator asked it to hand the lease over (see HANDOFF).
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> lease state hash
+-- KEYS[3] -> handoff request
+-- ARGV[1] -> lock value held by the caller
+-- ARGV[2] -> lease TTL in ms
+-- ARGV[3] -> the caller's epoch
+-- Returns: 1 if renewed, 2 if renewed and a handoff of this epoch is requested, 0 if the lock
+-- is not (or no longer) the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[2], 'renewed_ms', now)
+  if redis.call('GET', KEYS[3]) == ARGV[3] then
+    return 2
+  end
+  return 1
+end
+return 0
+"""
+
+
+#: Run by :meth:`ElectionOps.release_lock` (below).
+RELEASE = """
+-- Release the lease if it is the caller's, record the clean release (the next holder need not
+-- wait for this one, see ACQUIRE) and why, append it to the history, void a handoff request
+-- (it is being served) and tell standbys at once.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> lease state hash
+-- KEYS[3] -> history list
+-- KEYS[4] -> handoff request
+-- ARGV[1] -> lock value held by the caller
+-- ARGV[2] -> pub/sub channel standbys listen on
+-- ARGV[3] -> the caller's epoch
+-- ARGV[4] -> why: "released" (shutdown) or "handoff"
+-- ARGV[5] -> the caller's instance name (for the history)
+-- ARGV[6] -> history entries kept
+-- Returns: 1 if released, 0 if the lock was not the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('DEL', KEYS[1], KEYS[4])
+  redis.call('HSET', KEYS[2], 'released', ARGV[3], 'released_why', ARGV[4])
+  redis.call('LPUSH', KEYS[3], ARGV[3] .. '|' .. now .. '|' .. ARGV[4] .. '|' .. ARGV[5])
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[6]) - 1)
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+#: Run by :meth:`ElectionOps.request_handoff` (below).
+HANDOFF = """
+-- Ask the current leader to hand the lease over (an operator's planned handoff): record the
+-- request for the current epoch and publish it; the leader of that epoch releases the lease
+-- (RELEASE, reason "handoff") and stays a standby for a while. The request expires unseen
+-- when no leader acts on it.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> handoff request
+-- ARGV[1] -> how long the request stands, ms
+-- ARGV[2] -> handoff channel
+-- Returns: the epoch the request targets, or 0 when nobody holds the lease.
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return 0
+end
+local epoch = string.match(current, '^(%d+):')
+if not epoch then
+  return 0
+end
+redis.call('SET', KEYS[2], epoch, 'PX', ARGV[1])
+redis.call('PUBLISH', ARGV[2], epoch)
+return tonumber(epoch)
+"""
+
+
+#: Run by :meth:`ElectionOps.claim_static` (below).
+CLAIM_STATIC = """
+-- Always-leader mode (single node, tests): take the lock unconditionally so fenced scripts
+-- work unchanged. It expires like any lease (the static leader renews it with RENEW), so a
+-- killed static leader cannot block a later election.
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> epoch counter
+-- ARGV[1] -> random token
+-- ARGV[2] -> lease TTL in ms
+-- Returns: the lock value "<epoch>:<token>".
+local epoch = redis.call('INCR', KEYS[2])
+local value = epoch .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+return value
+"""
+
+
+#: Run by :meth:`ElectionOps.boot_marker` (below).
+BOOT = """
+-- The dataset's boot marker: read it, or create it when missing (a fresh or emptied Redis).
+-- KEYS[1] -> boot marker
+-- ARGV[1] -> candidate marker "<random id>:<created ms>"
+-- Returns: {marker, 1 if created now else 0}.
+local v = redis.call('GET', KEYS[1])
+if v then
+  return {v, 0}
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return {ARGV[1], 1}
+"""
+
+
+#: Run by :meth:`ElectionOps.server_time_ms` (below).
+TIME = """
+-- The server's clock, read where the app's keys live (a Redis Cluster routes the call by
+-- KEYS[1] to the node serving the app's slot, the node whose clock the lease scripts read;
+-- a plain TIME would go to whichever node the client picked).
+-- KEYS[1] -> any key of the app (the leader lock)
+-- Returns: {seconds, microseconds}
+return redis.call('TIME')
+"""
+
+
+class ElectionOps(LeaseOps):
+    """The leader lease: campaigns, renewals, releases, handoffs, history, boot marker."""
+
+    async def acquire(
+        self,
+        token: str,
+        ttl_ms: int,
+        *,
+        floor: int = 0,
+        bound_ms: int = 0,
+        instance: str = "",
+    ) -> Acquired | Refused:
+        """Take the lease with a new epoch above ``floor`` if free, announcing it and noting
+        it (by ``instance``) in the history; ``bound_ms`` is a holder's renew deadline + stop
+        grace (see ``election.ACQUIRE``)."""
+        k = self.keys
+        (value, gap, other), acked = await self._eval(
+            self._script(ACQUIRE),
+            [k.leader, k.leader_epoch, k.leader_state, k.leader_history, k.leader_handoff],
+            [token, ttl_ms, floor, bound_ms, k.leader_announce, instance, K.HISTORY_KEEP],
+        )
+        lock = LockValue.parse(value) if value else None
+        if lock is None:
+            return Refused(LockValue.parse(other))
+        return Acquired(lock, int(gap), _s(other), self.replicated(acked))
+
+    async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:
+        """Replace the lease's TTL if it is still ``lock`` (and record when, server time);
+        :attr:`Renewal.HANDOFF` when an operator asked this epoch to hand over.
+        :class:`NotReplicated` when renewed but not confirmed (a failed renew, not a lost lease)."""
+        done, acked = await self._eval(
+            self._script(RENEW),
+            [self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
+            [str(lock), ttl_ms, lock.epoch],
+        )
+        renewal = Renewal(int(done))
+        if renewal and not self.replicated(acked):
+            raise self._short("lease renew", acked)
+        return renewal
+
+    async def release_lock(
+        self, lock: LockValue, *, reason: str = "released", instance: str = ""
+    ) -> bool:
+        """Delete the lease if it is ``lock``, record the clean release (``reason``:
+        ``released`` or ``handoff``) in the lease state and the history, wake the standbys."""
+        k = self.keys
+        done = await self._script(RELEASE)(
+            keys=[k.leader, k.leader_state, k.leader_history, k.leader_handoff],
+            args=[str(lock), k.leader_channel, lock.epoch, reason, instance, K.HISTORY_KEEP],
+        )
+        return bool(done)
+
+    async def drop_lock(self, lock: LockValue) -> bool:
+        """Delete the lease if it is ``lock`` and wake the standbys, recording *no* clean
+        release: the next holder waits out this holder's safety bound (``election.ACQUIRE``)."""
+        dropped = await self.release_lease(self.keys.leader, str(lock))
+        if dropped:
+            await self.redis.publish(self.keys.leader_channel, str(lock.epoch))
+        return dropped
+
+    async def request_handoff(self, ttl_ms: int) -> int | None:
+        """Ask the current leader to hand the lease over (``election.HANDOFF``): the epoch the
+        request targets, ``None`` when nobody holds the lease."""
+        epoch = await self._script(HANDOFF)(
+            keys=[self.keys.leader, self.keys.leader_handoff],
+            args=[ttl_ms, self.keys.leader_handoff_channel],
+        )
+        return int(epoch) or None
+
+    async def leader_history(self, limit: int = K.HISTORY_KEEP) -> list[LeaderChange]:
+        """The most recent leadership changes, newest first."""
+        out = []
+        for raw in await self.redis.lrange(self.keys.leader_history, 0, limit - 1):
+            change = LeaderChange.parse(raw)
+            if change is None:
+                M.skip("leadership change", self.keys.leader_history, raw, "unreadable")
+            else:
+                out.append(change)
+        return out
+
+    async def claim_static(self, token: str, ttl_ms: int) -> LockValue:
+        """Always-leader mode: take the lock unconditionally (it expires unless renewed)."""
+        raw = await self._script(CLAIM_STATIC)(
+            keys=[self.keys.leader, self.keys.leader_epoch], args=[token, ttl_ms]
+        )
+        value = LockValue.parse(raw)
+        assert value is not None, raw
+        return value
+
+    async def read_lock(self) -> tuple[LockValue | None, int]:
+        """The current lock value and its PTTL in ms (-1: no expiry, -2: absent)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.leader)
+            pipe.pttl(self.keys.leader)
+            raw, pttl = await pipe.execute()
+        return LockValue.parse(raw), int(pttl)
+
+    async def boot_marker(self, candidate: str) -> tuple[str, bool]:
+        """The dataset's boot marker, created from ``candidate`` if missing: ``(marker,
+        created)``. A process that saw another marker before knows Redis lost its data."""
+        marker, created = await self._script(BOOT)(keys=[self.keys.boot], args=[candidate])
+        return _s(marker), int(created) == 1
+
+    async def server_time_ms(self) -> float:
+        """The server's clock (``TIME``, on the node of the app's keys) in ms."""
+        sec, usec = await self._script(TIME)(keys=[self.keys.leader])
+        return int(sec) * 1000 + int(usec) / 1000
+
+    async def lease_counters(self) -> tuple[int | None, dict[str, str]]:
+        """The epoch counter and the lease state hash (``epoch``, ``renewed_ms``, ``released``)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.leader_epoch)
+            pipe.hgetall(self.keys.leader_state)
+            counter, state = await pipe.execute()
+        return (
+            int(counter) if counter is not None else None,
+            {_s(k): _s(v) for k, v in state.items()},
+        )

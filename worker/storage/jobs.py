@@ -1,0 +1,282 @@
+"""A job's records on Redis: the unique enqueue, the batched finish, queue heads, payloads."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from worker.storage import keys as K
+from worker.storage.base import StoreBase, _s, _score
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """An arq job record to write: its id, serialized payload and (for ticks) its score."""
+
+    job_id: str
+    payload: bytes
+    score_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How one run ended: ``done`` (succeeded) or ``failed`` (will not run again), ``result``
+    kept for ``result_ttl_ms`` if any; or ``retry`` / ``defer`` (at ``score_ms`` if given,
+    else where it was)."""
+
+    op: str
+    job_id: str
+    token: str
+    result: bytes | None = None
+    result_ttl_ms: int = 0
+    score_ms: int | None = None
+    queue: str = K.DEFAULT_QUEUE
+
+
+@dataclass(frozen=True)
+class FinishOutcome:
+    done: int
+    retried: int
+    refused: int
+    #: confirmed by the replicas the WAIT policy requires (else: send the runs again)
+    replicated: bool = True
+
+
+#: Run by :meth:`JobOps.unique_enqueue` (below).
+UNIQUE_ENQUEUE = """
+-- Enqueue an arq job unless a job or result with the same id exists (what arq's enqueue_job
+-- does with WATCH/MULTI, in one round trip).
+-- KEYS[1] -> arq queue
+-- ARGV[1] -> job id
+-- ARGV[2] -> arq job key prefix
+-- ARGV[3] -> arq result key prefix
+-- ARGV[4] -> job key TTL in ms
+-- ARGV[5] -> score (due time, ms)
+-- ARGV[6] -> serialized arq job
+-- ARGV[7] -> wake channel (idle consumers hear the due time)
+-- Returns: 1 if enqueued, 0 if the id exists.
+if redis.call('EXISTS', ARGV[2] .. ARGV[1], ARGV[3] .. ARGV[1]) > 0 then
+  return 0
+end
+redis.call('SET', ARGV[2] .. ARGV[1], ARGV[6], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[1], ARGV[5], ARGV[1])
+redis.call('PUBLISH', ARGV[7], ARGV[5])
+return 1
+"""
+
+
+#: Run by :meth:`JobOps.finish` (below).
+FINISH = """
+-- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker
+-- still equals its claim token): a run whose job was handed to another consumer meanwhile (it
+-- was reaped after a pause) writes nothing. "done" (succeeded) and "failed" (will not run
+-- again): keep the result (if any), delete the job, its try counter and marker, take it off its
+-- queue, and count it in its queue's per-minute counters (one HINCRBY per queue and outcome per
+-- batch). "retry": drop the marker and put the job back at the given score (its original one,
+-- or later when deferred) so it runs again; "defer" does the same and also gives back the try
+-- the claim counted (the job did not run: a cluster-wide limit was reached). Either way the id
+-- leaves the caller's holds set.
+-- KEYS[1] -> the caller's holds set
+-- KEYS[2] -> arq abort sorted set
+-- KEYS[3..2+n] -> the queues the jobs are in
+-- KEYS[3+n..2+2n] -> each queue's throughput hash for the current hour (same order)
+-- ARGV[1] -> arq job key prefix
+-- ARGV[2] -> arq in-progress key prefix
+-- ARGV[3] -> arq retry key prefix
+-- ARGV[4] -> arq result key prefix
+-- ARGV[5] -> wake channel (a job put back is announced like a new one)
+-- ARGV[6] -> the current minute (epoch ms // 60000): the counters' field prefix
+-- ARGV[7] -> n, the number of queues
+-- ARGV[8] -> the counters' TTL in ms
+-- ARGV[9..] -> groups of six: op ("done" | "failed" | "retry" | "defer"), job id, claim token,
+--              result payload ("" for none) or the score to run again at, result TTL in ms (""
+--              for none), the index of the job's queue in KEYS
+-- Returns: {done, retried, refused (claim lost)} ("done" counts failed runs too)
+local done, retried, refused = 0, 0, 0
+local ids, dels = {}, {}
+local finished = {}
+local counts = {}
+local earliest = nil
+for i = 9, #ARGV, 6 do
+  local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local q = tonumber(ARGV[i + 5])
+  local queue = KEYS[q]
+  ids[#ids + 1] = id
+  if redis.call('GET', ARGV[2] .. id) ~= token then
+    refused = refused + 1
+  elseif op == 'done' or op == 'failed' then
+    if data ~= '' then
+      redis.call('SET', ARGV[4] .. id, data, 'PX', ttl)
+    end
+    dels[#dels + 1] = ARGV[1] .. id
+    dels[#dels + 1] = ARGV[2] .. id
+    dels[#dels + 1] = ARGV[3] .. id
+    finished[queue] = finished[queue] or {}
+    table.insert(finished[queue], id)
+    counts[q] = counts[q] or {done = 0, failed = 0}
+    counts[q][op] = counts[q][op] + 1
+    done = done + 1
+  else
+    dels[#dels + 1] = ARGV[2] .. id
+    if op == 'defer' then
+      redis.call('DECR', ARGV[3] .. id)
+    end
+    if data ~= '' then
+      redis.call('ZADD', queue, 'XX', data, id)
+      if earliest == nil or tonumber(data) < earliest then
+        earliest = tonumber(data)
+      end
+    end
+    retried = retried + 1
+  end
+end
+if #dels > 0 then
+  redis.call('DEL', unpack(dels))
+end
+local aborts = redis.call('ZCARD', KEYS[2]) > 0
+for queue, gone in pairs(finished) do
+  redis.call('ZREM', queue, unpack(gone))
+  if aborts then
+    redis.call('ZREM', KEYS[2], unpack(gone))
+  end
+end
+local n = tonumber(ARGV[7])
+for q, c in pairs(counts) do
+  local stats = KEYS[q + n]
+  for outcome, count in pairs(c) do
+    if count > 0 then
+      redis.call('HINCRBY', stats, ARGV[6] .. ':' .. outcome, count)
+    end
+  end
+  redis.call('PEXPIRE', stats, ARGV[8])
+end
+if #ids > 0 then
+  redis.call('SREM', KEYS[1], unpack(ids))
+end
+if earliest ~= nil then
+  redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
+end
+return {done, retried, refused}
+"""
+
+
+class JobOps(StoreBase):
+    """A job's records: the unique enqueue, the batched finish, queue heads, payloads."""
+
+    async def unique_enqueue(self, job: NewJob, ttl_ms: int, queue: str = K.DEFAULT_QUEUE) -> bool:
+        """Write an arq job into ``queue`` unless its id is taken (queued, running or kept).
+
+        With a WAIT policy the answer is acknowledged: ``True`` once the replicas have the job,
+        ``False`` once they have the job that holds the id; :class:`NotReplicated` otherwise."""
+        ok, acked = await self._eval(
+            self._script(UNIQUE_ENQUEUE),
+            [self.keys.queue_of(queue)],
+            [
+                job.job_id,
+                K.ARQ_JOB,
+                K.ARQ_RESULT,
+                ttl_ms,
+                job.score_ms,
+                job.payload,
+                self.keys.wake,
+            ],
+        )
+        if not ok and self.replication.enabled:
+            await self.confirm("enqueue (the id exists)")
+        elif not self.replicated(acked):
+            raise self._short("enqueue", acked)
+        return bool(ok)
+
+    async def finish(
+        self, instance_id: str, runs: Sequence[Finish], *, now_ms: int, resend: bool = False
+    ) -> FinishOutcome:
+        """Finish runs whose claims still hold, counting finished runs per queue in the
+        minute of ``now_ms`` (see ``jobs.FINISH``). ``resend``: these runs were sent before
+        without a confirmation (they may have been applied: the probe makes the ``WAIT``
+        measure now)."""
+        queues: list[str] = []
+        groups: list[Any] = []
+        for f in runs:
+            if f.op in ("done", "failed"):
+                data: Any = f.result if f.result is not None else ""
+                ttl: Any = f.result_ttl_ms if f.result is not None else ""
+            else:
+                data, ttl = ("" if f.score_ms is None else f.score_ms), ""
+            if f.queue not in queues:
+                queues.append(f.queue)
+            groups += [f.op, f.job_id, f.token, data, ttl, queues.index(f.queue) + 3]
+        minute, hour = now_ms // 60_000, now_ms // 3_600_000
+        args: list[Any] = [
+            K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake,
+            minute, len(queues), K.STATS_TTL_MS, *groups,
+        ]  # fmt: skip
+        (done, retried, refused), acked = await self._eval(
+            self._script(FINISH),
+            [
+                self.keys.holds(instance_id),
+                self.keys.abort,
+                *(self.keys.queue_of(q) for q in queues),
+                *(self.keys.stats(q, hour) for q in queues),
+            ],
+            args,
+            probe=resend,
+        )
+        return FinishOutcome(int(done), int(retried), int(refused), self.replicated(acked))
+
+    async def queue_head(self, queues: Sequence[str] = (K.DEFAULT_QUEUE,)) -> int | None:
+        """The earliest score in ``queues`` (ms), ``None`` when empty: one command per queue
+        in one round trip, what an idle consumer looks at between announcements."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.zrange(self.keys.queue_of(q), 0, 0, withscores=True)
+            heads = await pipe.execute()
+        found = [
+            _score(self.keys.queue_of(q), h[0][0], h[0][1]) if h else None
+            for q, h in zip(queues, heads, strict=True)
+        ]
+        scores = [s for s in found if s is not None]
+        return min(scores) if scores else None
+
+    async def raise_try(self, job_id: str, job_try: int, ttl_ms: int) -> None:
+        """A job enqueued with an explicit try number counts from there (arq semantics)."""
+        await self.redis.set(K.ARQ_RETRY + job_id, job_try, px=ttl_ms)
+
+    async def payload_digest(self, job_id: str, size: int, keep: int) -> tuple[str, bytes]:
+        """sha256 of a (large) payload read in bounded chunks, and its first ``keep`` bytes."""
+        digest = hashlib.sha256()
+        head = b""
+        chunk = 1 << 20
+        for start in range(0, max(size, 0), chunk):
+            part = await self.redis.getrange(K.ARQ_JOB + job_id, start, start + chunk - 1)
+            if not part:
+                break
+            digest.update(part)
+            if len(head) < keep:
+                head += part[: keep - len(head)]
+        return digest.hexdigest(), head
+
+    async def pop_due(self, queue: str, now_ms: int) -> tuple[str, bytes | None] | None:
+        """Take the first job due at ``now_ms`` off ``queue`` with its record (what the test
+        harness runs inline): ``(job id, its payload or None)``, ``None`` when none is due."""
+        key = self.keys.queue_of(queue)
+        due = await self.redis.zrangebyscore(key, "-inf", now_ms, 0, 1)
+        if not due:
+            return None
+        job_id = _s(due[0])
+        await self.redis.zrem(key, job_id)
+        raw = await self.redis.get(K.ARQ_JOB + job_id)
+        await self.redis.delete(K.ARQ_JOB + job_id)
+        return job_id, (bytes(raw) if raw is not None else None)
+
+    async def job_payload(self, job_id: str) -> bytes | None:
+        raw = await self.redis.get(K.ARQ_JOB + job_id)
+        return bytes(raw) if raw is not None else None
+
+    async def set_health(self, instance_id: str, text: str, ttl_ms: int) -> None:
+        """arq's health-check record, one key per instance (arq issue #291)."""
+        await self.redis.set(self.keys.arq_health(instance_id), text, px=ttl_ms)
+
+    async def clear_health(self, instance_id: str) -> None:
+        await self.redis.delete(self.keys.arq_health(instance_id))

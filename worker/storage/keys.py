@@ -1,0 +1,291 @@
+"""Every Redis key name the framework uses, under one prefix; no Lua and no Redis access.
+
+The scripts live beside their one caller in the other modules of :mod:`worker.storage`, and
+:mod:`worker.ids` builds and parses ids (the Cluster hash tag included).
+
+All keys live under one configurable prefix (``WORKER_KEY_PREFIX``, default ``worker:``) so
+several apps can share a Redis. The only exceptions are arq's own per-job keys
+(``arq:job:<id>``, ``arq:in-progress:<id>``, ``arq:result:<id>``, ``arq:retry:<id>``), whose
+prefixes arq fixes; the job ids the framework generates carry the prefix, so they do not clash.
+
+Each script opens with a ``KEYS[n] ->`` / ``ARGV[n] ->`` / ``Returns:`` header. Scripts marked
+*fenced* begin by comparing the leader lock with the caller's lock value and answer with the
+error ``FENCED ...`` when it differs; Redis runs a script atomically, so a leader that lost its
+lease (paused, partitioned, replaced) can never write through one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arq.constants import (
+    abort_jobs_ss,
+    in_progress_key_prefix,
+    job_key_prefix,
+    result_key_prefix,
+    retry_key_prefix,
+)
+
+from worker.ids import hash_tag
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "FENCE_ERROR",
+    "HISTORY_KEEP",
+    "STATS_TTL_MS",
+    "Keys",
+]
+
+ARQ_JOB = job_key_prefix
+ARQ_RESULT = result_key_prefix
+ARQ_IN_PROGRESS = in_progress_key_prefix
+ARQ_RETRY = retry_key_prefix
+ARQ_ABORT = abort_jobs_ss
+
+#: The queue jobs go to unless their task names another.
+DEFAULT_QUEUE = "default"
+
+#: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
+FENCE_ERROR = "FENCED"
+
+#: Leadership changes kept in ``<prefix>leader:history`` (newest first).
+HISTORY_KEEP = 100
+#: How long the per-minute throughput counters of an hour are kept after their last write.
+STATS_TTL_MS = 2 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix. Pure functions of their arguments; no Redis access."""
+
+    prefix: str = "worker:"
+
+    # -- queues (arq's sorted sets of job ids scored by due time in ms) ------------------------
+    @property
+    def queue(self) -> str:
+        """The default queue (named ``default``)."""
+        return f"{self.prefix}queue"
+
+    def queue_of(self, name: str) -> str:
+        """A named queue: ``default`` is :attr:`queue`, any other ``<prefix>queue:<name>``."""
+        return self.queue if name == DEFAULT_QUEUE else f"{self.prefix}queue:{name}"
+
+    # -- leadership --------------------------------------------------------------------------
+    @property
+    def leader(self) -> str:
+        """The lease: value ``<epoch>:<token>``, PX = leader TTL."""
+        return f"{self.prefix}leader"
+
+    @property
+    def leader_epoch(self) -> str:
+        """Counter INCRed on every acquisition; never decreases while Redis keeps its data."""
+        return f"{self.prefix}leader:epoch"
+
+    @property
+    def leader_channel(self) -> str:
+        """Pub/sub channel a releasing leader publishes on so standbys campaign at once."""
+        return f"{self.prefix}leader:released"
+
+    @property
+    def leader_announce(self) -> str:
+        """Pub/sub channel every acquisition is announced on (``<epoch>:<token>``): a leader
+        hearing another value steps down at once instead of at its next renew."""
+        return f"{self.prefix}leader:acquired"
+
+    @property
+    def leader_state(self) -> str:
+        """Hash about the current lease: ``epoch``, ``renewed_ms`` (server time of the last
+        acquire/renew) and ``released`` (the epoch released cleanly), so an acquisition knows
+        how long the previous holder may still believe it leads."""
+        return f"{self.prefix}leader:state"
+
+    @property
+    def leader_history(self) -> str:
+        """List of the last :data:`HISTORY_KEEP` leadership changes, newest first, each
+        ``<epoch>|<server ms>|<reason>|<instance>`` (written by ACQUIRE and RELEASE; parsed by
+        ``Store.leader_history``)."""
+        return f"{self.prefix}leader:history"
+
+    @property
+    def leader_handoff(self) -> str:
+        """A planned handoff request: value = the epoch it targets, short PX. The leader of that
+        epoch sees it on its next renew (or at once, on :attr:`leader_handoff_channel`),
+        releases the lease and stays a standby for a while, so another candidate takes over."""
+        return f"{self.prefix}leader:handoff"
+
+    @property
+    def leader_handoff_channel(self) -> str:
+        """Pub/sub channel a handoff request is published on (the targeted epoch)."""
+        return f"{self.prefix}leader:handoff-requested"
+
+    @property
+    def boot(self) -> str:
+        """Marker ``<random id>:<created ms>`` written once per Redis dataset: a process that
+        saw it and finds it gone knows Redis lost its data."""
+        return f"{self.prefix}boot"
+
+    @property
+    def probe(self) -> str:
+        """Counter INCRed only to measure replication: a ``WAIT`` right after it confirms that
+        the replicas have every write the primary made before it (see ``StoreBase.confirm``)."""
+        return f"{self.prefix}probe"
+
+    @property
+    def slot_tag(self) -> str:
+        """The Redis Cluster hash tag the prefix starts with (``{shop}``), or ``""``: every job
+        id must then start with it, so arq's per-job keys share the app's slot."""
+        tag = hash_tag(self.prefix)
+        return f"{{{tag}}}" if tag is not None else ""
+
+    @property
+    def abort(self) -> str:
+        """The app's sorted set of abort requests (``Client.abort``): ``<prefix>abort``, not
+        arq's shared ``arq:abort`` (``Job.abort()``), which holds every app's job ids and which a
+        Redis user limited to the app's keys cannot (and must not) reach."""
+        return f"{self.prefix}abort"
+
+    @property
+    def wake(self) -> str:
+        """Pub/sub channel every enqueue publishes the earliest due time (ms) on, so idle
+        consumers claim at once instead of at their next poll."""
+        return f"{self.prefix}wake"
+
+    # -- periodic jobs ------------------------------------------------------------------------
+    @property
+    def periodic_state(self) -> str:
+        """Hash: periodic job name -> last enqueued tick (epoch ms)."""
+        return f"{self.prefix}periodic:last"
+
+    @property
+    def periodic_runs(self) -> str:
+        """Hash of how periodic runs ended, written by the consumers that ran them:
+        ``<name>:success`` and ``<name>:failure`` -> JSON ``{at_ms, tick_ms, instance[,
+        error]}`` of the most recent such end, ``<name>:failing_since`` -> end time (ms) of
+        the first failure since the last success."""
+        return f"{self.prefix}periodic:runs"
+
+    # -- pollers ------------------------------------------------------------------------------
+    def poll_shard(self, poller: str, shard: int) -> str:
+        """Sorted set of items due for polling, scored by due time (epoch ms).
+
+        The poller name is a Redis Cluster hash tag so one poller's shards, its in-flight hash
+        and a dispatch script's keys could share a slot; spreading pollers across a cluster
+        would give each shard its own tag (see README, "Scale").
+        """
+        return f"{self.prefix}poll:{{{poller}}}:{shard}"
+
+    def poll_inflight(self, poller: str) -> str:
+        """Hash: item -> id of the arq job currently carrying it."""
+        return f"{self.prefix}poll:{{{poller}}}:inflight"
+
+    def poll_removed(self, poller: str) -> str:
+        """Hash: item -> id of the job that carried it when the app removed it (that job's
+        failure must not put the item back)."""
+        return f"{self.prefix}poll:{{{poller}}}:removed"
+
+    # -- initializers -------------------------------------------------------------------------
+    def init_state(self, name: str) -> str:
+        """Hash: version, cursor, batches, items, done, started_ms, finished_ms, epoch."""
+        return f"{self.prefix}init:{name}"
+
+    # -- instance registry --------------------------------------------------------------------
+    @property
+    def instances(self) -> str:
+        """Sorted set: instance id -> last heartbeat (epoch ms). Outlives the instance hash."""
+        return f"{self.prefix}instances"
+
+    @property
+    def apps(self) -> str:
+        """Hash: app name -> its manifest (JSON, see :mod:`worker.manifest`), written by every
+        process at start; admin commands describe the running app from it."""
+        return f"{self.prefix}apps"
+
+    def instance(self, instance_id: str) -> str:
+        """Hash describing one live process; expires at about twice the heartbeat interval."""
+        return f"{self.prefix}instance:{instance_id}"
+
+    def holds(self, instance_id: str) -> str:
+        """Set of arq job ids the instance is running (for orphan recovery)."""
+        return f"{self.prefix}instance:{instance_id}:jobs"
+
+    @property
+    def holds_pattern(self) -> str:
+        """SCAN pattern of every holds set (``doctor`` looks for ones nobody owns)."""
+        return f"{self.prefix}instance:*:jobs"
+
+    def holds_owner(self, key: str) -> str | None:
+        """The instance id of a holds set key, or ``None`` if ``key`` is not one."""
+        head, tail = f"{self.prefix}instance:", ":jobs"
+        if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
+            return key[len(head) : -len(tail)]
+        return None
+
+    def arq_health(self, instance_id: str) -> str:
+        """arq's health-check key, one per instance (arq issue #291)."""
+        return f"{self.prefix}arq-health:{instance_id}"
+
+    @property
+    def paused(self) -> str:
+        """Set of paused duties: ``periodic:<name>`` (ticks skipped), ``poller:<name>``
+        (nothing dispatched). ``python -m worker pause|resume`` edits it."""
+        return f"{self.prefix}paused"
+
+    # -- per_key services ---------------------------------------------------------------------
+    def service_members(self, service: str) -> str:
+        """Sorted set: instance id -> last round (epoch ms) of processes running the service."""
+        return f"{self.prefix}svc:{service}:members"
+
+    def service_lease(self, service: str, key: str) -> str:
+        """Lease of one key of a per_key service: value = owning instance id, PX = lease TTL."""
+        return f"{self.prefix}svc:{service}:lease:{key}"
+
+    # -- broadcasts ---------------------------------------------------------------------------
+    def broadcast(self, topic: str) -> str:
+        """Stream of a broadcast topic's recent messages (capped; see ``BROADCAST``): entry
+        fields ``seq``, ``origin``, ``chain``, ``data``. The stream id is the read cursor."""
+        return f"{self.prefix}bcast:{topic}"
+
+    # -- job helpers --------------------------------------------------------------------------
+    def mutex(self, name: str) -> str:
+        return f"{self.prefix}mutex:{name}"
+
+    def once(self, name: str) -> str:
+        return f"{self.prefix}once:{name}"
+
+    # -- cluster-wide limits ------------------------------------------------------------------
+    def limit_slots(self, task: str) -> str:
+        """Sorted set: job id -> lease expiry (ms) of each run holding a concurrency slot."""
+        return f"{self.prefix}limit:{task}:slots"
+
+    def limit_rate(self, task: str) -> str:
+        """The rate limiter's theoretical arrival time (ms) for ``task``."""
+        return f"{self.prefix}limit:{task}:rate"
+
+    # -- throughput and the operators' log ------------------------------------------------------
+    def stats(self, queue: str, hour: int) -> str:
+        """Hash of one queue's finished runs in one hour (``hour`` = epoch ms // 3,600,000):
+        ``<minute>:done`` and ``<minute>:failed`` -> count, ``minute`` = epoch ms // 60,000.
+        Written by FINISH (one HINCRBY per batch and outcome); expires
+        :data:`STATS_TTL_MS` after its last write, so each hour's key goes by itself."""
+        return f"{self.prefix}stats:{queue}:{hour}"
+
+    @property
+    def audit(self) -> str:
+        """List of the operators' recent actions (console and CLI), newest first, JSON each."""
+        return f"{self.prefix}audit"
+
+    # -- dead letters -------------------------------------------------------------------------
+    @property
+    def dead(self) -> str:
+        """Sorted set: job id -> time it was set aside (epoch ms)."""
+        return f"{self.prefix}dead"
+
+    @property
+    def dead_jobs(self) -> str:
+        """Hash: job id -> JSON record {reason, payload (base64), at}."""
+        return f"{self.prefix}dead:jobs"
+
+    @property
+    def dead_index(self) -> str:
+        """Hash: job id -> the same JSON record without its payload (what a listing reads)."""
+        return f"{self.prefix}dead:index"

@@ -1,0 +1,114 @@
+"""What operators read and edit on Redis: queue depths, throughput, pauses, the audit log."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from worker.storage.base import StoreBase, _s, _score
+
+
+class OperatorOps(StoreBase):
+    """What operators read and edit: queue depths, throughput, manifests, pauses, audit log."""
+
+    async def write_manifest(self, app: str, manifest: str) -> None:
+        """Record ``app``'s manifest (JSON) for admin commands (``<prefix>apps``)."""
+        await self.redis.hset(self.keys.apps, app, manifest)
+
+    async def manifests(self) -> dict[str, dict[str, Any]]:
+        """Every recorded app manifest by app name (unreadable entries are skipped)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, raw in (await self.redis.hgetall(self.keys.apps)).items():
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                out[_s(name)] = data
+        return out
+
+    async def holds_sets(self) -> dict[str, int]:
+        """Every holds set in Redis: instance id -> number of job ids in it (``SCAN``)."""
+        found: dict[str, int] = {}
+        async for key in self.redis.scan_iter(match=self.keys.holds_pattern, count=1000):
+            owner = self.keys.holds_owner(_s(key))
+            if owner is not None:
+                found[owner] = int(await self.redis.scard(key))
+        return found
+
+    async def queue_depths(self, queues: Sequence[str], now_ms: int) -> list[tuple[int, int]]:
+        """Per queue: ``(due and not claimed, all)`` (claimed jobs are parked in the future)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                key = self.keys.queue_of(q)
+                pipe.zcount(key, "-inf", now_ms)
+                pipe.zcard(key)
+            raw = await pipe.execute()
+        return [(int(raw[2 * i]), int(raw[2 * i + 1])) for i in range(len(queues))]
+
+    async def queue_heads(self, keys: Sequence[str]) -> list[int | None]:
+        """The earliest score (ms) of each sorted set, ``None`` where it is empty (or holds
+        only entries scored ``+inf``: never due)."""
+        if not keys:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.zrange(key, 0, 0, withscores=True)
+            heads = await pipe.execute()
+        return [
+            _score(key, h[0][0], h[0][1]) if h else None for key, h in zip(keys, heads, strict=True)
+        ]
+
+    async def throughput(
+        self, queues: Sequence[str], now_ms: int, minutes: int = 60
+    ) -> dict[str, list[tuple[int, int, int]]]:
+        """Per queue, the last ``minutes`` minutes up to ``now_ms``, oldest first: ``(minute
+        start ms, done, failed)`` from the counters FINISH keeps (two hashes per queue)."""
+        hour = now_ms // 3_600_000
+        hours = range(hour - (minutes + 59) // 60, hour + 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                for h in hours:
+                    pipe.hgetall(self.keys.stats(q, h))
+            raw = await pipe.execute()
+        last = now_ms // 60_000
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for i, q in enumerate(queues):
+            fields: dict[str, int] = {}
+            for part in raw[i * len(hours) : (i + 1) * len(hours)]:
+                fields.update({_s(k): int(v) for k, v in part.items()})
+            out[q] = [
+                (m * 60_000, fields.get(f"{m}:done", 0), fields.get(f"{m}:failed", 0))
+                for m in range(last - minutes + 1, last + 1)
+            ]
+        return out
+
+    async def pause(self, duty: str) -> bool:
+        """Pause ``periodic:<name>`` or ``poller:<name>`` cluster-wide; ``True`` if it was not."""
+        return bool(await self.redis.sadd(self.keys.paused, duty))
+
+    async def resume(self, duty: str) -> bool:
+        return bool(await self.redis.srem(self.keys.paused, duty))
+
+    async def paused(self) -> set[str]:
+        return {_s(m) for m in await self.redis.smembers(self.keys.paused)}
+
+    async def audit(self, entry: Mapping[str, Any], keep: int) -> None:
+        """Append an operator's action (JSON) to the capped log, newest first."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(self.keys.audit, json.dumps(entry, default=str))
+            pipe.ltrim(self.keys.audit, 0, keep - 1)
+            await pipe.execute()
+
+    async def audit_log(self, limit: int) -> list[dict[str, Any]]:
+        """The most recent operator actions, newest first."""
+        out = []
+        for raw in await self.redis.lrange(self.keys.audit, 0, limit - 1):
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                out.append(entry)
+        return out

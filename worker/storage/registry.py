@@ -1,0 +1,181 @@
+"""The instance registry on Redis: heartbeats, records, stale instances, the fenced reap."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from worker.storage import keys as K
+from worker.storage.base import StoreBase, _object, _s, _score
+from worker.storage.fenced import FENCE, FencedBase
+
+
+@dataclass(frozen=True)
+class Stale:
+    instance_id: str
+    heartbeat_ms: int
+
+
+#: Run by :meth:`RegistryOps.heartbeat` (below).
+HEARTBEAT = """
+-- Write an instance's record and its heartbeat score, on the server's clock: the orphan
+-- reaper and doctor judge silence on that one clock, whatever the hosts' clocks say.
+-- KEYS[1] -> the instance's record
+-- KEYS[2] -> instances sorted set
+-- ARGV[1] -> instance id
+-- ARGV[2] -> record (JSON)
+-- ARGV[3] -> record TTL ms
+-- ARGV[4] -> score ms, or "" for the server's clock (tests pass one)
+-- Returns: the server's clock {seconds, microseconds} (the caller's clock-offset estimate).
+local t = redis.call('TIME')
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local score = ARGV[4]
+if score == '' then
+  score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+redis.call('ZADD', KEYS[2], score, ARGV[1])
+return t
+"""
+
+
+#: Run by :meth:`FencedRegistryOps.reap` (below).
+REAP = (
+    """
+-- Fenced. Make the jobs of a dead instance available again: drop the in-progress marker of
+-- each job that is still queued and still claimed by that instance (its claim tokens start
+-- with "<instance id>/") and make it due now (a claimed job is parked in the future, see
+-- CLAIM), then forget the instance. A run of that instance that wakes up later finds its
+-- claim gone and can no longer finish the job (see FINISH).
+-- KEYS[1] -> leader lock
+-- KEYS[2] -> the dead instance's holds set
+-- KEYS[3] -> instances sorted set
+-- KEYS[4..] -> the queues its jobs can be in
+-- ARGV[1] -> caller's lock value
+-- ARGV[2] -> arq in-progress key prefix
+-- ARGV[3] -> instance id
+-- ARGV[4] -> heartbeat score the caller judged stale (guard against a late heartbeat)
+-- ARGV[5] -> now ms: the score released jobs are due at
+-- ARGV[6] -> wake channel
+-- Returns: number of jobs released, or -1 if the instance heartbeated meanwhile.
+"""
+    + FENCE
+    + """
+local score = redis.call('ZSCORE', KEYS[3], ARGV[3])
+if score and tonumber(score) > tonumber(ARGV[4]) then
+  return -1
+end
+local released = 0
+local prefix = ARGV[3] .. '/'
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  for q = 4, #KEYS do
+    if redis.call('ZSCORE', KEYS[q], id) then
+      local claim = redis.call('GET', ARGV[2] .. id)
+      if claim and string.sub(claim, 1, #prefix) == prefix then
+        released = released + redis.call('DEL', ARGV[2] .. id)
+        redis.call('ZADD', KEYS[q], 'XX', ARGV[5], id)
+      end
+      break
+    end
+  end
+end
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[3])
+if released > 0 then
+  redis.call('PUBLISH', ARGV[6], ARGV[5])
+end
+return released
+"""
+)
+
+
+class RegistryOps(StoreBase):
+    """The instance registry: heartbeats, records, stale instances."""
+
+    async def heartbeat(
+        self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, score_ms: int | None = None
+    ) -> float:
+        """Write the instance's record and heartbeat score (the server's clock unless
+        ``score_ms`` says otherwise, ``registry.HEARTBEAT``); returns the server's clock (``TIME``,
+        in ms) read in the same script, for the clock-offset estimate."""
+        score = "" if score_ms is None else score_ms
+        sec, usec = await self._script(HEARTBEAT)(
+            keys=[self.keys.instance(instance_id), self.keys.instances],
+            args=[instance_id, json.dumps(record, default=str), ttl_ms, score],
+        )
+        return int(sec) * 1000 + int(usec) / 1000
+
+    async def deregister(self, instance_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.instance(instance_id), self.keys.holds(instance_id))
+            pipe.zrem(self.keys.instances, instance_id)
+            await pipe.execute()
+
+    async def stale_instances(self, cutoff_ms: int) -> list[Stale]:
+        raw = await self.redis.zrangebyscore(
+            self.keys.instances, "-inf", cutoff_ms, withscores=True
+        )
+        return [Stale(_s(i), _score(self.keys.instances, i, score) or 0) for i, score in raw]
+
+    async def instances(self) -> list[tuple[str, int, dict[str, Any] | None]]:
+        """Every registered instance: ``(id, last heartbeat ms on the server's clock, record or
+        None if expired)``. Records are also found by ``SCAN``, so an instance missing from the
+        heartbeat sorted set (reaped while alive) still counts; its time is then the record's
+        ``heartbeat_ms`` corrected by its measured clock offset. A record that is not a JSON
+        object reads as expired (and is logged once)."""
+        members: dict[str, int | None] = {
+            _s(m): _score(self.keys.instances, m, score) or 0
+            for m, score in await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
+        }
+        head = self.keys.instance("")
+        async for key in self.redis.scan_iter(match=f"{head}*", count=1000):
+            name = _s(key)
+            if self.keys.holds_owner(name) is None:
+                members.setdefault(name[len(head) :], None)  # record only: time from it
+        ids = list(members)
+        raw = await self.redis.mget([self.keys.instance(i) for i in ids]) if ids else []
+        out = []
+        for i, blob in zip(ids, raw, strict=True):
+            rec, score = _object(self.keys.instance(i), blob), members[i]
+            if score is None:
+                if rec is None:
+                    continue  # expired between SCAN and MGET, or unreadable
+                beat, offset = rec.get("heartbeat_ms"), rec.get("clock_offset_ms") or 0
+                if not isinstance(beat, int | float) or not isinstance(offset, int | float):
+                    continue
+                score = round(beat + offset)
+            out.append((i, score, rec))
+        return out
+
+    async def live_apps(self) -> dict[str, int]:
+        """Live instances (their record has not expired) per app name. Records without an app
+        name (written by older versions) are not counted."""
+        counts: dict[str, int] = {}
+        for _, _, rec in await self.instances():
+            app = rec.get("app") if rec is not None else None
+            if isinstance(app, str):
+                counts[app] = counts.get(app, 0) + 1
+        return counts
+
+
+class FencedRegistryOps(FencedBase):
+    """The leader's reaping of dead instances' jobs."""
+
+    async def reap(
+        self,
+        instance_id: str,
+        judged_ms: int,
+        now_ms: int,
+        queues: Sequence[str] = (K.DEFAULT_QUEUE,),
+    ) -> int | None:
+        """Release the jobs of a dead instance (due at ``now_ms``, in whichever of ``queues``
+        they are); ``None`` if it heartbeated meanwhile."""
+        keys = [
+            self.keys.holds(instance_id),
+            self.keys.instances,
+            *(self.keys.queue_of(q) for q in queues),
+        ]
+        args = [K.ARQ_IN_PROGRESS, instance_id, judged_ms, now_ms, self.keys.wake]
+        released = int(await self._run(REAP, keys, args))
+        return None if released < 0 else released

@@ -1,0 +1,52 @@
+"""The store of a process: every per-concern part composed into :class:`Store` and
+:class:`FencedStore`, and :func:`open_store`, the one way the framework builds one."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from worker.connection import Replication
+from worker.storage.broadcast import BroadcastOps
+from worker.storage.claims import ClaimOps
+from worker.storage.dead import DeadOps
+from worker.storage.election import ElectionOps
+from worker.storage.initializer import FencedInitializerOps, InitializerOps
+from worker.storage.jobs import JobOps
+from worker.storage.keys import Keys
+from worker.storage.limits import LimitOps
+from worker.storage.operators import OperatorOps
+from worker.storage.periodic import FencedPeriodicOps, PeriodicOps
+from worker.storage.poller import FencedPollerOps, PollerOps
+from worker.storage.registry import FencedRegistryOps, RegistryOps
+from worker.storage.subscriptions import SubscriptionOps
+
+
+class Store(
+    ElectionOps,
+    ClaimOps,
+    JobOps,
+    PeriodicOps,
+    PollerOps,
+    InitializerOps,
+    RegistryOps,
+    LimitOps,
+    DeadOps,
+    BroadcastOps,
+    OperatorOps,
+    SubscriptionOps,
+):
+    """Every unfenced Redis operation of the framework, one part per concern (see
+    :mod:`worker.storage`); build it with :func:`open_store`."""
+
+
+class FencedStore(FencedPeriodicOps, FencedPollerOps, FencedInitializerOps, FencedRegistryOps):
+    """The writes only the leader may make, over a :class:`Store` and a
+    :class:`~worker.views.LeaderView` (see :mod:`worker.storage.fenced`)."""
+
+    store: Store
+
+
+def open_store(redis: Redis, keys: Keys, replication: Replication | None) -> Store:
+    """The process's store over ``redis``: always with the app's WAIT policy (``None`` only
+    where the settings have none to give, e.g. a bare test client)."""
+    return Store(redis, keys, replication)
