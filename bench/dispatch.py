@@ -1,6 +1,6 @@
 """Poll dispatch: moving due items from a poller's shards into the arq queue.
 
-OURS: ``worker.poller.PollingScheduler.dispatch_shard`` in a loop until every shard is empty
+OURS: ``worker.duties.poller.PollingScheduler.dispatch_shard`` in a loop until every shard is empty
 (one read + one fenced DISPATCH script per batch of ``batch_size`` items), with a static lock
 value set so the fence passes.
 
@@ -48,8 +48,8 @@ from bench._common import (
 )
 from worker.client import connect_redis
 from worker.clock import SystemClock, ms
+from worker.duties.poller import PollerDef, PollingScheduler
 from worker.ids import JobIds
-from worker.poller import PollerDef, PollingScheduler
 from worker.serializer import get_serializer
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
@@ -177,7 +177,7 @@ async def inflight_after_jobs_finish(url: str, n: int = 1000) -> str:
     from worker.clock import SystemClock
     from worker.consumer import build_functions
     from worker.context import Context, JobContext
-    from worker.poller import InflightHook
+    from worker.duties.poller import InflightHook
     from worker.settings import Settings
 
     app = App("leakcheck")

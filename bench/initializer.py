@@ -1,6 +1,6 @@
 """Initializer: writing many items into a poller's shards, resumably.
 
-OURS: ``worker.initializer.Initializer`` running an async generator that yields batches of
+OURS: ``worker.duties.initializer.Initializer`` running an async generator that yields batches of
 ``--batch`` items (1000) for a poller with ``--shards`` shards (4); each batch and its
 checkpoint go in one fenced CHECKPOINT script. A static lock value is set so the fence passes.
 
@@ -53,8 +53,8 @@ from worker.app import App
 from worker.client import Client, connect_redis
 from worker.clock import SystemClock, ms
 from worker.context import Context
-from worker.initializer import Initializer, InitializerDef
-from worker.poller import PollerDef
+from worker.duties.initializer import Initializer, InitializerDef
+from worker.duties.poller import PollerDef
 from worker.serializer import get_serializer
 from worker.settings import Settings
 from worker.storage import FencedStore, Store

@@ -87,7 +87,7 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     import bench.apps as apps
     from worker.client import connect_redis
     from worker.clock import SystemClock
-    from worker.periodic import PeriodicEnqueuer
+    from worker.duties.periodic import PeriodicEnqueuer
     from worker.serializer import get_serializer
     from worker.storage import FencedStore, Store
     from worker.storage import keys as K
@@ -167,7 +167,7 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     from worker.client import Client, connect_redis
     from worker.clock import SystemClock
     from worker.context import Context
-    from worker.keyed import KeyedService
+    from worker.duties.keyed import KeyedService
     from worker.serializer import get_serializer
     from worker.settings import Settings
     from worker.storage import keys as K

@@ -26,9 +26,9 @@ from tests.conftest import ROOT, FixedLease
 from worker.app import App
 from worker.client import Client, connect_redis
 from worker.clock import SystemClock, ms
+from worker.duties.periodic import PeriodicEnqueuer
+from worker.duties.poller import BoundPoller, PollingScheduler
 from worker.ids import JobIds
-from worker.periodic import PeriodicEnqueuer
-from worker.poller import BoundPoller, PollingScheduler
 from worker.serializer import get_serializer
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K

@@ -13,8 +13,8 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
 from worker.context import Context
+from worker.duties.initializer import Initializer, InitializerDef
 from worker.errors import LeadershipLost
-from worker.initializer import Initializer, InitializerDef
 from worker.serializer import msgpack_dumps
 from worker.settings import Settings
 from worker.storage import FencedStore, Store

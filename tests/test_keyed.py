@@ -12,8 +12,8 @@ import pytest
 from worker.app import App
 from worker.clock import SystemClock
 from worker.context import Context
+from worker.duties.keyed import KeyedService, owner
 from worker.errors import ConfigError
-from worker.keyed import KeyedService, owner
 from worker.storage import Store
 from worker.storage import keys as K
 

@@ -20,7 +20,10 @@ from redis.asyncio.connection import Connection as AsyncConnection
 from worker.clock import Clock, FakeClock, SystemClock
 from worker.component import Component, Group
 from worker.ids import LockValue
-from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
+from worker.leadership.base import Leadership, LeaderTiming
+from worker.leadership.elector import LeaderElector
+from worker.leadership.maintainer import LeaderWork
+from worker.leadership.static import StaticLeader
 from worker.storage import Acquired, Store
 from worker.storage import keys as K
 
@@ -139,9 +142,10 @@ def start(
     group = Group("singletons", [probe])
     leader: Leadership
     if kind == "elector":
-        leader = LeaderElector(store, timing, clock, singletons=group, stop_grace_s=2)
+        leader = LeaderElector(store, timing, clock, stop_grace_s=2)
     else:
-        leader = StaticLeader(store, clock, singletons=group, stop_grace_s=2, retry_s=0.1)
+        leader = StaticLeader(store, clock, retry_s=0.1)
+    leader.listen(LeaderWork(group, stop_grace_s=2))
     run = Run(leader, probe).start()
     runs.append(run)
     return run

@@ -10,16 +10,16 @@ from arq.jobs import deserialize_job
 
 from tests.conftest import FixedLease
 from worker.clock import FakeClock
-from worker.errors import LeadershipLost
-from worker.ids import JobIds
-from worker.metrics import Metrics
-from worker.periodic import (
+from worker.duties.periodic import (
     MAX_SLEEP_S,
     ON_TIME_MS,
     PeriodicDef,
     PeriodicEnqueuer,
     plan_ticks,
 )
+from worker.errors import LeadershipLost
+from worker.ids import JobIds
+from worker.metrics import Metrics
 from worker.schedule import Every
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.storage import FencedStore, Store
@@ -333,7 +333,7 @@ async def test_a_paused_job_skips_its_ticks_and_does_not_catch_up(r: Any) -> Non
 
 async def test_trigger_runs_a_job_once_now(r: Any) -> None:
     from worker.client import Client
-    from worker.periodic import trigger
+    from worker.duties.periodic import trigger
 
     clock = clock_at(T0 + 1234)
     client = Client(r, keys=KEYS, serialize=msgpack_dumps, clock=clock)

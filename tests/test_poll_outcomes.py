@@ -18,8 +18,8 @@ import redis as redis_sync
 
 from tests.conftest import FixedLease, Spawn, client_call, wait_until
 from worker.clock import FakeClock
+from worker.duties.poller import SWEEP_GRACE_S, InflightHook, PollerDef, PollingScheduler, shard_of
 from worker.ids import JobIds
-from worker.poller import SWEEP_GRACE_S, InflightHook, PollerDef, PollingScheduler, shard_of
 from worker.serializer import msgpack_dumps
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K

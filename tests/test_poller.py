@@ -13,9 +13,9 @@ from tests.conftest import FixedLease
 from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
+from worker.duties.poller import PollerDef, PollingScheduler
 from worker.errors import LeadershipLost
 from worker.ids import JobIds
-from worker.poller import PollerDef, PollingScheduler
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K

@@ -19,14 +19,14 @@ from worker.checks import HealthChecks
 from worker.clock import FakeClock, SystemClock
 from worker.component import Group, Health, supervise
 from worker.context import Context
+from worker.duties.keyed import KeyedService
+from worker.duties.periodic import ERROR_NOTE, PeriodicEnqueuer, TickHook, freshness
+from worker.duties.services import Service
 from worker.errors import ConfigError
 from worker.health import HealthServer
-from worker.keyed import KeyedService
 from worker.metrics import Metrics
-from worker.periodic import ERROR_NOTE, PeriodicEnqueuer, TickHook, freshness
 from worker.registry import Heartbeat
 from worker.roles import plan
-from worker.services import Service
 from worker.settings import Settings
 from worker.storage import FencedStore, PeriodicRuns, Store
 from worker.storage import keys as K

@@ -29,7 +29,8 @@ from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.errors import NotReplicated
-from worker.leader import LeaderElector, LeaderTiming
+from worker.leadership.base import LeaderTiming
+from worker.leadership.elector import LeaderElector
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import DueTicks, FencedStore, NewJob, Renewal, Store

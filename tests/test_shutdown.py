@@ -14,7 +14,7 @@ import redis as redis_sync
 from tests.apps.ledger import app as ledger_app
 from tests.conftest import Spawn, wait_until
 from worker.client import Client
-from worker.leader import EXIT_UNFENCED
+from worker.leadership.maintainer import EXIT_UNFENCED
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import redis as redis_sync
 from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_operations import ledger
 from worker.clock import SystemClock
-from worker.leader import StaticLeader
+from worker.leadership.static import StaticLeader
 from worker.storage import Acquired, Refused, Store
 from worker.storage import election as election_lua
 from worker.storage import keys as K

@@ -27,7 +27,8 @@ from worker.app import App
 from worker.clock import FakeClock, ms
 from worker.context import JobContext
 from worker.ids import LockValue
-from worker.leader import LeaderElector, LeaderTiming
+from worker.leadership.base import LeaderTiming
+from worker.leadership.elector import LeaderElector
 from worker.metrics import Metrics
 from worker.serializer import msgpack_loads
 from worker.storage import Acquired, Store

@@ -10,8 +10,8 @@ from __future__ import annotations
 from worker.app import App, load_app
 from worker.client import Client
 from worker.context import Context, JobContext
+from worker.duties.poller import BoundPoller
 from worker.errors import ConfigError, LeadershipLost
-from worker.poller import BoundPoller
 from worker.settings import Settings, load_settings
 from worker.version import __version__
 

@@ -4,7 +4,7 @@ Re-queue and purge dead letters, run a periodic job now, pause and resume a peri
 poller, ask the leader for a planned handoff. Each action returns an :class:`Outcome` and is
 recorded with who asked, through what and when: one structlog line (``operator action``) and
 an entry in the capped ``<prefix>audit`` list the console shows. The work itself is done by
-the modules that own it (:mod:`worker.dead`, :func:`worker.periodic.trigger`,
+the modules that own it (:mod:`worker.dead`, :func:`worker.duties.periodic.trigger`,
 :meth:`Store.pause <worker.storage.Store.pause>`, :meth:`Store.request_handoff
 <worker.storage.Store.request_handoff>`), so an action has the same effect whichever door it
 came through.
@@ -25,8 +25,8 @@ from worker import dead
 from worker.app import App
 from worker.client import Client
 from worker.clock import ms
+from worker.duties.periodic import trigger as trigger_periodic
 from worker.ids import DUTY_KINDS, DutyKind, duty
-from worker.periodic import trigger as trigger_periodic
 
 log = structlog.get_logger("worker.actions")
 
@@ -134,7 +134,7 @@ class Operations:
 
     # -- periodic jobs and pollers ------------------------------------------------------------
     async def trigger(self, name: str) -> Outcome:
-        """Run periodic job ``name`` once now (:func:`worker.periodic.trigger`)."""
+        """Run periodic job ``name`` once now (:func:`worker.duties.periodic.trigger`)."""
         job = self.app.periodics.get(name)
         if job is None:
             return await self._record(

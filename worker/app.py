@@ -41,21 +41,19 @@ from typing import Any, TypeVar, overload
 from worker.broadcast import BroadcastDef, OnStart
 from worker.checks import HealthCheckDef
 from worker.context import Context
+from worker.duties.initializer import InitializerDef
+from worker.duties.periodic import CatchUp, PeriodicDef
+from worker.duties.poller import PollerDef
+from worker.duties.services import Cardinality, ServiceDef, ServiceKeys
 from worker.errors import ConfigError
-from worker.initializer import InitializerDef
 from worker.jobs import JobDef
 from worker.limits import parse_rate
-from worker.periodic import CatchUp, PeriodicDef
-from worker.poller import PollerDef
 from worker.retry import RetryDelay, as_delay
 from worker.schedule import make_schedule
-from worker.services import Cardinality, ServiceDef, ServiceKeys
 from worker.storage.keys import DEFAULT_QUEUE
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]
-#: A task is a job function registered with ``@app.task`` (kept as a name for readers).
-TaskDef = JobDef
 
 _NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
 

@@ -128,11 +128,6 @@ _handling: contextvars.ContextVar[Message | None] = contextvars.ContextVar(
 )
 
 
-def handling() -> Message | None:
-    """The broadcast whose handler is running here, ``None`` outside handlers."""
-    return _handling.get()
-
-
 async def publish(
     store: Store,
     serialize: Serialize,

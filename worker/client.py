@@ -37,8 +37,8 @@ from arq.jobs import Job
 from worker.broadcast import publish
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import RedisTarget, Replication, connect_redis, parse_redis_url
+from worker.duties.poller import BoundPoller, Pollers, due_ms
 from worker.errors import ConfigError
-from worker.poller import BoundPoller, Pollers, due_ms
 from worker.preflight import wait_for_redis
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings

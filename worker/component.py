@@ -352,10 +352,6 @@ class Group:
             for c in self.components
         ]
 
-    def signal_stop(self) -> None:
-        """Ask every component to stop (returns at once; :meth:`stop` waits)."""
-        self._stop.set()
-
     async def stop(self, grace_s: float) -> bool:
         """Ask every component to stop; cancel what is still running after ``grace_s``.
 

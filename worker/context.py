@@ -30,8 +30,8 @@ from arq.connections import ArqRedis
 
 from worker.client import Client
 from worker.clock import Clock, ms
+from worker.duties.poller import BoundPoller
 from worker.errors import LeadershipLost
-from worker.poller import BoundPoller
 from worker.settings import Settings
 from worker.storage import FencedPipeline, FencedStore, Store
 from worker.storage import keys as K

@@ -50,7 +50,8 @@ from zoneinfo import ZoneInfo
 
 import structlog
 
-from worker import App, Context, JobContext
+from worker.app import App
+from worker.context import Context, JobContext
 
 log = structlog.get_logger("worker.demo")
 
@@ -173,7 +174,7 @@ async def load_cards(
         await ctx.redis.hset(
             _key(ctx, "cards"), mapping={cid: json.dumps(card) for cid, card in batch.items()}
         )
-        now = time.time()
+        now = ctx.clock.time()
         yield (
             str(last),
             {

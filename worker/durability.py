@@ -22,10 +22,11 @@ and job starts stop (``NotReplicated``) until enough are back.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import structlog
+
+from worker.clock import Clock, SystemClock
 
 log = structlog.get_logger("worker.durability")
 
@@ -63,8 +64,9 @@ class ReplicaView:
     so what it would acknowledge unconfirmed, and lose, is refused instead. A promoted node
     (a new replication id) or one first seen without replicas is trusted at once."""
 
-    def __init__(self, grace_s: float = LOST_GRACE_S) -> None:
+    def __init__(self, grace_s: float = LOST_GRACE_S, clock: Clock | None = None) -> None:
         self.grace_s = grace_s
+        self.clock: Clock = clock or SystemClock()
         #: per primary (replication id): replicas at the last look, when it lost its last one
         self._seen: dict[str, tuple[int, float | None]] = {}
         #: replicas attached at the last look (``None``: not looked yet)
@@ -109,11 +111,11 @@ class ReplicaView:
         if attached:
             lost_at = None
         elif had and lost_at is None:
-            lost_at = time.monotonic()
+            lost_at = self.clock.monotonic()
         self._seen[replid] = (attached, lost_at)
         while len(self._seen) > 8:  # the primaries of the last failovers
             del self._seen[next(iter(self._seen))]
-        if lost_at is not None and time.monotonic() - lost_at < self.grace_s:
+        if lost_at is not None and self.clock.monotonic() - lost_at < self.grace_s:
             return wanted  # this primary just lost its replicas: strict for a while
         degraded = attached < wanted
         if degraded and not self.degraded:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from typing import Any
 
 import structlog
@@ -106,9 +105,9 @@ class HealthServer(Component):
                 await GuardedSite(runner, sock, what="health server").start()
             log.info("health server listening", host=self.host, port=self.port)
             while not stop.is_set():
-                before = time.perf_counter()
-                await asyncio.sleep(1.0)
-                self.loop_lag_s = max(0.0, time.perf_counter() - before - 1.0)
+                before = self.clock.monotonic()
+                await self.clock.sleep(1.0)
+                self.loop_lag_s = max(0.0, self.clock.monotonic() - before - 1.0)
                 self.health.ok(self.clock.monotonic())
         finally:
             await runner.cleanup()

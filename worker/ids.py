@@ -1,4 +1,5 @@
-"""Identifiers the framework builds and parses: lock values and job ids, encoder beside decoder.
+"""Identifiers the framework builds and parses: lock values, job ids and the key prefix's Redis
+Cluster hash tag, encoder beside decoder.
 
 Nothing else in the package slices these strings: whoever builds an id here is the only one who
 may take it apart again (a round-trip test pins each pair).

@@ -16,13 +16,13 @@ from typing import Any, NoReturn
 
 from worker.app import App
 from worker.checks import HealthCheckDef
+from worker.duties.initializer import InitBatch, InitializerDef
+from worker.duties.periodic import PeriodicDef
+from worker.duties.poller import PollerDef
+from worker.duties.services import ServiceDef
 from worker.errors import ConfigError
-from worker.initializer import InitBatch, InitializerDef
 from worker.jobs import JobDef
-from worker.periodic import PeriodicDef
-from worker.poller import PollerDef
 from worker.schedule import Cron, Every, Schedule
-from worker.services import ServiceDef
 from worker.version import __version__
 
 #: Bumped when the manifest's shape changes incompatibly; older readers ignore newer shapes.

@@ -20,6 +20,11 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        self._leadership_and_duties(r)
+        self._jobs(r)
+        self._process(r)
+
+    def _leadership_and_duties(self, r: CollectorRegistry) -> None:
         self.info = Gauge(
             "worker_info",
             "Process identity (value 1).",
@@ -63,6 +68,8 @@ class Metrics:
             ["initializer"],
             registry=r,
         )
+
+    def _jobs(self, r: CollectorRegistry) -> None:
         self.jobs = Counter(
             "worker_jobs", "Jobs run by this consumer, by outcome.", ["task", "outcome"], registry=r
         )
@@ -109,6 +116,8 @@ class Metrics:
             ["topic", "outcome"],
             registry=r,
         )
+
+    def _process(self, r: CollectorRegistry) -> None:
         self.restarts = Counter(
             "worker_component_restarts",
             "Component restarts after errors.",

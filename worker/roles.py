@@ -8,8 +8,8 @@ know roles.
 
 Groups: ``infra`` (heartbeat, health server) and ``work`` (consumer, broadcast listener,
 per-process services) run in every process for its whole life; ``leadership`` holds the
-elector, which starts the ``singletons`` group while it holds the lease and stops it on losing
-it.
+elector, whose listener (:class:`~worker.leadership.maintainer.LeaderWork`) starts the
+``singletons`` group while it holds the lease and stops it on losing it.
 """
 
 from __future__ import annotations
@@ -33,20 +33,23 @@ from worker.component import Backoff, Component, Group
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context
 from worker.dead import DeadLetters
+from worker.duties.initializer import Initializer, InitializerDef
+from worker.duties.keyed import KeyedService
+from worker.duties.periodic import NAME as PERIODIC_NAME
+from worker.duties.periodic import PeriodicEnqueuer, TickHook
+from worker.duties.poller import InflightHook, PollerDef, PollingScheduler
+from worker.duties.services import Service, ServiceDef
 from worker.health import HealthServer
-from worker.initializer import Initializer
 from worker.jobs import JobHook
-from worker.keyed import KeyedService
-from worker.leader import NAME as LEADER_NAME
-from worker.leader import LeaderElector, Leadership, LeaderTiming, StaticLeader
+from worker.leadership.base import NAME as LEADER_NAME
+from worker.leadership.base import Leadership, LeaderTiming
+from worker.leadership.elector import LeaderElector
+from worker.leadership.maintainer import LeaderWork
+from worker.leadership.static import StaticLeader
 from worker.limits import LimitsHook
 from worker.metrics import Metrics
-from worker.periodic import NAME as PERIODIC_NAME
-from worker.periodic import PeriodicEnqueuer, TickHook
-from worker.poller import InflightHook, PollingScheduler
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
-from worker.services import Service
 from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Store
 from worker.views import ProcessView
@@ -230,7 +233,7 @@ def _broadcast(w: Wiring, _: Any) -> Component:
     )
 
 
-def _process_service(w: Wiring, sv: Any) -> Component:
+def _process_service(w: Wiring, sv: ServiceDef) -> Component:
     if sv.cardinality == "per_process":
         return Service(sv, w.context, w.clock)
     s = w.settings
@@ -249,28 +252,35 @@ def _process_service(w: Wiring, sv: Any) -> Component:
 
 def _leadership(w: Wiring, _: Any) -> Component:
     s = w.settings
-    common: dict[str, Any] = {
-        "singletons": w.singletons,
-        "stop_grace_s": s.stop_grace_s,
-        "metrics": w.metrics,
-    }
+    leader: Leadership
     if s.leader_election == "static":
-        return StaticLeader(w.store, w.clock, ttl_s=s.leader_ttl_s, **common)
-    timing = LeaderTiming(
-        s.leader_ttl_s,
-        s.leader_renew_interval_s,
-        s.leader_renew_deadline_s,
-        s.leader_poll_interval_s,
-    )
-    return LeaderElector(w.leader_store(), timing, w.clock, instance=s.instance_name, **common)
+        leader = StaticLeader(w.store, w.clock, ttl_s=s.leader_ttl_s, metrics=w.metrics)
+    else:
+        timing = LeaderTiming(
+            s.leader_ttl_s,
+            s.leader_renew_interval_s,
+            s.leader_renew_deadline_s,
+            s.leader_poll_interval_s,
+        )
+        leader = LeaderElector(
+            w.leader_store(),
+            timing,
+            w.clock,
+            stop_grace_s=s.stop_grace_s,
+            metrics=w.metrics,
+            instance=s.instance_name,
+        )
+    # the election starts and stops nothing itself: the leader-only work listens to it
+    leader.listen(LeaderWork(w.singletons, stop_grace_s=s.stop_grace_s))
+    return leader
 
 
-def _initializer(w: Wiring, init: Any) -> Component:
+def _initializer(w: Wiring, init: InitializerDef) -> Component:
     poller = w.app.pollers.get(init.poller) if init.poller else None
     return Initializer(init, poller, w.context, w.fence(), w.clock, w.metrics)
 
 
-def _poller(w: Wiring, p: Any) -> Component:
+def _poller(w: Wiring, p: PollerDef) -> Component:
     queue = w.app.queue_of(p.task)
     return PollingScheduler(p, w.fence(), w.serializer[0], w.clock, w.metrics, queue)
 
@@ -298,7 +308,7 @@ def _backlog(w: Wiring, _: Any) -> Component:
     return QueueMetrics(w.store, w.app.queue_names(), w.clock, w.metrics)
 
 
-def _singleton_service(w: Wiring, sv: Any) -> Component:
+def _singleton_service(w: Wiring, sv: ServiceDef) -> Component:
     return Service(sv, w.context, w.clock, leader=w.leadership)
 
 

@@ -230,7 +230,7 @@ class Runtime:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_shutdown, sig.name)
             for name in ("infra", "work", "leadership"):
-                self.state.groups[name].start()  # the leadership starts the singletons itself
+                self.state.groups[name].start()  # LeaderWork starts the singletons on election
             self.state.ready = True
             self.metrics.ready.set(1)
             consumer = self.state.component("consumer")
@@ -281,11 +281,10 @@ class Runtime:
         s = self.settings
         if self._signal_name == "SIGTERM" and s.drain_delay_s:
             log.info("drain delay", seconds=s.drain_delay_s)
-            await asyncio.sleep(s.drain_delay_s)
+            await self.clock.sleep(s.drain_delay_s)
         bound_s = s.worst_case_shutdown_s() - s.drain_delay_s
         try:
-            async with asyncio.timeout(bound_s):
-                await self._stop_in_order(w)
+            await self.clock.wait_for(self._stop_in_order(w), bound_s)
         except TimeoutError:
             log.error(
                 "shutdown overran its bound; exiting without the remaining steps "
@@ -321,6 +320,6 @@ class Runtime:
         heartbeat = self.state.component("heartbeat")
         if isinstance(heartbeat, Heartbeat):
             try:
-                await asyncio.wait_for(heartbeat.deregister(), SHUTDOWN_DEREGISTER_S)
+                await self.clock.wait_for(heartbeat.deregister(), SHUTDOWN_DEREGISTER_S)
             except Exception as exc:
                 log.warning("deregistration failed", error=str(exc))

@@ -17,8 +17,8 @@ from arq.connections import ArqRedis
 from worker import snapshot
 from worker.app import App
 from worker.clock import Clock
+from worker.duties.periodic import PeriodicDef, freshness
 from worker.ids import duty
-from worker.periodic import PeriodicDef, freshness
 from worker.preflight import NOEVICTION, eviction_verdict
 from worker.snapshot import ClusterSnapshot
 from worker.storage import keys as K

@@ -8,7 +8,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from worker.cli import cluster, operate, process
+import worker.cli.cluster as cluster
+import worker.cli.operate as operate
+import worker.cli.process as process
 from worker.cli.common import fail
 from worker.cli.parser import build, with_command
 from worker.errors import ConfigError

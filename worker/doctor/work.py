@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from worker.app import App
 from worker.doctor.verdict import Check, Limits, ago, iso, num
-from worker.periodic import freshness
+from worker.duties.periodic import freshness
 from worker.snapshot import ClusterSnapshot
 
 

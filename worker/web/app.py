@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+import worker.web.api as api
 from worker.actions import Actor, Operations, Outcome
 from worker.app import App
 from worker.client import Client
@@ -42,7 +43,6 @@ from worker.httpguard import (
 )
 from worker.ids import DUTY_KINDS, DutyKind
 from worker.settings import Settings, mask_url
-from worker.web import api
 from worker.web.auth import Guard, Handler, operator, secure_headers
 
 log = structlog.get_logger("worker.web")

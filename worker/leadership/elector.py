@@ -1,4 +1,4 @@
-"""Leadership: a fenced Redis lease (:class:`LeaderElector`) and an always-leader stand-in.
+"""The election: a fenced Redis lease that :class:`LeaderElector` campaigns for and renews.
 
 Protocol (docs/architecture.md, "The lease"): the lock value is ``<epoch>:<token>``; acquiring
 is one script that INCRs the epoch; renewing compares the whole value and *replaces* the TTL;
@@ -23,186 +23,26 @@ and an unconfirmed renew is a failed renew (the deadline keeps running from the 
 one). So the lease, its epoch and ``renewed_ms`` a new primary inherits are never older than
 what the holder believes, and the safety gap of the next acquisition still covers it.
 
-The leadership owns the singleton group: electing starts it, stepping down stops it, and if
-the singletons do not stop within the grace the process exits (code 70) rather than run
-unfenced. Leading again needs a fresh acquisition and therefore a new epoch. "Am I leader?"
-never raises: in doubt the answer is no.
+What runs while leading is not the elector's: its listeners
+(:class:`~worker.leadership.maintainer.LeaderWork`) start and stop it. Leading again needs a
+fresh acquisition and therefore a new epoch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-from dataclasses import dataclass
 from uuid import uuid4
 
 import structlog
 
 from worker.clock import Clock, ms
-from worker.component import Component, Group
 from worker.ids import LockValue
+from worker.leadership.base import Leadership, LeaderTiming
 from worker.metrics import Metrics
 from worker.storage import Refused, Renewal, Store
 
 log = structlog.get_logger("worker.leader")
-
-#: Exit code when singletons refuse to stop after leadership was lost (never run unfenced).
-EXIT_UNFENCED = 70
-NAME = "leader-election"
-
-
-@dataclass(frozen=True)
-class LeaderTiming:
-    """Lease timings in seconds; ``renew_interval < renew_deadline < ttl``."""
-
-    ttl_s: float = 10.0
-    renew_interval_s: float = 2.0
-    renew_deadline_s: float = 6.0
-    poll_interval_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not self.renew_interval_s < self.renew_deadline_s < self.ttl_s:
-            raise ValueError("leader timing must satisfy renew_interval < renew_deadline < ttl")
-
-
-class Leadership(Component):
-    """What every leadership implementation shares; implements :class:`~worker.views.LeaderView`.
-
-    ``singletons`` (optional) is the group started while leading and stopped on losing the
-    lease; it must stop within ``stop_grace_s`` or the process exits.
-    """
-
-    def __init__(
-        self,
-        clock: Clock,
-        *,
-        singletons: Group | None = None,
-        stop_grace_s: float = 5.0,
-        metrics: Metrics | None = None,
-        sla_s: float | None = None,
-    ) -> None:
-        super().__init__(NAME, clock, sla_s=sla_s)
-        self.singletons = singletons
-        self.stop_grace_s = stop_grace_s
-        self.metrics = metrics
-        self._lock: LockValue | None = None
-        self._lost = asyncio.Event()
-        self._lost_reason = ""
-        self._acquired_at: float | None = None
-        self._settled_at: float | None = None
-        self._retired = False
-        #: The highest epoch this process has seen: its next acquisition goes above it, so
-        #: epochs never go backwards, not even when Redis loses its data.
-        self.floor = 0
-
-    # -- LeaderView ---------------------------------------------------------------------------
-    @property
-    def lock(self) -> LockValue | None:
-        return self._lock
-
-    @property
-    def epoch(self) -> int | None:
-        return self._lock.epoch if self._lock is not None else None
-
-    def is_leading(self) -> bool:
-        return self._lock is not None and not self._lost.is_set() and self._fresh()
-
-    def _fresh(self) -> bool:
-        """Whether the lease is certainly still valid by this process's own clock."""
-        return True
-
-    def lost(self, reason: str) -> None:
-        if self._lock is not None and not self._lost.is_set():
-            self._lost_reason = reason
-            self._lost.set()
-
-    async def settled(self, stop: asyncio.Event) -> bool:
-        """Wait out the safety gap of this lease (see ``election.ACQUIRE``): ``True`` once
-        singleton services may start, ``False`` if stopped or no longer leading first."""
-        settled_at = self._settled_at
-        if settled_at is not None:
-            remaining = settled_at - self.clock.monotonic()
-            if remaining > 0 and await self.clock.wait(stop, remaining):
-                return False
-        return self.is_leading() and not stop.is_set()
-
-    def note_epoch(self, epoch: int) -> None:
-        """Remember an epoch seen anywhere (announcements, the lock)."""
-        self.floor = max(self.floor, epoch)
-
-    # -- introspection ------------------------------------------------------------------------
-    def lease_age(self) -> float | None:
-        if self._acquired_at is None or self._lock is None:
-            return None
-        return self.clock.monotonic() - self._acquired_at
-
-    # -- transitions --------------------------------------------------------------------------
-    def _elected(self, lock: LockValue, gap_s: float = 0.0) -> None:
-        self._lock = lock
-        self.note_epoch(lock.epoch)
-        self._acquired_at = self.clock.monotonic()
-        self._settled_at = self._acquired_at + gap_s
-        self._lost = asyncio.Event()
-        self.health.extra.update(is_leader=True, epoch=lock.epoch)
-        log.info("leadership acquired", epoch=lock.epoch)
-        if gap_s > 0:
-            log.warning(
-                "the previous lease was not released cleanly (expired, deleted or lost with "
-                "Redis's data): singleton services wait until its holder has certainly stopped",
-                epoch=lock.epoch,
-                wait_s=round(gap_s, 3),
-            )
-        if self.metrics is not None:
-            self.metrics.is_leader.set(1)
-            self.metrics.leader_epoch.set(lock.epoch)
-            self.metrics.leader_transitions.labels("acquired").inc()
-        if self.singletons is not None and not self._retired:
-            log.info(
-                "starting singleton components",
-                epoch=lock.epoch,
-                components=[c.name for c in self.singletons.components],
-            )
-            self.singletons.start()
-
-    def _forget(self) -> LockValue | None:
-        lock, self._lock, self._acquired_at = self._lock, None, None
-        self._settled_at = None
-        self.health.extra.update(is_leader=False, epoch=None)
-        if self.metrics is not None:
-            self.metrics.is_leader.set(0)
-            self.metrics.leader_epoch.set(0)
-        return lock
-
-    async def _step_down(self, reason: str, *, planned: bool = False) -> LockValue | None:
-        """Forget the lease and stop the singletons; returns the lock given up."""
-        lock = self._forget()
-        if lock is None:
-            return None
-        self.health.extra["last_loss"] = reason
-        if planned:
-            log.info("stepping down", epoch=lock.epoch, reason=reason)
-        else:
-            log.warning("leadership lost; stepping down", epoch=lock.epoch, reason=reason)
-        if self.metrics is not None:
-            self.metrics.leader_transitions.labels("lost").inc()
-        if self.singletons is not None and not await self.singletons.stop(self.stop_grace_s):
-            log.critical(
-                "singletons did not stop after leadership was lost; exiting rather than "
-                "run unfenced",
-                reason=reason,
-            )
-            os._exit(EXIT_UNFENCED)
-        return lock
-
-    async def retire(self) -> None:
-        """Shutdown, step one: start no singleton again and stop the running ones."""
-        self._retired = True
-        if self.singletons is not None and not await self.singletons.stop(self.stop_grace_s):
-            log.error("singleton components ignored cancellation")
-
-    async def release(self) -> None:
-        """Shutdown, last step: give the lease up so a standby takes over at once."""
 
 
 class LeaderElector(Leadership):
@@ -210,6 +50,8 @@ class LeaderElector(Leadership):
 
     ``store`` should sit on a client *without* automatic retries and with short socket
     timeouts: a retried renew could land after the deadline we already trusted.
+    ``stop_grace_s`` is how long the leader-only work may take to stop (it sizes the safety
+    bound the next holder waits out).
     """
 
     def __init__(
@@ -218,18 +60,13 @@ class LeaderElector(Leadership):
         timing: LeaderTiming,
         clock: Clock,
         *,
-        singletons: Group | None = None,
         stop_grace_s: float = 5.0,
         metrics: Metrics | None = None,
         instance: str = "",
         handoff_pause_s: float | None = None,
     ) -> None:
         super().__init__(
-            clock,
-            singletons=singletons,
-            stop_grace_s=stop_grace_s,
-            metrics=metrics,
-            sla_s=max(timing.ttl_s, timing.poll_interval_s * 5),
+            clock, metrics=metrics, sla_s=max(timing.ttl_s, timing.poll_interval_s * 5)
         )
         self.store = store
         self.timing = timing
@@ -368,7 +205,7 @@ class LeaderElector(Leadership):
         if self.metrics is not None:
             self.metrics.leader_transitions.labels("handoff").inc()
         try:
-            released = await asyncio.wait_for(
+            released = await self.clock.wait_for(
                 self.store.release_lock(lock, reason="handoff", instance=self.instance), 2.0
             )
             log.info("leadership handed over", epoch=lock.epoch, released=released)
@@ -436,64 +273,9 @@ class LeaderElector(Leadership):
         if lock is None:
             return
         try:
-            released = await asyncio.wait_for(
-                self.store.release_lock(lock, instance=self.instance), timeout=2.0
+            released = await self.clock.wait_for(
+                self.store.release_lock(lock, instance=self.instance), 2.0
             )
             log.info("leadership released", released=released)
         except Exception as exc:
             log.warning("lease release failed; it expires by itself", error=str(exc))
-
-
-class StaticLeader(Leadership):
-    """Always leader: for single-node deployments and tests (Oban's ``Isolated`` peer).
-
-    It takes the lock unconditionally so the fenced scripts work unchanged, with a TTL it
-    renews every ``ttl_s / 3`` (a killed static leader's lock expires). Two static leaders on
-    one Redis fence each other out repeatedly: use it only where one process runs.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        *,
-        singletons: Group | None = None,
-        stop_grace_s: float = 5.0,
-        metrics: Metrics | None = None,
-        retry_s: float = 1.0,
-        ttl_s: float = 10.0,
-    ) -> None:
-        super().__init__(clock, singletons=singletons, stop_grace_s=stop_grace_s, metrics=metrics)
-        self.store = store
-        self.retry_s = retry_s
-        self.ttl_s = ttl_s
-        self.token = uuid4().hex
-
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            if self._lock is None:
-                self._elected(await self.store.claim_static(self.token, ms(self.ttl_s)))
-            elif not await self._renew(self._lock):
-                self.lost("the static lease expired or was taken")
-            self.health.ok(self.clock.monotonic())
-            await self.clock.wait((stop, self._lost), self.ttl_s / 3)
-            if self._lost.is_set() and not stop.is_set():
-                await self._step_down(self._lost_reason or "fenced write refused")
-                await self.clock.wait(stop, self.retry_s)
-
-    async def _renew(self, lock: LockValue) -> bool:
-        """Renew the lease; False only when it is no longer ours (errors: try again later)."""
-        try:
-            return bool(await self.store.renew_lock(lock, ms(self.ttl_s)))
-        except Exception as exc:
-            log.warning("static lease renew failed", error=f"{type(exc).__name__}: {exc}")
-            return True
-
-    async def release(self) -> None:
-        lock = self._forget()
-        if lock is None:
-            return
-        try:
-            await self.store.release_lock(lock)
-        except Exception as exc:
-            log.warning("static lease release failed", error=str(exc))

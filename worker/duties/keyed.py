@@ -31,7 +31,7 @@ import structlog
 from worker.clock import Clock, ms
 from worker.component import Backoff, Component, supervise
 from worker.context import Context
-from worker.services import ServiceDef, run_service
+from worker.duties.services import ServiceDef, run_service
 from worker.storage import Store
 
 log = structlog.get_logger("worker.keyed")

@@ -1,7 +1,7 @@
 """Long-running services (e.g. an IMAP IDLE listener, seed 001): definition and component.
 
 ``singleton`` services run in the leader's group (one cluster-wide); ``per_process`` ones run
-in every process; ``per_key`` ones run once per key cluster-wide (see :mod:`worker.keyed`).
+in every process; ``per_key`` ones run once per key cluster-wide (see :mod:`worker.duties.keyed`).
 The function gets ``(ctx, stop)`` (``per_key``: ``(ctx, stop, key)``) and must return soon
 after ``stop`` is set; blocking calls belong in ``asyncio.to_thread`` so they never freeze the
 loop.
@@ -43,7 +43,7 @@ ServiceKeys = Iterable[str] | Callable[[Context], Any]
 class ServiceDef:
     """A long-running loop. ``singleton``: ``fn(ctx, stop)`` on the leader only;
     ``per_process``: ``fn(ctx, stop)`` in every process; ``per_key``: ``fn(ctx, stop, key)``
-    once per key cluster-wide, keys spread across all processes (see :mod:`worker.keyed`).
+    once per key cluster-wide, keys spread across all processes (see :mod:`worker.duties.keyed`).
     ``sla_s``: each loop must report progress (``ctx.alive()`` or a yield) within this many
     seconds to count as live (``None``: alive is enough)."""
 

@@ -107,7 +107,7 @@ class _ErrorNote:
         return f"<periodic error note {self.error!r}>"
 
 
-def _note(ctx: Any, error: str) -> None:
+def _note(ctx: object, error: str) -> None:
     note = ctx.get(ERROR_NOTE) if isinstance(ctx, Mapping) else None
     if isinstance(note, _ErrorNote):
         note.error = error

@@ -19,8 +19,8 @@ import structlog
 from worker.clock import Clock, ms
 from worker.component import Component
 from worker.context import Context
+from worker.duties.poller import PollerDef
 from worker.metrics import Metrics
-from worker.poller import PollerDef
 from worker.storage import FencedStore
 
 log = structlog.get_logger("worker.initializer")

@@ -1,0 +1,1 @@
+"""The duty kinds, one module each: definition, client side, leader side and consumer hook."""

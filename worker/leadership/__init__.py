@@ -1,0 +1,1 @@
+"""Leadership: the election (:mod:`.elector`, :mod:`.static`) and the leader-only work it starts."""
