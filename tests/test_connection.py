@@ -18,9 +18,10 @@ from redis.exceptions import ResponseError
 from tests.conftest import CliRun
 from tests.topology import Cluster, SentinelSet
 from worker.client import Client
-from worker.connection import SlotPool, connect_redis, mask_url, parse_redis_url
+from worker.connection import SlotPool, connect_redis
 from worker.errors import ConfigError
 from worker.logs import mask_text
+from worker.redisurl import mask_url, parse_redis_url
 from worker.serializer import get_serializer
 from worker.settings import load_settings
 

@@ -162,7 +162,7 @@ async def test_an_evicting_redis_fails_unless_allowed(r: Any) -> None:
 
 
 async def test_durability_fails_without_the_replicas_the_policy_counts_on(r: Any) -> None:
-    from worker.connection import Replication
+    from worker.redisurl import Replication
 
     app = make_app()
     await seed_healthy(r, app)

@@ -1,5 +1,7 @@
-"""The layering stays honest: worker/'s import graph has no cycles (type-only imports
-included), and only the wiring module and the command line decide anything by role."""
+"""The layering stays honest: worker/'s import graph has no cycles (type-only imports and
+subpackages included), no folder imports upward or sideways, no Redis command outside the
+storage package, every script has one caller, modules and functions stay small, and only the
+wiring module and the command line decide anything by role."""
 
 from __future__ import annotations
 
@@ -251,3 +253,106 @@ def test_every_script_is_used_by_exactly_one_function() -> None:
                         users[ref].add(f"{name}.{fn.name}")
     wrong = {s: sorted(u) for s, u in users.items() if len(u) != 1}
     assert users and not wrong, f"scripts not used by exactly one function: {wrong}"
+
+
+# -- the folders: bottom to top --------------------------------------------------------------
+
+#: worker/'s folders by layer. A module imports from its own folder and from lower layers
+#: only; folders of one layer (the engine: the consumer, the duties, leadership) know none of
+#: each other. Top-level modules sit between as they are (settings, clock and ids below
+#: storage; wiring and read models above the engine), checked by the rules below.
+FOLDERS = {
+    "storage": 0,
+    "consumer": 1,
+    "duties": 1,
+    "leadership": 1,
+    "doctor": 2,
+    "web": 3,
+    "cli": 4,
+}
+#: What the storage and the engine must never reach up to: the wiring, the process, the
+#: app definition, the read models and the operator surfaces.
+ABOVE_THE_ENGINE = {"roles", "runtime", "app", "status", "snapshot", "actions", "admin", "demo"}
+
+
+def _folder(module: str) -> str:
+    return module.split(".")[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for a, targets in graph.items():
+        fa = _folder(a)
+        for b in targets:
+            fb = _folder(b)
+            if fa == fb:
+                continue
+            sideways_or_up = fa in FOLDERS and fb in FOLDERS and FOLDERS[fb] >= FOLDERS[fa]
+            reaches_up = FOLDERS.get(fa, 9) <= 1 and fb in ABOVE_THE_ENGINE
+            if sideways_or_up or reaches_up:
+                bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_no_folder_imports_upward_or_sideways() -> None:
+    assert upward_imports(graph_of(modules())) == []
+
+
+def test_the_upward_import_finder_finds_them() -> None:
+    graph = {
+        "storage.jobs": {"consumer.fetch"},
+        "duties.poller": {"consumer"},
+        "consumer": {"roles"},
+    }
+    assert upward_imports(graph) == [
+        "consumer -> roles",
+        "duties.poller -> consumer",
+        "storage.jobs -> consumer.fetch",
+    ]
+
+
+# -- sizes ------------------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 550
+MAX_FUNCTION_LINES = 80
+#: modules over 400 lines: at most this many (the rest split by concern)
+LARGE_MODULE_LINES, MAX_LARGE_MODULES = 400, 6
+
+
+def _lines() -> dict[str, int]:
+    return {
+        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def long_functions(tree: ast.Module, limit: int) -> list[str]:
+    return [
+        f"{node.name}:{node.lineno} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_module_is_too_long_and_few_are_long() -> None:
+    lines = _lines()
+    assert {m: n for m, n in lines.items() if n > MAX_MODULE_LINES} == {}
+    large = sorted(m for m, n in lines.items() if n > LARGE_MODULE_LINES)
+    assert len(large) <= MAX_LARGE_MODULES, large
+
+
+def test_no_function_is_over_80_lines() -> None:
+    offenders = {
+        name: found
+        for name, tree in modules().items()
+        if (found := long_functions(tree, MAX_FUNCTION_LINES))
+    }
+    assert offenders == {}
+
+
+def test_the_long_function_finder_finds_them() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(81))
+    assert long_functions(ast.parse(f"def f():\n{body}\n"), 80) == ["f:1 (82 lines)"]
+    assert long_functions(ast.parse("def g():\n    pass\n"), 80) == []

@@ -24,13 +24,13 @@ from tests.topology import Node, free_port_pair, wait_for
 from worker.app import App
 from worker.client import Client
 from worker.clock import SystemClock
-from worker.connection import Replication
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.errors import NotReplicated
 from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
+from worker.redisurl import Replication
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import DueTicks, FencedStore, NewJob, Renewal, Store

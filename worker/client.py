@@ -36,10 +36,11 @@ from arq.jobs import Job
 
 from worker.broadcast import publish
 from worker.clock import Clock, RedisClock, ms, on_server_time
-from worker.connection import RedisTarget, Replication, connect_redis, parse_redis_url
+from worker.connection import connect_redis
 from worker.duties.poller import BoundPoller, Pollers, due_ms
 from worker.errors import ConfigError
 from worker.preflight import wait_for_redis
+from worker.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings
 from worker.storage import NewJob, Store, open_store, server
@@ -107,7 +108,7 @@ class Client:
     ) -> Client:
         """Connect to ``url`` with the same settings the workers use (prefix, serializer).
         ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
-        :class:`~worker.connection.RedisTarget`, which carries Sentinel credentials).
+        :class:`~worker.redisurl.RedisTarget`, which carries Sentinel credentials).
         ``wait_replicas``: replicas an enqueue waits for, strictly (``None``, as
         ``WORKER_REDIS_WAIT_REPLICAS=auto``: with Sentinel or Cluster the attached ones, up to
         1, else 0)."""

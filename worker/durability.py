@@ -55,7 +55,7 @@ def attached_replicas(info: dict[str, Any]) -> int:
 
 class ReplicaView:
     """The attached replicas the last durable round trip saw, shared by every store of a
-    process (one per :class:`~worker.connection.Replication`); logs each change of state.
+    process (one per :class:`~worker.redisurl.Replication`); logs each change of state.
 
     A primary that *loses* its last replica (it had one at an earlier look: same replication
     id) stays strict for ``grace_s`` before going on without one: that is what a failover away

@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from worker.connection import mask_url
+from worker.redisurl import mask_url
 
 #: A Redis URL inside free text: up to whitespace, a quote, ``<>`` or a JSON escape.
 _URL = re.compile(r"(?i)\b(?:rediss?(?:\+(?:sentinel|cluster))?|unix)://[^\s'\"<>\\]*")

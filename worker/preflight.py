@@ -21,8 +21,8 @@ from typing import Any
 from redis.exceptions import NoPermissionError, ResponseError
 
 from worker.clock import Clock
-from worker.connection import Replication
 from worker.errors import ConfigError
+from worker.redisurl import Replication
 from worker.settings import Settings, mask_url
 from worker.storage import Store, server
 from worker.storage import keys as K

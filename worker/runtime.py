@@ -28,7 +28,7 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.component import Component, Group
-from worker.connection import connect_redis, parse_redis_url
+from worker.connection import connect_redis
 from worker.consumer import Consumer
 from worker.metrics import Metrics
 from worker.preflight import (
@@ -37,6 +37,7 @@ from worker.preflight import (
     check_redis_contract,
     wait_for_redis,
 )
+from worker.redisurl import parse_redis_url
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
 from worker.settings import SHUTDOWN_DEREGISTER_S, Settings, mask_url

@@ -23,15 +23,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from worker.connection import (
-    URL_PASSWORD_HINT,
-    RedisTarget,
-    Replication,
-    mask_url,
-    parse_redis_url,
-)
 from worker.errors import ConfigError
 from worker.ids import hash_tag
+from worker.redisurl import URL_PASSWORD_HINT, RedisTarget, Replication, mask_url, parse_redis_url
 
 __all__ = [
     "URL_PASSWORD_HINT",
@@ -75,7 +69,7 @@ def default_instance_name() -> str:
 
 def check_redis_url(url: str, name: str = "WORKER_REDIS_URL") -> None:
     """Raise ``ValueError`` (one line, password masked) unless the framework can use ``url``
-    (see :func:`worker.connection.parse_redis_url`)."""
+    (see :func:`worker.redisurl.parse_redis_url`)."""
     parse_redis_url(url, name)
 
 
@@ -302,7 +296,7 @@ class Settings(BaseSettings):
         return 1 if scheme.endswith(("+sentinel", "+cluster")) else 0
 
     def replication(self) -> Replication:
-        """The ``WAIT`` policy of durable writes (see :class:`worker.connection.Replication`):
+        """The ``WAIT`` policy of durable writes (see :class:`worker.redisurl.Replication`):
         ``auto`` waits for the attached replicas (adaptive), a number is strict."""
         return Replication(
             self.wait_replicas(),

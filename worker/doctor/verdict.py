@@ -7,7 +7,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from worker.connection import Replication
+from worker.redisurl import Replication
 from worker.settings import Settings
 
 Status = Literal["ok", "warn", "fail"]

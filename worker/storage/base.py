@@ -29,9 +29,9 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import malformed as M
-from worker.connection import Replication
 from worker.errors import NotReplicated
 from worker.ids import JobIds
+from worker.redisurl import Replication
 from worker.storage import keys as K
 
 

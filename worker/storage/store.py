@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from worker.connection import Replication
+from worker.redisurl import Replication
 from worker.storage.broadcast import BroadcastOps
 from worker.storage.claims import ClaimOps
 from worker.storage.dead import DeadOps
