@@ -104,8 +104,15 @@ class Runtime:
 
     # -- dependencies -------------------------------------------------------------------------
     def _connect(
-        self, purpose: str, *, socket_timeout_s: float | None, max_connections: int | None = None
+        self,
+        purpose: str,
+        *,
+        socket_timeout_s: float | None,
+        max_connections: int | None = None,
+        closed_here: bool = True,
     ) -> ArqRedis:
+        """A client of its own for ``purpose``; closed at shutdown unless ``closed_here`` is
+        false (the watchdog's, made and closed in its thread's own event loop)."""
         serialize, deserialize = self.serializer
         client = connect_redis(
             self.target,
@@ -116,7 +123,8 @@ class Runtime:
             max_connections=max_connections,
             client_name=f"{self.instance_id}:{purpose}",
         )
-        self._clients.append(client)
+        if closed_here:
+            self._clients.append(client)
         return client
 
     def _build(self, redis: ArqRedis, store: Store) -> roles.Wiring:
@@ -141,15 +149,11 @@ class Runtime:
 
         def watchdog_store() -> Store:
             # its own client, made and closed in the watchdog's thread (its own event loop)
-            serialize, deserialize = self.serializer
-            client = connect_redis(
-                self.target,
-                queue_name=self.keys.queue,
-                serialize=serialize,
-                deserialize=deserialize,
+            client = self._connect(
+                "watchdog",
                 socket_timeout_s=WATCHDOG_SOCKET_TIMEOUT_S,
                 max_connections=2,
-                client_name=f"{self.instance_id}:watchdog",
+                closed_here=False,
             )
             return store.with_redis(client)
 
