@@ -300,7 +300,8 @@ def run_system(
     name: str, pys: Mapping[str, Path], url: str, n: int, logdir: Path, rnd: int
 ) -> dict[str, Any]:
     if name in OURS:
-        return consumer.run_once(OURS[name], url, n, logdir, rnd)
+        variant = OURS[name]
+        return consumer.run_once(variant, consumer.VARIANTS[variant], url, n, logdir, rnd)
     return run_peer(PEERS[name], pys[name], url, n, logdir, rnd)
 
 
