@@ -25,6 +25,7 @@ from tests.test_faults import (
     assert_each_tick_once,
     instance_records,
     lock_epoch,
+    stop_between_jobs,
     tick_ledger,
     wait_ticks_settled,
 )
@@ -487,6 +488,7 @@ def test_a_sigkilled_child_is_restarted_and_ticks_stay_once(
         lambda: next((r for r in instance_records(rsync, prefix) if r.get("is_leader")), None),
         what="the leading child's record",
     )
+    stop_between_jobs(rsync, prefix, victim["pid"])  # not mid-job: see stop_between_jobs
     os.kill(victim["pid"], signal.SIGKILL)  # the leader: a takeover and a restart at once
 
     def replaced() -> bool:
