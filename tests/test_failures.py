@@ -13,6 +13,7 @@ import pytest
 import structlog
 from arq.jobs import Job
 
+from tests.conftest import Spawn, client_call, wait_until
 from tests.test_consumer import Loop, eventually, loops
 from worker.app import App
 from worker.context import JobContext
@@ -352,3 +353,58 @@ async def test_progress_rejects_bad_fractions_and_survives_redis_errors(
     await writer.flush()  # never raises
     warned = [e for e in captured if e["event"] == "job progress not recorded"]
     assert len(warned) == 1  # logged once per run
+
+
+# -- real processes ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_process_logs_records_and_reports_progress(
+    spawn: Spawn, redis_url: str, rsync: Any
+) -> None:
+    """A real consumer process: a failing job's ERROR line with the traceback in its JSON log,
+    its failure record and index entry; a job's progress read back while it runs and after;
+    arq's ``Job.result_info()`` as before."""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    keys = K.Keys(prefix)
+    proc = spawn("consumer", name="c1", env={"WORKER_LOG_FORMAT": "json"})
+    bad = client_call(redis_url, prefix, "enqueue", "fail", "redis://:hunter2@db:6379")
+    slow = client_call(redis_url, prefix, "enqueue", "halfway", "k")
+    wait_until(lambda: rsync.zscore(keys.failures, bad) is not None, what="the failure index")
+    rec = client_call(redis_url, prefix, "failure", bad)
+    assert rec["status"] == "failed" and rec["error_type"] == "ValueError"
+    assert rec["task"] == "fail" and rec["try"] == 1 and rec["instance_name"] == "c1"
+    assert "fails on purpose" in rec["message"] and "hunter2" not in json.dumps(rec)
+    assert "Traceback (most recent call last)" in rec["traceback"]
+    line = wait_until(
+        lambda: [e for e in proc.events() if e.get("job_id") == bad and e["level"] == "error"],
+        what="the ERROR line",
+    )[0]
+    assert line["event"] == "job failed" and line["task"] == "fail" and line["queue"] == "default"
+    assert "Traceback" in line["exception"] and "raise ValueError" in line["exception"]
+    assert "hunter2" not in proc.log()
+
+    async def result_info() -> Any:
+        from redis import asyncio as aioredis
+
+        r = aioredis.Redis.from_url(redis_url)
+        try:
+            return await Job(bad, r, _deserializer=msgpack_loads).result_info()
+        finally:
+            await r.aclose()
+
+    result = asyncio.run(result_info())
+    assert result is not None and result.success is False and result.function == "fail"
+    # progress, while the job runs and once it is done
+    seen = wait_until(
+        lambda: client_call(redis_url, prefix, "progress", slow), what="the first progress"
+    )
+    assert seen["fraction"] in (0.25, 0.75)
+    wait_until(lambda: rsync.hget(f"{prefix}ledger:halfway", "k"), what="the job to end")
+    last = wait_until(
+        lambda: (
+            (p := client_call(redis_url, prefix, "progress", slow)) and p["fraction"] == 0.75 and p
+        )
+    )
+    assert last["message"] == "three quarters"
+    assert wait_until(lambda: rsync.zscore(keys.done, slow) is not None, what="the done index")
