@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -185,3 +186,21 @@ async def test_a_closed_pool_refuses_new_calls() -> None:
     threads.close()
     with pytest.raises(RuntimeError, match="closed"):
         await threads.call(lambda ctx: 1, None)
+
+
+def readme_block(heading: str) -> str:
+    """The first Python block of the README's section ``heading``."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+async def test_the_readme_plain_def_example_runs() -> None:
+    code = readme_block("Plain `def` tasks")
+    scope: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    async with Harness(scope["app"]) as h:
+        assert await h.run("export_orders", "2026-12-01") == 300
+        assert await h.tick("nightly_cleanup") is None
+        queued = await h.client.store.pop_due("default", 2**62)
+        assert queued is not None  # the notify job the thread enqueued

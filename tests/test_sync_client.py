@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
+import types
+from typing import Any
 
 import pytest
 import redis as redis_sync
@@ -100,3 +103,28 @@ async def test_inside_an_event_loop_it_refuses_to_block(redis_url: str) -> None:
             client.enqueue("ping", 1)
     finally:
         await asyncio.to_thread(client.close)
+
+
+def test_the_readme_flask_example_runs(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_sync import readme_block
+    from worker import App
+
+    jobs = types.ModuleType("myservice.jobs")
+    jobs.app = App("shop")  # type: ignore[attr-defined]
+    package = types.ModuleType("myservice")
+    package.jobs = jobs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "myservice", package)
+    monkeypatch.setitem(sys.modules, "myservice.jobs", jobs)
+    monkeypatch.setenv("WORKER_REDIS_URL", redis_url)
+    monkeypatch.setenv("WORKER_KEY_PREFIX", "rd:")
+    scope: dict[str, Any] = {"__name__": "readme_web"}
+    exec(compile(readme_block("From a sync web app (Flask/Django)"), "README.md", "exec"), scope)
+    try:
+        http = scope["web"].test_client()
+        first = http.post("/orders/42/receipt").get_json()
+        assert first == {"job_id": "rd:unique:receipt:42"}
+        assert http.post("/orders/42/receipt").get_json() == {"job_id": None}
+        got = http.get("/jobs/rd:unique:receipt:42").get_json()
+        assert got == {"status": "queued", "done": False}
+    finally:
+        scope["client"].close()
