@@ -408,3 +408,21 @@ def test_a_worker_process_logs_records_and_reports_progress(
     )
     assert last["message"] == "three quarters"
     assert wait_until(lambda: rsync.zscore(keys.done, slow) is not None, what="the done index")
+
+
+async def test_a_plain_def_task_reports_progress_through_ctx_sync() -> None:
+    from worker.testing import Harness
+
+    app = App("s")
+
+    @app.task
+    def steps(ctx: JobContext, bad: bool) -> Any:
+        ctx.sync.progress(0.5, "half")
+        if bad:
+            ctx.sync.progress(2.0)
+        return ctx.last_progress
+
+    async with Harness(app) as h:
+        assert await h.run("steps", False) == (0.5, "half")
+        with pytest.raises(ValueError, match="from 0 to 1"):
+            await h.run("steps", True)
