@@ -152,7 +152,8 @@ class Executor:
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            await progress.flush()  # the last value, before the end is recorded
+            if progress.pending:  # the last value, before the end is recorded
+                await progress.flush()
             for hook in self._release:
                 with contextlib.suppress(Exception):
                     await hook.release(job, job_id)
