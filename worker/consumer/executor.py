@@ -94,6 +94,7 @@ class Executor:
             if job is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
         except BadJob as bad:
+            self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
         job_try = c.try_
@@ -109,6 +110,7 @@ class Executor:
             return
         if not await self._admitted(job, c, run):
             return  # deferred: it waits (for a slot, say), its try given back
+        self._waited(c, fn_name, start_ms)
         ctx = self._context(c, run, job_try, enqueued_ms)
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
@@ -148,6 +150,14 @@ class Executor:
                 await hook.ended(job_id, args, outcome)
             except Exception as exc:
                 log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    def _waited(self, c: Claimed, task: str, start_ms: int) -> None:
+        """Observe ``worker_job_wait_seconds``: from the job's due time (its score) to its start,
+        both on the Redis server's clock. Only the app's task names are labels."""
+        if self.metrics is not None:
+            label = task if task in self.jobs else "<unknown>"
+            wait_s = max(0, start_ms - c.score_ms) / 1000
+            self.metrics.job_wait.labels(c.queue, label).observe(wait_s)
 
     async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
