@@ -8,7 +8,6 @@ that names the variable and the accepted values; the CLI prints it and exits wit
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import os
 import re
 import socket
@@ -219,7 +218,7 @@ class Settings(BaseSettings):
                 f"{self.redis_wait_timeout_s} >= {self.leader_renew_deadline_s} / 2)"
             )
         self._resolve_web_token()
-        if self.tracing == "otel" and importlib.util.find_spec("opentelemetry") is None:
+        if self.tracing == "otel" and not _have_otel():
             raise ValueError(OTEL_MISSING)
         if not re.fullmatch(r"[\w.-]+(:[\w.]+)?", self.app) or ":" not in self.app:
             raise ValueError(
@@ -375,6 +374,15 @@ class Settings(BaseSettings):
         if path:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+
+def _have_otel() -> bool:
+    """OpenTelemetry's API can be imported (``WORKER_TRACING=otel`` needs it)."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def ms_round(seconds: float) -> int:
