@@ -2,7 +2,7 @@
 
 Public API::
 
-    from worker import App, Client, Context, JobContext, JobOutcome
+    from worker import App, Client, Context, JobContext, JobOutcome, SyncClient
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from worker.duties.poller import BoundPoller
 from worker.errors import ConfigError, LeadershipLost
 from worker.jobs import JobOutcome
 from worker.settings import Settings, load_settings
+from worker.sync_client import SyncClient
 from worker.version import __version__
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "JobOutcome",
     "LeadershipLost",
     "Settings",
+    "SyncClient",
     "__version__",
     "load_app",
     "load_settings",
