@@ -245,3 +245,38 @@ async def test_one_trace_across_processes_and_ticks_carry_tick_and_epoch(
     assert create["attributes"]["worker.tick"] == attrs["worker.tick"]
     assert create["attributes"]["worker.leader_epoch"] == attrs["worker.leader_epoch"]
     assert create["attributes"]["messaging.message.id"] == attrs["messaging.message.id"]
+
+
+async def test_a_poll_dispatch_is_one_create_span_per_job_linked_from_one_send(
+    fake_arq: Any, spans: InMemorySpanExporter
+) -> None:
+    from tests.conftest import FixedLease
+    from tests.test_poller import LOCK, NOW, client, make_app
+    from worker.clock import FakeClock
+    from worker.duties.poller import PollingScheduler
+    from worker.serializer import msgpack_loads
+    from worker.storage import FencedStore, Store
+
+    app = make_app(shards=1)
+    clock = FakeClock(NOW / 1000)
+    cards = client(fake_arq, app, clock).poller("cards")
+    for item in ("a", "b"):
+        await cards.schedule(item, delay=-1)
+    await fake_arq.set(KEYS.leader, LOCK)
+    fenced = FencedStore(Store(fake_arq, KEYS), FixedLease(LOCK))
+    s = PollingScheduler(app.pollers["cards"], fenced, msgpack_dumps, clock, tracing=Tracing())
+    await s.tick()
+    found = list(spans.get_finished_spans())
+    creates = [x for x in found if x.name == "create default"]
+    (send,) = [x for x in found if x.name == "send default"]
+    assert len(creates) == 2 and send.kind == SpanKind.CLIENT
+    assert (send.attributes or {})["messaging.batch.message_count"] == 2
+    assert {link.context.span_id for link in send.links} == {c.context.span_id for c in creates}
+    for c in creates:
+        attrs = c.attributes or {}
+        assert c.kind == SpanKind.PRODUCER and attrs["worker.leader_epoch"] == 5
+        assert attrs["worker.task"] == "poll_card"
+        # the job's record carries its own create span's context
+        record = msgpack_loads(await fake_arq.get(f"arq:job:{attrs['messaging.message.id']}"))
+        assert f"{c.context.span_id:016x}" in record[KEY]["traceparent"]
+        assert record[KEY]["worker.leader_epoch"] == "5"
