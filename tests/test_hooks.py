@@ -221,3 +221,22 @@ async def test_the_readme_sentry_example_reports_failures(fake_arq: Any, loops: 
     event = sent[0].get_event()
     assert event["exception"]["values"][-1]["type"] == "ValueError"
     assert event["tags"] == {"task": "charge", "job_id": jid, "job_try": "1", "status": "failed"}
+
+
+async def test_the_readme_hooks_example_runs(fake_arq: Any, loops: list[Loop]) -> None:
+    code = python_blocks(readme_section("Job hooks"))[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md (Job hooks)", "exec"), namespace)
+    app: App = namespace["app"]
+    assert [len(app.job_start_hooks), len(app.job_end_hooks)] == [1, 1]
+    seen: list[float] = []
+
+    @app.task
+    async def work(ctx: JobContext) -> None:
+        seen.append(ctx["started_at"])  # set by the README's on_job_start hook
+
+    lp = Loop(fake_arq, app, hooks=[hooked(app)])
+    loops.append(lp.start())
+    await lp.client.enqueue("work")
+    await eventually(lambda: seen and lp.consumer.totals["complete"] == 1, what="the job")
+    assert seen[0] > 0
