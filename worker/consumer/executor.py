@@ -24,11 +24,11 @@ from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
-from worker.consumer.envelope import BadJob, decode
+from worker.consumer.envelope import BadJob, decode_record
 from worker.consumer.guard import ClaimGuard
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook, Outcome
+from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, status_of
 from worker.logs import capped
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
@@ -62,6 +62,11 @@ class Executor:
         # only the hooks that override a step are called for it (a no-op await per job saved)
         self._admit = [h for h in self.hooks if type(h).admit is not JobHook.admit]
         self._release = [h for h in self.hooks if type(h).release is not JobHook.release]
+        self._runs = [
+            h
+            for h in self.hooks
+            if type(h).started is not JobHook.started or type(h).finished is not JobHook.finished
+        ]
         self.context = context
         self.store = store
         self.serialize, self.deserialize = serializer
@@ -87,7 +92,7 @@ class Executor:
         job_id = c.job_id
         start_ms = ms(self.clock.time())
         try:
-            fn_name, args, kwargs, enqueue_try, enqueued_ms = decode(
+            record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
                 c, self.deserialize, self.store.keys, self.config.max_payload_bytes
             )
             job = self.jobs.get(fn_name)
@@ -114,25 +119,31 @@ class Executor:
         ctx = self._context(c, run, job_try, enqueued_ms)
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
+        hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
+        error: BaseException | None = None
+        result: Any = None
+        deadline = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline:
                 result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
         except (Retry, RetryJob) as exc:
-            outcome = "retry"
+            outcome, error = "retry", exc
             defer_ms = exc.defer_score if isinstance(exc, Retry) else None
             if defer_ms is None and job.retry_delay is not None:
                 defer_ms = ms(job.retry_delay(job_try))
             score = ms(self.clock.time()) + defer_ms if defer_ms else c.score_ms
             self._end(c, run, "retry", score_ms=score)
             self.totals["retried"] += 1
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            error = exc
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()  # handled here: the run ends normally
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
         except Exception as exc:
+            error = exc
             outcome = await self._failed(c, run, job, exc, result_for, start_ms, keep, max_tries)
         else:
             data = self._result(result_for, True, result, start_ms) if keep > 0 else None
@@ -145,6 +156,12 @@ class Executor:
             if self.metrics is not None:
                 self.metrics.jobs.labels(fn_name, outcome).inc()
                 self.metrics.job_seconds.labels(fn_name).observe(self.clock.monotonic() - started)
+        await self._ended(job_id, args, outcome)
+        if hooked is not None:
+            took = self.clock.monotonic() - started
+            await self._finished(hooked, outcome, error, result, deadline.expired(), took)
+
+    async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         for hook in self.hooks:
             try:
                 await hook.ended(job_id, args, outcome)
@@ -158,6 +175,41 @@ class Executor:
             label = task if task in self.jobs else "<unknown>"
             wait_s = max(0, start_ms - c.score_ms) / 1000
             self.metrics.job_wait.labels(c.queue, label).observe(wait_s)
+
+    async def _started(
+        self, job: JobDef, c: Claimed, job_try: int, ctx: JobContext, record: dict[str, Any]
+    ) -> JobRun:
+        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
+        hooked = JobRun(job, c.job_id, c.queue, job_try, ctx, record)
+        for hook in self._runs:
+            try:
+                await hook.started(hooked)
+            except Exception:
+                log.exception("job hook failed", job_id=c.job_id, step="started")
+        return hooked
+
+    async def _finished(
+        self,
+        hooked: JobRun,
+        outcome: Outcome,
+        error: BaseException | None,
+        result: Any,
+        timed_out: bool,
+        duration_s: float,
+    ) -> None:
+        """Tell the hooks how the run ended (in reverse order), once its end is handed to the
+        completer: a hook can neither change nor delay it."""
+        job = hooked.job
+        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
+        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
+        ended = JobOutcome(
+            status, job.name, hooked.job_id, hooked.job_try, duration_s, error, result
+        )
+        for hook in reversed(self._runs):
+            try:
+                await hook.finished(hooked, ended)
+            except Exception:
+                log.exception("job hook failed", job_id=hooked.job_id, step="finished")
 
     async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
