@@ -22,6 +22,7 @@ from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, Outcome
 from worker.limits import LimitsHook
+from worker.metrics import Metrics
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import Finish, Store
@@ -287,7 +288,13 @@ class Loop:
     """A consumer running as a task on ``r``, with a client to enqueue."""
 
     def __init__(
-        self, r: Any, app: App, instance: str = "i-1", hooks: Sequence[JobHook] = (), **config: Any
+        self,
+        r: Any,
+        app: App,
+        instance: str = "i-1",
+        hooks: Sequence[JobHook] = (),
+        metrics: Metrics | None = None,
+        **config: Any,
     ) -> None:
         self.client = Client(r, keys=KEYS, serialize=msgpack_dumps, app=app)
         ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), instance)
@@ -300,7 +307,7 @@ class Loop:
         )
         self.consumer = Consumer(
             app.jobs(), [limits, *hooks], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
-            instance_id=instance, config=cfg, dead=dead,
+            instance_id=instance, config=cfg, dead=dead, metrics=metrics,
         )  # fmt: skip
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None

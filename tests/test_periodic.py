@@ -221,7 +221,7 @@ async def test_two_enqueuers_split_brain_never_duplicate(r: Any) -> None:
     def count(m: Metrics, outcome: str) -> float:
         return (
             m.registry.get_sample_value(
-                "worker_periodic_ticks_total", {"job": "job", "outcome": outcome}
+                "worker_periodic_ticks_total", {"periodic": "job", "outcome": outcome}
             )
             or 0.0
         )
@@ -255,7 +255,9 @@ async def test_redis_going_back_under_a_kept_lease_catches_the_lost_ticks_up(r: 
     await e.tick()
     assert await queued(r) == ids("job", T0 + P, T0 + 2 * P, T0 + 3 * P)
     assert await r.hget(KEYS.periodic_state, "job") == str(T0 + 3 * P).encode()
-    rollbacks = metrics.registry.get_sample_value("worker_periodic_rollbacks_total", {"job": "job"})
+    rollbacks = metrics.registry.get_sample_value(
+        "worker_periodic_rollbacks_total", {"periodic": "job"}
+    )
     assert rollbacks == 1
 
 

@@ -13,30 +13,31 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from arq.jobs import serialize_result
 from arq.worker import Retry, RetryJob
 
 from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
-from worker.consumer.envelope import BadJob, decode
+from worker.consumer.envelope import BadJob, decode_record
 from worker.consumer.failures import (
     RunFacts,
     Status,
+    cancelled_record,
+    dead_record,
     error_text,
     failure_record,
     log_traceback,
     traceback_text,
 )
 from worker.consumer.guard import ClaimGuard
+from worker.consumer.results import JobFailed, ResultFor
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook, Outcome
+from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, status_of
 from worker.logs import capped
 from worker.metrics import Metrics
 from worker.progress import Progress
@@ -71,6 +72,11 @@ class Executor:
         # only the hooks that override a step are called for it (a no-op await per job saved)
         self._admit = [h for h in self.hooks if type(h).admit is not JobHook.admit]
         self._release = [h for h in self.hooks if type(h).release is not JobHook.release]
+        self._runs = [
+            h
+            for h in self.hooks
+            if type(h).started is not JobHook.started or type(h).finished is not JobHook.finished
+        ]
         self.context = context
         self.store = store
         self.serialize, self.deserialize = serializer
@@ -96,13 +102,14 @@ class Executor:
         job_id = c.job_id
         start_ms = ms(self.clock.time())
         try:
-            fn_name, args, kwargs, enqueue_try, enqueued_ms = decode(
+            record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
                 c, self.deserialize, self.store.keys, self.config.max_payload_bytes
             )
             job = self.jobs.get(fn_name)
             if job is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
         except BadJob as bad:
+            self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
         job_try = c.try_
@@ -111,40 +118,44 @@ class Executor:
             await self.store.raise_try(job_id, job_try, RETRY_TTL_MS)
         max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
         queue_key = self.store.keys.queue_of(c.queue)
-        result_for = _ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
+        result_for = ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
         if job_try > max_tries:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
         if not await self._admitted(job, c, run):
             return  # deferred: it waits (for a slot, say), its try given back
+        self._waited(c, fn_name, start_ms)
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
         ctx = self._context(c, run, job_try, enqueued_ms)
-        progress = ctx.progress_writer = Progress(
-            self.store, job_id, ms(timeout + keep), self.clock
-        )
+        progress = ctx.progress_writer = self._progress(job_id, timeout + keep)
+        hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
-        scope = asyncio.timeout(timeout)
+        error: BaseException | None = None
+        result: Any = None
+        deadline = asyncio.timeout(timeout)
         try:
-            async with scope:
+            async with deadline:
                 result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
         except (Retry, RetryJob) as exc:
-            outcome = "retry"
+            outcome, error = "retry", exc
             defer_ms = exc.defer_score if isinstance(exc, Retry) else None
             if defer_ms is None and job.retry_delay is not None:
                 defer_ms = ms(job.retry_delay(job_try))
             score = ms(self.clock.time()) + defer_ms if defer_ms else c.score_ms
             self._end(c, run, "retry", score_ms=score)
             self.totals["retried"] += 1
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            error = exc
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()  # handled here: the run ends normally
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
         except Exception as exc:
-            status: Status = "timeout" if scope.expired() else "failed"
+            error = exc
+            status: Status = "timeout" if deadline.expired() else "failed"
             outcome = await self._failed(
                 c, run, job, exc, result_for, start_ms, keep, max_tries, status
             )
@@ -161,11 +172,64 @@ class Executor:
             if self.metrics is not None:
                 self.metrics.jobs.labels(fn_name, outcome).inc()
                 self.metrics.job_seconds.labels(fn_name).observe(self.clock.monotonic() - started)
+        await self._ended(job_id, args, outcome)
+        if hooked is not None:
+            took = self.clock.monotonic() - started
+            await self._finished(hooked, outcome, error, result, deadline.expired(), took)
+
+    def _progress(self, job_id: str, ttl_s: float) -> Progress:
+        """The run's progress writer: its record lives the job's timeout + keep_result_s."""
+        return Progress(self.store, job_id, ms(ttl_s), self.clock)
+
+    async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         for hook in self.hooks:
             try:
                 await hook.ended(job_id, args, outcome)
             except Exception as exc:
                 log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    def _waited(self, c: Claimed, task: str, start_ms: int) -> None:
+        """Observe ``worker_job_wait_seconds``: from the job's due time (its score) to its start,
+        both on the Redis server's clock. Only the app's task names are labels."""
+        if self.metrics is not None:
+            label = task if task in self.jobs else "<unknown>"
+            wait_s = max(0, start_ms - c.score_ms) / 1000
+            self.metrics.job_wait.labels(c.queue, label).observe(wait_s)
+
+    async def _started(
+        self, job: JobDef, c: Claimed, job_try: int, ctx: JobContext, record: dict[str, Any]
+    ) -> JobRun:
+        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
+        hooked = JobRun(job, c.job_id, c.queue, job_try, ctx, record)
+        for hook in self._runs:
+            try:
+                await hook.started(hooked)
+            except Exception:
+                log.exception("job hook failed", job_id=c.job_id, step="started")
+        return hooked
+
+    async def _finished(
+        self,
+        hooked: JobRun,
+        outcome: Outcome,
+        error: BaseException | None,
+        result: Any,
+        timed_out: bool,
+        duration_s: float,
+    ) -> None:
+        """Tell the hooks how the run ended (in reverse order), once its end is handed to the
+        completer: a hook can neither change nor delay it."""
+        job = hooked.job
+        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
+        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
+        ended = JobOutcome(
+            status, job.name, hooked.job_id, hooked.job_try, duration_s, error, result
+        )
+        for hook in reversed(self._runs):
+            try:
+                await hook.finished(hooked, ended)
+            except Exception:
+                log.exception("job hook failed", job_id=hooked.job_id, step="finished")
 
     async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
@@ -216,26 +280,16 @@ class Executor:
         )  # fmt: skip
         self.completer.end(finish)
 
-    def _facts(self, c: Claimed, rf: _ResultFor | None, start_ms: int) -> RunFacts:
+    def _facts(self, c: Claimed, rf: ResultFor | None, start_ms: int) -> RunFacts:
         """What a failure record says of the run besides its error."""
-        return RunFacts(
-            job_id=c.job_id,
-            task=rf.function if rf else None,
-            queue=c.queue,
-            job_try=rf.job_try if rf else (c.try_ if c.try_ >= 0 else None),
-            instance=self.instance_id,
-            instance_name=self.context.settings.instance_name,
-            enqueued_ms=rf.enqueued_ms if rf else None,
-            started_ms=start_ms,
-            args=rf.args if rf else (),
-            kwargs=rf.kwargs if rf else None,
-        )
+        name = self.context.settings.instance_name
+        return RunFacts.of(c, rf, start_ms, self.instance_id, name)
 
-    def _result(self, rf: _ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
+    def _result(self, rf: ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
         return rf(success, result, start_ms, ms(self.clock.time()), self.serialize)
 
     def _cancelled(
-        self, c: Claimed, run: Run, result_for: _ResultFor, start_ms: int, keep: float
+        self, c: Claimed, run: Run, result_for: ResultFor, start_ms: int, keep: float
     ) -> Outcome:
         """A run cancelled: its claim was taken over, it was aborted, or the shutdown timeout
         cut it (it runs again)."""
@@ -249,11 +303,7 @@ class Executor:
             aborted = asyncio.CancelledError("aborted")
             data = self._result(result_for, False, aborted, start_ms) if keep > 0 else None
             facts = self._facts(c, result_for, start_ms)
-            now = ms(self.clock.time())
-            failure = failure_record(
-                facts, "cancelled", now, error_type="CancelledError", message="aborted", tb=""
-            )
-            log.warning("job cancelled", **_fields(facts), status="cancelled")
+            failure = cancelled_record(facts, ms(self.clock.time()))
             self._end(c, run, "failed", data, ms(keep), failure=failure)
             self.totals["failed"] += 1
             return "failure"
@@ -267,7 +317,7 @@ class Executor:
         run: Run,
         job: JobDef,
         exc: Exception,
-        result_for: _ResultFor,
+        result_for: ResultFor,
         start_ms: int,
         keep: float,
         max_tries: int,
@@ -287,7 +337,7 @@ class Executor:
                 self._end(c, run, "retry", score_ms=ms(self.clock.time() + delay))
                 self.totals["retried"] += 1
                 log.warning(
-                    "job failed; retrying", **_fields(facts), error=error,
+                    "job failed; retrying", **facts.fields, error=error,
                     exception=log_traceback(tb), retry_in_s=delay,
                 )  # fmt: skip
                 return "retry"
@@ -296,7 +346,7 @@ class Executor:
             await self._give_up(c, run, bad, start_ms, result_for, count=False, exc=exc)
             return "failure"
         event = "job timed out" if status == "timeout" else "job failed"
-        log.error(event, **_fields(facts), status=status, error=error, exception=log_traceback(tb))
+        log.error(event, **facts.fields, status=status, error=error, exception=log_traceback(tb))
         data = self._result(result_for, False, exc, start_ms) if keep > 0 else None
         failure = failure_record(facts, status, ms(self.clock.time()), exc=exc)
         self._end(c, run, "failed", data, ms(keep), failure=failure)
@@ -309,7 +359,7 @@ class Executor:
         run: Run,
         bad: BadJob,
         start_ms: int,
-        result_for: _ResultFor | None = None,
+        result_for: ResultFor | None = None,
         *,
         count: bool = True,
         exc: Exception | None = None,
@@ -337,62 +387,13 @@ class Executor:
         data = None
         if keep > 0:
             queue = self.store.keys.queue_of(c.queue)
-            rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
-            data = self._result(rf, False, _JobFailed(capped(bad.reason)), start_ms)
+            rf = result_for or ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
+            data = self._result(rf, False, JobFailed(capped(bad.reason)), start_ms)
         facts = self._facts(c, result_for, start_ms)
-        now = ms(self.clock.time())
-        if exc is not None:  # its last try raised: that error, with its traceback
-            failure = failure_record(facts, "dead", now, exc=exc)
-            log.error(
-                "job failed; no tries left, dead-lettered", **_fields(facts), status="dead",
-                error=capped(bad.reason), exception=log_traceback(traceback_text(exc)),
-            )  # fmt: skip
-        else:  # it never ran (DeadLetters.set_aside logged why)
-            failure = failure_record(facts, "dead", now, error_type="BadJob", message=bad.reason)
+        failure = dead_record(facts, ms(self.clock.time()), bad.reason, exc)
         self._end(c, run, "failed", data, ms(keep), failure=failure)
         self.totals["failed"] += 1
         if count and self.metrics is not None:
             self.metrics.jobs.labels(
                 result_for.function if result_for else "<unknown>", "failure"
             ).inc()
-
-
-def _fields(f: RunFacts) -> dict[str, Any]:
-    """The fields every failure log line carries."""
-    return {"job_id": f.job_id, "task": f.task, "try": f.job_try, "queue": f.queue}
-
-
-class _JobFailed(Exception):
-    """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
-
-
-@dataclass(frozen=True)
-class _ResultFor:
-    """Builds arq's result record for one run."""
-
-    function: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    job_try: int
-    enqueued_ms: int
-    job_id: str
-    queue: str
-
-    def __call__(
-        self, success: bool, result: Any, start_ms: int, finish_ms: int, serialize: Serialize
-    ) -> bytes | None:
-        return serialize_result(
-            self.function,
-            self.args,
-            self.kwargs,
-            self.job_try,
-            self.enqueued_ms,
-            success,
-            result,
-            start_ms,
-            finish_ms,
-            f"{self.job_id}:{self.function}",
-            self.queue,
-            job_id=self.job_id,
-            serializer=serialize,
-        )
