@@ -279,6 +279,8 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
         lambda: "ago" in page.text('#periodic tr[data-periodic="demo_report"] td.last-tick'),
         "demo_report's last tick",
     )
+    # a daily job on a cluster a minute old never ran: no age of its schedule's previous slot
+    assert page.text('#periodic tr[data-periodic="daily_traffic_flush"] td.last-tick') == "never"
     (init,) = page.rows("#initializers tbody tr", "data-initializer").values()
     state = rsync.hgetall(f"{prefix}init:load_cards")
     assert "done" in init and state[b"items"].decode() in init

@@ -153,8 +153,16 @@ class Keys:
     # -- periodic jobs ------------------------------------------------------------------------
     @property
     def periodic_state(self) -> str:
-        """Hash: periodic job name -> last enqueued tick (epoch ms)."""
+        """Hash: periodic job name -> the newest tick planned (epoch ms): enqueued, or skipped
+        by the catch-up policy (a new job records the slot before its first tick and enqueues
+        from the next one). Where planning resumes, not what ran: see :attr:`periodic_enqueued`."""
         return f"{self.prefix}periodic:last"
+
+    @property
+    def periodic_enqueued(self) -> str:
+        """Hash: periodic job name -> the newest tick actually enqueued as a job (epoch ms);
+        no field: no tick of it was ever enqueued (what ``status`` and the console show)."""
+        return f"{self.prefix}periodic:enqueued"
 
     @property
     def periodic_runs(self) -> str:

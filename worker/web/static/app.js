@@ -63,9 +63,11 @@ function isoAgo(iso, now) {
   return iso ? ago(Date.parse(iso), now) : "–";
 }
 
-function isoIn(iso, now) {
-  if (!iso) return "–";
-  const s = (Date.parse(iso) - now) / 1000;
+// Ages and countdowns are computed against the server's "now" sent with the data (now_ms), never
+// the browser's clock: one clock for the whole page.
+function msIn(at, now) {
+  if (at === null || at === undefined) return "–";
+  const s = (at - now) / 1000;
   return s >= 0 ? "in " + duration(s) : duration(-s) + " ago";
 }
 
@@ -261,8 +263,10 @@ function renderSchedules(c, now) {
     return el("tr", { "data-periodic": p.name, class: p.paused ? "paused" : "" },
       el("td", {}, p.name),
       el("td", {}, p.schedule),
-      el("td", { title: p.next_tick || "" }, isoIn(p.next_tick, now)),
-      el("td", { title: p.last_tick || "", class: "last-tick" }, isoAgo(p.last_tick, now)),
+      el("td", { title: p.next_tick || "" }, msIn(p.next_tick_ms, now)),
+      el("td", { title: p.last_tick || "no tick of it was ever enqueued", class: "last-tick" },
+        p.last_tick_ms === null || p.last_tick_ms === undefined ? "never"
+          : ago(p.last_tick_ms, now)),
       el("td", { class: p.stale ? "warn" : "", title: ok ? ok.at : "" },
         ok ? isoAgo(ok.at, now) + (p.stale ? " · STALE" : "") : "never"),
       el("td", { class: bad ? "bad" : "", title: bad ? bad.at : "" },
@@ -359,7 +363,7 @@ async function loadDead() {
   const d = await call("api/dead?page=" + state.deadPage + "&size=" + DEAD_PAGE);
   state.dead = d;
   state.deadPage = d.page;
-  const now = state.overview ? state.overview.now_ms : Date.now();
+  const now = d.now_ms;
   $("page-info").textContent = "page " + d.page + " of " + d.pages + " · " + d.total + " total";
   $("prev").disabled = d.page <= 1;
   $("next").disabled = d.page >= d.pages;
