@@ -71,7 +71,7 @@ class Claims:
             ids = [job_id for job_id, run in self.running.items() if not run.ended]
             sent = self.clock.monotonic()
             try:
-                tokens = await self.store.claim_tokens(ids)
+                tokens, aborts = await self.store.claim_check(ids)
                 for hook in self.hooks:  # e.g. keep the concurrency slots of running jobs
                     await hook.renew()
             except Exception as exc:
@@ -86,6 +86,8 @@ class Claims:
                 and token != self.running[job_id].token
             }
             self.guard.checked(sent, lost)
+            if aborts:  # `job ID --cancel`, Client.abort: seen within one check interval
+                await self._abort(aborts)
             for job_id in lost:
                 run = self.running.get(job_id)
                 if run is not None and run.task is not None:
@@ -111,10 +113,14 @@ class Claims:
 
     async def abort_requested(self) -> None:
         """Cancel the runs of ours whose abort was requested (``Client.abort``)."""
-        mine = [j for j in await self.store.abort_requests() if j in self.running]
+        await self._abort(await self.store.abort_requests(list(self.running)))
+
+    async def _abort(self, job_ids: Sequence[str]) -> None:
+        mine = [j for j in job_ids if j in self.running and not self.running[j].ended]
         for job_id in mine:
             run = self.running[job_id]
             run.aborted = True
+            log.info("abort requested; cancelling the run", job_id=job_id)
             if run.task is not None:
                 run.task.cancel()
         await self.store.aborts_handled(mine)
