@@ -93,6 +93,7 @@ class Executor:
             job = self.jobs.get(fn_name)
             if job is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
+            run.function = job.name  # a task the app defines: its runs are counted per task
         except BadJob as bad:
             await self._give_up(c, run, bad, start_ms)
             return
@@ -190,7 +191,9 @@ class Executor:
         *,
         score_ms: int | None = None,
     ) -> None:
-        finish = Finish(kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue)
+        run_ms = max(round((self.clock.monotonic() - run.started) * 1000), 0)  # per-task counts
+        finish = Finish(kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
+                        task=run.function, run_ms=run_ms)  # fmt: skip
         self.completer.end(finish)
 
     def _result(self, rf: _ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
