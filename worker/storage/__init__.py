@@ -12,7 +12,7 @@ from worker.storage.claims import FOREIGN, Claimed, Claims
 from worker.storage.election import Acquired, LeaderChange, Refused, Renewal
 from worker.storage.fenced import FencedPipeline
 from worker.storage.initializer import InitProgress
-from worker.storage.jobs import Finish, FinishOutcome, NewJob
+from worker.storage.jobs import Finish, FinishOutcome, NewJob, Retention
 from worker.storage.leases import LEASE_BATCH
 from worker.storage.periodic import DueTicks, PeriodicRuns, TickOutcome
 from worker.storage.poller import DispatchOutcome
@@ -38,6 +38,7 @@ __all__ = [
     "PeriodicRuns",
     "Refused",
     "Renewal",
+    "Retention",
     "Stale",
     "Store",
     "TickOutcome",

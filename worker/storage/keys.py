@@ -274,6 +274,33 @@ class Keys:
         """List of the operators' recent actions (console and CLI), newest first, JSON each."""
         return f"{self.prefix}audit"
 
+    # -- job records: failures, completions, progress -----------------------------------------
+    def failure(self, job_id: str) -> str:
+        """JSON of the last final failure of a job (status ``failed`` | ``timeout`` |
+        ``cancelled`` | ``dead``, error type, message, capped traceback, try, instance, times,
+        capped args): written by FINISH with the job's end, kept ``keep_result_s`` and at least
+        as long as the job is in :attr:`failures` (deleted when trimmed from it)."""
+        return f"{self.prefix}failure:{job_id}"
+
+    @property
+    def failures(self) -> str:
+        """Sorted set: job id -> finished ms of recent final failures (dead-lettered or not),
+        at most ``WORKER_FAILURES_KEEP`` entries, none older than ``WORKER_FAILURES_KEEP_S``:
+        trimmed by FINISH as it adds, the trimmed ids' :meth:`failure` keys deleted too."""
+        return f"{self.prefix}failures"
+
+    @property
+    def done(self) -> str:
+        """Sorted set: job id -> finished ms of the latest successful runs, at most
+        ``WORKER_DONE_KEEP`` (trimmed by rank by FINISH, once per batch). The result is arq's
+        ``arq:result:<id>``; an id whose result expired is skipped by readers."""
+        return f"{self.prefix}done"
+
+    def progress(self, job_id: str) -> str:
+        """JSON ``{fraction, message, at_ms}`` of a job's last ``ctx.progress()``; PX = the
+        job's timeout + its ``keep_result_s`` (readable as long as its result)."""
+        return f"{self.prefix}progress:{job_id}"
+
     # -- dead letters -------------------------------------------------------------------------
     @property
     def dead(self) -> str:
