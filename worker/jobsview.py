@@ -375,14 +375,14 @@ def _decode_result(raw: bytes | None, deserialize: Deserialize, prefix: str) -> 
         "finished_ms": _ms(r.finish_time),
         "success": r.success,
         "value": r.result,
-        "queue": _queue_name(r.queue_name, prefix),
+        "queue": queue_name(r.queue_name, prefix),
         "args": _args_text(d, SUMMARY_REPR_CHARS),
         "args_full": _short(repr(d.args), REPR_CHARS),
         "kwargs_full": _short(repr(d.kwargs), REPR_CHARS),
     }
 
 
-def _queue_name(key: Any, prefix: str) -> str | None:
+def queue_name(key: Any, prefix: str) -> str | None:
     """The queue named by arq's ``queue_name`` in a result (our key: ``<prefix>queue`` is
     ``default``, ``<prefix>queue:<name>`` is ``name``)."""
     if not isinstance(key, str):

@@ -1,5 +1,6 @@
-"""What the jobs listing and a job's detail read on Redis: bounded pages of a queue, the
-records of a page's jobs in one round trip, the running ids, and cancelling a queued job.
+"""What the jobs listing and a job's detail read on Redis (bounded pages of a queue, the
+records of a page's jobs in one round trip, the running ids) and the two job actions' writes:
+cancelling a job that has not started, running an ended one again.
 
 Every read here costs what it returns: a page is one ``ZRANGEBYSCORE … LIMIT`` (or
 ``ZREVRANGEBYSCORE``) and one pipeline of ``MGET``\\ s over the page's ids; nothing scans a
@@ -78,8 +79,40 @@ return 0
 """
 
 
+#: Run by :meth:`InspectJobOps.rerun_ended` (below).
+RERUN_ENDED = """
+-- Run an ended job again under its own id (``job ID --retry``): when it has no record, no claim
+-- marker and its result is still kept, delete the result and try counter, write the given job
+-- record and make it due now (announced like any enqueue).
+-- KEYS[1] -> the queue to run it in
+-- ARGV[1] -> job id
+-- ARGV[2] -> arq job key prefix
+-- ARGV[3] -> arq in-progress key prefix
+-- ARGV[4] -> arq retry key prefix
+-- ARGV[5] -> arq result key prefix
+-- ARGV[6] -> the job record
+-- ARGV[7] -> its TTL in ms
+-- ARGV[8] -> now ms (its score)
+-- ARGV[9] -> wake channel
+-- Returns: 1 queued again, 0 live (queued or running), -1 no result left to run it from
+local id = ARGV[1]
+if redis.call('EXISTS', ARGV[2] .. id, ARGV[3] .. id) > 0 then
+  return 0
+end
+if redis.call('DEL', ARGV[5] .. id) == 0 then
+  return -1
+end
+redis.call('DEL', ARGV[4] .. id)
+redis.call('SET', ARGV[2] .. id, ARGV[6], 'PX', ARGV[7])
+redis.call('ZADD', KEYS[1], ARGV[8], id)
+redis.call('PUBLISH', ARGV[9], ARGV[8])
+return 1
+"""
+
+
 class InspectJobOps(StoreBase):
-    """Bounded reads of jobs for the listing and the detail; cancelling a job not started."""
+    """Bounded reads of jobs for the listing and the detail; cancelling a job not started and
+    running an ended one again."""
 
     async def queue_entries(
         self,
@@ -230,4 +263,28 @@ class InspectJobOps(StoreBase):
         )
         if not self.replicated(acked):
             raise self._short("cancel", acked)
+        return int(out)
+
+    async def rerun_ended(
+        self, job_id: str, queue: str, payload: bytes, ttl_ms: int, now_ms: int
+    ) -> int:
+        """Queue an ended job again under its id from ``payload`` (see
+        ``inspect_jobs.RERUN_ENDED``): 1 queued, 0 live, -1 its result is gone."""
+        out, acked = await self._eval(
+            self._script(RERUN_ENDED),
+            [self.keys.queue_of(queue)],
+            [
+                job_id,
+                K.ARQ_JOB,
+                K.ARQ_IN_PROGRESS,
+                K.ARQ_RETRY,
+                K.ARQ_RESULT,
+                payload,
+                ttl_ms,
+                now_ms,
+                self.keys.wake,
+            ],
+        )
+        if not self.replicated(acked):
+            raise self._short("retry", acked)
         return int(out)
