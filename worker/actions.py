@@ -30,6 +30,7 @@ from worker.client import Client
 from worker.clock import ms, on_server_time
 from worker.duties.periodic import trigger as trigger_periodic
 from worker.ids import DUTY_KINDS, DutyKind, duty
+from worker.jobrecords import queue_name
 from worker.serializer import Deserialize, Serialize, msgpack_dumps, msgpack_loads
 
 log = structlog.get_logger("worker.actions")
@@ -191,7 +192,7 @@ class Operations:
             r = deserialize_result(rec.result, deserializer=self.deserialize)
         except Exception as exc:
             return f"its result record does not decode ({type(exc).__name__})"
-        queue = jobsview.queue_name(r.queue_name, self.store.keys.prefix) or "default"
+        queue = queue_name(r.queue_name, self.store.keys.prefix) or "default"
         now = await self._now_ms()
         payload = self.serialize(
             {"t": None, "f": r.function, "a": list(r.args), "k": dict(r.kwargs), "et": now}
