@@ -113,8 +113,8 @@ class Operations:
     async def cancel_job(self, job_id: str) -> Outcome:
         """Cancel a job: one that has not started is taken off its queue and never starts (its
         result says ``CancelledError``, as arq's for a job aborted before it starts); a running
-        one gets an abort request its consumer's claim check acts on within
-        ``WORKER_CONSUMER_DOUBT_S`` / 4 (1.25 s by default), ending as cancelled. Refused for
+        one gets an abort request its consumer's claim check acts on within a quarter of its
+        doubt window (1.25 s by default), ending as cancelled. Refused for
         a job that has ended or is unknown."""
         d = await self.detail(job_id)
         if d is None or d.state not in ("queued", "scheduled", "running"):
