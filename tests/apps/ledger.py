@@ -9,6 +9,8 @@
   *produced* in ``<prefix>ledger:init-batches`` (HINCRBY cursor 1).
 - ``slow_job(seconds)``: sleeps, then records its run count per job id.
 - ``fails_once(key)``: raises on its first run per key, succeeds on the next.
+- ``halfway(key)``: reports progress 0.25 then 0.75 ("three quarters") 0.6 s later, waits
+  0.6 s more and records its run in ``<prefix>ledger:halfway``.
 - ``crashy`` service (per_process, only when ``LEDGER_CRASHY=1``): raises at once, always.
 - ``stubborn`` service (singleton, only when ``LEDGER_STUBBORN=1``): ignores stop and cancellation.
 - ``mailbox`` per_key service (keys from ``LEDGER_MAILBOXES``): flags two loops on one key.
@@ -74,6 +76,15 @@ async def fails_once(ctx: JobContext, key: str) -> str:
     if runs == 1:
         raise ValueError(f"first run of {key} fails on purpose")
     return f"ran {runs} times"
+
+
+@app.task
+async def halfway(ctx: JobContext, key: str) -> None:
+    await ctx.progress(0.25)
+    await asyncio.sleep(0.6)
+    await ctx.progress(0.75, "three quarters")
+    await asyncio.sleep(0.6)
+    await ctx.redis.hincrby(_k(ctx, "halfway"), key, 1)
 
 
 @app.initializer(version=os.environ.get("LEDGER_INIT_VERSION", "v1"), poller="items")
