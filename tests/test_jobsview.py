@@ -3,6 +3,7 @@ window, and a job's detail from its records (bad payloads shown, never raised)."
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -208,9 +209,11 @@ async def test_dead_letters_are_listed_as_failed(client: Client, store: Store) -
     assert d is not None and d.state == "dead" and d.dead is not None and d.error is not None
 
 
-def test_a_bad_cursor_is_a_value_error() -> None:
-    with pytest.raises(ValueError):
-        jobsview._parse_cursor("nope!", 3)
+async def test_a_bad_cursor_or_state_is_a_value_error(store: Store) -> None:
+    with pytest.raises(ValueError, match="cursor"):
+        await jobsview.list_jobs(store, state="queued", cursor="nope!")
+    with pytest.raises(ValueError, match="state"):
+        await jobsview.list_jobs(store, state="lost")  # type: ignore[arg-type]
 
 
 async def test_open_store_has_the_reads(redis_url: str) -> None:
@@ -220,3 +223,40 @@ async def test_open_store_has_the_reads(redis_url: str) -> None:
         assert await s.queue_entries("default", low="-inf", high="+inf", offset=0, count=5) == []
     finally:
         await r.aclose()
+
+
+async def test_failures_and_successes_are_listed_from_their_indexes(
+    client: Client, store: Store
+) -> None:
+    now = await _now(store)
+    r = client.redis
+    for i, ok in enumerate((True, False, True)):
+        job_id = f"{P}end{i}"
+        raw = serialize_result(
+            "work", (i,), {}, 1, now - 100, ok, 1 if ok else ValueError("bad"), now - 50,
+            now - 10 + i, "r", KEYS.queue, job_id=job_id, serializer=msgpack_dumps,
+        )  # fmt: skip
+        assert raw is not None
+        await r.set(K.ARQ_RESULT + job_id, raw)
+        await r.zadd(KEYS.done if ok else KEYS.failures, {job_id: now - 10 + i})
+    record = {
+        "job_id": f"{P}end1", "task": "work", "queue": "default", "status": "timeout",
+        "error_type": "TimeoutError", "message": "took too long", "try": 2,
+        "traceback": "Traceback (most recent call last):\n  ...\nTimeoutError", "instance": "i1",
+        "instance_name": "c1", "enqueued_ms": now - 100, "started_ms": now - 50,
+        "finished_ms": now - 9, "args": "(1,)",
+    }  # fmt: skip
+    await r.set(KEYS.failure(f"{P}end1"), json.dumps(record))
+    await r.set(KEYS.progress(f"{P}end1"), json.dumps({"fraction": 0.5, "message": "half"}))
+    failed = await jobsview.list_jobs(store, state="failed")
+    assert [(j.job_id, j.state, j.instance, j.args) for j in failed.items] == [
+        (f"{P}end1", "timeout", "c1", "TimeoutError: took too long")
+    ]
+    done = await jobsview.list_jobs(store, state="done", limit=1)
+    assert [j.job_id for j in done.items] == [f"{P}end2"] and done.next_cursor is not None
+    rest = await jobsview.list_jobs(store, state="done", cursor=done.next_cursor)
+    assert [j.job_id for j in rest.items] == [f"{P}end0"]
+    d = await jobsview.job_detail(store, f"{P}end1")
+    assert d is not None and d.state == "timeout" and d.error is not None
+    assert d.error["traceback"].endswith("TimeoutError") and d.error["try"] == 2
+    assert (d.progress, d.progress_message, d.instance) == (0.5, "half", "c1")

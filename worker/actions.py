@@ -30,6 +30,7 @@ from worker.client import Client
 from worker.clock import ms, on_server_time
 from worker.duties.periodic import trigger as trigger_periodic
 from worker.ids import DUTY_KINDS, DutyKind, duty
+from worker.jobrecords import queue_name
 from worker.serializer import Deserialize, Serialize, msgpack_dumps, msgpack_loads
 
 log = structlog.get_logger("worker.actions")
@@ -112,8 +113,8 @@ class Operations:
     async def cancel_job(self, job_id: str) -> Outcome:
         """Cancel a job: one that has not started is taken off its queue and never starts (its
         result says ``CancelledError``, as arq's for a job aborted before it starts); a running
-        one gets an abort request its consumer's claim check acts on within
-        ``WORKER_CONSUMER_DOUBT_S`` / 4 (1.25 s by default), ending as cancelled. Refused for
+        one gets an abort request its consumer's claim check acts on within a quarter of its
+        doubt window (1.25 s by default), ending as cancelled. Refused for
         a job that has ended or is unknown."""
         d = await self.detail(job_id)
         if d is None or d.state not in ("queued", "scheduled", "running"):
@@ -191,7 +192,7 @@ class Operations:
             r = deserialize_result(rec.result, deserializer=self.deserialize)
         except Exception as exc:
             return f"its result record does not decode ({type(exc).__name__})"
-        queue = jobsview.queue_name(r.queue_name, self.store.keys.prefix) or "default"
+        queue = queue_name(r.queue_name, self.store.keys.prefix) or "default"
         now = await self._now_ms()
         payload = self.serialize(
             {"t": None, "f": r.function, "a": list(r.args), "k": dict(r.kwargs), "et": now}

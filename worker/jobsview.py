@@ -10,14 +10,26 @@ on, so even a million queued jobs cost the same per call. "Now" is the Redis ser
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from arq.jobs import deserialize_result
-
+from worker.jobrecords import (
+    REPR_CHARS,
+    SUMMARY_REPR_CHARS,
+    args_text,
+    decode_job,
+    decode_result,
+    ended_state,
+    error_line,
+    error_of,
+    fraction,
+    instance_of,
+    make_cursor,
+    matches,
+    parse_cursor,
+    short,
+)
 from worker.serializer import Deserialize, msgpack_loads
 from worker.storage import Store
 from worker.storage.inspect_jobs import JobRecord
@@ -29,13 +41,11 @@ STATES: tuple[State, ...] = ("queued", "scheduled", "running", "failed", "done")
 DetailState = Literal[
     "queued", "scheduled", "running", "done", "failed", "timeout", "cancelled", "dead"
 ]
+_ENDS = ("failed", "timeout", "cancelled", "dead")
 #: Largest page.
 MAX_LIMIT = 500
 #: A filtered listing reads at most this many times ``limit`` entries per call.
 SCAN_FACTOR = 10
-#: Characters kept of an args/kwargs/result repr (detail) and of args in a listing.
-REPR_CHARS = 2000
-SUMMARY_REPR_CHARS = 120
 
 
 @dataclass(frozen=True)
@@ -90,79 +100,6 @@ class JobPage:
             "next_cursor": self.next_cursor,
             "scanned": self.scanned,
         }
-
-
-@dataclass
-class _Decoded:
-    task: str | None = None
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    tries: int | None = None
-    enqueued_ms: int | None = None
-    error: str | None = None
-
-
-def _short(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _decode_job(payload: bytes | None, deserialize: Deserialize) -> _Decoded:
-    """arq's job record ``{"t", "f", "a", "k", "et"}``; a bad one is reported, never raised."""
-    if payload is None:
-        return _Decoded()
-    try:
-        data = deserialize(payload)
-        fn = data.get("f")
-        args, kwargs = data.get("a") or (), data.get("k") or {}
-        et, t = data.get("et"), data.get("t")
-        return _Decoded(
-            fn if isinstance(fn, str) else None,
-            tuple(args) if isinstance(args, list | tuple) else (args,),
-            kwargs if isinstance(kwargs, dict) else {"?": kwargs},
-            t if isinstance(t, int) else None,
-            et if isinstance(et, int) else None,
-        )
-    except Exception as exc:
-        return _Decoded(error=f"job record: {type(exc).__name__}: {_short(str(exc), 200)}")
-
-
-def _args_text(d: _Decoded, limit: int) -> str:
-    parts = [repr(a) for a in d.args] + [f"{k}={v!r}" for k, v in d.kwargs.items()]
-    return _short(", ".join(parts), limit)
-
-
-def _ms(value: Any) -> int | None:
-    if isinstance(value, dt.datetime):
-        return round(value.timestamp() * 1000)
-    return value if isinstance(value, int) else None
-
-
-def _matches(job_id: str, d: _Decoded, task: str | None, search: str | None) -> bool:
-    if task is not None and d.task != task:
-        return False
-    if search:
-        text = f"{job_id} {d.task or ''} {_args_text(d, 10_000)}".lower()
-        return search.lower() in text
-    return True
-
-
-# -- cursors ---------------------------------------------------------------------------------
-
-
-def _parse_cursor(cursor: str | None, parts: int) -> list[str] | None:
-    if not cursor:
-        return None
-    try:
-        fields = base64.urlsafe_b64decode(cursor.encode()).decode().split("\n")
-    except Exception as exc:
-        raise ValueError(f"not a cursor of this listing: {cursor!r}") from exc
-    if len(fields) != parts:
-        raise ValueError(f"not a cursor of this listing: {cursor!r}")
-    return fields
-
-
-def _cursor(*fields: object) -> str:
-    return base64.urlsafe_b64encode("\n".join(map(str, fields)).encode()).decode()
 
 
 # -- listing ---------------------------------------------------------------------------------
@@ -228,8 +165,8 @@ class _Lister:
 
     def _summary(self, rec: JobRecord, state: str, queue: str | None, **extra: Any) -> bool:
         """Add ``rec`` to the page if it passes the filters; whether it did."""
-        d = _decode_job(rec.payload, self.deserialize)
-        if not _matches(rec.job_id, d, self.task, self.search):
+        d = decode_job(rec.payload, self.deserialize)
+        if not matches(rec.job_id, d, self.task, self.search):
             return False
         self.items.append(
             JobSummary(
@@ -239,7 +176,7 @@ class _Lister:
                 state,
                 tries=rec.tries if rec.tries is not None else d.tries,
                 enqueued_ms=d.enqueued_ms,
-                args=_args_text(d, SUMMARY_REPR_CHARS) if d.error is None else d.error,
+                args=args_text(d, SUMMARY_REPR_CHARS) if d.error is None else d.error,
                 **extra,
             )
         )
@@ -248,7 +185,7 @@ class _Lister:
     async def queued(self, state: State, cursor: str | None) -> JobPage:
         """Due (score ≤ now) or scheduled (later, without a claim marker: a claimed job is
         parked at its marker's expiry), queue by queue, earliest first."""
-        fields = _parse_cursor(cursor, 3)
+        fields = parse_cursor(cursor, 3)
         qi, score, skip = (int(fields[0]), fields[1], int(fields[2])) if fields else (0, "", 0)
         low, high = ("-inf", self.now_ms) if state == "queued" else (f"({self.now_ms}", "+inf")
         while qi < len(self.queues) and len(self.items) < self.limit:
@@ -256,7 +193,7 @@ class _Lister:
             start: float | str = score if score else low
             want = min(max(self.limit - len(self.items), 20), self.budget - self.scanned)
             if want <= 0:
-                return JobPage(self.items, _cursor(qi, score, skip), self.scanned)
+                return JobPage(self.items, make_cursor(qi, score, skip), self.scanned)
             entries = await self.store.queue_entries(
                 name, low=start, high=high, offset=skip, count=want
             )
@@ -268,15 +205,15 @@ class _Lister:
                 if rec.marker is not None or rec.payload is None:
                     continue  # claimed meanwhile (running) or gone (finished)
                 if self._summary(rec, state, name, due_ms=s) and len(self.items) >= self.limit:
-                    return JobPage(self.items, _cursor(qi, score, skip), self.scanned)
+                    return JobPage(self.items, make_cursor(qi, score, skip), self.scanned)
             if len(entries) < want:
                 qi, score, skip = qi + 1, "", 0
         more = qi < len(self.queues)
-        return JobPage(self.items, _cursor(qi, score, skip) if more else None, self.scanned)
+        return JobPage(self.items, make_cursor(qi, score, skip) if more else None, self.scanned)
 
     async def running(self, cursor: str | None) -> JobPage:
         """Every live instance's holds set (bounded by each consumer's concurrency), by id."""
-        fields = _parse_cursor(cursor, 1)
+        fields = parse_cursor(cursor, 1)
         after = fields[0] if fields else ""
         live = [i for i, _, rec in await self.store.instances() if rec is not None]
         held = [(j, i) for j, i in await self.store.running_ids(live) if j > after]
@@ -296,33 +233,41 @@ class _Lister:
             ):
                 break
         more = len(held) > 0 and last != held[-1][0]
-        return JobPage(self.items, _cursor(last) if more else None, self.scanned)
+        return JobPage(self.items, make_cursor(last) if more else None, self.scanned)
 
     async def ended(self, state: State, cursor: str | None) -> JobPage:
         """``failed``: the dead letters (and the recent failures' index when it exists),
         ``done``: the recent successes; newest first, a page from ``before_ms``."""
-        fields = _parse_cursor(cursor, 1)
+        fields = parse_cursor(cursor, 1)
         before = int(fields[0]) if fields else None
         entries = await self._ended_ids(state, before, self.budget)
         self.scanned = len(entries)
         ids = [j for j, _ in entries]
         records = await self.store.job_records(ids, results=True)
-        dead = await self.store.dead_entries(ids) if state == "failed" else [None] * len(ids)
+        failed = state == "failed"
+        dead = await self.store.dead_entries(ids) if failed else [None] * len(ids)
+        fails = await self.store.failures_many(ids) if failed else [None] * len(ids)
         last: int | None = None
-        for (job_id, at), rec, letter in zip(entries, records, dead, strict=True):
+        for (job_id, at), rec, letter, fail in zip(entries, records, dead, fails, strict=True):
             last = at
-            summary = self._ended(job_id, at, state, rec, letter)
+            if rec.payload is not None:
+                continue  # queued or running again (retried)
+            summary = self._ended(job_id, at, state, rec, letter, fail)
             if summary is not None and self._keep(summary, rec):
                 self.items.append(summary)
                 if len(self.items) >= self.limit:
                     break
         full = len(entries) >= self.budget or len(self.items) >= self.limit
-        return JobPage(self.items, _cursor(last) if full and last else None, self.scanned)
+        return JobPage(self.items, make_cursor(last) if full and last else None, self.scanned)
 
     async def _ended_ids(self, state: State, before: int | None, n: int) -> list[tuple[str, int]]:
+        """The newest ``n`` ids ended before ``before``: the recent successes, or the recent
+        failures and the dead letters merged (a job in both once)."""
         if state == "done":
-            return []  # the recent successes' index: with the failure records
+            return await self.store.recent_done(n, before)
         found = dict(await self.store.dead_page(before, n))
+        for job_id, at in await self.store.recent_failures(n, before):
+            found[job_id] = max(at, found.get(job_id, at))
         return sorted(found.items(), key=lambda e: -e[1])[:n]
 
     def _ended(
@@ -332,22 +277,27 @@ class _Lister:
         state: State,
         rec: JobRecord,
         letter: dict[str, Any] | None,
+        fail: dict[str, Any] | None,
     ) -> JobSummary | None:
-        result = _decode_result(rec.result, self.deserialize, self.store.keys.prefix)
-        queue = result.get("queue") or (letter or {}).get("queue")
+        result = decode_result(rec.result, self.deserialize, self.store.keys.prefix)
+        if state == "done" and not result:
+            return None  # its result expired
+        f, dl = fail or {}, letter or {}
+        queue = f.get("queue") or result.get("queue") or dl.get("queue")
         if queue is not None and queue not in self.queues:
             return None
+        kind = "dead" if letter is not None else f.get("status") or ended_state(result, state)
         return JobSummary(
             job_id,
-            result.get("task") or (letter or {}).get("task"),
+            f.get("task") or result.get("task") or dl.get("task"),
             queue,
-            "dead" if letter is not None else state,
-            tries=result.get("tries") or (letter or {}).get("tries"),
-            enqueued_ms=result.get("enqueued_ms"),
-            started_ms=result.get("started_ms"),
-            finished_ms=result.get("finished_ms") or at,
-            instance=(letter or {}).get("instance"),
-            args=result.get("args") or (letter or {}).get("reason"),
+            str(kind),
+            tries=f.get("try") or result.get("tries") or dl.get("tries"),
+            enqueued_ms=f.get("enqueued_ms") or result.get("enqueued_ms"),
+            started_ms=f.get("started_ms") or result.get("started_ms"),
+            finished_ms=f.get("finished_ms") or result.get("finished_ms") or at,
+            instance=f.get("instance_name") or f.get("instance") or dl.get("instance"),
+            args=error_line(f) or result.get("args") or dl.get("reason"),
         )
 
     def _keep(self, s: JobSummary, rec: JobRecord) -> bool:
@@ -356,40 +306,6 @@ class _Lister:
         if self.search:
             return self.search.lower() in f"{s.job_id} {s.task or ''} {s.args or ''}".lower()
         return True
-
-
-def _decode_result(raw: bytes | None, deserialize: Deserialize, prefix: str) -> dict[str, Any]:
-    """arq's result record as plain fields (``{}`` when absent; ``undecodable`` when bad)."""
-    if raw is None:
-        return {}
-    try:
-        r = deserialize_result(raw, deserializer=deserialize)
-    except Exception as exc:
-        return {"undecodable": f"result record: {type(exc).__name__}: {_short(str(exc), 200)}"}
-    d = _Decoded(r.function, tuple(r.args), dict(r.kwargs))
-    return {
-        "task": r.function,
-        "tries": r.job_try,
-        "enqueued_ms": _ms(r.enqueue_time),
-        "started_ms": _ms(r.start_time),
-        "finished_ms": _ms(r.finish_time),
-        "success": r.success,
-        "value": r.result,
-        "queue": queue_name(r.queue_name, prefix),
-        "args": _args_text(d, SUMMARY_REPR_CHARS),
-        "args_full": _short(repr(d.args), REPR_CHARS),
-        "kwargs_full": _short(repr(d.kwargs), REPR_CHARS),
-    }
-
-
-def queue_name(key: Any, prefix: str) -> str | None:
-    """The queue named by arq's ``queue_name`` in a result (our key: ``<prefix>queue`` is
-    ``default``, ``<prefix>queue:<name>`` is ``name``)."""
-    if not isinstance(key, str):
-        return None
-    if key == f"{prefix}queue":
-        return DEFAULT_QUEUE
-    return key.removeprefix(f"{prefix}queue:") if key.startswith(f"{prefix}queue:") else key
 
 
 # -- one job ---------------------------------------------------------------------------------
@@ -415,12 +331,26 @@ async def job_detail(
     letter = await store.dead_record(job_id) if place.dead_ms is not None else None
     if letter is not None:
         letter.pop("payload_b64", None)
-    job = _decode_job(rec.payload, deserialize)
-    result = _decode_result(rec.result, deserialize, store.keys.prefix)
+    job = decode_job(rec.payload, deserialize)
+    result = decode_result(rec.result, deserialize, store.keys.prefix)
+    failure = await store.failure(job_id)
+    progress = await store.progress(job_id)
     state = _state(rec, place, result, letter, now_ms)
+    live = state in ("queued", "scheduled", "running")
+    f: dict[str, Any] = failure if failure is not None and not live else {}
+    if f and not result.get("success") and f.get("status") in _ENDS:
+        state = f["status"]
     if state is None:
         return None
-    error = _error(result) if state in ("failed", "cancelled", "timeout") else None
+    error = error_of(result) if state in ("failed", "cancelled", "timeout") else None
+    if f:
+        error = {
+            "type": f.get("error_type"),
+            "message": f.get("message"),
+            "traceback": f.get("traceback"),
+            "try": f.get("try"),
+            "instance": f.get("instance_name") or f.get("instance"),
+        }
     if letter is not None and error is None and state == "dead":
         error = {"type": "dead letter", "message": letter.get("reason"), "traceback": None}
     value = result.get("value")
@@ -432,12 +362,14 @@ async def job_detail(
         tries=rec.tries if rec.tries is not None else result.get("tries"),
         enqueued_ms=job.enqueued_ms or result.get("enqueued_ms"),
         due_ms=place.score_ms if state in ("queued", "scheduled") else None,
-        started_ms=result.get("started_ms"),
-        finished_ms=result.get("finished_ms"),
-        instance=_instance(rec.marker),
-        args=_short(repr(job.args), REPR_CHARS) if rec.payload else result.get("args_full"),
-        kwargs=_short(repr(job.kwargs), REPR_CHARS) if rec.payload else result.get("kwargs_full"),
-        result=_short(repr(value), REPR_CHARS) if result.get("success") else None,
+        started_ms=result.get("started_ms") or f.get("started_ms"),
+        finished_ms=result.get("finished_ms") or f.get("finished_ms"),
+        instance=instance_of(rec.marker) or f.get("instance_name") or f.get("instance"),
+        progress=fraction(progress),
+        progress_message=(progress or {}).get("message"),
+        args=short(repr(job.args), REPR_CHARS) if rec.payload else result.get("args_full"),
+        kwargs=short(repr(job.kwargs), REPR_CHARS) if rec.payload else result.get("kwargs_full"),
+        result=short(repr(value), REPR_CHARS) if result.get("success") else None,
         error=error,
         dead=letter,
         abort_requested=place.abort_ms is not None,
@@ -459,7 +391,7 @@ def _state(
     if result:
         if result.get("success"):
             return "done"
-        kind = (_error(result) or {}).get("type")
+        kind = (error_of(result) or {}).get("type")
         if kind == "CancelledError":
             return "cancelled"
         if kind == "TimeoutError":
@@ -468,23 +400,3 @@ def _state(
     if letter is not None:
         return "dead"
     return None
-
-
-def _error(result: dict[str, Any]) -> dict[str, Any] | None:
-    """A failed run's error from arq's result record: its type and message."""
-    if not result or result.get("success"):
-        return None
-    value = result.get("value")
-    if isinstance(value, BaseException):
-        return {"type": type(value).__name__, "message": str(value), "traceback": None}
-    if isinstance(value, dict) and "error" in value:
-        return {"type": value["error"], "message": value.get("message"), "traceback": None}
-    return {"type": "error", "message": _short(repr(value), REPR_CHARS), "traceback": None}
-
-
-def _instance(marker: str | None) -> str | None:
-    """The instance id in a claim token (``<instance id>/<n>``)."""
-    if marker is None:
-        return None
-    head, sep, _ = marker.rpartition("/")
-    return head if sep else marker

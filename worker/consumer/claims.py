@@ -2,10 +2,12 @@
 
 Each claim carries a token ``<instance id>/<n>``; a run finishes only while its marker still
 holds that token. While jobs run (or one waits in doubt) :meth:`Claims.check` confirms the
-tokens, lets each hook renew what its running jobs hold, and cancels a run whose claim another
-consumer took over (:class:`~worker.consumer.guard.ClaimGuard` holds every step meanwhile).
-A claim round trip whose reply was lost leaves jobs claimed in our name that no run of ours
-knows: :meth:`Claims.release_unknown` gives them back before the next claim.
+tokens and reads their abort requests in the same round trip (``job ID --cancel``,
+``Client.abort``: a busy consumer that claims nothing still sees them within one check), lets
+each hook renew what its running jobs hold, and cancels a run whose claim another consumer
+took over or whose abort was asked (:class:`~worker.consumer.guard.ClaimGuard` holds every
+step meanwhile). A claim round trip whose reply was lost leaves jobs claimed in our name that
+no run of ours knows: :meth:`Claims.release_unknown` gives them back before the next claim.
 """
 
 from __future__ import annotations

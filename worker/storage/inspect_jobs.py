@@ -197,6 +197,14 @@ class InspectJobOps(StoreBase):
         raw = await self.redis.hmget(self.keys.dead_index, list(job_ids))
         return [_object(self.keys.dead_index, v) for v in raw]
 
+    async def progress_many(self, job_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The last reported progress of each of ``job_ids`` (``None`` where none), one
+        ``MGET``."""
+        if not job_ids:
+            return []
+        keys = [self.keys.progress(j) for j in job_ids]
+        return [_object(k, v) for k, v in zip(keys, await self.redis.mget(keys), strict=True)]
+
     async def queues_of(self, job_ids: Sequence[str], queues: Sequence[str]) -> list[str | None]:
         """The queue (of ``queues``) holding each of ``job_ids``, ``None`` where none does: one
         round trip of ``ZMSCORE`` per queue."""
