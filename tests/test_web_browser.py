@@ -432,8 +432,10 @@ def test_the_jobs_view_lists_details_retries_and_cancels(
     wait_until(lambda: len(_instances(rsync, prefix)) == 1, 30, what="the worker")
     dead = client_call(redis_url, prefix, "enqueue", "no_such_task", HOSTILE)
     done = client_call(redis_url, prefix, "enqueue", "record", "fine")
+    failed = client_call(redis_url, prefix, "enqueue", "fail", HOSTILE)
     wait_until(lambda: rsync.zscore(f"{prefix}dead", dead) is not None, 30, what="a dead letter")
     wait_until(lambda: rsync.exists(f"arq:result:{done}"), 30, what="a finished job")
+    wait_until(lambda: rsync.exists(f"arq:result:{failed}"), 30, what="a failed job")
 
     page = Page(browser, url, tmp_path / "screens")
     browser.get(url)
@@ -446,7 +448,15 @@ def test_the_jobs_view_lists_details_retries_and_cancels(
     # -- failed: listed, searched, in detail (escaped), retried -----------------------------
     page.tab("jobs")
     page.click('#job-states button[data-state="failed"]')
-    page.until(lambda: page.css(f'#jobs tr[data-job="{dead}"]'), "the failed job listed")
+    page.until(lambda: page.css(f'#jobs tr[data-job="{dead}"]'), "the dead job listed")
+    page.until(lambda: page.css(f'#jobs tr[data-job="{failed}"]'), "the failed job listed")
+    page.click(f'#jobs a[data-open-job="{failed}"]')
+    page.until(lambda: "Traceback" in page.text("#job-error"), "its traceback shown")
+    assert "raise ValueError" in page.text("#job-error")
+    assert HOSTILE in page.text('#job-fields dd[data-field="args"]')  # as text
+    assert page.css("#job-detail pre *") == [] and page.css("#job-fields dd *") == []
+    assert browser.execute_script("return window.pwned === undefined")
+    page.shot("jobs-traceback")
     page.one("#job-search").send_keys("no_such")
     page.click("#job-go")
     page.until(lambda: list(page.rows("#jobs tbody tr[data-job]", "data-job")) == [dead], "found")

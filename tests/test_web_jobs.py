@@ -100,11 +100,16 @@ async def test_a_failed_job_listed_found_and_retried(
     dead = await _get(http, f"/api/jobs/{unknown}")
     assert dead["dead"]["reason"] == "unknown function 'no_such_task'"  # its dead letter
 
+    # a plain failure (no retry_on: never a dead letter) is listed too, with its traceback
+    failed = await _get(http, "/api/jobs", state="failed", task="fail")
+    assert [j["job_id"] for j in failed["items"]] == [bad]
     detail = await _get(http, f"/api/jobs/{bad}")
     assert detail["state"] == "failed" and detail["task"] == "fail"
     assert HOSTILE in detail["args"]
     assert detail["error"]["type"] == "ValueError"
     assert "fails on purpose" in detail["error"]["message"]
+    assert "Traceback" in detail["error"]["traceback"]
+    assert "raise ValueError" in detail["error"]["traceback"]
     missing = await http.get("/api/jobs/t:no-such-job", headers=AUTH)
     assert missing.status == 404
 
