@@ -80,7 +80,7 @@ def test_cancel_a_running_and_a_queued_job(
     ]
 
 
-def test_retry_a_failed_job(
+def test_retry_a_failed_job_and_list_failed_and_done(
     spawn: Spawn, cli: CliRun, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
@@ -95,6 +95,10 @@ def test_retry_a_failed_job(
     wait_until(lambda: state() == "failed", 30, interval=0.3, what="fails_once to fail")
     detail = _json(cli, env, "job", job_id)
     assert detail["error"]["type"] == "ValueError" and "on purpose" in detail["error"]["message"]
+    assert "Traceback" in detail["error"]["traceback"] and detail["error"]["try"] == 1
+    failed = _json(cli, env, "jobs", "--state", "failed", "--task", "fails_once")
+    assert [(j["job_id"], j["state"]) for j in failed["items"]] == [(job_id, "failed")]
+    assert failed["items"][0]["args"].startswith("ValueError: first run of k1")
 
     queued = cli("job", job_id, "--retry", env=env)
     assert queued.returncode == 0 and "queued again" in queued.stdout, queued.stdout

@@ -11,7 +11,8 @@ import pytest
 from arq.jobs import serialize_result
 from redis import asyncio as aioredis
 
-from worker import jobsview
+from worker import App, JobContext, jobsview
+from worker.actions import Actor, Operations
 from worker.client import Client
 from worker.serializer import job_payload, msgpack_dumps
 from worker.storage import keys as K
@@ -260,3 +261,37 @@ async def test_failures_and_successes_are_listed_from_their_indexes(
     assert d is not None and d.state == "timeout" and d.error is not None
     assert d.error["traceback"].endswith("TimeoutError") and d.error["try"] == 2
     assert (d.progress, d.progress_message, d.instance) == (0.5, "half", "c1")
+
+
+async def test_cancel_and_retry_through_operations(client: Client, store: Store) -> None:
+    app = App("t", queues=("high", "default"))
+
+    @app.task(queue="high")
+    async def urgent(ctx: JobContext, n: int) -> None: ...
+
+    ops = Operations(client, app, Actor("tester", "cli"))
+    job_id = await client.enqueue("urgent", 5, queue="high")
+    assert job_id is not None
+    refused = await ops.retry_job(job_id)
+    assert not refused.ok and "queued" in refused.message
+    cancelled = await ops.cancel_job(job_id)
+    assert cancelled.ok and cancelled.details["state"] == "cancelled"
+    assert await client.redis.zscore(KEYS.queue_of("high"), job_id) is None
+    d = await ops.detail(job_id)
+    assert d is not None and (d.state, d.queue, d.task) == ("cancelled", "high", "urgent")
+    again = await ops.cancel_job(job_id)
+    assert not again.ok and "nothing to cancel" in again.message
+    retried = await ops.retry_job(job_id)  # from its result record, under the same id
+    assert retried.ok, retried.message
+    d = await ops.detail(job_id)
+    assert d is not None and (d.state, d.queue, d.args) == ("queued", "high", "(5,)")
+    unknown = await ops.cancel_job(f"{P}nope")
+    assert not unknown.ok and "unknown" in unknown.message
+    audit = await store.audit_log(10)
+    assert [(e["action"], e["ok"], e["who"]) for e in audit] == [
+        ("cancel", False, "tester"),
+        ("retry", True, "tester"),
+        ("cancel", False, "tester"),
+        ("cancel", True, "tester"),
+        ("retry", False, "tester"),
+    ]

@@ -123,7 +123,9 @@ class Operations:
                 Outcome("cancel", job_id, ok=False, message=f"{job_id}: {what}; nothing to cancel")
             )
         now = await self._now_ms()
-        result = await self._cancelled_result(job_id, now) if d.state != "running" else None
+        result = (
+            await self._cancelled_result(job_id, d.queue, now) if d.state != "running" else None
+        )
         found = await self.store.cancel_queued(
             job_id,
             self.app.queue_names(),
@@ -146,7 +148,7 @@ class Operations:
         keep = getattr(job, "keep_result_s", None)
         return float(keep) if keep is not None else self.keep_result_s
 
-    async def _cancelled_result(self, job_id: str, now: int) -> bytes | None:
+    async def _cancelled_result(self, job_id: str, queue: str | None, now: int) -> bytes | None:
         """arq's result record of a job cancelled before it started (arq writes the same for
         a job aborted before its start); ``None`` when its record does not decode."""
         rec = (await self.store.job_records([job_id]))[0]
@@ -158,7 +160,7 @@ class Operations:
             str(job.get("f") or "?"), tuple(job.get("a") or ()), dict(job.get("k") or {}),
             int(job.get("t") or rec.tries or 0), int(job.get("et") or now), False,
             asyncio.CancelledError(f"cancelled by {self.actor.name} ({self.actor.via})"),
-            now, now, f"{job_id}:{job.get('f')}", self.store.keys.queue,
+            now, now, f"{job_id}:{job.get('f')}", self.store.keys.queue_of(queue or "default"),
             job_id=job_id, serializer=self.serialize,
         )  # fmt: skip
 

@@ -282,6 +282,8 @@ class _Lister:
         result = decode_result(rec.result, self.deserialize, self.store.keys.prefix)
         if state == "done" and not result:
             return None  # its result expired
+        if state == "failed" and result.get("success"):
+            return None  # retried since, and it succeeded
         f, dl = fail or {}, letter or {}
         queue = f.get("queue") or result.get("queue") or dl.get("queue")
         if queue is not None and queue not in self.queues:
