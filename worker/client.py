@@ -256,6 +256,18 @@ class Client:
         read; arq's shared ``arq:abort`` is not, so use this instead of ``Job.abort()``)."""
         await self.store.request_abort(job_id, ms(self.clock.time()))
 
+    async def progress(self, job_id: str) -> dict[str, Any] | None:
+        """The last progress ``job_id`` reported (``await ctx.progress(...)`` in the task):
+        ``{"fraction": 0..1, "message": str | None, "at_ms": epoch ms}``, ``None`` if none is
+        kept; readable while the job runs and as long as its result is kept."""
+        return await self.store.progress(job_id)
+
+    async def failure(self, job_id: str) -> dict[str, Any] | None:
+        """The last final failure of ``job_id`` (status ``failed``, ``timeout``, ``cancelled``
+        or ``dead``, ``error_type``, ``message``, ``traceback``, ``try``, times, ``args``),
+        ``None`` if it has none kept (see README, "Why did my job fail?")."""
+        return await self.store.failure(job_id)
+
     def unique_job_id(self, unique_key: str) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""
         return self.store.ids.unique(unique_key)

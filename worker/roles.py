@@ -28,7 +28,7 @@ from worker.broadcast import BroadcastListener
 from worker.checks import NAME as CHECKS_NAME
 from worker.checks import HealthChecks
 from worker.client import Client
-from worker.clock import Clock
+from worker.clock import Clock, ms
 from worker.component import Backoff, Component, Group
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context
@@ -52,7 +52,7 @@ from worker.metrics import Metrics
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
-from worker.storage import FencedStore, Store
+from worker.storage import FencedStore, Retention, Store
 from worker.sync import SyncThreads, SyncThreadsHook
 from worker.tracing import Tracing
 from worker.views import ProcessView
@@ -199,6 +199,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         # well inside the orphan bound: a consumer doubts its claims before they can be reaped
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
         burst=w.burst,
+        retention=Retention(s.failures_keep, ms(s.failures_keep_s), s.done_keep),
     )
     # the features' per-job hooks (worker.jobs.JobHook), called in this order for every job
     store = w.store.with_redis(w.consumer_redis())

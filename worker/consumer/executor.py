@@ -25,12 +25,21 @@ from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.envelope import BadJob, decode_record
+from worker.consumer.failures import (
+    RunFacts,
+    Status,
+    error_text,
+    failure_record,
+    log_traceback,
+    traceback_text,
+)
 from worker.consumer.guard import ClaimGuard
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, status_of
 from worker.logs import capped
 from worker.metrics import Metrics
+from worker.progress import Progress
 from worker.serializer import Deserialize, Serialize
 from worker.storage import FOREIGN, Claimed, Finish, Store
 
@@ -98,6 +107,7 @@ class Executor:
             job = self.jobs.get(fn_name)
             if job is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
+            run.function = job.name  # a task the app defines: its runs are counted per task
         except BadJob as bad:
             self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
@@ -116,17 +126,20 @@ class Executor:
         if not await self._admitted(job, c, run):
             return  # deferred: it waits (for a slot, say), its try given back
         self._waited(c, fn_name, start_ms)
-        ctx = self._context(c, run, job_try, enqueued_ms)
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
+        ctx = self._context(c, run, job_try, enqueued_ms)
+        progress = ctx.progress_writer = Progress(
+            self.store, job_id, ms(timeout + keep), self.clock
+        )
         hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
         error: BaseException | None = None
         result: Any = None
-        deadline = asyncio.timeout(timeout)
+        scope = asyncio.timeout(timeout)
         try:
-            async with deadline:
+            async with scope:
                 result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
         except (Retry, RetryJob) as exc:
             outcome, error = "retry", exc
@@ -144,12 +157,17 @@ class Executor:
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
         except Exception as exc:
             error = exc
-            outcome = await self._failed(c, run, job, exc, result_for, start_ms, keep, max_tries)
+            status: Status = "timeout" if scope.expired() else "failed"
+            outcome = await self._failed(
+                c, run, job, exc, result_for, start_ms, keep, max_tries, status
+            )
         else:
             data = self._result(result_for, True, result, start_ms) if keep > 0 else None
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
+            if progress.pending:  # the last value, before the end is recorded
+                await progress.flush()
             for hook in self._release:
                 with contextlib.suppress(Exception):
                     await hook.release(job, job_id)
@@ -159,7 +177,7 @@ class Executor:
         await self._ended(job_id, args, outcome)
         if hooked is not None:
             took = self.clock.monotonic() - started
-            await self._finished(hooked, outcome, error, result, deadline.expired(), took)
+            await self._finished(hooked, outcome, error, result, scope.expired(), took)
 
     async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         for hook in self.hooks:
@@ -251,9 +269,30 @@ class Executor:
         keep_ms: int = 0,
         *,
         score_ms: int | None = None,
+        failure: bytes | None = None,
     ) -> None:
-        finish = Finish(kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue)
+        failure_ttl = max(keep_ms, self.config.retention.failures_ms)
+        run_ms = max(round((self.clock.monotonic() - run.started) * 1000), 0)  # per-task counts
+        finish = Finish(
+            kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
+            failure=failure, failure_ttl_ms=failure_ttl, task=run.function, run_ms=run_ms,
+        )  # fmt: skip
         self.completer.end(finish)
+
+    def _facts(self, c: Claimed, rf: _ResultFor | None, start_ms: int) -> RunFacts:
+        """What a failure record says of the run besides its error."""
+        return RunFacts(
+            job_id=c.job_id,
+            task=rf.function if rf else None,
+            queue=c.queue,
+            job_try=rf.job_try if rf else (c.try_ if c.try_ >= 0 else None),
+            instance=self.instance_id,
+            instance_name=self.context.settings.instance_name,
+            enqueued_ms=rf.enqueued_ms if rf else None,
+            started_ms=start_ms,
+            args=rf.args if rf else (),
+            kwargs=rf.kwargs if rf else None,
+        )
 
     def _result(self, rf: _ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
         return rf(success, result, start_ms, ms(self.clock.time()), self.serialize)
@@ -272,7 +311,13 @@ class Executor:
         if run.aborted:
             aborted = asyncio.CancelledError("aborted")
             data = self._result(result_for, False, aborted, start_ms) if keep > 0 else None
-            self._end(c, run, "failed", data, ms(keep))
+            facts = self._facts(c, result_for, start_ms)
+            now = ms(self.clock.time())
+            failure = failure_record(
+                facts, "cancelled", now, error_type="CancelledError", message="aborted", tb=""
+            )
+            log.warning("job cancelled", **_fields(facts), status="cancelled")
+            self._end(c, run, "failed", data, ms(keep), failure=failure)
             self.totals["failed"] += 1
             return "failure"
         self._end(c, run, "retry", score_ms=c.score_ms)
@@ -289,26 +334,35 @@ class Executor:
         start_ms: int,
         keep: float,
         max_tries: int,
+        status: Status = "failed",
     ) -> Outcome:
-        """A run that raised: retried when the task retries that exception and tries remain
-        (set aside once they are used up), else a failed result (arq semantics). The error
-        text is capped in logs (:func:`worker.logs.capped`; the dead letter caps its own)."""
+        """A run that raised (``status`` ``timeout``: it ran out of time): retried when the
+        task retries that exception and tries remain (set aside once they are used up), else
+        a failed result (arq semantics) and a failure record. Logged with the traceback,
+        masked and capped (:mod:`worker.consumer.failures`): WARNING when retried, else
+        ERROR."""
         full = f"{type(exc).__name__}: {exc}"
-        error = capped(full)
+        facts = self._facts(c, result_for, start_ms)
+        error, tb = f"{type(exc).__name__}: {error_text(exc)}", traceback_text(exc)
         if job.retry_on and isinstance(exc, job.retry_on):
             if result_for.job_try < max_tries:
                 delay = job.retry_delay(result_for.job_try) if job.retry_delay else 0.0
                 self._end(c, run, "retry", score_ms=ms(self.clock.time() + delay))
                 self.totals["retried"] += 1
-                log.info("job failed; retrying", job_id=c.job_id, error=error, retry_in_s=delay)
+                log.warning(
+                    "job failed; retrying", **_fields(facts), error=error,
+                    exception=log_traceback(tb), retry_in_s=delay,
+                )  # fmt: skip
                 return "retry"
             reason = f"{full} (after {result_for.job_try} tries)"
             bad = BadJob(reason, "retries")
-            await self._give_up(c, run, bad, start_ms, result_for, count=False)
+            await self._give_up(c, run, bad, start_ms, result_for, count=False, exc=exc)
             return "failure"
-        log.info("job failed", job_id=c.job_id, function=job.name, error=error)
+        event = "job timed out" if status == "timeout" else "job failed"
+        log.error(event, **_fields(facts), status=status, error=error, exception=log_traceback(tb))
         data = self._result(result_for, False, exc, start_ms) if keep > 0 else None
-        self._end(c, run, "failed", data, ms(keep))
+        failure = failure_record(facts, status, ms(self.clock.time()), exc=exc)
+        self._end(c, run, "failed", data, ms(keep), failure=failure)
         self.totals["failed"] += 1
         return "failure"
 
@@ -321,8 +375,11 @@ class Executor:
         result_for: _ResultFor | None = None,
         *,
         count: bool = True,
+        exc: Exception | None = None,
     ) -> None:
-        """Set the job aside, keep a failed result (as arq does), take it off the queue."""
+        """Set the job aside, keep a failed result (as arq does) and a failure record
+        (status ``dead``; the error is ``exc``, the one that used up the tries, if any), take
+        it off the queue."""
         try:
             await self.dead.set_aside(
                 c.job_id,
@@ -345,12 +402,27 @@ class Executor:
             queue = self.store.keys.queue_of(c.queue)
             rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
             data = self._result(rf, False, _JobFailed(capped(bad.reason)), start_ms)
-        self._end(c, run, "failed", data, ms(keep))
+        facts = self._facts(c, result_for, start_ms)
+        now = ms(self.clock.time())
+        if exc is not None:  # its last try raised: that error, with its traceback
+            failure = failure_record(facts, "dead", now, exc=exc)
+            log.error(
+                "job failed; no tries left, dead-lettered", **_fields(facts), status="dead",
+                error=capped(bad.reason), exception=log_traceback(traceback_text(exc)),
+            )  # fmt: skip
+        else:  # it never ran (DeadLetters.set_aside logged why)
+            failure = failure_record(facts, "dead", now, error_type="BadJob", message=bad.reason)
+        self._end(c, run, "failed", data, ms(keep), failure=failure)
         self.totals["failed"] += 1
         if count and self.metrics is not None:
             self.metrics.jobs.labels(
                 result_for.function if result_for else "<unknown>", "failure"
             ).inc()
+
+
+def _fields(f: RunFacts) -> dict[str, Any]:
+    """The fields every failure log line carries."""
+    return {"job_id": f.job_id, "task": f.task, "try": f.job_try, "queue": f.queue}
 
 
 class _JobFailed(Exception):
