@@ -127,14 +127,14 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     queues: str = Field("", pattern=r"^[A-Za-z0-9_.-]*(,[A-Za-z0-9_.-]+)*$")
 
+    job_hook_timeout_s: float = Field(5.0, gt=0, le=DAY_S)
+    tracing: Literal["off", "otel"] = Field("off", description="off | otel (OpenTelemetry)")
     # -- recent job ends (what `python -m worker jobs` and the console list) ------------------
     failures_keep: int = Field(1000, ge=1, le=1_000_000, description="recent failures kept")
     failures_keep_s: float = Field(
         86_400.0, gt=0, le=WEEK_S, description="recent failures kept at most this long"
     )
     done_keep: int = Field(1000, ge=1, le=1_000_000, description="recent completions kept")
-    job_hook_timeout_s: float = Field(5.0, gt=0, le=DAY_S)
-    tracing: Literal["off", "otel"] = Field("off", description="off | otel (OpenTelemetry)")
 
     # -- dead letters -------------------------------------------------------------------------
     dead_letter_max: int = Field(10_000, ge=1, le=10_000_000)

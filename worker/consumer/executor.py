@@ -108,6 +108,7 @@ class Executor:
             job = self.jobs.get(fn_name)
             if job is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
+            run.function = job.name  # a task the app defines: its runs are counted per task
         except BadJob as bad:
             self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
@@ -129,15 +130,17 @@ class Executor:
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
         ctx = self._context(c, run, job_try, enqueued_ms)
-        progress = ctx.progress_writer = self._progress(job_id, timeout + keep)
+        progress = ctx.progress_writer = Progress(
+            self.store, job_id, ms(timeout + keep), self.clock
+        )
         hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
         error: BaseException | None = None
         result: Any = None
-        deadline = asyncio.timeout(timeout)
+        scope = asyncio.timeout(timeout)
         try:
-            async with deadline:
+            async with scope:
                 result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
         except (Retry, RetryJob) as exc:
             outcome, error = "retry", exc
@@ -155,7 +158,7 @@ class Executor:
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
         except Exception as exc:
             error = exc
-            status: Status = "timeout" if deadline.expired() else "failed"
+            status: Status = "timeout" if scope.expired() else "failed"
             outcome = await self._failed(
                 c, run, job, exc, result_for, start_ms, keep, max_tries, status
             )
@@ -164,22 +167,25 @@ class Executor:
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            if progress.pending:  # the last value, before the end is recorded
-                await progress.flush()
-            for hook in self._release:
-                with contextlib.suppress(Exception):
-                    await hook.release(job, job_id)
-            if self.metrics is not None:
-                self.metrics.jobs.labels(fn_name, outcome).inc()
-                self.metrics.job_seconds.labels(fn_name).observe(self.clock.monotonic() - started)
+            await self._over(job, progress, outcome, started)
         await self._ended(job_id, args, outcome)
         if hooked is not None:
             took = self.clock.monotonic() - started
-            await self._finished(hooked, outcome, error, result, deadline.expired(), took)
+            await self._finished(hooked, outcome, error, result, scope.expired(), took)
 
-    def _progress(self, job_id: str, ttl_s: float) -> Progress:
-        """The run's progress writer: its record lives the job's timeout + keep_result_s."""
-        return Progress(self.store, job_id, ms(ttl_s), self.clock)
+    async def _over(
+        self, job: JobDef, progress: Progress, outcome: Outcome, started: float
+    ) -> None:
+        """The run is over (however it ended): its last progress written, what the admitting
+        hooks took given back, its metrics counted."""
+        if progress.pending:  # the last value, before the end is recorded
+            await progress.flush()
+        for hook in self._release:
+            with contextlib.suppress(Exception):
+                await hook.release(job, progress.job_id)
+        if self.metrics is not None:
+            self.metrics.jobs.labels(job.name, outcome).inc()
+            self.metrics.job_seconds.labels(job.name).observe(self.clock.monotonic() - started)
 
     async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         for hook in self.hooks:
@@ -274,16 +280,16 @@ class Executor:
         failure: bytes | None = None,
     ) -> None:
         failure_ttl = max(keep_ms, self.config.retention.failures_ms)
+        run_ms = max(round((self.clock.monotonic() - run.started) * 1000), 0)  # per-task counts
         finish = Finish(
             kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
-            failure=failure, failure_ttl_ms=failure_ttl,
+            failure=failure, failure_ttl_ms=failure_ttl, task=run.function, run_ms=run_ms,
         )  # fmt: skip
         self.completer.end(finish)
 
     def _facts(self, c: Claimed, rf: ResultFor | None, start_ms: int) -> RunFacts:
         """What a failure record says of the run besides its error."""
-        name = self.context.settings.instance_name
-        return RunFacts.of(c, rf, start_ms, self.instance_id, name)
+        return RunFacts.of(c, rf, start_ms, self.instance_id, self.context.settings.instance_name)
 
     def _result(self, rf: ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
         return rf(success, result, start_ms, ms(self.clock.time()), self.serialize)
@@ -323,11 +329,9 @@ class Executor:
         max_tries: int,
         status: Status = "failed",
     ) -> Outcome:
-        """A run that raised (``status`` ``timeout``: it ran out of time): retried when the
-        task retries that exception and tries remain (set aside once they are used up), else
-        a failed result (arq semantics) and a failure record. Logged with the traceback,
-        masked and capped (:mod:`worker.consumer.failures`): WARNING when retried, else
-        ERROR."""
+        """A run that raised (or timed out): retried if the task retries that exception and
+        tries remain (then logged at WARNING; set aside once they are used up), else a failed
+        result (arq semantics) and a failure record, logged at ERROR with the traceback."""
         full = f"{type(exc).__name__}: {exc}"
         facts = self._facts(c, result_for, start_ms)
         error, tb = f"{type(exc).__name__}: {error_text(exc)}", traceback_text(exc)
@@ -336,10 +340,8 @@ class Executor:
                 delay = job.retry_delay(result_for.job_try) if job.retry_delay else 0.0
                 self._end(c, run, "retry", score_ms=ms(self.clock.time() + delay))
                 self.totals["retried"] += 1
-                log.warning(
-                    "job failed; retrying", **facts.fields, error=error,
-                    exception=log_traceback(tb), retry_in_s=delay,
-                )  # fmt: skip
+                log.warning("job failed; retrying", **facts.fields, error=error,
+                            exception=log_traceback(tb), retry_in_s=delay)  # fmt: skip
                 return "retry"
             reason = f"{full} (after {result_for.job_try} tries)"
             bad = BadJob(reason, "retries")
@@ -364,9 +366,8 @@ class Executor:
         count: bool = True,
         exc: Exception | None = None,
     ) -> None:
-        """Set the job aside, keep a failed result (as arq does) and a failure record
-        (status ``dead``; the error is ``exc``, the one that used up the tries, if any), take
-        it off the queue."""
+        """Set the job aside, keep a failed result (as arq does) and a failure record (``dead``:
+        ``exc`` used up the tries, if given), take it off the queue."""
         try:
             await self.dead.set_aside(
                 c.job_id,
