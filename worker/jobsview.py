@@ -212,32 +212,31 @@ class _Lister:
         return JobPage(self.items, make_cursor(qi, score, skip) if more else None, self.scanned)
 
     async def running(self, cursor: str | None) -> JobPage:
-        """Every live instance's holds set (bounded by each consumer's concurrency), by id."""
+        """The holds sets of the instances with a heartbeat (each bounded by its consumer's
+        concurrency), by id, with each job's progress."""
         fields = parse_cursor(cursor, 1)
         after = fields[0] if fields else ""
-        live = [i for i, _, rec in await self.store.instances() if rec is not None]
-        held = [(j, i) for j, i in await self.store.running_ids(live) if j > after]
+        held = [(j, i) for j, i in await self.store.running_ids() if j > after]
         page = held[: self.budget]
         self.scanned = len(page)
         ids = [j for j, _ in page]
         records = await self.store.job_records(ids)
         where = await self.store.queues_of(ids, self.queues)
+        progress = await self.store.progress_many(ids)
         last = after
-        for (job_id, instance), rec, q in zip(page, records, where, strict=True):
+        for (job_id, instance), rec, q, p in zip(page, records, where, progress, strict=True):
             last = job_id
             if rec.marker is None or rec.payload is None or q is None:
                 continue  # ended meanwhile, or in a queue not listed
-            if (
-                self._summary(rec, "running", q, instance=instance)
-                and len(self.items) >= self.limit
-            ):
+            extra = {"instance": instance, "progress": fraction(p)}
+            if self._summary(rec, "running", q, **extra) and len(self.items) >= self.limit:
                 break
         more = len(held) > 0 and last != held[-1][0]
         return JobPage(self.items, make_cursor(last) if more else None, self.scanned)
 
     async def ended(self, state: State, cursor: str | None) -> JobPage:
-        """``failed``: the dead letters (and the recent failures' index when it exists),
-        ``done``: the recent successes; newest first, a page from ``before_ms``."""
+        """``failed``: the recent failures and the dead letters, ``done``: the recent
+        successes; newest first, a page from ``before_ms``."""
         fields = parse_cursor(cursor, 1)
         before = int(fields[0]) if fields else None
         entries = await self._ended_ids(state, before, self.budget)
