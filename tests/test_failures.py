@@ -408,3 +408,46 @@ def test_a_worker_process_logs_records_and_reports_progress(
     )
     assert last["message"] == "three quarters"
     assert wait_until(lambda: rsync.zscore(keys.done, slow) is not None, what="the done index")
+
+
+async def test_a_plain_def_task_reports_progress_through_ctx_sync() -> None:
+    from worker.testing import Harness
+
+    app = App("s")
+
+    @app.task
+    def steps(ctx: JobContext, bad: bool) -> Any:
+        ctx.sync.progress(0.5, "half")
+        if bad:
+            ctx.sync.progress(2.0)
+        return ctx.last_progress
+
+    async with Harness(app) as h:
+        assert await h.run("steps", False) == (0.5, "half")
+        with pytest.raises(ValueError, match="from 0 to 1"):
+            await h.run("steps", True)
+
+
+def test_tracebacks_and_args_are_capped_keeping_head_and_tail() -> None:
+    from worker.consumer.failures import (
+        TRACEBACK_BYTES,
+        RunFacts,
+        args_text,
+        failure_record,
+        log_traceback,
+        traceback_text,
+    )
+
+    try:
+        raise RuntimeError("x" * 1_000_000 + " password=hunter2")
+    except RuntimeError as exc:
+        tb = traceback_text(exc)
+        facts = RunFacts("j", "t", "default", 1, "i", "n", T, T, ("y" * 5000,), {"k": 1})
+        rec = json.loads(failure_record(facts, "failed", T + 1, exc=exc))
+    assert len(tb.encode()) <= TRACEBACK_BYTES
+    assert tb.startswith("Traceback (most recent call last)")  # the head
+    assert "bytes cut" in tb and "password=***" in tb and "hunter2" not in tb  # the tail
+    assert len(log_traceback(tb).encode()) <= 8 * 1024
+    assert len(rec["traceback"].encode()) <= TRACEBACK_BYTES and len(rec["args"]) <= 1024
+    assert len(rec["message"]) < 3000 and "hunter2" not in json.dumps(rec)
+    assert args_text((1, "a"), {"b": None}) == "1, 'a', b=None"

@@ -46,8 +46,13 @@ class Progress:
         self._pending: tuple[float, str | None, int] | None = None
         self._last = -math.inf
         self._later: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
+        self._lock: asyncio.Lock | None = None  # made at the first report (most runs: none)
         self._warned = False
+
+    @property
+    def pending(self) -> bool:
+        """A value waits to be written (:meth:`flush` writes it)."""
+        return self._pending is not None or self._later is not None
 
     async def report(self, fraction: float, message: str | None = None) -> None:
         """Record ``fraction`` (0..1) and ``message``: written now, or within
@@ -55,6 +60,8 @@ class Progress:
         fraction, message = checked(fraction, message)
         self._pending = (fraction, message, ms(self.clock.time()))
         wait = self._last + EVERY_S - self.clock.monotonic()
+        if self._lock is None:
+            self._lock = asyncio.Lock()
         if wait <= 0 and not self._lock.locked():
             await self._write()
         elif self._later is None:
@@ -76,6 +83,8 @@ class Progress:
         await self._write()
 
     async def _write(self) -> None:
+        if self._lock is None:
+            return  # nothing was ever reported
         async with self._lock:
             pending, self._pending = self._pending, None
             if pending is None or self.store is None:

@@ -30,6 +30,7 @@ from worker.consumer.failures import (
     Status,
     error_text,
     failure_record,
+    log_traceback,
     traceback_text,
 )
 from worker.consumer.guard import ClaimGuard
@@ -152,7 +153,8 @@ class Executor:
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            await progress.flush()  # the last value, before the end is recorded
+            if progress.pending:  # the last value, before the end is recorded
+                await progress.flush()
             for hook in self._release:
                 with contextlib.suppress(Exception):
                     await hook.release(job, job_id)
@@ -285,8 +287,8 @@ class Executor:
                 self._end(c, run, "retry", score_ms=ms(self.clock.time() + delay))
                 self.totals["retried"] += 1
                 log.warning(
-                    "job failed; retrying", **_fields(facts), error=error, exception=tb,
-                    retry_in_s=delay,
+                    "job failed; retrying", **_fields(facts), error=error,
+                    exception=log_traceback(tb), retry_in_s=delay,
                 )  # fmt: skip
                 return "retry"
             reason = f"{full} (after {result_for.job_try} tries)"
@@ -294,7 +296,7 @@ class Executor:
             await self._give_up(c, run, bad, start_ms, result_for, count=False, exc=exc)
             return "failure"
         event = "job timed out" if status == "timeout" else "job failed"
-        log.error(event, **_fields(facts), status=status, error=error, exception=tb)
+        log.error(event, **_fields(facts), status=status, error=error, exception=log_traceback(tb))
         data = self._result(result_for, False, exc, start_ms) if keep > 0 else None
         failure = failure_record(facts, status, ms(self.clock.time()), exc=exc)
         self._end(c, run, "failed", data, ms(keep), failure=failure)
@@ -343,7 +345,7 @@ class Executor:
             failure = failure_record(facts, "dead", now, exc=exc)
             log.error(
                 "job failed; no tries left, dead-lettered", **_fields(facts), status="dead",
-                error=capped(bad.reason), exception=traceback_text(exc),
+                error=capped(bad.reason), exception=log_traceback(traceback_text(exc)),
             )  # fmt: skip
         else:  # it never ran (DeadLetters.set_aside logged why)
             failure = failure_record(facts, "dead", now, error_type="BadJob", message=bad.reason)

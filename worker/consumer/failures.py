@@ -1,5 +1,5 @@
-"""A failed run's record: the text of its error and traceback (masked, capped) and the JSON
-FINISH keeps at ``<prefix>failure:<id>`` (see ``Keys.failure``)."""
+"""A failed run's record: the text of its error and traceback (masked, capped: 16 KiB stored,
+8 KiB in a log line) and the JSON FINISH keeps at ``<prefix>failure:<id>`` (``Keys.failure``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from worker.logs import capped, mask_text
 #: Longest traceback kept (in a failure record and in a log line), in UTF-8 bytes: its head
 #: and its tail (where the error was raised) are kept.
 TRACEBACK_BYTES = 16 * 1024
+#: Longest traceback in a log line (UTF-8 bytes, head and tail): a line stays under 16 KiB
+#: with the capped error text beside it.
+LOG_TRACEBACK_BYTES = 8 * 1024
 #: Longest ``repr`` of a job's arguments kept in its failure record.
 ARGS_CHARS = 1024
 
@@ -35,6 +38,11 @@ def traceback_text(exc: BaseException) -> str:
     """``exc``'s formatted traceback, secrets masked, capped (:func:`head_tail`)."""
     text = "".join(traceback.format_exception(exc))
     return head_tail(mask_text(text))
+
+
+def log_traceback(tb: str) -> str:
+    """A stored traceback (:func:`traceback_text`) cut again for a log line."""
+    return head_tail(tb, LOG_TRACEBACK_BYTES)
 
 
 def error_text(exc: BaseException) -> str:
