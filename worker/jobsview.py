@@ -20,6 +20,7 @@ from worker.jobrecords import (
     args_text,
     decode_job,
     decode_result,
+    detail_state,
     ended_state,
     error_line,
     error_of,
@@ -336,7 +337,7 @@ async def job_detail(
     result = decode_result(rec.result, deserialize, store.keys.prefix)
     failure = await store.failure(job_id)
     progress = await store.progress(job_id)
-    state = _state(rec, place, result, letter, now_ms)
+    state = detail_state(rec, place, result, letter, now_ms)
     live = state in ("queued", "scheduled", "running")
     f: dict[str, Any] = failure if failure is not None and not live else {}
     if f and not result.get("success") and f.get("status") in _ENDS:
@@ -376,28 +377,3 @@ async def job_detail(
         abort_requested=place.abort_ms is not None,
         undecodable=job.error or result.get("undecodable"),
     )
-
-
-def _state(
-    rec: JobRecord,
-    place: Any,
-    result: dict[str, Any],
-    letter: dict[str, Any] | None,
-    now_ms: int,
-) -> DetailState | None:
-    if rec.payload is not None and rec.marker is not None:
-        return "running"
-    if rec.payload is not None and place.queue is not None:
-        return "queued" if (place.score_ms or 0) <= now_ms else "scheduled"
-    if result:
-        if result.get("success"):
-            return "done"
-        kind = (error_of(result) or {}).get("type")
-        if kind == "CancelledError":
-            return "cancelled"
-        if kind == "TimeoutError":
-            return "timeout"
-        return "failed"
-    if letter is not None:
-        return "dead"
-    return None
