@@ -36,6 +36,7 @@ class Run:
     aborted: bool = False
     started: float = field(default=0.0)
     ended: bool = False  # its end is recorded (or queued to be): no claim to check any more
+    function: str = ""  # the app's task it runs, once known (counted per task when it ends)
 
 
 class Claims:

@@ -24,7 +24,7 @@ from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
-from worker.consumer.envelope import BadJob, decode
+from worker.consumer.envelope import BadJob, decode_record
 from worker.consumer.failures import (
     RunFacts,
     Status,
@@ -36,7 +36,7 @@ from worker.consumer.failures import (
 from worker.consumer.guard import ClaimGuard
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook, Outcome
+from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, status_of
 from worker.logs import capped
 from worker.metrics import Metrics
 from worker.progress import Progress
@@ -71,6 +71,11 @@ class Executor:
         # only the hooks that override a step are called for it (a no-op await per job saved)
         self._admit = [h for h in self.hooks if type(h).admit is not JobHook.admit]
         self._release = [h for h in self.hooks if type(h).release is not JobHook.release]
+        self._runs = [
+            h
+            for h in self.hooks
+            if type(h).started is not JobHook.started or type(h).finished is not JobHook.finished
+        ]
         self.context = context
         self.store = store
         self.serialize, self.deserialize = serializer
@@ -96,13 +101,15 @@ class Executor:
         job_id = c.job_id
         start_ms = ms(self.clock.time())
         try:
-            fn_name, args, kwargs, enqueue_try, enqueued_ms = decode(
+            record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
                 c, self.deserialize, self.store.keys, self.config.max_payload_bytes
             )
             job = self.jobs.get(fn_name)
             if job is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
+            run.function = job.name  # a task the app defines: its runs are counted per task
         except BadJob as bad:
+            self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
         job_try = c.try_
@@ -118,32 +125,38 @@ class Executor:
             return
         if not await self._admitted(job, c, run):
             return  # deferred: it waits (for a slot, say), its try given back
+        self._waited(c, fn_name, start_ms)
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
         ctx = self._context(c, run, job_try, enqueued_ms)
         progress = ctx.progress_writer = Progress(
             self.store, job_id, ms(timeout + keep), self.clock
         )
+        hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
+        error: BaseException | None = None
+        result: Any = None
         scope = asyncio.timeout(timeout)
         try:
             async with scope:
                 result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
         except (Retry, RetryJob) as exc:
-            outcome = "retry"
+            outcome, error = "retry", exc
             defer_ms = exc.defer_score if isinstance(exc, Retry) else None
             if defer_ms is None and job.retry_delay is not None:
                 defer_ms = ms(job.retry_delay(job_try))
             score = ms(self.clock.time()) + defer_ms if defer_ms else c.score_ms
             self._end(c, run, "retry", score_ms=score)
             self.totals["retried"] += 1
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            error = exc
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()  # handled here: the run ends normally
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
         except Exception as exc:
+            error = exc
             status: Status = "timeout" if scope.expired() else "failed"
             outcome = await self._failed(
                 c, run, job, exc, result_for, start_ms, keep, max_tries, status
@@ -161,11 +174,60 @@ class Executor:
             if self.metrics is not None:
                 self.metrics.jobs.labels(fn_name, outcome).inc()
                 self.metrics.job_seconds.labels(fn_name).observe(self.clock.monotonic() - started)
+        await self._ended(job_id, args, outcome)
+        if hooked is not None:
+            took = self.clock.monotonic() - started
+            await self._finished(hooked, outcome, error, result, scope.expired(), took)
+
+    async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         for hook in self.hooks:
             try:
                 await hook.ended(job_id, args, outcome)
             except Exception as exc:
                 log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    def _waited(self, c: Claimed, task: str, start_ms: int) -> None:
+        """Observe ``worker_job_wait_seconds``: from the job's due time (its score) to its start,
+        both on the Redis server's clock. Only the app's task names are labels."""
+        if self.metrics is not None:
+            label = task if task in self.jobs else "<unknown>"
+            wait_s = max(0, start_ms - c.score_ms) / 1000
+            self.metrics.job_wait.labels(c.queue, label).observe(wait_s)
+
+    async def _started(
+        self, job: JobDef, c: Claimed, job_try: int, ctx: JobContext, record: dict[str, Any]
+    ) -> JobRun:
+        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
+        hooked = JobRun(job, c.job_id, c.queue, job_try, ctx, record)
+        for hook in self._runs:
+            try:
+                await hook.started(hooked)
+            except Exception:
+                log.exception("job hook failed", job_id=c.job_id, step="started")
+        return hooked
+
+    async def _finished(
+        self,
+        hooked: JobRun,
+        outcome: Outcome,
+        error: BaseException | None,
+        result: Any,
+        timed_out: bool,
+        duration_s: float,
+    ) -> None:
+        """Tell the hooks how the run ended (in reverse order), once its end is handed to the
+        completer: a hook can neither change nor delay it."""
+        job = hooked.job
+        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
+        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
+        ended = JobOutcome(
+            status, job.name, hooked.job_id, hooked.job_try, duration_s, error, result
+        )
+        for hook in reversed(self._runs):
+            try:
+                await hook.finished(hooked, ended)
+            except Exception:
+                log.exception("job hook failed", job_id=hooked.job_id, step="finished")
 
     async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
@@ -210,9 +272,10 @@ class Executor:
         failure: bytes | None = None,
     ) -> None:
         failure_ttl = max(keep_ms, self.config.retention.failures_ms)
+        run_ms = max(round((self.clock.monotonic() - run.started) * 1000), 0)  # per-task counts
         finish = Finish(
             kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
-            failure=failure, failure_ttl_ms=failure_ttl,
+            failure=failure, failure_ttl_ms=failure_ttl, task=run.function, run_ms=run_ms,
         )  # fmt: skip
         self.completer.end(finish)
 

@@ -14,6 +14,7 @@ from worker.storage.fenced import FencedPipeline
 from worker.storage.initializer import InitProgress
 from worker.storage.jobs import Finish, FinishOutcome, NewJob, Retention
 from worker.storage.leases import LEASE_BATCH
+from worker.storage.operators import TaskStats
 from worker.storage.periodic import DueTicks, PeriodicRuns, TickOutcome
 from worker.storage.poller import DispatchOutcome
 from worker.storage.registry import Stale
@@ -41,6 +42,7 @@ __all__ = [
     "Retention",
     "Stale",
     "Store",
+    "TaskStats",
     "TickOutcome",
     "open_store",
 ]

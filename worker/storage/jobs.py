@@ -36,6 +36,10 @@ class Finish:
     #: ``failed`` only: the failure record (JSON, see :meth:`Keys.failure`) and its TTL
     failure: bytes | None = None
     failure_ttl_ms: int = 0
+    #: ``done``/``failed``: the task the app defines ("" for none: not counted per task) and
+    #: the run's time in ms, for the per-task counters
+    task: str = ""
+    run_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,8 @@ return 1
 
 
 #: Run by :meth:`JobOps.finish` (below).
-FINISH = """
+FINISH = (
+    """
 -- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker
 -- still equals its claim token): a run whose job was handed to another consumer meanwhile (it
 -- was reaped after a pause) writes nothing. "done" (succeeded) and "failed" (will not run
@@ -105,6 +110,7 @@ FINISH = """
 -- KEYS[4] -> recent failures (sorted set: id -> finished ms)
 -- KEYS[5..4+n] -> the queues the jobs are in
 -- KEYS[5+n..4+2n] -> each queue's throughput hash for the current hour (same order)
+-- KEYS[5+2n] -> the per-task counters' hash for the current hour (Keys.task_stats)
 -- ARGV[1] -> arq job key prefix
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> arq retry key prefix
@@ -118,12 +124,26 @@ FINISH = """
 -- ARGV[11] -> recent completions kept
 -- ARGV[12] -> recent failures kept
 -- ARGV[13] -> recent failures' age limit in ms
--- ARGV[14..] -> groups of eight: op ("done" | "failed" | "retry" | "defer"), job id, claim
+-- ARGV[14..] -> groups of ten: op ("done" | "failed" | "retry" | "defer"), job id, claim
 --              token, result payload ("" for none) or the score to run again at, result TTL in
 --              ms ("" for none), the index of the job's queue in KEYS, failure record ("" for
---              none), its TTL in ms
+--              none), its TTL in ms, task ("" for none: not counted per task), run time in ms
+-- Per task and batch: one HINCRBY per outcome in the minute, one for the summed run time and
+-- one per run-time bucket met in the 10-minute slot, one PEXPIRE.
 -- Returns: {done, retried, refused (claim lost)} ("done" counts failed runs too)
 local TRIM_MAX, CHUNK = 1000, 1000
+local BUCKETS = {"""
+    + ", ".join(str(b) for b in K.TASK_BUCKETS_MS)
+    + """}
+local function bucket(run_ms)
+  for k, bound in ipairs(BUCKETS) do
+    if run_ms <= bound then
+      return k
+    end
+  end
+  return #BUCKETS + 1
+end
+local tasks = {}
 local function zadd(key, ids, score)
   for i = 1, #ids, CHUNK do
     local args = {}
@@ -152,7 +172,7 @@ local counts = {}
 local succeeded, failed = {}, {}
 local earliest = nil
 local now = ARGV[9]
-for i = 14, #ARGV, 8 do
+for i = 14, #ARGV, 10 do
   local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local q = tonumber(ARGV[i + 5])
   local queue = KEYS[q]
@@ -176,6 +196,15 @@ for i = 14, #ARGV, 8 do
     table.insert(finished[queue], id)
     counts[q] = counts[q] or {done = 0, failed = 0}
     counts[q][op] = counts[q][op] + 1
+    if ARGV[i + 8] ~= '' then
+      local t = tasks[ARGV[i + 8]] or {d = 0, f = 0, ms = 0, b = {}}
+      tasks[ARGV[i + 8]] = t
+      local run_ms = math.max(tonumber(ARGV[i + 9]) or 0, 0)
+      if op == 'done' then t.d = t.d + 1 else t.f = t.f + 1 end
+      t.ms = t.ms + run_ms
+      local k = bucket(run_ms)
+      t.b[k] = (t.b[k] or 0) + 1
+    end
     done = done + 1
   else
     dels[#dels + 1] = ARGV[2] .. id
@@ -225,6 +254,22 @@ for q, c in pairs(counts) do
   end
   redis.call('PEXPIRE', stats, ARGV[8])
 end
+if next(tasks) ~= nil then
+  local per_task = KEYS[5 + 2 * n]
+  local slot = 's' .. math.floor(tonumber(ARGV[6]) / 10) .. ':'
+  for name, t in pairs(tasks) do
+    for kind, count in pairs({d = t.d, f = t.f}) do
+      if count > 0 then
+        redis.call('HINCRBY', per_task, ARGV[6] .. ':' .. name .. ':' .. kind, count)
+      end
+    end
+    redis.call('HINCRBY', per_task, slot .. name .. ':ms', t.ms)
+    for k, count in pairs(t.b) do
+      redis.call('HINCRBY', per_task, slot .. name .. ':' .. k, count)
+    end
+  end
+  redis.call('PEXPIRE', per_task, ARGV[8])
+end
 if #ids > 0 then
   redis.call('SREM', KEYS[1], unpack(ids))
 end
@@ -233,6 +278,7 @@ if earliest ~= nil then
 end
 return {done, retried, refused}
 """
+)
 
 
 class JobOps(StoreBase):
@@ -290,7 +336,8 @@ class JobOps(StoreBase):
             if f.queue not in queues:
                 queues.append(f.queue)
             q = queues.index(f.queue) + 5
-            groups += [f.op, f.job_id, f.token, data, ttl, q, failure, failure_ttl]
+            task = f.task if f.op in ("done", "failed") else ""
+            groups += [f.op, f.job_id, f.token, data, ttl, q, failure, failure_ttl, task, f.run_ms]
         minute, hour = now_ms // 60_000, now_ms // 3_600_000
         args: list[Any] = [
             K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake,
@@ -306,6 +353,7 @@ class JobOps(StoreBase):
                 self.keys.failures,
                 *(self.keys.queue_of(q) for q in queues),
                 *(self.keys.stats(q, hour) for q in queues),
+                self.keys.task_stats(hour),
             ],
             args,
             probe=resend,

@@ -33,6 +33,8 @@ __all__ = [
     "FENCE_ERROR",
     "HISTORY_KEEP",
     "STATS_TTL_MS",
+    "TASK_BUCKETS_MS",
+    "TASK_SLOT_MIN",
     "Keys",
 ]
 
@@ -52,6 +54,11 @@ FENCE_ERROR = "FENCED"
 HISTORY_KEEP = 100
 #: How long the per-minute throughput counters of an hour are kept after their last write.
 STATS_TTL_MS = 2 * 3600 * 1000
+#: Upper bounds (ms) of the run-time buckets FINISH counts per task (:meth:`Keys.task_stats`);
+#: a run longer than the last falls in one more bucket.
+TASK_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000)
+#: Minutes per slot of the per-task run-time buckets.
+TASK_SLOT_MIN = 10
 
 
 @dataclass(frozen=True)
@@ -153,8 +160,16 @@ class Keys:
     # -- periodic jobs ------------------------------------------------------------------------
     @property
     def periodic_state(self) -> str:
-        """Hash: periodic job name -> last enqueued tick (epoch ms)."""
+        """Hash: periodic job name -> the newest tick planned (epoch ms): enqueued, or skipped
+        by the catch-up policy (a new job records the slot before its first tick and enqueues
+        from the next one). Where planning resumes, not what ran: see :attr:`periodic_enqueued`."""
         return f"{self.prefix}periodic:last"
+
+    @property
+    def periodic_enqueued(self) -> str:
+        """Hash: periodic job name -> the newest tick actually enqueued as a job (epoch ms);
+        no field: no tick of it was ever enqueued (what ``status`` and the console show)."""
+        return f"{self.prefix}periodic:enqueued"
 
     @property
     def periodic_runs(self) -> str:
@@ -268,6 +283,15 @@ class Keys:
         Written by FINISH (one HINCRBY per batch and outcome); expires
         :data:`STATS_TTL_MS` after its last write, so each hour's key goes by itself."""
         return f"{self.prefix}stats:{queue}:{hour}"
+
+    def task_stats(self, hour: int) -> str:
+        """Hash of every task's finished runs in one hour (``hour`` as in :meth:`stats`):
+        ``<minute>:<task>:d`` / ``:f`` -> runs done / failed in that minute, and per
+        :data:`TASK_SLOT_MIN`-minute slot (``slot`` = minute // 10) ``s<slot>:<task>:ms`` -> their
+        summed run time and ``s<slot>:<task>:<k>`` -> runs in run-time bucket ``k``
+        (:data:`TASK_BUCKETS_MS`). Only tasks the app defines are counted (bounded fields).
+        Written by FINISH with the queue counters; expires like them."""
+        return f"{self.prefix}tstats:{hour}"
 
     @property
     def audit(self) -> str:
