@@ -166,18 +166,25 @@ class Executor:
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            if progress.pending:  # the last value, before the end is recorded
-                await progress.flush()
-            for hook in self._release:
-                with contextlib.suppress(Exception):
-                    await hook.release(job, job_id)
-            if self.metrics is not None:
-                self.metrics.jobs.labels(fn_name, outcome).inc()
-                self.metrics.job_seconds.labels(fn_name).observe(self.clock.monotonic() - started)
+            await self._over(job, progress, outcome, started)
         await self._ended(job_id, args, outcome)
         if hooked is not None:
             took = self.clock.monotonic() - started
             await self._finished(hooked, outcome, error, result, scope.expired(), took)
+
+    async def _over(
+        self, job: JobDef, progress: Progress, outcome: Outcome, started: float
+    ) -> None:
+        """The run is over (however it ended): its last progress written, what the admitting
+        hooks took given back, its metrics counted."""
+        if progress.pending:  # the last value, before the end is recorded
+            await progress.flush()
+        for hook in self._release:
+            with contextlib.suppress(Exception):
+                await hook.release(job, progress.job_id)
+        if self.metrics is not None:
+            self.metrics.jobs.labels(job.name, outcome).inc()
+            self.metrics.job_seconds.labels(job.name).observe(self.clock.monotonic() - started)
 
     async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         for hook in self.hooks:
