@@ -295,3 +295,31 @@ async def test_cancel_and_retry_through_operations(client: Client, store: Store)
         ("cancel", True, "tester"),
         ("retry", False, "tester"),
     ]
+
+
+async def test_running_reads_the_holds_sets_without_a_scan(
+    client: Client, store: Store, redis_url: str
+) -> None:
+    now = await _now(store)
+    ids = await _load(client.redis, 2_000, task="busy", base_ms=now + 60_000)  # parked claims
+    r = client.redis
+    await r.zadd(KEYS.instances, {"inst-a": now})
+    await r.sadd(KEYS.holds("inst-a"), *ids[:3])
+    await r.set(KEYS.progress(ids[1]), json.dumps({"fraction": 0.4, "message": None}))
+    for job_id in ids[:3]:
+        await r.set(K.ARQ_IN_PROGRESS + job_id, "inst-a/1")
+    before = await r.info("commandstats")
+    page = await jobsview.list_jobs(store, state="running", limit=2)
+    after = await r.info("commandstats")
+    assert "cmdstat_scan" not in after or after["cmdstat_scan"] == before.get("cmdstat_scan")
+    assert [(j.job_id, j.instance, j.state) for j in page.items] == [
+        (ids[0], "inst-a", "running"),
+        (ids[1], "inst-a", "running"),
+    ]
+    assert page.items[1].progress == 0.4 and page.next_cursor is not None
+    rest = await jobsview.list_jobs(store, state="running", cursor=page.next_cursor)
+    assert [j.job_id for j in rest.items] == [ids[2]] and rest.next_cursor is None
+    # parked claims are not "scheduled"
+    assert ids[0] not in [
+        j.job_id for j in (await jobsview.list_jobs(store, state="scheduled")).items
+    ]

@@ -12,6 +12,7 @@ from typing import Any
 from arq.jobs import deserialize_result
 
 from worker.serializer import Deserialize
+from worker.storage.inspect_jobs import JobPlace, JobRecord
 from worker.storage.keys import DEFAULT_QUEUE
 
 #: Characters kept of an args/kwargs/result repr (detail) and of args in a listing.
@@ -163,3 +164,29 @@ def instance_of(marker: str | None) -> str | None:
         return None
     head, sep, _ = marker.rpartition("/")
     return head if sep else marker
+
+
+def detail_state(
+    rec: JobRecord,
+    place: JobPlace,
+    result: dict[str, Any],
+    letter: dict[str, Any] | None,
+    now_ms: int,
+) -> str | None:
+    """What the records say a job is (``None``: nothing of it is left)."""
+    if rec.payload is not None and rec.marker is not None:
+        return "running"
+    if rec.payload is not None and place.queue is not None:
+        return "queued" if (place.score_ms or 0) <= now_ms else "scheduled"
+    if result:
+        if result.get("success"):
+            return "done"
+        kind = (error_of(result) or {}).get("type")
+        if kind == "CancelledError":
+            return "cancelled"
+        if kind == "TimeoutError":
+            return "timeout"
+        return "failed"
+    if letter is not None:
+        return "dead"
+    return None

@@ -20,6 +20,7 @@ from worker.jobrecords import (
     args_text,
     decode_job,
     decode_result,
+    detail_state,
     ended_state,
     error_line,
     error_of,
@@ -212,32 +213,31 @@ class _Lister:
         return JobPage(self.items, make_cursor(qi, score, skip) if more else None, self.scanned)
 
     async def running(self, cursor: str | None) -> JobPage:
-        """Every live instance's holds set (bounded by each consumer's concurrency), by id."""
+        """The holds sets of the instances with a heartbeat (each bounded by its consumer's
+        concurrency), by id, with each job's progress."""
         fields = parse_cursor(cursor, 1)
         after = fields[0] if fields else ""
-        live = [i for i, _, rec in await self.store.instances() if rec is not None]
-        held = [(j, i) for j, i in await self.store.running_ids(live) if j > after]
+        held = [(j, i) for j, i in await self.store.running_ids() if j > after]
         page = held[: self.budget]
         self.scanned = len(page)
         ids = [j for j, _ in page]
         records = await self.store.job_records(ids)
         where = await self.store.queues_of(ids, self.queues)
+        progress = await self.store.progress_many(ids)
         last = after
-        for (job_id, instance), rec, q in zip(page, records, where, strict=True):
+        for (job_id, instance), rec, q, p in zip(page, records, where, progress, strict=True):
             last = job_id
             if rec.marker is None or rec.payload is None or q is None:
                 continue  # ended meanwhile, or in a queue not listed
-            if (
-                self._summary(rec, "running", q, instance=instance)
-                and len(self.items) >= self.limit
-            ):
+            extra = {"instance": instance, "progress": fraction(p)}
+            if self._summary(rec, "running", q, **extra) and len(self.items) >= self.limit:
                 break
         more = len(held) > 0 and last != held[-1][0]
         return JobPage(self.items, make_cursor(last) if more else None, self.scanned)
 
     async def ended(self, state: State, cursor: str | None) -> JobPage:
-        """``failed``: the dead letters (and the recent failures' index when it exists),
-        ``done``: the recent successes; newest first, a page from ``before_ms``."""
+        """``failed``: the recent failures and the dead letters, ``done``: the recent
+        successes; newest first, a page from ``before_ms``."""
         fields = parse_cursor(cursor, 1)
         before = int(fields[0]) if fields else None
         entries = await self._ended_ids(state, before, self.budget)
@@ -337,7 +337,7 @@ async def job_detail(
     result = decode_result(rec.result, deserialize, store.keys.prefix)
     failure = await store.failure(job_id)
     progress = await store.progress(job_id)
-    state = _state(rec, place, result, letter, now_ms)
+    state = detail_state(rec, place, result, letter, now_ms)
     live = state in ("queued", "scheduled", "running")
     f: dict[str, Any] = failure if failure is not None and not live else {}
     if f and not result.get("success") and f.get("status") in _ENDS:
@@ -377,28 +377,3 @@ async def job_detail(
         abort_requested=place.abort_ms is not None,
         undecodable=job.error or result.get("undecodable"),
     )
-
-
-def _state(
-    rec: JobRecord,
-    place: Any,
-    result: dict[str, Any],
-    letter: dict[str, Any] | None,
-    now_ms: int,
-) -> DetailState | None:
-    if rec.payload is not None and rec.marker is not None:
-        return "running"
-    if rec.payload is not None and place.queue is not None:
-        return "queued" if (place.score_ms or 0) <= now_ms else "scheduled"
-    if result:
-        if result.get("success"):
-            return "done"
-        kind = (error_of(result) or {}).get("type")
-        if kind == "CancelledError":
-            return "cancelled"
-        if kind == "TimeoutError":
-            return "timeout"
-        return "failed"
-    if letter is not None:
-        return "dead"
-    return None

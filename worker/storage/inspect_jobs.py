@@ -170,9 +170,13 @@ class InspectJobOps(StoreBase):
             )
         return found
 
-    async def running_ids(self, instance_ids: Sequence[str]) -> list[tuple[str, str]]:
+    async def running_ids(self, instance_ids: Sequence[str] | None = None) -> list[tuple[str, str]]:
         """``(job id, instance id)`` of every job held in ``instance_ids``' holds sets (each
-        bounded by its consumer's concurrency), sorted by job id."""
+        bounded by its consumer's concurrency), sorted by job id; ``None``: the instances with
+        a heartbeat (``<prefix>instances``: no ``SCAN``, so it costs the same however many keys
+        Redis holds)."""
+        if instance_ids is None:
+            instance_ids = [_s(m) for m in await self.redis.zrange(self.keys.instances, 0, -1)]
         if not instance_ids:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
