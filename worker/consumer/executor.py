@@ -13,11 +13,9 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from arq.jobs import serialize_result
 from arq.worker import Retry, RetryJob
 
 from worker.clock import Clock, ms
@@ -28,12 +26,15 @@ from worker.consumer.envelope import BadJob, decode_record
 from worker.consumer.failures import (
     RunFacts,
     Status,
+    cancelled_record,
+    dead_record,
     error_text,
     failure_record,
     log_traceback,
     traceback_text,
 )
 from worker.consumer.guard import ClaimGuard
+from worker.consumer.results import JobFailed, ResultFor
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, status_of
@@ -118,7 +119,7 @@ class Executor:
             await self.store.raise_try(job_id, job_try, RETRY_TTL_MS)
         max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
         queue_key = self.store.keys.queue_of(c.queue)
-        result_for = _ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
+        result_for = ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
         if job_try > max_tries:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
@@ -286,26 +287,15 @@ class Executor:
         )  # fmt: skip
         self.completer.end(finish)
 
-    def _facts(self, c: Claimed, rf: _ResultFor | None, start_ms: int) -> RunFacts:
+    def _facts(self, c: Claimed, rf: ResultFor | None, start_ms: int) -> RunFacts:
         """What a failure record says of the run besides its error."""
-        return RunFacts(
-            job_id=c.job_id,
-            task=rf.function if rf else None,
-            queue=c.queue,
-            job_try=rf.job_try if rf else (c.try_ if c.try_ >= 0 else None),
-            instance=self.instance_id,
-            instance_name=self.context.settings.instance_name,
-            enqueued_ms=rf.enqueued_ms if rf else None,
-            started_ms=start_ms,
-            args=rf.args if rf else (),
-            kwargs=rf.kwargs if rf else None,
-        )
+        return RunFacts.of(c, rf, start_ms, self.instance_id, self.context.settings.instance_name)
 
-    def _result(self, rf: _ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
+    def _result(self, rf: ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
         return rf(success, result, start_ms, ms(self.clock.time()), self.serialize)
 
     def _cancelled(
-        self, c: Claimed, run: Run, result_for: _ResultFor, start_ms: int, keep: float
+        self, c: Claimed, run: Run, result_for: ResultFor, start_ms: int, keep: float
     ) -> Outcome:
         """A run cancelled: its claim was taken over, it was aborted, or the shutdown timeout
         cut it (it runs again)."""
@@ -319,11 +309,7 @@ class Executor:
             aborted = asyncio.CancelledError("aborted")
             data = self._result(result_for, False, aborted, start_ms) if keep > 0 else None
             facts = self._facts(c, result_for, start_ms)
-            now = ms(self.clock.time())
-            failure = failure_record(
-                facts, "cancelled", now, error_type="CancelledError", message="aborted", tb=""
-            )
-            log.warning("job cancelled", **_fields(facts), status="cancelled")
+            failure = cancelled_record(facts, ms(self.clock.time()))
             self._end(c, run, "failed", data, ms(keep), failure=failure)
             self.totals["failed"] += 1
             return "failure"
@@ -337,17 +323,15 @@ class Executor:
         run: Run,
         job: JobDef,
         exc: Exception,
-        result_for: _ResultFor,
+        result_for: ResultFor,
         start_ms: int,
         keep: float,
         max_tries: int,
         status: Status = "failed",
     ) -> Outcome:
-        """A run that raised (``status`` ``timeout``: it ran out of time): retried when the
-        task retries that exception and tries remain (set aside once they are used up), else
-        a failed result (arq semantics) and a failure record. Logged with the traceback,
-        masked and capped (:mod:`worker.consumer.failures`): WARNING when retried, else
-        ERROR."""
+        """A run that raised (or timed out): retried if the task retries that exception and
+        tries remain (then logged at WARNING; set aside once they are used up), else a failed
+        result (arq semantics) and a failure record, logged at ERROR with the traceback."""
         full = f"{type(exc).__name__}: {exc}"
         facts = self._facts(c, result_for, start_ms)
         error, tb = f"{type(exc).__name__}: {error_text(exc)}", traceback_text(exc)
@@ -356,17 +340,15 @@ class Executor:
                 delay = job.retry_delay(result_for.job_try) if job.retry_delay else 0.0
                 self._end(c, run, "retry", score_ms=ms(self.clock.time() + delay))
                 self.totals["retried"] += 1
-                log.warning(
-                    "job failed; retrying", **_fields(facts), error=error,
-                    exception=log_traceback(tb), retry_in_s=delay,
-                )  # fmt: skip
+                log.warning("job failed; retrying", **facts.fields, error=error,
+                            exception=log_traceback(tb), retry_in_s=delay)  # fmt: skip
                 return "retry"
             reason = f"{full} (after {result_for.job_try} tries)"
             bad = BadJob(reason, "retries")
             await self._give_up(c, run, bad, start_ms, result_for, count=False, exc=exc)
             return "failure"
         event = "job timed out" if status == "timeout" else "job failed"
-        log.error(event, **_fields(facts), status=status, error=error, exception=log_traceback(tb))
+        log.error(event, **facts.fields, status=status, error=error, exception=log_traceback(tb))
         data = self._result(result_for, False, exc, start_ms) if keep > 0 else None
         failure = failure_record(facts, status, ms(self.clock.time()), exc=exc)
         self._end(c, run, "failed", data, ms(keep), failure=failure)
@@ -379,14 +361,13 @@ class Executor:
         run: Run,
         bad: BadJob,
         start_ms: int,
-        result_for: _ResultFor | None = None,
+        result_for: ResultFor | None = None,
         *,
         count: bool = True,
         exc: Exception | None = None,
     ) -> None:
-        """Set the job aside, keep a failed result (as arq does) and a failure record
-        (status ``dead``; the error is ``exc``, the one that used up the tries, if any), take
-        it off the queue."""
+        """Set the job aside, keep a failed result (as arq does) and a failure record (``dead``:
+        ``exc`` used up the tries, if given), take it off the queue."""
         try:
             await self.dead.set_aside(
                 c.job_id,
@@ -407,62 +388,13 @@ class Executor:
         data = None
         if keep > 0:
             queue = self.store.keys.queue_of(c.queue)
-            rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
-            data = self._result(rf, False, _JobFailed(capped(bad.reason)), start_ms)
+            rf = result_for or ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
+            data = self._result(rf, False, JobFailed(capped(bad.reason)), start_ms)
         facts = self._facts(c, result_for, start_ms)
-        now = ms(self.clock.time())
-        if exc is not None:  # its last try raised: that error, with its traceback
-            failure = failure_record(facts, "dead", now, exc=exc)
-            log.error(
-                "job failed; no tries left, dead-lettered", **_fields(facts), status="dead",
-                error=capped(bad.reason), exception=log_traceback(traceback_text(exc)),
-            )  # fmt: skip
-        else:  # it never ran (DeadLetters.set_aside logged why)
-            failure = failure_record(facts, "dead", now, error_type="BadJob", message=bad.reason)
+        failure = dead_record(facts, ms(self.clock.time()), bad.reason, exc)
         self._end(c, run, "failed", data, ms(keep), failure=failure)
         self.totals["failed"] += 1
         if count and self.metrics is not None:
             self.metrics.jobs.labels(
                 result_for.function if result_for else "<unknown>", "failure"
             ).inc()
-
-
-def _fields(f: RunFacts) -> dict[str, Any]:
-    """The fields every failure log line carries."""
-    return {"job_id": f.job_id, "task": f.task, "try": f.job_try, "queue": f.queue}
-
-
-class _JobFailed(Exception):
-    """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
-
-
-@dataclass(frozen=True)
-class _ResultFor:
-    """Builds arq's result record for one run."""
-
-    function: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    job_try: int
-    enqueued_ms: int
-    job_id: str
-    queue: str
-
-    def __call__(
-        self, success: bool, result: Any, start_ms: int, finish_ms: int, serialize: Serialize
-    ) -> bytes | None:
-        return serialize_result(
-            self.function,
-            self.args,
-            self.kwargs,
-            self.job_try,
-            self.enqueued_ms,
-            success,
-            result,
-            start_ms,
-            finish_ms,
-            f"{self.job_id}:{self.function}",
-            self.queue,
-            job_id=self.job_id,
-            serializer=serialize,
-        )

@@ -8,7 +8,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import structlog
+
+from worker.consumer.results import ResultFor
 from worker.logs import capped, mask_text
+from worker.storage import Claimed
+
+log = structlog.get_logger("worker.consumer")
 
 #: Longest traceback kept (in a failure record and in a log line), in UTF-8 bytes: its head
 #: and its tail (where the error was raised) are kept.
@@ -65,6 +71,29 @@ class RunFacts:
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] | None = None
 
+    @classmethod
+    def of(
+        cls, c: Claimed, rf: ResultFor | None, started_ms: int, instance: str, name: str
+    ) -> RunFacts:
+        """The facts of claimed job ``c`` (``rf``: its decoded record, if it could be)."""
+        return cls(
+            job_id=c.job_id,
+            task=rf.function if rf else None,
+            queue=c.queue,
+            job_try=rf.job_try if rf else (c.try_ if c.try_ >= 0 else None),
+            instance=instance,
+            instance_name=name,
+            enqueued_ms=rf.enqueued_ms if rf else None,
+            started_ms=started_ms,
+            args=rf.args if rf else (),
+            kwargs=rf.kwargs if rf else None,
+        )
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The fields every failure log line carries."""
+        return {"job_id": self.job_id, "task": self.task, "try": self.job_try, "queue": self.queue}
+
 
 def failure_record(
     run: RunFacts,
@@ -109,3 +138,24 @@ def args_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     except Exception as exc:  # a repr that raises
         text = f"<args not printable: {type(exc).__name__}>"
     return text if len(text) <= ARGS_CHARS else text[: ARGS_CHARS - 1] + "…"
+
+
+def cancelled_record(run: RunFacts, finished_ms: int) -> bytes:
+    """An aborted run's record (logged at WARNING)."""
+    log.warning("job cancelled", **run.fields, status="cancelled")
+    return failure_record(
+        run, "cancelled", finished_ms, error_type="CancelledError", message="aborted", tb=""
+    )
+
+
+def dead_record(run: RunFacts, finished_ms: int, reason: str, exc: BaseException | None) -> bytes:
+    """A dead-lettered job's record: the error of its last try (``exc``, logged at ERROR with
+    its traceback) if it ran out of tries, else ``reason`` (it never ran: ``DeadLetters``
+    logged why)."""
+    if exc is None:
+        return failure_record(run, "dead", finished_ms, error_type="BadJob", message=reason)
+    log.error(
+        "job failed; no tries left, dead-lettered", **run.fields, status="dead",
+        error=capped(reason), exception=log_traceback(traceback_text(exc)),
+    )  # fmt: skip
+    return failure_record(run, "dead", finished_ms, exc=exc)
