@@ -356,6 +356,10 @@ class App:
         """Everything a consumer runs: the tasks and one job per periodic job."""
         return [*self.tasks.values(), *(p.job() for p in self.periodics.values())]
 
+    def job_names(self) -> list[str]:
+        """The names a client may enqueue: the tasks and the periodic jobs."""
+        return [*self.tasks, *self.periodics]
+
     # -- checks -------------------------------------------------------------------------------
     def queue_names(self) -> list[str]:
         """Every queue the app uses, in priority order (see :attr:`queues`)."""
@@ -425,11 +429,39 @@ def load_app(spec: str) -> App:
     if obj is None:
         raise ConfigError(f"WORKER_APP: module {module_name!r} has no attribute {attr!r}")
     if callable(obj) and not isinstance(obj, App):
-        obj = obj()
+        obj = _from_factory(spec, obj)
     if not isinstance(obj, App):
         raise ConfigError(f"WORKER_APP: {spec!r} is a {type(obj).__name__}, not a worker.App")
     obj.validate()
     return obj
+
+
+def _from_factory(spec: str, factory: Callable[..., Any]) -> object:
+    """What a factory (a callable taking no argument) named by ``--app`` returns; one line
+    (:class:`ConfigError`) for a callable that takes arguments or raises."""
+    kind = "function" if inspect.isfunction(factory) else type(factory).__name__
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise ConfigError(
+            f"WORKER_APP: {spec!r} is a {kind}, not a worker.App (nor a factory taking no "
+            "argument that returns one)"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): try it
+        pass
+    try:
+        made = factory()
+    except Exception as exc:
+        raise ConfigError(
+            f"WORKER_APP: {spec!r} is a {kind}; calling it raised {type(exc).__name__}: "
+            f"{_one_line(exc)}"
+        ) from None
+    if not isinstance(made, App):
+        raise ConfigError(
+            f"WORKER_APP: {spec!r} is a {kind} that returned a {type(made).__name__}, not a "
+            "worker.App"
+        )
+    return made
 
 
 def _seconds(value: float | dt.timedelta | None) -> float | None:

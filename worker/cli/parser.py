@@ -36,7 +36,7 @@ def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
 
 
 def _json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON (the default into a pipe)")
+    p.add_argument("--json", action="store_true", help="print JSON (else a table, piped too)")
 
 
 def build() -> argparse.ArgumentParser:
