@@ -136,9 +136,7 @@ async def test_enqueue_unique_key_dedups_while_job_exists(ctx: Context, r: Any) 
     assert await ctx.enqueue("activate", 7, unique_key="activate:7") == jid
 
 
-async def test_a_client_that_knows_the_app_refuses_an_unknown_task(
-    ctx: Context, r: Any
-) -> None:
+async def test_a_client_that_knows_the_app_refuses_an_unknown_task(ctx: Context, r: Any) -> None:
     """A misspelt name is refused before anything is written (it would be dead-lettered later
     as an unknown function); a client without an app accepts any name, as arq does."""
     with pytest.raises(UnknownTask, match=r"unknown task 'activte': app 't' declares .*'activate'"):
