@@ -161,3 +161,29 @@ def test_a_first_start_on_an_empty_redis_has_no_unclean_lease_warning(spawn: Any
     wait_until(lambda: "leadership acquired" in leader.log(), 60, what="leadership")
     time.sleep(0.3)  # the warning, when there is one, is logged right after
     assert "not released cleanly" not in leader.log(), leader.log()
+
+
+@pytest.mark.slow
+def test_an_instance_stranded_by_the_embedded_servers_owner_exits_with_one_line(
+    spawn: Any,
+) -> None:
+    """Before: a second instance on a demo's embedded Redis logged warning after warning
+    (55 lines in 14 s) and never exited once the demo stopped."""
+    owner = spawn("all", name="owner", env={"WORKER_REDIS_URL": None})
+    found = wait_until(
+        lambda: re.search(r"(unix://\S+/redis\.sock)", owner.log()), 60, what="banner"
+    )
+    second = spawn("consumer", name="second", env={"WORKER_REDIS_URL": found.group(1)})
+    wait_until(lambda: "worker starting" in second.log(), 60, what="second starts")
+    assert owner.terminate() == 0
+    stopped = time.monotonic()
+    code = second.proc.wait(timeout=30)
+    took = time.monotonic() - stopped
+    log = second.log()
+    assert code == 1, log
+    gone = [ln for ln in log.splitlines() if "the embedded Redis this worker used is gone" in ln]
+    assert len(gone) == 1, log
+    after = log[log.index("worker starting") :].splitlines()
+    noisy = [ln for ln in after if '"warning"' in ln or '"error"' in ln]
+    assert len(noisy) <= 5, noisy
+    assert took < 10, took
