@@ -125,13 +125,24 @@ def sync_fn(ctx: Any) -> None:
     return None
 
 
-def test_non_async_functions_are_rejected() -> None:
+def test_plain_def_jobs_are_accepted_and_other_sync_callables_rejected() -> None:
     app = App()
-    for register in (app.task, app.periodic(every=60), app.service()):
-        with pytest.raises(ConfigError, match="async function") as info:
-            register(sync_fn)
-        assert "sync_fn" in one_line(info)
-    assert not app.tasks and not app.periodics and not app.services
+    # tasks and periodic jobs: a plain def runs in the sync threads (tests/test_sync.py)
+    app.task(sync_fn)
+    app.periodic(every=60, name="sync_tick")(sync_fn)
+    assert set(app.tasks) == {"sync_fn"} and set(app.periodics) == {"sync_tick"}
+
+    def gen(ctx: Any) -> Iterator[Any]:
+        yield 1
+
+    for register in (app.task, app.periodic(every=60)):
+        with pytest.raises(ConfigError, match="is a generator") as info:
+            register(gen)
+        assert "gen" in one_line(info)
+    with pytest.raises(ConfigError, match="async function") as info:
+        app.service()(sync_fn)  # services stay async
+    assert "sync_fn" in one_line(info)
+    assert not app.services
 
 
 def test_initializer_must_be_async_generator() -> None:

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from worker import App, Client, Context, JobContext
+    from worker import App, Client, Context, JobContext, SyncClient
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from worker.context import Context, JobContext
 from worker.duties.poller import BoundPoller
 from worker.errors import ConfigError, LeadershipLost, UnknownTask
 from worker.settings import Settings, load_settings
+from worker.sync_client import SyncClient
 from worker.version import __version__
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "JobContext",
     "LeadershipLost",
     "Settings",
+    "SyncClient",
     "UnknownTask",
     "__version__",
     "load_app",

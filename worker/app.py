@@ -51,6 +51,7 @@ from worker.limits import parse_rate
 from worker.retry import RetryDelay, as_delay
 from worker.schedule import make_schedule
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.sync import sync_job
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]
@@ -118,7 +119,8 @@ class App:
         max_concurrency: int | None = None,
         rate: str | None = None,
     ) -> Any:
-        """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run.
+        """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run; a plain
+        ``def`` runs in the process's sync threads (``WORKER_SYNC_THREADS``, :mod:`worker.sync`).
 
         ``queue``: where its jobs wait (consumers take queues in priority order, see
         :attr:`App.queues`). ``retry_on``/``retry_delay``: exceptions retried automatically
@@ -133,12 +135,11 @@ class App:
         parsed_rate = parse_rate(rate) if rate is not None else None
 
         def register(f: F) -> F:
-            self._require_async("task", f)
             n = _check_name("task", name or f.__name__)
             self._unique_name(n)
             self.tasks[n] = JobDef(
                 n,
-                f,
+                _job_fn("task", f),
                 timeout_s,
                 max_tries,
                 keep_result_s,
@@ -166,7 +167,8 @@ class App:
         queue: str = DEFAULT_QUEUE,
         max_staleness: float | dt.timedelta | None = None,
     ) -> Callable[[F], F]:
-        """Register ``async def fn(ctx)`` to run once per tick of ``cron`` or ``every``.
+        """Register ``async def fn(ctx)`` (or a plain ``def``, run in a thread as tasks are) to
+        run once per tick of ``cron`` or ``every``.
 
         See :class:`PeriodicDef` for the catch-up policy after a failover. ``max_staleness``:
         the job's last success may be at most this old (seconds or a timedelta); ``doctor``
@@ -190,11 +192,10 @@ class App:
             raise ConfigError("periodic max_staleness must be positive")
 
         def register(f: F) -> F:
-            self._require_async("periodic", f)
             n = _check_name("periodic", name or f.__name__)
             self._unique_name(n)
             self.periodics[n] = PeriodicDef(
-                n, f, schedule, catch_up, catch_up_limit, timeout_s, window,
+                n, _job_fn("periodic", f), schedule, catch_up, catch_up_limit, timeout_s, window,
                 queue=_check_name("queue", queue), max_staleness_s=staleness,
             )  # fmt: skip
             return f
@@ -403,6 +404,20 @@ class App:
     def _require_async(kind: str, f: Callable[..., Any]) -> None:
         if not inspect.iscoroutinefunction(f):
             raise ConfigError(f"{kind} {getattr(f, '__name__', f)!r} must be an async function")
+
+
+def _job_fn(kind: str, f: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """What the consumer awaits for a task or periodic job: ``f`` itself when it is async, the
+    thread adapter (:func:`worker.sync.sync_job`) for a plain ``def``."""
+    if inspect.iscoroutinefunction(f):
+        return f
+    if inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f):
+        raise ConfigError(
+            f"{kind} {getattr(f, '__name__', f)!r} is a generator: use async def or a plain def"
+        )
+    if not callable(f):
+        raise ConfigError(f"{kind} {f!r} is not a function")
+    return sync_job(f)
 
 
 def load_app(spec: str) -> App:

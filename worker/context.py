@@ -35,6 +35,7 @@ from worker.errors import LeadershipLost
 from worker.settings import Settings
 from worker.storage import FencedPipeline, FencedStore, Store
 from worker.storage import keys as K
+from worker.sync import SyncHelpers, SyncThreads
 from worker.views import LeaderView
 
 
@@ -53,6 +54,8 @@ class Context:
     instance_id: str
     state: dict[str, Any] = field(default_factory=dict)
     leader: LeaderView | None = None
+    #: The threads plain ``def`` jobs run in (``WORKER_SYNC_THREADS``; see :mod:`worker.sync`).
+    threads: SyncThreads = field(default_factory=SyncThreads, repr=False, compare=False)
     #: Set on a service loop's own context (see :meth:`bound`): reports its progress.
     progress: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
@@ -148,6 +151,8 @@ class JobContext(dict[str, Any]):
 
     #: The store and claim token of this run (set by the consumer).
     claim: tuple[Store, str] | None = None
+    #: A plain ``def`` task's thread helpers (set by :mod:`worker.sync`): see :attr:`sync`.
+    sync_helpers: SyncHelpers | None = None
 
     def __init__(self, arq_ctx: dict[str, Any], context: Context, **extra: Any) -> None:
         super().__init__(arq_ctx)
@@ -165,6 +170,18 @@ class JobContext(dict[str, Any]):
             return (await store.claim_tokens([self.job_id]))[0] == token
         except Exception:
             return False
+
+    @property
+    def sync(self) -> SyncHelpers:
+        """In a plain ``def`` task (run in a thread): the async helpers, callable from the
+        thread — ``ctx.sync.still_claimed()``, ``ctx.sync.enqueue(...)``, ``ctx.sync.once(...)``,
+        ``ctx.sync.run(coroutine)``; ``ctx.sync.cancelled`` once the run ended (its timeout)."""
+        if self.sync_helpers is None:
+            raise RuntimeError(
+                "ctx.sync is for plain def tasks (run in a thread); in async def tasks await "
+                "the helpers themselves (await ctx.still_claimed())"
+            )
+        return self.sync_helpers
 
     @property
     def job_id(self) -> str:

@@ -80,6 +80,17 @@ class Metrics:
             buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.sync_threads_busy = Gauge(
+            "worker_sync_threads_busy",
+            "Threads running a plain def job now (stuck ones included), of WORKER_SYNC_THREADS.",
+            registry=r,
+        )
+        self.sync_threads_stuck = Gauge(
+            "worker_sync_threads_stuck",
+            "Threads still running a plain def job whose run already ended (timed out, aborted): "
+            "Python cannot kill a thread. While all are stuck, sync jobs are deferred.",
+            registry=r,
+        )
         self.dead = Counter(
             "worker_jobs_dead", "Jobs set aside in the dead-letter set.", ["reason"], registry=r
         )

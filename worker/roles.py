@@ -52,6 +52,7 @@ from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Store
+from worker.sync import SyncThreads, SyncThreadsHook
 from worker.views import ProcessView
 from worker.watchdog import NAME as WATCHDOG_NAME
 from worker.watchdog import LoopWatchdog, blocked_threshold_s
@@ -195,6 +196,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
     # the features' per-job hooks (worker.jobs.JobHook), called in this order for every job
     store = w.store.with_redis(w.consumer_redis())
     hooks: list[JobHook] = [
+        SyncThreadsHook(w.context.threads, w.clock),  # first: it needs no Redis
         LimitsHook(store, w.clock),
         TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id),
     ]
@@ -410,9 +412,20 @@ def build(w: Wiring) -> dict[GroupName, list[Component]]:
                 w.leadership = leader
                 w.fenced = FencedStore(w.store, leader)
             s = w.settings
-            w.context = Context(s, w.redis, w.client, w.clock, w.instance_id, leader=w.leadership)
+            w.context = Context(
+                s, w.redis, w.client, w.clock, w.instance_id, leader=w.leadership,
+                threads=sync_threads(s, w.metrics),
+            )  # fmt: skip
     w.singletons.components.extend(groups["singletons"])
     return groups
+
+
+def sync_threads(settings: Settings, metrics: Metrics) -> SyncThreads:
+    """The process's one pool for plain ``def`` jobs, its load exported."""
+    threads = SyncThreads(settings.sync_threads)
+    metrics.sync_threads_busy.set_function(lambda: float(threads.busy))
+    metrics.sync_threads_stuck.set_function(lambda: float(threads.stuck))
+    return threads
 
 
 def consumer_queues(app: App, settings: Settings) -> tuple[str, ...]:

@@ -333,6 +333,7 @@ class Runtime:
             await groups["leadership"].stop(2.0)
             await w.leadership.release()
         await groups["work"].stop(s.shutdown_timeout_s + 5)
+        w.context.threads.close()  # the consumer has drained: no plain def job starts again
         await self._deregister()
         for hook in self.app.shutdown_hooks:
             try:

@@ -112,6 +112,7 @@ class Settings(BaseSettings):
 
     # -- consumer -----------------------------------------------------------------------------
     concurrency: int = Field(100, ge=1, le=10_000)
+    sync_threads: int = Field(10, ge=1, le=1000, description="threads for plain def jobs")
     poll_delay_s: float = Field(0.05, gt=0, le=60)
     idle_poll_max_s: float = Field(1.0, gt=0, le=60)
     job_timeout_s: float = Field(300.0, gt=0, le=WEEK_S)

@@ -85,6 +85,7 @@ class Harness:
     ) -> None:
         for hook in self.app.shutdown_hooks:
             await hook(self.context)
+        self.context.threads.close()
         if self._own_redis:
             await self.redis.aclose()
 
