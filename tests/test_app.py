@@ -278,7 +278,7 @@ def test_load_app_ok(module_dir: Any) -> None:
         ("worker.no_such_sub:app", "cannot import module 'worker.no_such_sub'"),
         ("worker.demo:nope", "has no attribute 'nope'"),
         ("worker.settings:ROLES", "is a tuple, not a worker.App"),
-        ("worker.settings:default_instance_name", "is a function that returned a str, not a worker.App"),
+        ("worker.settings:default_instance_name", "returned a str, not a worker.App"),
         ("no-colon", "package.module:attribute"),
         (":app", "package.module:attribute"),
         ("worker.demo:", "package.module:attribute"),
