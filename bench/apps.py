@@ -2,6 +2,8 @@
 
 - ``noop_app``: one no-op task ``noop(x)`` (consumer throughput) and ``burn(ms)``, which spins
   ``ms`` of CPU time (CPU-bound jobs: ``bench/consumer.py --processes N``).
+- ``traced_noop_app``: ``noop`` under the OpenTelemetry SDK's provider whose processor drops
+  every span (``bench/consumer.py --tracing``).
 - ``periodic_app``: ``noop`` plus a periodic job every second, so a leader has a singleton
   to run (failover).
 - ``many_periodic_app``: ``BENCH_PERIODIC_N`` periodic jobs every second, recording runs per
@@ -34,6 +36,23 @@ async def burn(ctx: JobContext, ms: float) -> None:
     while time.thread_time() < end:
         pass
 
+
+traced_noop_app = App("bench-noop")
+traced_noop_app.task(noop)
+
+
+def _install_sdk() -> None:
+    """The SDK's provider, with a processor that drops spans: the cost of making them."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    provider = TracerProvider()
+    provider.add_span_processor(SpanProcessor())  # the base class: on_end does nothing
+    trace.set_tracer_provider(provider)
+
+
+if os.environ.get("WORKER_TRACING") == "otel":
+    _install_sdk()
 
 periodic_app = App("bench-periodic")
 

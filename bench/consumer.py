@@ -25,6 +25,13 @@ CPU time, 1 ms by default, on 1/4 as many jobs). Worker CPU is the sum over the 
 children:
 
     python bench/consumer.py --processes 2   # 20k no-op + 5k CPU-bound jobs, 3 rounds (~2 min)
+
+--tracing compares OURS with tracing off against ``WORKER_TRACING=otel`` running
+``bench.apps:traced_noop_app`` (the OpenTelemetry SDK's provider with a span processor that
+drops every span: the cost of making them, not of shipping them), every job's record carrying
+a trace context (a CONSUMER span with a remote parent per run), rounds interleaved:
+
+    python bench/consumer.py --tracing        # 20k jobs, 3 rounds: overhead in us/job
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ class Variant(NamedTuple):
     loop: str
     processes: int = 1
     cpu_ms: float = 0.0  # 0: the no-op job; else the CPU-bound ``burn`` job
+    tracing: bool = False  # WORKER_TRACING=otel, the SDK provider, traced records
 
 
 OURS_LABEL = "ours: consumer role, defaults (100 / 0.05 s, uvloop)"
@@ -85,6 +93,13 @@ VARIANTS: dict[str, Variant] = {
     ),
     "arq-tuned-uvloop": Variant("arq Worker, tuned, on uvloop", "arq", 100, 0.05, "uvloop"),
 }
+
+
+TRACING_VARIANTS: dict[str, Variant] = {
+    "ours": Variant("ours, tracing off", "ours", 100, 0.05, "uvloop"),
+    "ours-otel": Variant("ours, WORKER_TRACING=otel (SDK)", "ours", 100, 0.05, "uvloop",
+                         tracing=True),
+}  # fmt: skip
 
 
 def scaling_variants(n: int, cpu_ms: float) -> dict[str, Variant]:
@@ -129,12 +144,13 @@ def child_arq(url: str, max_jobs: int, poll_delay: float, loop: str) -> None:
 def start_worker(
     name: str, spec: Variant, url: str, logdir: Path, rnd: int
 ) -> subprocess.Popen[bytes]:
-    _, kind, max_jobs, poll_delay, loop, processes, _ = spec
+    _, kind, max_jobs, poll_delay, loop, processes, _, tracing = spec
     log = logdir / f"{name}-{rnd}.log"
     if kind == "ours":
         env = child_env(
             WORKER_REDIS_URL=url,
-            WORKER_APP="bench.apps:noop_app",
+            WORKER_APP="bench.apps:traced_noop_app" if tracing else "bench.apps:noop_app",
+            WORKER_TRACING="otel" if tracing else "off",
             WORKER_KEY_PREFIX=PREFIX,
             WORKER_HEALTH_PORT="0",
             WORKER_DRAIN_DELAY_S="0",
@@ -152,7 +168,9 @@ def health_key_exists(r: redis_sync.Redis, kind: str, processes: int = 1) -> boo
     return bool(r.exists(f"{ARQ_QUEUE}:health-check"))
 
 
-def fill(r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.0) -> None:
+def fill(
+    r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.0, traced: bool = False
+) -> None:
     from arq.constants import expires_extra_ms, job_key_prefix
     from arq.jobs import serialize_job
 
@@ -165,7 +183,10 @@ def fill(r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.
         job_id = f"j{i:07d}"
         if kind == "ours":
             fn, args = ("burn", (cpu_ms,)) if cpu_ms else ("noop", (i,))
-            payload = job_payload(fn, args, {}, due_ms, ser)
+            extra = (
+                {"otel": {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}} if traced else None
+            )
+            payload = job_payload(fn, args, {}, due_ms, ser, extra=extra)
         else:
             payload = serialize_job("noop", (i,), {}, None, due_ms, serializer=None)
         pipe.set(job_key_prefix + job_id, payload, px=expires_extra_ms)
@@ -186,7 +207,7 @@ def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int)
         time.sleep(0.5)
         t0_wall = time.time() + 1.0 + n / 40_000  # filling must finish before T0
         due_ms = int(t0_wall * 1000)
-        fill(r, kind, n, due_ms, spec.cpu_ms)
+        fill(r, kind, n, due_ms, spec.cpu_ms, spec.tracing)
         if time.time() >= t0_wall:
             raise RuntimeError("filling took longer than the lead time; raise it")
         ps = psutil.Process(proc.pid)  # CPU of its children too (--processes N)
@@ -220,8 +241,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="interleaved rounds (3; quick 2)")
     ap.add_argument("--processes", type=int, help="compare 1 process with --processes N instead")
     ap.add_argument("--cpu-ms", type=float, default=1.0, help="--processes: CPU per burn job (1)")
+    ap.add_argument("--tracing", action="store_true", help="compare tracing off with otel")
     args = ap.parse_args()
     variants = scaling_variants(args.processes, args.cpu_ms) if args.processes else VARIANTS
+    if args.tracing:
+        variants = TRACING_VARIANTS
     n = args.n or (4_000 if args.quick else 20_000)
     n_default = args.n_default or (1_000 if args.quick else 4_000)
     rounds = args.rounds or (2 if args.quick else 3)
@@ -266,6 +290,9 @@ def main() -> None:
              "server CPU us/job"],
             rows,
         ))  # fmt: skip
+        if args.tracing:
+            off, on = (median([x["worker_ms"] for x in results[k]]) for k in ("ours", "ours-otel"))
+            print(f"tracing on costs {(on - off) * 1000:.0f} us of worker CPU per job")
         if args.processes:
             for job in ("", "-cpu"):
                 one = median([x["rate"] for x in results[f"ours{job}"]])

@@ -22,6 +22,7 @@ from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, Outcome
 from worker.limits import LimitsHook
+from worker.metrics import Metrics
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import Finish, Store
@@ -287,7 +288,13 @@ class Loop:
     """A consumer running as a task on ``r``, with a client to enqueue."""
 
     def __init__(
-        self, r: Any, app: App, instance: str = "i-1", hooks: Sequence[JobHook] = (), **config: Any
+        self,
+        r: Any,
+        app: App,
+        instance: str = "i-1",
+        hooks: Sequence[JobHook] = (),
+        metrics: Metrics | None = None,
+        **config: Any,
     ) -> None:
         self.client = Client(r, keys=KEYS, serialize=msgpack_dumps, app=app)
         ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), instance)
@@ -300,7 +307,7 @@ class Loop:
         )
         self.consumer = Consumer(
             app.jobs(), [limits, *hooks], ctx, store, (msgpack_dumps, msgpack_loads), SystemClock(),
-            instance_id=instance, config=cfg, dead=dead,
+            instance_id=instance, config=cfg, dead=dead, metrics=metrics,
         )  # fmt: skip
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -388,6 +395,14 @@ async def test_jobs_run_once_with_arq_results_retries_and_dead_letters(
     assert dead == {given_up, unknown}
     assert await r.exists(K.ARQ_JOB + given_up) == 0  # type: ignore[operator]
     assert lp.consumer.totals["complete"] == 51  # 50 adds and flaky
+    # per task: each finished run counted once (retries are not), a bad record under no task
+    now_ms = int(time.time() * 1000)
+    stats = await lp.client.store.task_stats([j.name for j in app.jobs()], now_ms, minutes=5)
+    ends = {t: (sum(p[1] for p in s.series), sum(p[2] for p in s.series), s.timed)
+            for t, s in stats.items()}  # fmt: skip
+    assert ends == {"add": (50, 0, 50), "boom": (0, 1, 1), "flaky": (1, 0, 1),
+                    "hopeless": (0, 1, 1)}  # fmt: skip
+    assert stats["add"].quantile_ms(0.95) is not None
 
 
 async def test_drain_waits_for_started_jobs_and_starts_no_new_one(

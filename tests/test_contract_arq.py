@@ -212,6 +212,29 @@ async def test_arq_worker_consumes_client_enqueue(
     assert sorted(calls, key=repr) == sorted([((1, "two"), {"flag": True}), ((3,), {})], key=repr)
 
 
+async def test_arq_worker_runs_jobs_a_traced_client_enqueued(
+    contract: tuple[ArqRedis, K.Keys], redis_url: str
+) -> None:
+    """With WORKER_TRACING=otel the record carries one extra field (the trace context): arq
+    ignores it and runs the job with exactly the arguments given."""
+    from worker.tracing import KEY, Tracing
+
+    redis, keys = contract
+    ser, deser = get_serializer("msgpack")
+    client = Client(redis, keys=keys, serialize=ser, tracing=Tracing())
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    async def send(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        calls.append((args, kwargs))
+
+    jid = await client.enqueue("send", 1, flag=True)
+    assert jid is not None
+    record = deser(await redis.get(K.ARQ_JOB + jid))
+    assert set(record) == {"t", "f", "a", "k", "et", KEY}
+    await run_arq_worker(redis_url, keys, [func(send, name="send")], 1)
+    assert calls == [((1,), {"flag": True})]
+
+
 async def test_mixed_deployment_arq_worker_and_ours_on_one_queue_run_each_job_once(
     redis_url: str,
 ) -> None:

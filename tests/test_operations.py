@@ -183,12 +183,12 @@ def test_metrics_move(spawn: Spawn, rsync: redis_sync.Redis, redis_url: str) -> 
     assert code == 200
     second = metric_samples(text)
 
-    assert sample(second, "worker_info", role="leader", instance="l1", version="0.1.0") == 1
+    assert sample(second, "worker_info", role="leader", worker_instance="l1", version="0.1.0") == 1
     assert sample(second, "worker_leader") == 1
     assert sample(second, "worker_leader_epoch") >= 1
     assert sample(second, "worker_ready") == 1
     for name, labels in [
-        ("worker_periodic_ticks_total", {"job": "tick", "outcome": "enqueued"}),
+        ("worker_periodic_ticks_total", {"periodic": "tick", "outcome": "enqueued"}),
         ("worker_jobs_total", {"task": "tick", "outcome": "success"}),
         ("worker_job_duration_seconds_count", {"task": "tick"}),
     ]:

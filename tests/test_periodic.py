@@ -174,6 +174,24 @@ async def test_tick_enqueues_each_tick_once_across_repeated_calls(r: Any) -> Non
     assert await r.hget(KEYS.periodic_state, "job") == str(T0 + 3 * MIN).encode()
 
 
+async def test_only_enqueued_ticks_count_as_enqueued(r: Any) -> None:
+    # A new job records the slot before its first tick as planned (so it starts with the next
+    # one) without enqueueing it: that slot is not a tick that ran, and status must not say so.
+    await r.set(KEYS.leader, LOCK)
+    clock = clock_at(T0 - MIN + 200)
+    e = enqueuer(r, [pdef(), pdef("skip", name="late")], clock)
+    await e.tick()
+    assert await r.hget(KEYS.periodic_state, "job") == str(T0 - MIN).encode()
+    assert await Store(r, KEYS).periodic_enqueued() == {}
+    clock.advance(60)
+    await e.tick()
+    assert await Store(r, KEYS).periodic_enqueued() == {"job": T0, "late": T0}
+    clock.advance(3 * 60 + 30)  # "job" catches up three ticks, "late" skips them (30 s late)
+    await e.tick()
+    assert await Store(r, KEYS).periodic_enqueued() == {"job": T0 + 3 * MIN, "late": T0}
+    assert await r.hget(KEYS.periodic_state, "late") == str(T0 + 3 * MIN).encode()
+
+
 async def test_tick_several_jobs_and_policies(r: Any) -> None:
     await r.set(KEYS.leader, LOCK)
     await r.hset(KEYS.periodic_state, mapping={"a": T0, "l": T0, "s": T0})
@@ -221,7 +239,7 @@ async def test_two_enqueuers_split_brain_never_duplicate(r: Any) -> None:
     def count(m: Metrics, outcome: str) -> float:
         return (
             m.registry.get_sample_value(
-                "worker_periodic_ticks_total", {"job": "job", "outcome": outcome}
+                "worker_periodic_ticks_total", {"periodic": "job", "outcome": outcome}
             )
             or 0.0
         )
@@ -255,7 +273,9 @@ async def test_redis_going_back_under_a_kept_lease_catches_the_lost_ticks_up(r: 
     await e.tick()
     assert await queued(r) == ids("job", T0 + P, T0 + 2 * P, T0 + 3 * P)
     assert await r.hget(KEYS.periodic_state, "job") == str(T0 + 3 * P).encode()
-    rollbacks = metrics.registry.get_sample_value("worker_periodic_rollbacks_total", {"job": "job"})
+    rollbacks = metrics.registry.get_sample_value(
+        "worker_periodic_rollbacks_total", {"periodic": "job"}
+    )
     assert rollbacks == 1
 
 

@@ -341,8 +341,8 @@ async def test_the_leader_exports_freshness_and_warns_about_stale_jobs(r: Any) -
     await store.periodic_result("report", "success", {"at_ms": now - 30_000}, now - 30_000)
     await enq.report_freshness(now)
     text = generate_latest(metrics.registry).decode()
-    assert 'worker_periodic_last_success_age_seconds{job="report"} 30.0' in text
-    assert 'worker_periodic_stale{job="report"} 0.0' in text
+    assert 'worker_periodic_last_success_age_seconds{periodic="report"} 30.0' in text
+    assert 'worker_periodic_stale{periodic="report"} 0.0' in text
     assert enq.health.warnings == []
     clock.advance(10)  # past RUNS_REFRESH_S: read again
     await store.periodic_result("report", "success", {"at_ms": now - 200_000}, now - 200_000)
@@ -350,7 +350,9 @@ async def test_the_leader_exports_freshness_and_warns_about_stale_jobs(r: Any) -
     assert enq.health.warnings == [
         "periodic report: stale, last success 210s ago (max_staleness 120s)"
     ]
-    assert 'worker_periodic_stale{job="report"} 1.0' in generate_latest(metrics.registry).decode()
+    assert (
+        'worker_periodic_stale{periodic="report"} 1.0' in generate_latest(metrics.registry).decode()
+    )
     await enq.teardown()  # leadership lost: another process exports it now
     assert enq.health.warnings == []
     assert "worker_periodic_stale{" not in generate_latest(metrics.registry).decode()

@@ -345,7 +345,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
     "ENQUEUE_TICKS": (
         periodic_lua.ENQUEUE_TICKS,
         _seed_nothing,
-        [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.queue],
+        [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.periodic_enqueued, KEYS.queue],
         [
             K.ARQ_JOB,
             K.ARQ_RESULT,
@@ -353,7 +353,7 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
             KEYS.wake,
             "job",
             T,
-            4,
+            5,
             -1,
             1,
             T,
@@ -420,7 +420,7 @@ async def test_fenced_script_refuses_and_writes_nothing(
 
 
 def _ticks_args(name: str, advance: int, ticks: list[int], known: int = -1) -> list[Any]:
-    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, 4]
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, 5]
     args += [known, len(ticks)]
     for t in ticks:
         args += [t, KEYS_ids.periodic(name, t), f"payload-{t}".encode()]
@@ -430,7 +430,7 @@ def _ticks_args(name: str, advance: int, ticks: list[int], known: int = -1) -> l
 async def _enqueue_ticks(
     r: Any, name: str, advance: int, ticks: list[int], known: int = -1
 ) -> list[int]:
-    keys = [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.queue]
+    keys = [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.periodic_enqueued, KEYS.queue]
     return list(
         await run(r, periodic_lua.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks, known))
     )
@@ -447,6 +447,7 @@ async def test_enqueue_ticks_writes_jobs_queue_and_state(r: Any) -> None:
         assert await r.zscore(KEYS.queue, jid) == t
     assert await r.zcard(KEYS.queue) == 3
     assert await r.hget(KEYS.periodic_state, "job") == str(ticks[-1]).encode()
+    assert await r.hget(KEYS.periodic_enqueued, "job") == str(ticks[-1]).encode()
 
 
 async def test_enqueue_ticks_skips_ticks_at_or_before_last(r: Any) -> None:
@@ -497,6 +498,7 @@ async def test_enqueue_ticks_records_advance_even_without_ticks(r: Any) -> None:
     assert await _enqueue_ticks(r, "job", T, []) == [0, 0, 0, 0]
     assert await r.hget(KEYS.periodic_state, "job") == str(T).encode()
     assert await r.zcard(KEYS.queue) == 0
+    assert await r.hget(KEYS.periodic_enqueued, "job") is None  # planned, never enqueued
     # never moves backwards
     assert await _enqueue_ticks(r, "job", T - 60_000, []) == [0, 0, 0, 0]
     assert await r.hget(KEYS.periodic_state, "job") == str(T).encode()
@@ -769,6 +771,7 @@ def test_keys_live_under_the_prefix() -> None:
         k.leader_state,
         k.boot,
         k.periodic_state,
+        k.periodic_enqueued,
         k_ids.periodic("j", 1),
         k.poll_shard("p", 0),
         k.poll_inflight("p"),

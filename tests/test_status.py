@@ -100,6 +100,9 @@ async def seed(r: Any) -> App:
     await r.set(KEYS.leader, "4:tok", px=8000)
     await r.zadd(KEYS.queue, {"j1": NOW - 10, "j2": NOW, "j3": NOW + 60_000})
     await r.hset(KEYS.periodic_state, "order_expire", NOW - 50_000)  # 22:13:00Z
+    await r.hset(KEYS.periodic_enqueued, "order_expire", NOW - 50_000)
+    # planned through its previous slot (midnight in Shanghai, 6 h ago) but never enqueued
+    await r.hset(KEYS.periodic_state, "daily_reset", NOW - 6 * 3_600_000)
 
     p = app.pollers["cards"]
     items = {"a": NOW - 5, "b": NOW - 1, "c": NOW + 10_000}
@@ -145,9 +148,11 @@ async def test_collect_reports_the_cluster(r: Any) -> None:
     assert st["queue"] == {"name": "t:queue", "depth": 3, "due": 2}
     periodic = {p["name"]: p for p in st["periodic"]}
     assert periodic["order_expire"]["last_tick"] == "2023-11-14T22:13:00+00:00"
+    assert periodic["order_expire"]["last_tick_age_s"] == 50.0
     assert periodic["order_expire"]["next_tick"] == "2023-11-14T22:14:00+00:00"
     assert periodic["order_expire"]["schedule"] == "every 60s"
-    assert periodic["daily_reset"]["last_tick"] is None
+    assert periodic["daily_reset"]["last_tick"] is None  # never ran: not "6 h ago"
+    assert periodic["daily_reset"]["last_tick_age_s"] is None
     assert periodic["daily_reset"]["next_tick"] == "2023-11-15T16:00:00+00:00"  # 00:00 +08
 
     (cards,) = st["pollers"]
@@ -198,6 +203,7 @@ async def test_render_contains_the_key_facts(r: Any) -> None:
     assert "STALE" in row("consumer-9-zzz") and "STALE" not in row("consumer-1")
     assert "2023-11-14T22:13:00+00:00" in row("order_expire")
     assert "2023-11-14T22:14:00+00:00" in row("order_expire")
+    assert "never" in row("daily_reset")
     assert row("cards").split()[:4] == ["cards", "poll_card", "3", "2"]
     assert row("load_cards").split() == ["load_cards", "v2", "yes", "4", "100", "c4"]
 

@@ -139,6 +139,7 @@ async def test_the_overview_reads_what_redis_holds(
     await store.pause("poller:items")
     now = ms(client.clock.time())
     await client.redis.hset(keys.periodic_state, "tick", now - 1000)
+    await client.redis.hset(keys.periodic_enqueued, "tick", now - 1000)
     await client.redis.zadd(keys.poll_shard("items", 0), {"a": now - 5000, "b": now + 60_000})
     for jid in ("j1", "j2"):
         await client.redis.zadd(keys.queue, {jid: now - 2000})
@@ -170,6 +171,39 @@ async def test_the_overview_reads_what_redis_holds(
     ]
     assert data["doctor"]["failed"]  # a dead letter, a stale tick...: the banner says so
     assert any(b["text"].startswith("doctor:") for b in data["banners"])
+
+
+async def test_a_periodic_job_that_never_ran_has_no_last_tick(
+    http: TestClient[Any, Any], client: Client
+) -> None:
+    """A fresh cluster's first leader records each job's previous slot as planned and enqueues
+    from the next one: that slot is no tick that ran (the console said "last enqueued tick 11h
+    ago" for a daily job on a cluster a minute old). Ages come with the server's "now"."""
+    from tests.conftest import FixedLease
+    from worker.duties.periodic import PeriodicEnqueuer
+    from worker.storage import FencedStore
+
+    lock = (await client.store.acquire("tok", 10_000, instance="leader-1")).lock
+    assert lock is not None
+    fenced = FencedStore(client.store, FixedLease(str(lock)))
+    serialize = get_serializer("msgpack")[0]
+    enqueuer = PeriodicEnqueuer(list(ledger.periodics.values()), fenced, serialize, client.clock)
+    await enqueuer.tick()  # a new leader on a fresh cluster: the slot before now is planned
+    assert "tick" in await client.store.periodic_last()
+
+    data = await (await http.get("/api/overview", headers=AUTH)).json()
+    (tick,) = data["cluster"]["periodic"]
+    assert (tick["last_tick"], tick["last_tick_ms"], tick["last_tick_age_s"]) == (None, None, None)
+    server_ms = round(await client.store.server_time_ms())
+    assert abs(data["now_ms"] - server_ms) < 2000  # the page computes ages against this
+    assert data["now_ms"] < tick["next_tick_ms"] <= data["now_ms"] + 1000
+
+    await client.clock.sleep(1.1)  # the next tick is due: now one is enqueued
+    await enqueuer.tick()
+    data = await (await http.get("/api/overview", headers=AUTH)).json()
+    (tick,) = data["cluster"]["periodic"]
+    assert tick["last_tick_ms"] is not None and 0 <= tick["last_tick_age_s"] < 2
+    assert (await client.store.periodic_enqueued())["tick"] == tick["last_tick_ms"]
 
 
 async def test_no_leader_is_a_banner(http: TestClient[Any, Any]) -> None:

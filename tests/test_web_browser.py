@@ -279,6 +279,8 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
         lambda: "ago" in page.text('#periodic tr[data-periodic="demo_report"] td.last-tick'),
         "demo_report's last tick",
     )
+    # a daily job on a cluster a minute old never ran: no age of its schedule's previous slot
+    assert page.text('#periodic tr[data-periodic="daily_traffic_flush"] td.last-tick') == "never"
     (init,) = page.rows("#initializers tbody tr", "data-initializer").values()
     state = rsync.hgetall(f"{prefix}init:load_cards")
     assert "done" in init and state[b"items"].decode() in init
@@ -410,3 +412,96 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     page.shot("activity")
     assert a1.alive()
     print(f"console: signed in and first rows shown in {load_s:.2f} s")
+
+
+def test_the_jobs_view_lists_details_retries_and_cancels(
+    spawn: Spawn, redis_url: str, rsync: redis_sync.Redis, browser: Any, tmp_path: Path
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    spawn("all", name="w1", app="tests.apps.ledger:app", env={"WORKER_LOG_LEVEL": "WARNING"})
+    port = _free_port()
+    web = spawn(
+        "all",
+        name="web",
+        app="tests.apps.ledger:app",
+        command="web",
+        env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port)},
+    )
+    url = f"http://127.0.0.1:{port}/"
+    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
+    wait_until(lambda: len(_instances(rsync, prefix)) == 1, 30, what="the worker")
+    dead = client_call(redis_url, prefix, "enqueue", "no_such_task", HOSTILE)
+    done = client_call(redis_url, prefix, "enqueue", "record", "fine")
+    failed = client_call(redis_url, prefix, "enqueue", "fail", HOSTILE)
+    wait_until(lambda: rsync.zscore(f"{prefix}dead", dead) is not None, 30, what="a dead letter")
+    wait_until(lambda: rsync.exists(f"arq:result:{done}"), 30, what="a finished job")
+    wait_until(lambda: rsync.exists(f"arq:result:{failed}"), 30, what="a failed job")
+
+    page = Page(browser, url, tmp_path / "screens")
+    browser.get(url)
+    page.until(lambda: page.one("#login").is_displayed(), "the sign-in form")
+    page.one("#token").send_keys(TOKEN)
+    page.one("#operator").send_keys("ada")
+    page.click("#login-submit")
+    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+
+    # -- failed: listed, searched, in detail (escaped), retried -----------------------------
+    page.tab("jobs")
+    page.click('#job-states button[data-state="failed"]')
+    page.until(lambda: page.css(f'#jobs tr[data-job="{dead}"]'), "the dead job listed")
+    page.until(lambda: page.css(f'#jobs tr[data-job="{failed}"]'), "the failed job listed")
+    page.click(f'#jobs a[data-open-job="{failed}"]')
+    page.until(lambda: "Traceback" in page.text("#job-error"), "its traceback shown")
+    assert "raise ValueError" in page.text("#job-error")
+    assert HOSTILE in page.text('#job-fields dd[data-field="args"]')  # as text
+    assert page.css("#job-detail pre *") == [] and page.css("#job-fields dd *") == []
+    assert browser.execute_script("return window.pwned === undefined")
+    page.shot("jobs-traceback")
+    page.one("#job-search").send_keys("no_such")
+    page.click("#job-go")
+    page.until(lambda: list(page.rows("#jobs tbody tr[data-job]", "data-job")) == [dead], "found")
+    page.click(f'#jobs a[data-open-job="{dead}"]')
+    page.until(lambda: "unknown function" in page.text("#job-error"), "the error shown")
+    assert page.css("#job-detail pre *") == [] and page.css("#job-fields dd *") == []
+    assert browser.execute_script("return window.pwned === undefined")
+    page.shot("jobs-detail")
+    before = json.loads(rsync.hget(f"{prefix}dead:jobs", dead))["at_ms"]  # type: ignore[arg-type]
+    page.click("#job-retry", confirm=True)
+    wait_until(
+        lambda: (
+            json.loads(rsync.hget(f"{prefix}dead:jobs", dead) or b'{"at_ms": 0}')["at_ms"] > before
+        ),
+        20,
+        what="the retried job ran again (and was set aside again: its task is still unknown)",
+    )
+    retry = next(a for a in _audit(rsync, prefix) if a["action"] == "retry")
+    assert (retry["target"], retry["who"], retry["via"], retry["ok"]) == (dead, "ada", "web", True)
+
+    # -- running: listed with its state, cancelled from its detail --------------------------
+    slow = client_call(redis_url, prefix, "enqueue", "slow_job", 60)
+    wait_until(lambda: rsync.hget(f"{prefix}ledger:slow-started", slow), 30, what="slow started")
+    page.one("#job-search").clear()
+    page.click("#job-go")
+    page.click('#job-states button[data-state="running"]')
+    page.until(lambda: page.css(f'#jobs tr[data-job="{slow}"]'), "the running job listed", 15)
+    page.shot("jobs")
+    page.click(f'#jobs a[data-open-job="{slow}"]')
+    page.until(lambda: "running" in page.text('#job-fields dd[data-field="state"]'), "running")
+    asked = time.monotonic()
+    page.click("#job-cancel", confirm=True)
+    page.until(
+        lambda: page.text('#job-fields dd[data-field="state"]') == "cancelled", "cancelled", 15
+    )
+    took = time.monotonic() - asked
+    assert rsync.hget(f"{prefix}ledger:slow-done", slow) is None
+    cancel = next(a for a in _audit(rsync, prefix) if a["action"] == "cancel")
+    assert (cancel["target"], cancel["via"], cancel["ok"]) == (slow, "web", True)
+
+    # -- per-task figures and labelled charts ------------------------------------------------
+    page.tab("queues")
+    page.until(lambda: page.css('#tasks tr[data-task="record"]'), "the task table")
+    assert page.text('#tasks tr[data-task="record"] td.done') != "0"
+    assert "jobs/min" in page.text("#queues")  # the chart's unit is printed on it
+    assert page.css("#queues svg.chart text.x") and page.css("#backlog-chart svg")
+    page.shot("queues-tasks")
+    print(f"cancel from the page: shown cancelled {took:.2f} s after the click")

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from worker import App, Client, Context, JobContext, SyncClient
+    from worker import App, Client, Context, JobContext, JobOutcome, SyncClient
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from worker.client import Client
 from worker.context import Context, JobContext
 from worker.duties.poller import BoundPoller
 from worker.errors import ConfigError, LeadershipLost, UnknownTask
+from worker.jobs import JobOutcome
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
 from worker.version import __version__
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "JobContext",
+    "JobOutcome",
     "LeadershipLost",
     "Settings",
     "SyncClient",

@@ -12,6 +12,7 @@ came through.
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import socket
 from collections import Counter
@@ -20,13 +21,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
+from arq.constants import expires_extra_ms
+from arq.jobs import deserialize_result, serialize_result
 
-from worker import dead
+from worker import dead, jobsview
 from worker.app import App
 from worker.client import Client
-from worker.clock import ms
+from worker.clock import ms, on_server_time
 from worker.duties.periodic import trigger as trigger_periodic
 from worker.ids import DUTY_KINDS, DutyKind, duty
+from worker.jobrecords import queue_name
+from worker.serializer import Deserialize, Serialize, msgpack_dumps, msgpack_loads
 
 log = structlog.get_logger("worker.actions")
 
@@ -76,11 +81,126 @@ class Operations:
     """The actions on one cluster (``client``: the workers' settings; ``app``: what they
     run), on behalf of ``actor``."""
 
-    def __init__(self, client: Client, app: App, actor: Actor) -> None:
+    def __init__(
+        self,
+        client: Client,
+        app: App,
+        actor: Actor,
+        *,
+        serializer: tuple[Serialize, Deserialize] = (msgpack_dumps, msgpack_loads),
+        keep_result_s: float = 3600.0,
+    ) -> None:
         self.client = client
         self.app = app
         self.actor = actor
         self.store = client.store
+        #: what the consumers read and write (``WORKER_SERIALIZER``)
+        self.serialize, self.deserialize = serializer
+        #: how long a cancelled job's result is kept (``WORKER_KEEP_RESULT_S``)
+        self.keep_result_s = keep_result_s
+
+    # -- jobs ---------------------------------------------------------------------------------
+    async def _now_ms(self) -> int:
+        await on_server_time(self.client.clock, self.store.server_time_ms)
+        return ms(self.client.clock.time())
+
+    async def detail(self, job_id: str) -> jobsview.JobDetail | None:
+        """``job_id``'s detail (:func:`worker.jobsview.job_detail`) over the app's queues."""
+        return await jobsview.job_detail(
+            self.store, job_id, queues=self.app.queue_names(), deserialize=self.deserialize
+        )
+
+    async def cancel_job(self, job_id: str) -> Outcome:
+        """Cancel a job: one that has not started is taken off its queue and never starts (its
+        result says ``CancelledError``, as arq's for a job aborted before it starts); a running
+        one gets an abort request its consumer's claim check acts on within a quarter of its
+        doubt window (1.25 s by default), ending as cancelled. Refused for
+        a job that has ended or is unknown."""
+        d = await self.detail(job_id)
+        if d is None or d.state not in ("queued", "scheduled", "running"):
+            what = "unknown" if d is None else d.state
+            return await self._record(
+                Outcome("cancel", job_id, ok=False, message=f"{job_id}: {what}; nothing to cancel")
+            )
+        now = await self._now_ms()
+        result = (
+            await self._cancelled_result(job_id, d.queue, now) if d.state != "running" else None
+        )
+        found = await self.store.cancel_queued(
+            job_id,
+            self.app.queue_names(),
+            result=result,
+            result_ttl_ms=ms(self._keep(d.task)),
+            now_ms=now,
+        )
+        message = {
+            1: f"{job_id}: cancelled before it started (taken off queue {d.queue!r})",
+            2: f"{job_id}: running; asked its consumer to cancel it",
+            0: f"{job_id}: it ended meanwhile; nothing to cancel",
+        }[found]
+        state = {1: "cancelled", 2: "cancelling", 0: "ended"}[found]
+        return await self._record(
+            Outcome("cancel", job_id, ok=found > 0, message=message, details={"state": state})
+        )
+
+    def _keep(self, task: str | None) -> float:
+        job = self.app.tasks.get(task) if task is not None else None
+        keep = getattr(job, "keep_result_s", None)
+        return float(keep) if keep is not None else self.keep_result_s
+
+    async def _cancelled_result(self, job_id: str, queue: str | None, now: int) -> bytes | None:
+        """arq's result record of a job cancelled before it started (arq writes the same for
+        a job aborted before its start); ``None`` when its record does not decode."""
+        rec = (await self.store.job_records([job_id]))[0]
+        try:
+            job = self.deserialize(rec.payload) if rec.payload is not None else {}
+        except Exception:
+            return None
+        return serialize_result(
+            str(job.get("f") or "?"), tuple(job.get("a") or ()), dict(job.get("k") or {}),
+            int(job.get("t") or rec.tries or 0), int(job.get("et") or now), False,
+            asyncio.CancelledError(f"cancelled by {self.actor.name} ({self.actor.via})"),
+            now, now, f"{job_id}:{job.get('f')}", self.store.keys.queue_of(queue or "default"),
+            job_id=job_id, serializer=self.serialize,
+        )  # fmt: skip
+
+    async def retry_job(self, job_id: str) -> Outcome:
+        """Run an ended job again under its own id (so a unique key, a tick or a poll item
+        keeps its meaning, as ``dead --retry`` does): a dead-lettered job from its dead
+        letter, a failed, timed-out or cancelled one from its kept result record (its
+        function and arguments). Refused for a job that is queued, running, done or unknown."""
+        d = await self.detail(job_id)
+        if d is None or d.state not in ("failed", "timeout", "cancelled", "dead"):
+            what = "unknown" if d is None else d.state
+            hint = "" if d is None else "; retry re-runs a failed or dead job"
+            return await self._record(
+                Outcome("retry", job_id, ok=False, message=f"{job_id}: {what}{hint}")
+            )
+        if d.state == "dead" and d.dead is not None:
+            result = await dead.retry_dead(self.store, job_id)
+        else:
+            result = await self._rerun(job_id)
+        ok = result == "requeued"
+        message = f"{job_id}: {'queued again' if ok else result}"
+        return await self._record(
+            Outcome("retry", job_id, ok=ok, message=message, details={"result": result})
+        )
+
+    async def _rerun(self, job_id: str) -> str:
+        rec = (await self.store.job_records([job_id], results=True))[0]
+        if rec.result is None:
+            return "no result record left to run it from"
+        try:
+            r = deserialize_result(rec.result, deserializer=self.deserialize)
+        except Exception as exc:
+            return f"its result record does not decode ({type(exc).__name__})"
+        queue = queue_name(r.queue_name, self.store.keys.prefix) or "default"
+        now = await self._now_ms()
+        payload = self.serialize(
+            {"t": None, "f": r.function, "a": list(r.args), "k": dict(r.kwargs), "et": now}
+        )
+        out = await self.store.rerun_ended(job_id, queue, payload, expires_extra_ms, now)
+        return {1: "requeued", 0: "live", -1: "no result record left to run it from"}[out]
 
     # -- dead letters -------------------------------------------------------------------------
     async def requeue_dead(

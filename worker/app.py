@@ -40,13 +40,13 @@ from typing import Any, TypeVar, overload
 
 from worker.broadcast import BroadcastDef, OnStart
 from worker.checks import HealthCheckDef
-from worker.context import Context
+from worker.context import Context, JobContext
 from worker.duties.initializer import InitializerDef
 from worker.duties.periodic import CatchUp, PeriodicDef
 from worker.duties.poller import PollerDef
 from worker.duties.services import Cardinality, ServiceDef, ServiceKeys
 from worker.errors import ConfigError
-from worker.jobs import JobDef
+from worker.jobs import JobDef, JobOutcome
 from worker.limits import parse_rate
 from worker.retry import RetryDelay, as_delay
 from worker.schedule import make_schedule
@@ -57,6 +57,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]
 #: a decorated function keeps its own type (a user's ``mypy --strict`` sees what they wrote)
 C = TypeVar("C", bound=Hook)
+JobStartHook = Callable[[JobContext], Awaitable[None]]
+JobEndHook = Callable[[JobContext, JobOutcome], Awaitable[None]]
 
 _NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
 
@@ -81,6 +83,8 @@ class App:
     health_checks: dict[str, HealthCheckDef] = field(default_factory=dict)
     startup_hooks: list[Hook] = field(default_factory=list)
     shutdown_hooks: list[Hook] = field(default_factory=list)
+    job_start_hooks: list[JobStartHook] = field(default_factory=list)
+    job_end_hooks: list[JobEndHook] = field(default_factory=list)
     #: Queues in priority order (consumers drain the first before the next). Unset: ``default``
     #: then every other queue a task or periodic job names, in the order they were declared.
     queues: tuple[str, ...] | None = None
@@ -351,6 +355,25 @@ class App:
     def on_shutdown(self, fn: C) -> C:
         """Run ``async def fn(ctx)`` once per process after every component stopped."""
         self.shutdown_hooks.append(fn)
+        return fn
+
+    def on_job_start(self, fn: JobStartHook) -> JobStartHook:
+        """Run ``async def fn(ctx)`` before every job's function (tasks and periodic jobs), in
+        the consumer that runs it; several hooks run in the order registered. A hook that
+        raises is logged and the job runs; one that hangs is cancelled after
+        ``WORKER_JOB_HOOK_TIMEOUT_S``."""
+        self._require_async("on_job_start hook", fn)
+        self.job_start_hooks.append(fn)
+        return fn
+
+    def on_job_end(self, fn: JobEndHook) -> JobEndHook:
+        """Run ``async def fn(ctx, outcome)`` after every run that started, with its
+        :class:`~worker.jobs.JobOutcome` (``status``: success, failed, retry, cancelled,
+        timeout or dead; ``error``, ``result``, ``duration_s``, ``job_try``, ``task``,
+        ``job_id``). The run's end is recorded before the hook runs: a hook that raises or
+        hangs (cancelled after ``WORKER_JOB_HOOK_TIMEOUT_S``) is logged and changes nothing."""
+        self._require_async("on_job_end hook", fn)
+        self.job_end_hooks.append(fn)
         return fn
 
     def jobs(self) -> list[JobDef]:

@@ -27,7 +27,7 @@ otherwise.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import uuid4
 
 from arq.connections import ArqRedis
@@ -46,6 +46,7 @@ from worker.settings import Settings, load_settings
 from worker.storage import NewJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.tracing import Tracing, tracing_for
 
 __all__ = ["Client", "arq_options", "connect_redis"]
 
@@ -92,8 +93,11 @@ class Client:
         store: Store | None = None,
         origin: str | None = None,
         replication: Replication | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.redis = redis
+        #: Spans per enqueue when ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`).
+        self.tracing = tracing
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
         self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
@@ -114,13 +118,16 @@ class Client:
         serializer: SerializerName = "msgpack",
         wait_replicas: int | None = None,
         wait_timeout_s: float = 0.5,
+        tracing: Literal["off", "otel"] = "off",
     ) -> Client:
         """Connect to ``url`` with the same settings the workers use (prefix, serializer).
         ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
         :class:`~worker.redisurl.RedisTarget`, which carries Sentinel credentials).
         ``wait_replicas``: replicas an enqueue waits for, strictly (``None``, as
         ``WORKER_REDIS_WAIT_REPLICAS=auto``: with Sentinel or Cluster the attached ones, up to
-        1, else 0)."""
+        1, else 0). ``tracing="otel"``: a PRODUCER span per enqueue, as
+        ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`)."""
+        tracer = tracing_for(tracing)
         target = parse_redis_url(url) if isinstance(url, str) else url
         adaptive = wait_replicas is None
         if wait_replicas is None:
@@ -138,7 +145,14 @@ class Client:
         replication = Replication(
             wait_replicas, max(1, round(wait_timeout_s * 1000)), adaptive=adaptive
         )
-        return cls(redis, keys=keys, serialize=serialize, app=app, replication=replication)
+        return cls(
+            redis,
+            keys=keys,
+            serialize=serialize,
+            app=app,
+            replication=replication,
+            tracing=tracer,
+        )
 
     @classmethod
     async def from_settings(
@@ -155,6 +169,7 @@ class Client:
                 "Redis URL the workers use"
             )
         clock = clock or RedisClock()
+        tracer = tracing_for(settings.tracing)
         serialize, deserialize = get_serializer(settings.serializer)
         keys = K.Keys(settings.key_prefix)
         redis = connect_redis(
@@ -172,6 +187,7 @@ class Client:
             app=app,
             clock=clock,
             replication=settings.replication(),
+            tracing=tracer,
         )
 
     @classmethod
@@ -210,13 +226,29 @@ class Client:
         jid = job_id or (
             self.store.ids.unique(unique_key) if unique_key is not None else self.new_job_id()
         )
+        if queue is None:
+            queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
+        if self.tracing is None:
+            return await self._put(function, args, kwargs, jid, queue, defer_by, defer_until)
+        with self.tracing.send(function, jid, queue) as extra:
+            return await self._put(function, args, kwargs, jid, queue, defer_by, defer_until, extra)
+
+    async def _put(
+        self,
+        function: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        jid: str,
+        queue: str,
+        defer_by: float,
+        defer_until: dt.datetime | None,
+        extra: dict[str, Any] | None = None,
+    ) -> str | None:
         await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
-        payload = job_payload(function, args, kwargs, now, self._serialize)
+        payload = job_payload(function, args, kwargs, now, self._serialize, extra=extra)
         ttl = self._expires_ms + max(0, score - now)
-        if queue is None:
-            queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
         ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
 
@@ -242,6 +274,18 @@ class Client:
         ``Job.abort()`` asks, in the app's own set (``<prefix>abort``, the one the consumers
         read; arq's shared ``arq:abort`` is not, so use this instead of ``Job.abort()``)."""
         await self.store.request_abort(job_id, ms(self.clock.time()))
+
+    async def progress(self, job_id: str) -> dict[str, Any] | None:
+        """The last progress ``job_id`` reported (``await ctx.progress(...)`` in the task):
+        ``{"fraction": 0..1, "message": str | None, "at_ms": epoch ms}``, ``None`` if none is
+        kept; readable while the job runs and as long as its result is kept."""
+        return await self.store.progress(job_id)
+
+    async def failure(self, job_id: str) -> dict[str, Any] | None:
+        """The last final failure of ``job_id`` (status ``failed``, ``timeout``, ``cancelled``
+        or ``dead``, ``error_type``, ``message``, ``traceback``, ``try``, times, ``args``),
+        ``None`` if it has none kept (see README, "Why did my job fail?")."""
+        return await self.store.failure(job_id)
 
     def unique_job_id(self, unique_key: str) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""

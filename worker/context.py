@@ -32,6 +32,7 @@ from worker.client import Client
 from worker.clock import Clock, ms
 from worker.duties.poller import BoundPoller
 from worker.errors import LeadershipLost
+from worker.progress import Progress, checked
 from worker.settings import Settings
 from worker.storage import FencedPipeline, FencedStore, Store
 from worker.storage import keys as K
@@ -151,6 +152,10 @@ class JobContext(dict[str, Any]):
 
     #: The store and claim token of this run (set by the consumer).
     claim: tuple[Store, str] | None = None
+    #: Writes this run's progress (set by the consumer).
+    progress_writer: Progress | None = None
+    #: The last ``(fraction, message)`` given to :meth:`progress` in this run.
+    last_progress: tuple[float, str | None] | None = None
     #: A plain ``def`` task's thread helpers (set by :mod:`worker.sync`): see :attr:`sync`.
     sync_helpers: SyncHelpers | None = None
 
@@ -170,6 +175,16 @@ class JobContext(dict[str, Any]):
             return (await store.claim_tokens([self.job_id]))[0] == token
         except Exception:
             return False
+
+    async def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far this run is: ``fraction`` from 0 to 1 (``ValueError`` otherwise) and
+        an optional ``message``. Cheap in a tight loop: at most one Redis write per 0.5 s per
+        run, the latest value always written (at the latest when the run ends). Never fails
+        the job (a Redis error is logged once). Read it with ``Client.progress(job_id)`` or
+        ``python -m worker job ID``; kept as long as the job's result."""
+        self.last_progress = checked(fraction, message)
+        if self.progress_writer is not None:
+            await self.progress_writer.report(*self.last_progress)
 
     @property
     def sync(self) -> SyncHelpers:

@@ -8,6 +8,7 @@ the consumer calls every hook, in the order registered, for every job.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +18,59 @@ from worker.storage.keys import DEFAULT_QUEUE
 
 TaskFn = Callable[..., Awaitable[Any]]
 #: How a run of a job ended: ``retry`` covers arq's ``Retry`` and cancellation (it runs again).
+#: The metrics' ``outcome`` label; :class:`JobOutcome` tells the finer :data:`Status`.
 Outcome = Literal["success", "failure", "retry"]
+#: How a run ended, as hooks see it: ``success``; ``failed`` (raised, will not run again);
+#: ``retry`` (runs again: arq's ``Retry``, a ``retry_on`` error with tries left, its claim
+#: taken over, a shutdown cut); ``cancelled`` (aborted); ``timeout`` (its ``timeout_s``
+#: expired); ``dead`` (a ``retry_on`` error with no tries left: set aside as a dead letter).
+Status = Literal["success", "failed", "retry", "cancelled", "timeout", "dead"]
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How one run of a job ended, as ``@app.on_job_end`` hooks receive it.
+
+    ``error`` is what the run raised (``None`` on success); ``result`` what it returned;
+    ``duration_s`` how long the function ran (monotonic); ``job_try`` the try (1 first)."""
+
+    status: Status
+    task: str
+    job_id: str
+    job_try: int
+    duration_s: float
+    error: BaseException | None = None
+    result: Any = None
+
+
+def status_of(
+    outcome: Outcome, error: BaseException | None, *, timed_out: bool, dead: bool
+) -> Status:
+    """The :data:`Status` of a run from its internal :data:`Outcome`: a failure is
+    ``cancelled`` when the run was cancelled (an abort), ``dead`` when it was set aside,
+    ``timeout`` when the job's own timeout cut it, else ``failed``."""
+    if outcome != "failure":
+        return outcome
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
+    if dead:
+        return "dead"
+    return "timeout" if timed_out else "failed"
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One run as :meth:`JobHook.started` and :meth:`JobHook.finished` see it: the job, its
+    id, the queue it was claimed from, the try, the ``ctx`` the function gets (a
+    :class:`~worker.context.JobContext`) and the job's record (arq's map, with any extra
+    field a feature wrote at enqueue)."""
+
+    job: JobDef
+    job_id: str
+    queue: str
+    job_try: int
+    ctx: Any
+    record: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -45,8 +98,14 @@ class JobHook:
 
     1. :meth:`admit` before it starts: ``None`` lets it start; a time defers it;
     2. :meth:`context` for its ``ctx``;
-    3. :meth:`release` once the run admitted is over (also when a later hook deferred it);
-    4. :meth:`ended` with how the run ended.
+    3. :meth:`started` just before the function runs (in hook order);
+    4. :meth:`release` once the run admitted is over (also when a later hook deferred it);
+    5. :meth:`ended` with how the run ended (the internal :data:`Outcome`);
+    6. :meth:`finished` with the run's :class:`JobOutcome` (in reverse hook order, so a hook
+       listed first wraps the others, as a tracing span does).
+
+    :meth:`started` and :meth:`finished` are called only when a hook overrides them, and
+    only for runs that started (not for a job set aside before it ran).
 
     And :meth:`renew` with every claim check while jobs run (keep their leases).
     """
@@ -65,6 +124,12 @@ class JobHook:
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         """Called once a run ended (never raises into the consumer: errors are logged)."""
+
+    async def started(self, run: JobRun) -> None:
+        """The function is about to run (after admission and ``ctx``)."""
+
+    async def finished(self, run: JobRun, outcome: JobOutcome) -> None:
+        """The run :meth:`started` announced ended, its end handed to the completer."""
 
     async def renew(self) -> None:
         """With each claim check while jobs run (errors count as a failed check)."""

@@ -14,6 +14,29 @@ from worker import malformed
 # for no use here (process start is `worker_info`'s and the scrape's business).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
+#: ``worker_job_wait_seconds``'s buckets: 1 ms (a consumer waiting on an empty queue) to 1 h (a
+#: backlog an alert should have caught long before).
+WAIT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    900,
+    1800,
+    3600,
+)
+
 
 class Metrics:
     """Every metric the framework exports. Names are prefixed ``worker_``."""
@@ -27,8 +50,9 @@ class Metrics:
     def _leadership_and_duties(self, r: CollectorRegistry) -> None:
         self.info = Gauge(
             "worker_info",
-            "Process identity (value 1).",
-            ["role", "instance", "version"],
+            "Process identity (value 1). The instance's label is `worker_instance`: Prometheus "
+            "sets `instance` to the scrape target itself.",
+            ["role", "worker_instance", "version"],
             registry=r,
         )
         self.is_leader = Gauge("worker_leader", "1 while this process holds the lease.", registry=r)
@@ -44,7 +68,7 @@ class Metrics:
         self.ticks = Counter(
             "worker_periodic_ticks",
             "Periodic ticks by outcome: enqueued, deduplicated, caught_up, skipped.",
-            ["job", "outcome"],
+            ["periodic", "outcome"],
             registry=r,
         )
         self.periodic_rollbacks = Counter(
@@ -52,7 +76,7 @@ class Metrics:
             "Times the leader found a periodic job's recorded last tick behind the one it had "
             "recorded and confirmed (a failover lost confirmed writes); the lost ticks are "
             "enqueued again per catch_up.",
-            ["job"],
+            ["periodic"],
             registry=r,
         )
         self.dispatched = Counter(
@@ -78,6 +102,15 @@ class Metrics:
             "Job run time.",
             ["task"],
             buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.job_wait = Histogram(
+            "worker_job_wait_seconds",
+            "Time from a job's due time (its queue score: the enqueue time unless deferred or "
+            "retried later) to its start, on the Redis server's clock. Task names are the app's "
+            "(<unknown> for any other).",
+            ["queue", "task"],
+            buckets=WAIT_BUCKETS,
             registry=r,
         )
         self.sync_threads_busy = Gauge(
@@ -156,14 +189,14 @@ class Metrics:
             "worker_periodic_last_success_age_seconds",
             "Seconds since the periodic job's last successful run ended, cluster-wide (exported "
             "by the leader; absent until a run succeeded).",
-            ["job"],
+            ["periodic"],
             registry=r,
         )
         self.periodic_stale = Gauge(
             "worker_periodic_stale",
             "1 while the periodic job's last success is older than its max_staleness (exported "
             "by the leader, for jobs that declare max_staleness).",
-            ["job"],
+            ["periodic"],
             registry=r,
         )
         self.queue_backlog = Gauge(

@@ -28,7 +28,7 @@ from worker.broadcast import BroadcastListener
 from worker.checks import NAME as CHECKS_NAME
 from worker.checks import HealthChecks
 from worker.client import Client
-from worker.clock import Clock
+from worker.clock import Clock, ms
 from worker.component import Backoff, Component, Group
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context
@@ -40,6 +40,7 @@ from worker.duties.periodic import PeriodicEnqueuer, TickHook
 from worker.duties.poller import InflightHook, PollerDef, PollingScheduler
 from worker.duties.services import Service, ServiceDef
 from worker.health import HealthServer
+from worker.hooks import UserHooks
 from worker.jobs import JobHook
 from worker.leadership.base import NAME as LEADER_NAME
 from worker.leadership.base import Leadership, LeaderTiming
@@ -51,8 +52,9 @@ from worker.metrics import Metrics
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
-from worker.storage import FencedStore, Store
+from worker.storage import FencedStore, Retention, Store
 from worker.sync import SyncThreads, SyncThreadsHook
+from worker.tracing import Tracing
 from worker.views import ProcessView
 from worker.watchdog import NAME as WATCHDOG_NAME
 from worker.watchdog import LoopWatchdog, blocked_threshold_s
@@ -97,6 +99,11 @@ class Wiring:
     @property
     def store(self) -> Store:
         return self.client.store
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """``WORKER_TRACING=otel``: the process's spans (the client's), else ``None``."""
+        return self.client.tracing
 
     def fence(self) -> FencedStore:
         assert self.fenced is not None, "singletons are built after the leadership"
@@ -192,16 +199,22 @@ def _consumer(w: Wiring, _: Any) -> Component:
         # well inside the orphan bound: a consumer doubts its claims before they can be reaped
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
         burst=w.burst,
+        retention=Retention(s.failures_keep, ms(s.failures_keep_s), s.done_keep),
     )
     # the features' per-job hooks (worker.jobs.JobHook), called in this order for every job
     store = w.store.with_redis(w.consumer_redis())
-    hooks: list[JobHook] = [
-        SyncThreadsHook(w.context.threads, w.clock),  # first: it needs no Redis
+    # tracing first: its span wraps the run and every other hook's steps
+    hooks: list[JobHook] = [w.tracing.hook()] if w.tracing is not None else []
+    hooks += [
+        SyncThreadsHook(w.context.threads, w.clock),  # first to admit: it needs no Redis
         LimitsHook(store, w.clock),
         TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id),
     ]
     if w.app.pollers:
         hooks.append(InflightHook(w.store, w.app.pollers, w.clock))
+    if w.app.job_start_hooks or w.app.job_end_hooks:
+        timeout = s.job_hook_timeout_s
+        hooks.append(UserHooks(w.app.job_start_hooks, w.app.job_end_hooks, timeout_s=timeout))
     dead = DeadLetters(
         w.store,
         w.clock,
@@ -284,12 +297,19 @@ def _initializer(w: Wiring, init: InitializerDef) -> Component:
 
 def _poller(w: Wiring, p: PollerDef) -> Component:
     queue = w.app.queue_of(p.task)
-    return PollingScheduler(p, w.fence(), w.serializer[0], w.clock, w.metrics, queue)
+    return PollingScheduler(
+        p, w.fence(), w.serializer[0], w.clock, w.metrics, queue, tracing=w.tracing
+    )
 
 
 def _periodic(w: Wiring, _: Any) -> Component:
     return PeriodicEnqueuer(
-        list(w.app.periodics.values()), w.fence(), w.serializer[0], w.clock, w.metrics
+        list(w.app.periodics.values()),
+        w.fence(),
+        w.serializer[0],
+        w.clock,
+        w.metrics,
+        tracing=w.tracing,
     )
 
 

@@ -45,6 +45,7 @@ from worker.serializer import get_serializer
 from worker.settings import SHUTDOWN_DEREGISTER_S, Settings, mask_url
 from worker.storage import Store, open_store
 from worker.storage import keys as K
+from worker.tracing import tracing_for
 from worker.version import __version__
 from worker.views import ProcessState
 
@@ -139,6 +140,7 @@ class Runtime:
             clock=self.clock,
             store=store,
             origin=self.instance_id,
+            tracing=tracing_for(s.tracing),
         )
         backoff = roles.restart_backoff(s)
 

@@ -13,7 +13,7 @@ import json
 import pickle
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -127,8 +127,12 @@ def job_payload(
     enqueue_time_ms: int,
     serialize: Serialize,
     job_try: int | None = None,
+    *,
+    extra: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Serialize an arq job record exactly as ``arq.jobs.serialize_job`` lays it out."""
-    return serialize(
-        {"t": job_try, "f": function, "a": list(args), "k": kwargs, "et": enqueue_time_ms}
-    )
+    """Serialize an arq job record exactly as ``arq.jobs.serialize_job`` lays it out;
+    ``extra``: more fields, which arq ignores (the trace context of :mod:`worker.tracing`)."""
+    record = {"t": job_try, "f": function, "a": list(args), "k": kwargs, "et": enqueue_time_ms}
+    if extra:
+        record.update(extra)
+    return serialize(record)

@@ -53,6 +53,11 @@ SHUTDOWN_RELEASE_S = 2.0
 SHUTDOWN_WORK_SLACK_S = 5.0
 SHUTDOWN_INFRA_STOP_S = 2.0
 SHUTDOWN_DEREGISTER_S = 2.0  # each of the two deregistrations
+#: ``WORKER_TRACING=otel`` without the OpenTelemetry API installed.
+OTEL_MISSING = (
+    "WORKER_TRACING=otel needs the OpenTelemetry API: pip install 'worker[otel]' "
+    "(or set WORKER_TRACING=off)"
+)
 SAFE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
 #: Shortest console token accepted (``WORKER_WEB_TOKEN``).
 MIN_TOKEN_CHARS = 16
@@ -121,6 +126,15 @@ class Settings(BaseSettings):
     serializer: Literal["msgpack", "json", "pickle"] = "msgpack"
     max_payload_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     queues: str = Field("", pattern=r"^[A-Za-z0-9_.-]*(,[A-Za-z0-9_.-]+)*$")
+
+    job_hook_timeout_s: float = Field(5.0, gt=0, le=DAY_S)
+    tracing: Literal["off", "otel"] = Field("off", description="off | otel (OpenTelemetry)")
+    # -- recent job ends (what `python -m worker jobs` and the console list) ------------------
+    failures_keep: int = Field(1000, ge=1, le=1_000_000, description="recent failures kept")
+    failures_keep_s: float = Field(
+        86_400.0, gt=0, le=WEEK_S, description="recent failures kept at most this long"
+    )
+    done_keep: int = Field(1000, ge=1, le=1_000_000, description="recent completions kept")
 
     # -- dead letters -------------------------------------------------------------------------
     dead_letter_max: int = Field(10_000, ge=1, le=10_000_000)
@@ -211,6 +225,8 @@ class Settings(BaseSettings):
                 f"{self.redis_wait_timeout_s} >= {self.leader_renew_deadline_s} / 2)"
             )
         self._resolve_web_token()
+        if self.tracing == "otel" and not _have_otel():
+            raise ValueError(OTEL_MISSING)
         if not re.fullmatch(r"[\w.-]+(:[\w.]+)?", self.app) or ":" not in self.app:
             raise ValueError(
                 f"WORKER_APP: {self.app!r} is not of the form package.module:attribute"
@@ -365,6 +381,15 @@ class Settings(BaseSettings):
         if path:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+
+def _have_otel() -> bool:
+    """OpenTelemetry's API can be imported (``WORKER_TRACING=otel`` needs it)."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def ms_round(seconds: float) -> int:

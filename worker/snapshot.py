@@ -80,6 +80,9 @@ class ClusterSnapshot:
     pollers: dict[str, PollerState]
     dead_letters: int
     paused: set[str] = field(default_factory=set)
+    #: periodic job name -> the newest tick enqueued as a job (absent: none ever was;
+    #: ``periodic_last`` is where planning resumes, a slot skipped included)
+    periodic_enqueued: dict[str, int] = field(default_factory=dict)
     #: initializer name -> its state hash
     initializers: dict[str, dict[str, str]] = field(default_factory=dict)
     #: per_key service name -> (member processes, key -> owner instance id)
@@ -139,6 +142,7 @@ async def read(
         policy_source=source,
         periodic_last=await store.periodic_last(),
         periodic_runs=await store.periodic_runs(),
+        periodic_enqueued=await store.periodic_enqueued(),
         queues=[
             QueueState(n, keys.queue_of(n), all_, due, head)
             for n, (due, all_), head in zip(names, depths, heads, strict=True)

@@ -128,11 +128,18 @@ def _leader(snap: ClusterSnapshot, instances: list[dict[str, Any]]) -> dict[str,
 def _periodic(snap: ClusterSnapshot, pd: PeriodicDef) -> dict[str, Any]:
     run = snap.periodic_runs.get(pd.name)
     fresh = freshness(pd, run, snap.now_ms)
+    last = snap.periodic_enqueued.get(pd.name)
+    upcoming = pd.schedule.next(snap.now_ms)
     return {
         "name": pd.name,
         "schedule": pd.schedule.describe(),
-        "last_tick": _iso(snap.periodic_last.get(pd.name)),
-        "next_tick": _iso(pd.schedule.next(snap.now_ms)),
+        # the newest tick enqueued as a job: None when none ever was (not the schedule's
+        # previous slot, which a new job records as planned without running it)
+        "last_tick": _iso(last),
+        "last_tick_ms": last,
+        "last_tick_age_s": None if last is None else round((snap.now_ms - last) / 1000, 1),
+        "next_tick": _iso(upcoming),
+        "next_tick_ms": upcoming,
         "last_success": _run_end(run.success if run else None),
         "last_failure": _run_end(run.failure if run else None),
         "failing_since": _iso(run.failing_since_ms if run else None),
@@ -319,7 +326,7 @@ def _periodic_table(status: dict[str, Any]) -> list[str]:
                 [
                     p["name"] + (" (PAUSED)" if p.get("paused") else ""),
                     p["schedule"],
-                    p["last_tick"],
+                    p["last_tick"] or "never",
                     p["next_tick"],
                     (_ago((p.get("last_success") or {}).get("at"), status["at"]) or "-")
                     + (" STALE" if p.get("stale") else ""),

@@ -64,6 +64,7 @@ class _JobLike(Protocol):
     async def once(self, key: str, ttl: float) -> bool: ...
     async def forget(self, key: str) -> None: ...
     async def broadcast(self, topic: str, data: Any = None) -> int | None: ...
+    async def progress(self, fraction: float, message: str | None = None) -> None: ...
     def mutex(self, key: str, ttl: float) -> contextlib.AbstractAsyncContextManager[bool]: ...
 
 
@@ -117,6 +118,10 @@ class SyncHelpers:
 
     def broadcast(self, topic: str, data: Any = None) -> int | None:
         return self.run(self._ctx.broadcast(topic, data))
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """:meth:`~worker.context.JobContext.progress` from the thread (throttled the same)."""
+        self.run(self._ctx.progress(fraction, message))
 
     @contextlib.contextmanager
     def mutex(self, key: str, ttl: float) -> Iterator[bool]:

@@ -8,6 +8,9 @@
   of ``LEDGER_INIT_BATCH``, sleeping ``LEDGER_INIT_SLEEP_S`` per batch, recording each batch it
   *produced* in ``<prefix>ledger:init-batches`` (HINCRBY cursor 1).
 - ``slow_job(seconds)``: sleeps, then records its run count per job id.
+- ``fails_once(key)``: raises on its first run per key, succeeds on the next.
+- ``halfway(key)``: reports progress 0.25 then 0.75 ("three quarters") 0.6 s later, waits
+  0.6 s more and records its run in ``<prefix>ledger:halfway``.
 - ``crashy`` service (per_process, only when ``LEDGER_CRASHY=1``): raises at once, always.
 - ``stubborn`` service (singleton, only when ``LEDGER_STUBBORN=1``): ignores stop and cancellation.
 - ``mailbox`` per_key service (keys from ``LEDGER_MAILBOXES``): flags two loops on one key.
@@ -64,6 +67,24 @@ async def record(ctx: JobContext, key: str) -> None:
 async def fail(ctx: JobContext, key: str) -> None:
     await ctx.redis.hincrby(_k(ctx, "failed"), key, 1)
     raise ValueError(f"fails on purpose: {key}")
+
+
+@app.task
+async def fails_once(ctx: JobContext, key: str) -> str:
+    """Fails on its first run per ``key`` (no retry_on: the job fails), succeeds after."""
+    runs = await ctx.redis.hincrby(_k(ctx, "fails-once"), key, 1)
+    if runs == 1:
+        raise ValueError(f"first run of {key} fails on purpose")
+    return f"ran {runs} times"
+
+
+@app.task
+async def halfway(ctx: JobContext, key: str) -> None:
+    await ctx.progress(0.25)
+    await asyncio.sleep(0.6)
+    await ctx.progress(0.75, "three quarters")
+    await asyncio.sleep(0.6)
+    await ctx.redis.hincrby(_k(ctx, "halfway"), key, 1)
 
 
 @app.initializer(version=os.environ.get("LEDGER_INIT_VERSION", "v1"), poller="items")

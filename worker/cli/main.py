@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import worker.cli.cluster as cluster
+import worker.cli.jobs as jobs
 import worker.cli.operate as operate
 import worker.cli.process as process
 from worker.cli.common import fail
@@ -31,6 +32,8 @@ COMMANDS: dict[str, Command] = {
     "resume": operate.cmd_resume,
     "web": process.cmd_web,
     "handoff": operate.cmd_handoff,
+    "jobs": jobs.cmd_jobs,
+    "job": jobs.cmd_job,
 }
 
 

@@ -27,9 +27,15 @@ async def operations(
     the one the live instances run) names what the actions may act on."""
     async with admin.connect(settings, what) as a:
         app = app or await admin.resolve_app(settings, a.store)
-        serialize = get_serializer(settings.serializer)[0]  # what the consumers read
-        client = Client(a.redis, keys=a.keys, serialize=serialize, app=app, store=a.store)
-        yield Operations(client, app, Actor.local())
+        serializer = get_serializer(settings.serializer)  # what the consumers read
+        client = Client(a.redis, keys=a.keys, serialize=serializer[0], app=app, store=a.store)
+        yield Operations(
+            client,
+            app,
+            Actor.local(),
+            serializer=serializer,
+            keep_result_s=settings.keep_result_s,
+        )
 
 
 def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:

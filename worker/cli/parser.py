@@ -59,7 +59,43 @@ def build() -> argparse.ArgumentParser:
     _process_commands(command)
     _cluster_commands(command)
     _action_commands(command)
+    _job_commands(command)
     return p
+
+
+def _job_commands(command: AddCommand) -> None:
+    """``jobs``, ``job``: browse jobs; retry or cancel one."""
+    jobs = command(
+        "jobs",
+        "list jobs by state (queued, scheduled, running, failed, done)",
+        "One page of jobs in a state, read in bounded pages (a filter reads at most 10 x "
+        "--limit entries per call and prints a cursor to read on).",
+    )
+    jobs.add_argument(
+        "--state",
+        choices=("queued", "scheduled", "running", "failed", "done"),
+        default="queued",
+        help="which jobs (default queued: due now)",
+    )
+    jobs.add_argument("--queue", help="only this queue (default: every queue of the app)")
+    jobs.add_argument("--task", help="only jobs of this task")
+    jobs.add_argument("--search", metavar="TEXT", help="text in the id, task or arguments")
+    jobs.add_argument("--limit", type=int, default=50, help="jobs per page (default 50, <= 500)")
+    jobs.add_argument("--cursor", help="the cursor a previous page printed")
+    jobs.add_argument("--json", action="store_true", help="print JSON")
+    job = command(
+        "job",
+        "one job's detail; --retry or --cancel it",
+        "Show a job (state, task, queue, tries, times, instance, progress, arguments, result "
+        "or error with traceback); exit 1 if Redis holds nothing of it. --retry runs a failed "
+        "or dead job again under its id; --cancel stops a running job (within 2 s by "
+        "default) or takes a queued one off its queue. Both are audited.",
+    )
+    job.add_argument("job_id", metavar="ID", help="the job id")
+    job.add_argument("--json", action="store_true", help="print JSON")
+    act = job.add_mutually_exclusive_group()
+    act.add_argument("--retry", action="store_true", help="run a failed or dead job again")
+    act.add_argument("--cancel", action="store_true", help="cancel a queued or running job")
 
 
 def _process_commands(command: AddCommand) -> None:
@@ -183,7 +219,8 @@ def _action_commands(command: AddCommand) -> None:
 #: that ``worker --role all`` names none).
 _VALUE_OPTIONS = {
     "--app", "--redis-url", "--role", "--instance-name", "--processes", "--health-port",
-    "--instance", "--page", "--retry", "--host", "--port",
+    "--instance", "--page", "--retry", "--host", "--port", "--state", "--queue", "--task",
+    "--search", "--limit", "--cursor",
 }  # fmt: skip
 
 

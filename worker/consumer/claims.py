@@ -2,10 +2,12 @@
 
 Each claim carries a token ``<instance id>/<n>``; a run finishes only while its marker still
 holds that token. While jobs run (or one waits in doubt) :meth:`Claims.check` confirms the
-tokens, lets each hook renew what its running jobs hold, and cancels a run whose claim another
-consumer took over (:class:`~worker.consumer.guard.ClaimGuard` holds every step meanwhile).
-A claim round trip whose reply was lost leaves jobs claimed in our name that no run of ours
-knows: :meth:`Claims.release_unknown` gives them back before the next claim.
+tokens and reads their abort requests in the same round trip (``job ID --cancel``,
+``Client.abort``: a busy consumer that claims nothing still sees them within one check), lets
+each hook renew what its running jobs hold, and cancels a run whose claim another consumer
+took over or whose abort was asked (:class:`~worker.consumer.guard.ClaimGuard` holds every
+step meanwhile). A claim round trip whose reply was lost leaves jobs claimed in our name that
+no run of ours knows: :meth:`Claims.release_unknown` gives them back before the next claim.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Run:
     aborted: bool = False
     started: float = field(default=0.0)
     ended: bool = False  # its end is recorded (or queued to be): no claim to check any more
+    function: str = ""  # the app's task it runs, once known (counted per task when it ends)
 
 
 class Claims:
@@ -71,7 +74,7 @@ class Claims:
             ids = [job_id for job_id, run in self.running.items() if not run.ended]
             sent = self.clock.monotonic()
             try:
-                tokens = await self.store.claim_tokens(ids)
+                tokens, aborts = await self.store.claim_check(ids)
                 for hook in self.hooks:  # e.g. keep the concurrency slots of running jobs
                     await hook.renew()
             except Exception as exc:
@@ -86,6 +89,8 @@ class Claims:
                 and token != self.running[job_id].token
             }
             self.guard.checked(sent, lost)
+            if aborts:  # `job ID --cancel`, Client.abort: seen within one check interval
+                await self._abort(aborts)
             for job_id in lost:
                 run = self.running.get(job_id)
                 if run is not None and run.task is not None:
@@ -111,10 +116,14 @@ class Claims:
 
     async def abort_requested(self) -> None:
         """Cancel the runs of ours whose abort was requested (``Client.abort``)."""
-        mine = [j for j in await self.store.abort_requests() if j in self.running]
+        await self._abort(await self.store.abort_requests(list(self.running)))
+
+    async def _abort(self, job_ids: Sequence[str]) -> None:
+        mine = [j for j in job_ids if j in self.running and not self.running[j].ended]
         for job_id in mine:
             run = self.running[job_id]
             run.aborted = True
+            log.info("abort requested; cancelling the run", job_id=job_id)
             if run.task is not None:
                 run.task.cancel()
         await self.store.aborts_handled(mine)

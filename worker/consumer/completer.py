@@ -18,7 +18,8 @@ from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.guard import ClaimGuard
 from worker.metrics import Metrics
-from worker.storage import Finish, Store
+from worker.storage import Finish, Retention, Store
+from worker.storage.jobs import DEFAULT_RETENTION
 
 log = structlog.get_logger("worker.consumer")
 
@@ -37,6 +38,7 @@ class Completer:
         *,
         instance_id: str,
         metrics: Metrics | None = None,
+        retention: Retention = DEFAULT_RETENTION,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -45,6 +47,7 @@ class Completer:
         self.totals = totals
         self.instance_id = instance_id
         self.metrics = metrics
+        self.retention = retention
         self.ended: list[Finish] = []
         #: ends sent without a confirmation (or whose round trip failed): sent again until one is
         self.resend: list[Finish] = []
@@ -73,7 +76,11 @@ class Completer:
             resend = list(self.resend)
             sent = self.clock.monotonic()
             again = await self.store.finish(
-                self.instance_id, resend, now_ms=ms(self.clock.time()), resend=True
+                self.instance_id,
+                resend,
+                now_ms=ms(self.clock.time()),
+                resend=True,
+                retention=self.retention,
             )
             self.guard.confirmed(sent)
             if not again.replicated:
@@ -87,7 +94,9 @@ class Completer:
             return
         sent = self.clock.monotonic()
         try:
-            out = await self.store.finish(self.instance_id, ended, now_ms=ms(self.clock.time()))
+            out = await self.store.finish(
+                self.instance_id, ended, now_ms=ms(self.clock.time()), retention=self.retention
+            )
         except Exception:
             # It may or may not have been applied (the reply was lost): send the same ends again
             # (the claims still hold) until a round trip is confirmed.
@@ -133,7 +142,9 @@ class Completer:
         if not ended:
             return
         try:
-            out = await store.finish(self.instance_id, ended, now_ms=ms(self.clock.time()))
+            out = await store.finish(
+                self.instance_id, ended, now_ms=ms(self.clock.time()), retention=self.retention
+            )
         except BaseException:
             with self._lock:
                 self.resend += ended

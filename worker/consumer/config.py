@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.storage.jobs import DEFAULT_RETENTION, Retention
 from worker.storage.keys import DEFAULT_QUEUE
 
 SUMMARY_EVERY_S = 60.0
@@ -36,3 +37,5 @@ class ConsumerConfig:
     #: Burst mode (``python -m worker run --burst``, arq's ``burst``): once nothing runs and no
     #: job is due in ``queues``, stop claiming, drain, and set :attr:`Consumer.emptied`.
     burst: bool = False
+    #: How many recent failures and completions FINISH keeps indexed (and for how long).
+    retention: Retention = DEFAULT_RETENTION

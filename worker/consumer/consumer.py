@@ -90,7 +90,7 @@ class Consumer(Component):
         self.guard = self.claims.guard
         self.completer = Completer(
             store, clock, self.claims.running, self.guard, self.totals,
-            instance_id=instance_id, metrics=metrics,
+            instance_id=instance_id, metrics=metrics, retention=config.retention,
         )  # fmt: skip
         self.executor = Executor(
             jobs, self.hooks, context, store, serializer, clock, self.guard, self.completer,

@@ -63,6 +63,14 @@ def _shape(value: Any) -> str:
 def decode(c: Claimed, deserialize: Deserialize, keys: Keys, max_payload_bytes: int) -> Envelope:
     """The checked envelope of a claimed job, or :class:`BadJob` (expired, foreign, oversized,
     malformed)."""
+    return decode_record(c, deserialize, keys, max_payload_bytes)[1]
+
+
+def decode_record(
+    c: Claimed, deserialize: Deserialize, keys: Keys, max_payload_bytes: int
+) -> tuple[dict[str, Any], Envelope]:
+    """:func:`decode`, with the record itself (for the extra fields a feature wrote, which
+    arq ignores: the trace context of :mod:`worker.tracing`)."""
     if c.payload is None:
         if c.size == FOREIGN:
             where = (
@@ -90,4 +98,4 @@ def decode(c: Claimed, deserialize: Deserialize, keys: Keys, max_payload_bytes: 
         record = deserialize(c.payload)
     except Exception as exc:
         raise BadJob(f"malformed payload: {type(exc).__name__}", "malformed") from None
-    return validate(record)
+    return record, validate(record)

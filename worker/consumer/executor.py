@@ -13,24 +13,34 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from arq.jobs import serialize_result
 from arq.worker import Retry, RetryJob
 
 from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
-from worker.consumer.envelope import BadJob, decode
+from worker.consumer.envelope import BadJob, decode_record
+from worker.consumer.failures import (
+    RunFacts,
+    Status,
+    cancelled_record,
+    dead_record,
+    error_text,
+    failure_record,
+    log_traceback,
+    traceback_text,
+)
 from worker.consumer.guard import ClaimGuard
+from worker.consumer.results import JobFailed, ResultFor
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook, Outcome
+from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, status_of
 from worker.logs import capped
 from worker.metrics import Metrics
+from worker.progress import Progress
 from worker.serializer import Deserialize, Serialize
 from worker.storage import FOREIGN, Claimed, Finish, Store
 
@@ -62,6 +72,11 @@ class Executor:
         # only the hooks that override a step are called for it (a no-op await per job saved)
         self._admit = [h for h in self.hooks if type(h).admit is not JobHook.admit]
         self._release = [h for h in self.hooks if type(h).release is not JobHook.release]
+        self._runs = [
+            h
+            for h in self.hooks
+            if type(h).started is not JobHook.started or type(h).finished is not JobHook.finished
+        ]
         self.context = context
         self.store = store
         self.serialize, self.deserialize = serializer
@@ -87,13 +102,15 @@ class Executor:
         job_id = c.job_id
         start_ms = ms(self.clock.time())
         try:
-            fn_name, args, kwargs, enqueue_try, enqueued_ms = decode(
+            record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
                 c, self.deserialize, self.store.keys, self.config.max_payload_bytes
             )
             job = self.jobs.get(fn_name)
             if job is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
+            run.function = job.name  # a task the app defines: its runs are counted per task
         except BadJob as bad:
+            self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
         job_try = c.try_
@@ -102,52 +119,123 @@ class Executor:
             await self.store.raise_try(job_id, job_try, RETRY_TTL_MS)
         max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
         queue_key = self.store.keys.queue_of(c.queue)
-        result_for = _ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
+        result_for = ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
         if job_try > max_tries:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
         if not await self._admitted(job, c, run):
             return  # deferred: it waits (for a slot, say), its try given back
-        ctx = self._context(c, run, job_try, enqueued_ms)
+        self._waited(c, fn_name, start_ms)
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
+        ctx = self._context(c, run, job_try, enqueued_ms)
+        progress = ctx.progress_writer = Progress(
+            self.store, job_id, ms(timeout + keep), self.clock
+        )
+        hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
+        error: BaseException | None = None
+        result: Any = None
+        scope = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with scope:
                 result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
         except (Retry, RetryJob) as exc:
-            outcome = "retry"
+            outcome, error = "retry", exc
             defer_ms = exc.defer_score if isinstance(exc, Retry) else None
             if defer_ms is None and job.retry_delay is not None:
                 defer_ms = ms(job.retry_delay(job_try))
             score = ms(self.clock.time()) + defer_ms if defer_ms else c.score_ms
             self._end(c, run, "retry", score_ms=score)
             self.totals["retried"] += 1
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            error = exc
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()  # handled here: the run ends normally
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
         except Exception as exc:
-            outcome = await self._failed(c, run, job, exc, result_for, start_ms, keep, max_tries)
+            error = exc
+            status: Status = "timeout" if scope.expired() else "failed"
+            outcome = await self._failed(
+                c, run, job, exc, result_for, start_ms, keep, max_tries, status
+            )
         else:
             data = self._result(result_for, True, result, start_ms) if keep > 0 else None
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            for hook in self._release:
-                with contextlib.suppress(Exception):
-                    await hook.release(job, job_id)
-            if self.metrics is not None:
-                self.metrics.jobs.labels(fn_name, outcome).inc()
-                self.metrics.job_seconds.labels(fn_name).observe(self.clock.monotonic() - started)
+            await self._over(job, progress, outcome, started)
+        await self._ended(job_id, args, outcome)
+        if hooked is not None:
+            took = self.clock.monotonic() - started
+            await self._finished(hooked, outcome, error, result, scope.expired(), took)
+
+    async def _over(
+        self, job: JobDef, progress: Progress, outcome: Outcome, started: float
+    ) -> None:
+        """The run is over (however it ended): its last progress written, what the admitting
+        hooks took given back, its metrics counted."""
+        if progress.pending:  # the last value, before the end is recorded
+            await progress.flush()
+        for hook in self._release:
+            with contextlib.suppress(Exception):
+                await hook.release(job, progress.job_id)
+        if self.metrics is not None:
+            self.metrics.jobs.labels(job.name, outcome).inc()
+            self.metrics.job_seconds.labels(job.name).observe(self.clock.monotonic() - started)
+
+    async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         for hook in self.hooks:
             try:
                 await hook.ended(job_id, args, outcome)
             except Exception as exc:
                 log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    def _waited(self, c: Claimed, task: str, start_ms: int) -> None:
+        """Observe ``worker_job_wait_seconds``: from the job's due time (its score) to its start,
+        both on the Redis server's clock. Only the app's task names are labels."""
+        if self.metrics is not None:
+            label = task if task in self.jobs else "<unknown>"
+            wait_s = max(0, start_ms - c.score_ms) / 1000
+            self.metrics.job_wait.labels(c.queue, label).observe(wait_s)
+
+    async def _started(
+        self, job: JobDef, c: Claimed, job_try: int, ctx: JobContext, record: dict[str, Any]
+    ) -> JobRun:
+        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
+        hooked = JobRun(job, c.job_id, c.queue, job_try, ctx, record)
+        for hook in self._runs:
+            try:
+                await hook.started(hooked)
+            except Exception:
+                log.exception("job hook failed", job_id=c.job_id, step="started")
+        return hooked
+
+    async def _finished(
+        self,
+        hooked: JobRun,
+        outcome: Outcome,
+        error: BaseException | None,
+        result: Any,
+        timed_out: bool,
+        duration_s: float,
+    ) -> None:
+        """Tell the hooks how the run ended (in reverse order), once its end is handed to the
+        completer: a hook can neither change nor delay it."""
+        job = hooked.job
+        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
+        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
+        ended = JobOutcome(
+            status, job.name, hooked.job_id, hooked.job_try, duration_s, error, result
+        )
+        for hook in reversed(self._runs):
+            try:
+                await hook.finished(hooked, ended)
+            except Exception:
+                log.exception("job hook failed", job_id=hooked.job_id, step="finished")
 
     async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
@@ -189,15 +277,25 @@ class Executor:
         keep_ms: int = 0,
         *,
         score_ms: int | None = None,
+        failure: bytes | None = None,
     ) -> None:
-        finish = Finish(kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue)
+        failure_ttl = max(keep_ms, self.config.retention.failures_ms)
+        run_ms = max(round((self.clock.monotonic() - run.started) * 1000), 0)  # per-task counts
+        finish = Finish(
+            kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
+            failure=failure, failure_ttl_ms=failure_ttl, task=run.function, run_ms=run_ms,
+        )  # fmt: skip
         self.completer.end(finish)
 
-    def _result(self, rf: _ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
+    def _facts(self, c: Claimed, rf: ResultFor | None, start_ms: int) -> RunFacts:
+        """What a failure record says of the run besides its error."""
+        return RunFacts.of(c, rf, start_ms, self.instance_id, self.context.settings.instance_name)
+
+    def _result(self, rf: ResultFor, success: bool, result: Any, start_ms: int) -> bytes | None:
         return rf(success, result, start_ms, ms(self.clock.time()), self.serialize)
 
     def _cancelled(
-        self, c: Claimed, run: Run, result_for: _ResultFor, start_ms: int, keep: float
+        self, c: Claimed, run: Run, result_for: ResultFor, start_ms: int, keep: float
     ) -> Outcome:
         """A run cancelled: its claim was taken over, it was aborted, or the shutdown timeout
         cut it (it runs again)."""
@@ -210,7 +308,9 @@ class Executor:
         if run.aborted:
             aborted = asyncio.CancelledError("aborted")
             data = self._result(result_for, False, aborted, start_ms) if keep > 0 else None
-            self._end(c, run, "failed", data, ms(keep))
+            facts = self._facts(c, result_for, start_ms)
+            failure = cancelled_record(facts, ms(self.clock.time()))
+            self._end(c, run, "failed", data, ms(keep), failure=failure)
             self.totals["failed"] += 1
             return "failure"
         self._end(c, run, "retry", score_ms=c.score_ms)
@@ -223,30 +323,35 @@ class Executor:
         run: Run,
         job: JobDef,
         exc: Exception,
-        result_for: _ResultFor,
+        result_for: ResultFor,
         start_ms: int,
         keep: float,
         max_tries: int,
+        status: Status = "failed",
     ) -> Outcome:
-        """A run that raised: retried when the task retries that exception and tries remain
-        (set aside once they are used up), else a failed result (arq semantics). The error
-        text is capped in logs (:func:`worker.logs.capped`; the dead letter caps its own)."""
+        """A run that raised (or timed out): retried if the task retries that exception and
+        tries remain (then logged at WARNING; set aside once they are used up), else a failed
+        result (arq semantics) and a failure record, logged at ERROR with the traceback."""
         full = f"{type(exc).__name__}: {exc}"
-        error = capped(full)
+        facts = self._facts(c, result_for, start_ms)
+        error, tb = f"{type(exc).__name__}: {error_text(exc)}", traceback_text(exc)
         if job.retry_on and isinstance(exc, job.retry_on):
             if result_for.job_try < max_tries:
                 delay = job.retry_delay(result_for.job_try) if job.retry_delay else 0.0
                 self._end(c, run, "retry", score_ms=ms(self.clock.time() + delay))
                 self.totals["retried"] += 1
-                log.info("job failed; retrying", job_id=c.job_id, error=error, retry_in_s=delay)
+                log.warning("job failed; retrying", **facts.fields, error=error,
+                            exception=log_traceback(tb), retry_in_s=delay)  # fmt: skip
                 return "retry"
             reason = f"{full} (after {result_for.job_try} tries)"
             bad = BadJob(reason, "retries")
-            await self._give_up(c, run, bad, start_ms, result_for, count=False)
+            await self._give_up(c, run, bad, start_ms, result_for, count=False, exc=exc)
             return "failure"
-        log.info("job failed", job_id=c.job_id, function=job.name, error=error)
+        event = "job timed out" if status == "timeout" else "job failed"
+        log.error(event, **facts.fields, status=status, error=error, exception=log_traceback(tb))
         data = self._result(result_for, False, exc, start_ms) if keep > 0 else None
-        self._end(c, run, "failed", data, ms(keep))
+        failure = failure_record(facts, status, ms(self.clock.time()), exc=exc)
+        self._end(c, run, "failed", data, ms(keep), failure=failure)
         self.totals["failed"] += 1
         return "failure"
 
@@ -256,11 +361,13 @@ class Executor:
         run: Run,
         bad: BadJob,
         start_ms: int,
-        result_for: _ResultFor | None = None,
+        result_for: ResultFor | None = None,
         *,
         count: bool = True,
+        exc: Exception | None = None,
     ) -> None:
-        """Set the job aside, keep a failed result (as arq does), take it off the queue."""
+        """Set the job aside, keep a failed result (as arq does) and a failure record (``dead``:
+        ``exc`` used up the tries, if given), take it off the queue."""
         try:
             await self.dead.set_aside(
                 c.job_id,
@@ -281,47 +388,13 @@ class Executor:
         data = None
         if keep > 0:
             queue = self.store.keys.queue_of(c.queue)
-            rf = result_for or _ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
-            data = self._result(rf, False, _JobFailed(capped(bad.reason)), start_ms)
-        self._end(c, run, "failed", data, ms(keep))
+            rf = result_for or ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
+            data = self._result(rf, False, JobFailed(capped(bad.reason)), start_ms)
+        facts = self._facts(c, result_for, start_ms)
+        failure = dead_record(facts, ms(self.clock.time()), bad.reason, exc)
+        self._end(c, run, "failed", data, ms(keep), failure=failure)
         self.totals["failed"] += 1
         if count and self.metrics is not None:
             self.metrics.jobs.labels(
                 result_for.function if result_for else "<unknown>", "failure"
             ).inc()
-
-
-class _JobFailed(Exception):
-    """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
-
-
-@dataclass(frozen=True)
-class _ResultFor:
-    """Builds arq's result record for one run."""
-
-    function: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    job_try: int
-    enqueued_ms: int
-    job_id: str
-    queue: str
-
-    def __call__(
-        self, success: bool, result: Any, start_ms: int, finish_ms: int, serialize: Serialize
-    ) -> bytes | None:
-        return serialize_result(
-            self.function,
-            self.args,
-            self.kwargs,
-            self.job_try,
-            self.enqueued_ms,
-            success,
-            result,
-            start_ms,
-            finish_ms,
-            f"{self.job_id}:{self.function}",
-            self.queue,
-            job_id=self.job_id,
-            serializer=serialize,
-        )

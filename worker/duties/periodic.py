@@ -39,6 +39,7 @@ from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.tracing import Batch, Tracing
 
 log = structlog.get_logger("worker.periodic")
 
@@ -193,12 +194,14 @@ class PeriodicEnqueuer(LoopComponent):
         serialize: Serialize,
         clock: Clock,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         super().__init__(NAME, clock, sla_s=30.0)
         self.jobs = list(jobs)
         self.store = store
         self.serialize = serialize
         self.metrics = metrics
+        self.tracing = tracing
         self._last: dict[str, int] = {}
         self._next: dict[str, int] = {}  # name -> next tick after the recorded last one
         self._read_at = float("-inf")
@@ -264,24 +267,19 @@ class PeriodicEnqueuer(LoopComponent):
     async def _enqueue(self, due: list[tuple[PeriodicDef, list[int], int]], now_ms: int) -> bool:
         """Enqueue the planned ticks; ``True`` when Redis was found behind what this enqueuer
         knows it recorded (:meth:`_rolled_back`), nothing being written for those jobs."""
+        spans = self.tracing.batch() if self.tracing is not None else None
         batch = [
             DueTicks(
                 job.name,
                 advance_to,
-                [
-                    NewJob(
-                        self.store.ids.periodic(job.name, t),
-                        job_payload(job.name, (), {}, now_ms, self.serialize),
-                        t,
-                    )
-                    for t in ticks
-                ],
+                [self._tick_job(job, t, now_ms, spans) for t in ticks],
                 job.queue,
                 self._last.get(job.name, -1),
             )
             for job, ticks, advance_to in due
         ]
-        outcomes = await self.store.enqueue_ticks(batch, expires_extra_ms)
+        with spans.send() if spans is not None else contextlib.nullcontext():
+            outcomes = await self.store.enqueue_ticks(batch, expires_extra_ms)
         behind = []
         for (job, ticks, advance_to), out in zip(due, outcomes, strict=True):
             if out.rolled_back:
@@ -293,6 +291,16 @@ class PeriodicEnqueuer(LoopComponent):
         if behind:
             self._rolled_back(behind)
         return bool(behind)
+
+    def _tick_job(self, job: PeriodicDef, tick: int, now_ms: int, spans: Batch | None) -> NewJob:
+        job_id = self.store.ids.periodic(job.name, tick)
+        extra = None
+        if spans is not None:  # tracing on: the tick's own PRODUCER span, in its record
+            epoch = self.store.leader.epoch
+            extra = spans.create(job.name, job_id, job.queue, tick_ms=tick, epoch=epoch)
+        return NewJob(
+            job_id, job_payload(job.name, (), {}, now_ms, self.serialize, extra=extra), tick
+        )
 
     def _rolled_back(self, names: list[str]) -> None:
         """Redis's recorded last tick of ``names`` is behind the one this enqueuer recorded

@@ -18,6 +18,7 @@ found by the leader's sweep of the in-flight hash, which puts the item back the 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +36,7 @@ from worker.metrics import Metrics
 from worker.serializer import Serialize, job_payload
 from worker.storage import FencedStore, NewJob, Store
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.tracing import Batch, Tracing
 
 log = structlog.get_logger("worker.poller")
 
@@ -154,9 +156,11 @@ class PollingScheduler(LoopComponent):
         clock: Clock,
         metrics: Metrics | None = None,
         queue: str = DEFAULT_QUEUE,
+        tracing: Tracing | None = None,
     ) -> None:
         super().__init__(f"poller:{poller.name}", clock, sla_s=max(30.0, poller.interval_s * 10))
         self.poller = poller
+        self.tracing = tracing
         self.queue = queue  # the poller task's queue
         self.store = store
         self.serialize = serialize
@@ -228,19 +232,12 @@ class PollingScheduler(LoopComponent):
         due = await self.store.store.due_items(shard_key, now_ms, p.batch_size)
         if not due:
             return 0
-        items = [
-            (
-                item,
-                NewJob(
-                    self.store.ids.poll(p.name, item, score),
-                    job_payload(p.task, (item,), {}, now_ms, self.serialize),
-                ),
+        spans = self.tracing.batch() if self.tracing is not None else None
+        items = [(item, self._job(item, score, now_ms, spans)) for item, score in due]
+        with spans.send() if spans is not None else contextlib.nullcontext():
+            out = await self.store.dispatch(
+                p.name, shard_key, now_ms, ms(p.busy_defer_s), items, expires_extra_ms, self.queue
             )
-            for item, score in due
-        ]
-        out = await self.store.dispatch(
-            p.name, shard_key, now_ms, ms(p.busy_defer_s), items, expires_extra_ms, self.queue
-        )
         self.dispatched_total += out.dispatched
         self.health.extra["dispatched"] = self.dispatched_total
         if self.metrics is not None:
@@ -249,6 +246,14 @@ class PollingScheduler(LoopComponent):
             m.labels(p.name, "in_flight").inc(out.in_flight)
             m.labels(p.name, "duplicate").inc(out.duplicate)
         return len(due)
+
+    def _job(self, item: str, score: int, now_ms: int, spans: Batch | None) -> NewJob:
+        p = self.poller
+        job_id = self.store.ids.poll(p.name, item, score)
+        extra = None
+        if spans is not None:  # tracing on: the item's own PRODUCER span, in its record
+            extra = spans.create(p.task, job_id, self.queue, epoch=self.store.leader.epoch)
+        return NewJob(job_id, job_payload(p.task, (item,), {}, now_ms, self.serialize, extra=extra))
 
 
 class InflightHook(JobHook):

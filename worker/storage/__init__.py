@@ -12,8 +12,9 @@ from worker.storage.claims import FOREIGN, Claimed, Claims
 from worker.storage.election import Acquired, LeaderChange, Refused, Renewal
 from worker.storage.fenced import FencedPipeline
 from worker.storage.initializer import InitProgress
-from worker.storage.jobs import Finish, FinishOutcome, NewJob
+from worker.storage.jobs import Finish, FinishOutcome, NewJob, Retention
 from worker.storage.leases import LEASE_BATCH
+from worker.storage.operators import TaskStats
 from worker.storage.periodic import DueTicks, PeriodicRuns, TickOutcome
 from worker.storage.poller import DispatchOutcome
 from worker.storage.registry import Stale
@@ -38,8 +39,10 @@ __all__ = [
     "PeriodicRuns",
     "Refused",
     "Renewal",
+    "Retention",
     "Stale",
     "Store",
+    "TaskStats",
     "TickOutcome",
     "open_store",
 ]

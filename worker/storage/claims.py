@@ -324,9 +324,29 @@ class ClaimOps(StoreBase):
         """Ask for ``job_id`` to be aborted (``Client.abort``, in ``<prefix>abort``)."""
         await self.redis.zadd(self.keys.abort, {job_id: at_ms})
 
-    async def abort_requests(self) -> list[str]:
-        """Job ids someone asked to abort (``Client.abort``, in ``<prefix>abort``)."""
-        return [_s(v) for v in await self.redis.zrange(self.keys.abort, 0, -1)]
+    async def abort_requests(self, job_ids: Sequence[str]) -> list[str]:
+        """Those of ``job_ids`` someone asked to abort (``Client.abort``, ``job ID --cancel``,
+        in ``<prefix>abort``): one ``ZMSCORE``, as long as the ids asked about whatever else the
+        set holds."""
+        if not job_ids:
+            return []
+        scores = await self.redis.zmscore(self.keys.abort, list(job_ids))
+        return [j for j, s in zip(job_ids, scores, strict=True) if s is not None]
+
+    async def claim_check(self, job_ids: Sequence[str]) -> tuple[list[str | None], list[str]]:
+        """The claim token of each of ``job_ids`` (``None`` where there is none) and those of
+        them with an abort request, in one round trip (``MGET`` and ``ZMSCORE``): what a
+        consumer's claim check reads while its jobs run."""
+        if not job_ids:
+            return [], []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.mget([K.ARQ_IN_PROGRESS + j for j in job_ids])
+            pipe.zmscore(self.keys.abort, list(job_ids))
+            tokens, scores = await pipe.execute()
+        return (
+            [None if v is None else _s(v) for v in tokens],
+            [j for j, s in zip(job_ids, scores, strict=True) if s is not None],
+        )
 
     async def aborts_handled(self, job_ids: Sequence[str]) -> None:
         if job_ids:

@@ -33,6 +33,27 @@ class Finish:
     result_ttl_ms: int = 0
     score_ms: int | None = None
     queue: str = K.DEFAULT_QUEUE
+    #: ``failed`` only: the failure record (JSON, see :meth:`Keys.failure`) and its TTL
+    failure: bytes | None = None
+    failure_ttl_ms: int = 0
+    #: ``done``/``failed``: the task the app defines ("" for none: not counted per task) and
+    #: the run's time in ms, for the per-task counters
+    task: str = ""
+    run_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How many recent job ends FINISH keeps indexed: ``failures`` entries of
+    :attr:`Keys.failures`, none older than ``failures_ms``; ``done`` of :attr:`Keys.done`."""
+
+    failures: int = 1000
+    failures_ms: int = 86_400_000
+    done: int = 1000
+
+
+#: The defaults of the ``WORKER_FAILURES_KEEP*`` / ``WORKER_DONE_KEEP`` settings.
+DEFAULT_RETENTION = Retention()
 
 
 @dataclass(frozen=True)
@@ -68,20 +89,28 @@ return 1
 
 
 #: Run by :meth:`JobOps.finish` (below).
-FINISH = """
+FINISH = (
+    """
 -- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker
 -- still equals its claim token): a run whose job was handed to another consumer meanwhile (it
 -- was reaped after a pause) writes nothing. "done" (succeeded) and "failed" (will not run
 -- again): keep the result (if any), delete the job, its try counter and marker, take it off its
 -- queue, and count it in its queue's per-minute counters (one HINCRBY per queue and outcome per
--- batch). "retry": drop the marker and put the job back at the given score (its original one,
--- or later when deferred) so it runs again; "defer" does the same and also gives back the try
--- the claim counted (the job did not run: a cluster-wide limit was reached). Either way the id
--- leaves the caller's holds set.
+-- batch). A "done" id joins the recent completions (one ZADD and one trim by rank per batch);
+-- a "failed" run with a failure record keeps it (PX) and joins the recent failures, which are
+-- then trimmed by age and by count, the trimmed ids' records deleted with them (at most
+-- TRIM_MAX more than the batch adds, each way: a call costs what its batch brings). "retry":
+-- drop the marker and put the job back at the given score (its original one, or later when
+-- deferred) so it runs again; "defer" does the same and also gives back the try the claim
+-- counted (the job did not run: a cluster-wide limit was reached). Either way the id leaves
+-- the caller's holds set.
 -- KEYS[1] -> the caller's holds set
 -- KEYS[2] -> arq abort sorted set
--- KEYS[3..2+n] -> the queues the jobs are in
--- KEYS[3+n..2+2n] -> each queue's throughput hash for the current hour (same order)
+-- KEYS[3] -> recent completions (sorted set: id -> finished ms)
+-- KEYS[4] -> recent failures (sorted set: id -> finished ms)
+-- KEYS[5..4+n] -> the queues the jobs are in
+-- KEYS[5+n..4+2n] -> each queue's throughput hash for the current hour (same order)
+-- KEYS[5+2n] -> the per-task counters' hash for the current hour (Keys.task_stats)
 -- ARGV[1] -> arq job key prefix
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> arq retry key prefix
@@ -90,16 +119,60 @@ FINISH = """
 -- ARGV[6] -> the current minute (epoch ms // 60000): the counters' field prefix
 -- ARGV[7] -> n, the number of queues
 -- ARGV[8] -> the counters' TTL in ms
--- ARGV[9..] -> groups of six: op ("done" | "failed" | "retry" | "defer"), job id, claim token,
---              result payload ("" for none) or the score to run again at, result TTL in ms (""
---              for none), the index of the job's queue in KEYS
+-- ARGV[9] -> now (epoch ms): the score of the recent completions and failures
+-- ARGV[10] -> failure record key prefix
+-- ARGV[11] -> recent completions kept
+-- ARGV[12] -> recent failures kept
+-- ARGV[13] -> recent failures' age limit in ms
+-- ARGV[14..] -> groups of ten: op ("done" | "failed" | "retry" | "defer"), job id, claim
+--              token, result payload ("" for none) or the score to run again at, result TTL in
+--              ms ("" for none), the index of the job's queue in KEYS, failure record ("" for
+--              none), its TTL in ms, task ("" for none: not counted per task), run time in ms
+-- Per task and batch: one HINCRBY per outcome in the minute, one for the summed run time and
+-- one per run-time bucket met in the 10-minute slot, one PEXPIRE.
 -- Returns: {done, retried, refused (claim lost)} ("done" counts failed runs too)
+local TRIM_MAX, CHUNK = 1000, 1000
+local BUCKETS = {"""
+    + ", ".join(str(b) for b in K.TASK_BUCKETS_MS)
+    + """}
+local function bucket(run_ms)
+  for k, bound in ipairs(BUCKETS) do
+    if run_ms <= bound then
+      return k
+    end
+  end
+  return #BUCKETS + 1
+end
+local tasks = {}
+local function zadd(key, ids, score)
+  for i = 1, #ids, CHUNK do
+    local args = {}
+    for j = i, math.min(i + CHUNK - 1, #ids) do
+      args[#args + 1] = score
+      args[#args + 1] = ids[j]
+    end
+    redis.call('ZADD', key, unpack(args))
+  end
+end
+local function forget_failures(ids)
+  if #ids == 0 then
+    return
+  end
+  local records = {}
+  for i, id in ipairs(ids) do
+    records[i] = ARGV[10] .. id
+  end
+  redis.call('DEL', unpack(records))
+  redis.call('ZREM', KEYS[4], unpack(ids))
+end
 local done, retried, refused = 0, 0, 0
 local ids, dels = {}, {}
 local finished = {}
 local counts = {}
+local succeeded, failed = {}, {}
 local earliest = nil
-for i = 9, #ARGV, 6 do
+local now = ARGV[9]
+for i = 14, #ARGV, 10 do
   local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local q = tonumber(ARGV[i + 5])
   local queue = KEYS[q]
@@ -110,6 +183,12 @@ for i = 9, #ARGV, 6 do
     if data ~= '' then
       redis.call('SET', ARGV[4] .. id, data, 'PX', ttl)
     end
+    if op == 'done' then
+      succeeded[#succeeded + 1] = id
+    elseif ARGV[i + 6] ~= '' then
+      redis.call('SET', ARGV[10] .. id, ARGV[i + 6], 'PX', ARGV[i + 7])
+      failed[#failed + 1] = id
+    end
     dels[#dels + 1] = ARGV[1] .. id
     dels[#dels + 1] = ARGV[2] .. id
     dels[#dels + 1] = ARGV[3] .. id
@@ -117,6 +196,15 @@ for i = 9, #ARGV, 6 do
     table.insert(finished[queue], id)
     counts[q] = counts[q] or {done = 0, failed = 0}
     counts[q][op] = counts[q][op] + 1
+    if ARGV[i + 8] ~= '' then
+      local t = tasks[ARGV[i + 8]] or {d = 0, f = 0, ms = 0, b = {}}
+      tasks[ARGV[i + 8]] = t
+      local run_ms = math.max(tonumber(ARGV[i + 9]) or 0, 0)
+      if op == 'done' then t.d = t.d + 1 else t.f = t.f + 1 end
+      t.ms = t.ms + run_ms
+      local k = bucket(run_ms)
+      t.b[k] = (t.b[k] or 0) + 1
+    end
     done = done + 1
   else
     dels[#dels + 1] = ARGV[2] .. id
@@ -142,6 +230,20 @@ for queue, gone in pairs(finished) do
     redis.call('ZREM', KEYS[2], unpack(gone))
   end
 end
+if #succeeded > 0 then
+  zadd(KEYS[3], succeeded, now)
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[11]) + 1))
+end
+if #failed > 0 then
+  zadd(KEYS[4], failed, now)
+  local most = TRIM_MAX + #failed
+  local oldest = string.format('(%d', tonumber(now) - tonumber(ARGV[13]))
+  forget_failures(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', oldest, 'LIMIT', 0, most))
+  local excess = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[12])
+  if excess > 0 then
+    forget_failures(redis.call('ZRANGE', KEYS[4], 0, math.min(excess, most) - 1))
+  end
+end
 local n = tonumber(ARGV[7])
 for q, c in pairs(counts) do
   local stats = KEYS[q + n]
@@ -152,6 +254,22 @@ for q, c in pairs(counts) do
   end
   redis.call('PEXPIRE', stats, ARGV[8])
 end
+if next(tasks) ~= nil then
+  local per_task = KEYS[5 + 2 * n]
+  local slot = 's' .. math.floor(tonumber(ARGV[6]) / 10) .. ':'
+  for name, t in pairs(tasks) do
+    for kind, count in pairs({d = t.d, f = t.f}) do
+      if count > 0 then
+        redis.call('HINCRBY', per_task, ARGV[6] .. ':' .. name .. ':' .. kind, count)
+      end
+    end
+    redis.call('HINCRBY', per_task, slot .. name .. ':ms', t.ms)
+    for k, count in pairs(t.b) do
+      redis.call('HINCRBY', per_task, slot .. name .. ':' .. k, count)
+    end
+  end
+  redis.call('PEXPIRE', per_task, ARGV[8])
+end
 if #ids > 0 then
   redis.call('SREM', KEYS[1], unpack(ids))
 end
@@ -160,6 +278,7 @@ if earliest ~= nil then
 end
 return {done, retried, refused}
 """
+)
 
 
 class JobOps(StoreBase):
@@ -190,35 +309,51 @@ class JobOps(StoreBase):
         return bool(ok)
 
     async def finish(
-        self, instance_id: str, runs: Sequence[Finish], *, now_ms: int, resend: bool = False
+        self,
+        instance_id: str,
+        runs: Sequence[Finish],
+        *,
+        now_ms: int,
+        resend: bool = False,
+        retention: Retention = DEFAULT_RETENTION,
     ) -> FinishOutcome:
         """Finish runs whose claims still hold, counting finished runs per queue in the
-        minute of ``now_ms`` (see ``jobs.FINISH``). ``resend``: these runs were sent before
-        without a confirmation (they may have been applied: the probe makes the ``WAIT``
-        measure now)."""
+        minute of ``now_ms``, indexing the completions and failures (kept as ``retention``
+        says; see ``jobs.FINISH``). ``resend``: these runs were sent before without a
+        confirmation (they may have been applied: the probe makes the ``WAIT`` measure now)."""
         queues: list[str] = []
         groups: list[Any] = []
         for f in runs:
+            failure: Any = ""
+            failure_ttl: Any = ""
             if f.op in ("done", "failed"):
                 data: Any = f.result if f.result is not None else ""
                 ttl: Any = f.result_ttl_ms if f.result is not None else ""
+                if f.op == "failed" and f.failure is not None:
+                    failure, failure_ttl = f.failure, max(f.failure_ttl_ms, 1)
             else:
                 data, ttl = ("" if f.score_ms is None else f.score_ms), ""
             if f.queue not in queues:
                 queues.append(f.queue)
-            groups += [f.op, f.job_id, f.token, data, ttl, queues.index(f.queue) + 3]
+            q = queues.index(f.queue) + 5
+            task = f.task if f.op in ("done", "failed") else ""
+            groups += [f.op, f.job_id, f.token, data, ttl, q, failure, failure_ttl, task, f.run_ms]
         minute, hour = now_ms // 60_000, now_ms // 3_600_000
         args: list[Any] = [
             K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RETRY, K.ARQ_RESULT, self.keys.wake,
-            minute, len(queues), K.STATS_TTL_MS, *groups,
+            minute, len(queues), K.STATS_TTL_MS, now_ms, self.keys.failure(""),
+            retention.done, retention.failures, retention.failures_ms, *groups,
         ]  # fmt: skip
         (done, retried, refused), acked = await self._eval(
             self._script(FINISH),
             [
                 self.keys.holds(instance_id),
                 self.keys.abort,
+                self.keys.done,
+                self.keys.failures,
                 *(self.keys.queue_of(q) for q in queues),
                 *(self.keys.stats(q, hour) for q in queues),
+                self.keys.task_stats(hour),
             ],
             args,
             probe=resend,

@@ -33,6 +33,8 @@ __all__ = [
     "FENCE_ERROR",
     "HISTORY_KEEP",
     "STATS_TTL_MS",
+    "TASK_BUCKETS_MS",
+    "TASK_SLOT_MIN",
     "Keys",
 ]
 
@@ -52,6 +54,11 @@ FENCE_ERROR = "FENCED"
 HISTORY_KEEP = 100
 #: How long the per-minute throughput counters of an hour are kept after their last write.
 STATS_TTL_MS = 2 * 3600 * 1000
+#: Upper bounds (ms) of the run-time buckets FINISH counts per task (:meth:`Keys.task_stats`);
+#: a run longer than the last falls in one more bucket.
+TASK_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000)
+#: Minutes per slot of the per-task run-time buckets.
+TASK_SLOT_MIN = 10
 
 
 @dataclass(frozen=True)
@@ -153,8 +160,16 @@ class Keys:
     # -- periodic jobs ------------------------------------------------------------------------
     @property
     def periodic_state(self) -> str:
-        """Hash: periodic job name -> last enqueued tick (epoch ms)."""
+        """Hash: periodic job name -> the newest tick planned (epoch ms): enqueued, or skipped
+        by the catch-up policy (a new job records the slot before its first tick and enqueues
+        from the next one). Where planning resumes, not what ran: see :attr:`periodic_enqueued`."""
         return f"{self.prefix}periodic:last"
+
+    @property
+    def periodic_enqueued(self) -> str:
+        """Hash: periodic job name -> the newest tick actually enqueued as a job (epoch ms);
+        no field: no tick of it was ever enqueued (what ``status`` and the console show)."""
+        return f"{self.prefix}periodic:enqueued"
 
     @property
     def periodic_runs(self) -> str:
@@ -269,10 +284,46 @@ class Keys:
         :data:`STATS_TTL_MS` after its last write, so each hour's key goes by itself."""
         return f"{self.prefix}stats:{queue}:{hour}"
 
+    def task_stats(self, hour: int) -> str:
+        """Hash of every task's finished runs in one hour (``hour`` as in :meth:`stats`):
+        ``<minute>:<task>:d`` / ``:f`` -> runs done / failed in that minute, and per
+        :data:`TASK_SLOT_MIN`-minute slot (``slot`` = minute // 10) ``s<slot>:<task>:ms`` -> their
+        summed run time and ``s<slot>:<task>:<k>`` -> runs in run-time bucket ``k``
+        (:data:`TASK_BUCKETS_MS`). Only tasks the app defines are counted (bounded fields).
+        Written by FINISH with the queue counters; expires like them."""
+        return f"{self.prefix}tstats:{hour}"
+
     @property
     def audit(self) -> str:
         """List of the operators' recent actions (console and CLI), newest first, JSON each."""
         return f"{self.prefix}audit"
+
+    # -- job records: failures, completions, progress -----------------------------------------
+    def failure(self, job_id: str) -> str:
+        """JSON of the last final failure of a job (status ``failed`` | ``timeout`` |
+        ``cancelled`` | ``dead``, error type, message, capped traceback, try, instance, times,
+        capped args): written by FINISH with the job's end, kept ``keep_result_s`` and at least
+        as long as the job is in :attr:`failures` (deleted when trimmed from it)."""
+        return f"{self.prefix}failure:{job_id}"
+
+    @property
+    def failures(self) -> str:
+        """Sorted set: job id -> finished ms of recent final failures (dead-lettered or not),
+        at most ``WORKER_FAILURES_KEEP`` entries, none older than ``WORKER_FAILURES_KEEP_S``:
+        trimmed by FINISH as it adds, the trimmed ids' :meth:`failure` keys deleted too."""
+        return f"{self.prefix}failures"
+
+    @property
+    def done(self) -> str:
+        """Sorted set: job id -> finished ms of the latest successful runs, at most
+        ``WORKER_DONE_KEEP`` (trimmed by rank by FINISH, once per batch). The result is arq's
+        ``arq:result:<id>``; an id whose result expired is skipped by readers."""
+        return f"{self.prefix}done"
+
+    def progress(self, job_id: str) -> str:
+        """JSON ``{fraction, message, at_ms}`` of a job's last ``ctx.progress()``; PX = the
+        job's timeout + its ``keep_result_s`` (readable as long as its result)."""
+        return f"{self.prefix}progress:{job_id}"
 
     # -- dead letters -------------------------------------------------------------------------
     @property

@@ -2,11 +2,48 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """One task's finished runs (:meth:`OperatorOps.task_stats`): ``series`` per minute
+    ``(minute start ms, done, failed)`` oldest first; ``buckets``: runs per run-time bucket
+    (:data:`keys.TASK_BUCKETS_MS`, then one for longer runs) and ``run_ms``: their summed run
+    time, both over the 10-minute slots the minutes overlap."""
+
+    series: list[tuple[int, int, int]]
+    buckets: list[int]
+    run_ms: int
+
+    @property
+    def timed(self) -> int:
+        """Runs counted in :attr:`buckets`."""
+        return sum(self.buckets)
+
+    def mean_ms(self) -> float | None:
+        return self.run_ms / self.timed if self.timed else None
+
+    def quantile_ms(self, q: float) -> float | None:
+        """The upper bound (ms) of the bucket holding the ``q`` quantile of the run times
+        (``inf``: longer than the last bound; ``None``: no runs)."""
+        total = self.timed
+        if not total:
+            return None
+        seen = 0
+        for bound, count in zip((*K.TASK_BUCKETS_MS, math.inf), self.buckets, strict=True):
+            seen += count
+            if seen >= q * total:
+                return float(bound)
+        return math.inf
 
 
 class OperatorOps(StoreBase):
@@ -82,6 +119,45 @@ class OperatorOps(StoreBase):
                 (m * 60_000, fields.get(f"{m}:done", 0), fields.get(f"{m}:failed", 0))
                 for m in range(last - minutes + 1, last + 1)
             ]
+        return out
+
+    async def task_stats(
+        self, tasks: Sequence[str], now_ms: int, minutes: int = 60
+    ) -> dict[str, TaskStats]:
+        """Per task of ``tasks`` (the app's; any other field is ignored), its runs over the last
+        ``minutes`` minutes up to ``now_ms`` from the counters FINISH keeps
+        (:meth:`Keys.task_stats`: one hash per hour, two or three read): per minute done and
+        failed, and the run times of the 10-minute slots overlapping those minutes."""
+        hour = now_ms // 3_600_000
+        hours = range(hour - (minutes + 59) // 60, hour + 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for h in hours:
+                pipe.hgetall(self.keys.task_stats(h))
+            raw = await pipe.execute()
+        last = now_ms // 60_000
+        first = last - minutes + 1
+        slots = {f"s{s}" for s in range(first // K.TASK_SLOT_MIN, last // K.TASK_SLOT_MIN + 1)}
+        known = set(tasks)
+        counts: dict[tuple[str, str, str], int] = {}
+        for part in raw:
+            for k, v in part.items():
+                when, _, rest = _s(k).partition(":")
+                task, _, kind = rest.rpartition(":")
+                if task in known and (when in slots or when.isdigit()):
+                    with contextlib.suppress(ValueError):
+                        counts[(when, task, kind)] = int(v)
+        out: dict[str, TaskStats] = {}
+        for task in tasks:
+            series = [
+                (m * 60_000, counts.get((str(m), task, "d"), 0), counts.get((str(m), task, "f"), 0))
+                for m in range(first, last + 1)
+            ]
+            buckets = [
+                sum(counts.get((s, task, str(b)), 0) for s in slots)
+                for b in range(1, len(K.TASK_BUCKETS_MS) + 2)
+            ]
+            run_ms = sum(counts.get((s, task, "ms"), 0) for s in slots)
+            out[task] = TaskStats(series, buckets, run_ms)
         return out
 
     async def pause(self, duty: str) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from worker import malformed as M
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s
 from worker.storage.fenced import FENCE, FencedBase
@@ -73,11 +74,13 @@ ENQUEUE_TICKS = (
 -- instant, whatever the number of jobs): each tick as an arq job with a deterministic id,
 -- unless it is at or before the job's recorded last tick, its id already has a job or a
 -- result, or the job is paused (its ticks are skipped, not caught up on resume); then record
--- each job's newest due tick and wake idle consumers.
+-- each job's newest due tick (planned: enqueued or skipped) and newest enqueued tick, and wake
+-- idle consumers.
 -- KEYS[1] -> leader lock
--- KEYS[2] -> periodic state hash (name -> last tick ms)
+-- KEYS[2] -> periodic state hash (name -> newest planned tick ms)
 -- KEYS[3] -> paused set ("periodic:<name>", "poller:<name>")
--- KEYS[4..] -> the queues the jobs go to
+-- KEYS[4] -> enqueued hash (name -> newest tick enqueued as a job, ms)
+-- KEYS[5..] -> the queues the jobs go to
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix ("arq:job:")
 -- ARGV[3] -> arq result key prefix ("arq:result:")
@@ -96,7 +99,7 @@ ENQUEUE_TICKS = (
 """
     + FENCE
     + """
-local out, records = {}, {}
+local out, records, enqueued_at = {}, {}, {}
 local earliest = nil
 local i = 6
 while i <= #ARGV do
@@ -129,6 +132,8 @@ while i <= #ARGV do
   end
   if #adds > 0 then
     redis.call('ZADD', queue, unpack(adds))
+    enqueued_at[#enqueued_at + 1] = name
+    enqueued_at[#enqueued_at + 1] = adds[#adds - 1]
   end
   if advance > last and behind == 0 then
     records[#records + 1] = name
@@ -146,6 +151,9 @@ end
 if #records > 0 then
   redis.call('HSET', KEYS[2], unpack(records))
 end
+if #enqueued_at > 0 then
+  redis.call('HSET', KEYS[4], unpack(enqueued_at))
+end
 return out
 """
 )
@@ -155,9 +163,23 @@ class PeriodicOps(StoreBase):
     """Periodic state any process reads or writes: last ticks and how runs ended."""
 
     async def periodic_last(self) -> dict[str, int]:
-        """Last enqueued tick (ms) per periodic job."""
+        """The newest planned tick (ms) per periodic job: enqueued or skipped (where the
+        enqueuer resumes; see :attr:`Keys.periodic_state`)."""
         raw = await self.redis.hgetall(self.keys.periodic_state)
         return {_s(k): int(v) for k, v in raw.items()}
+
+    async def periodic_enqueued(self) -> dict[str, int]:
+        """The newest tick (ms) enqueued as a job per periodic job; a job that never had one
+        is absent. A field that is not a whole number is skipped and logged once."""
+        raw = await self.redis.hgetall(self.keys.periodic_enqueued)
+        out: dict[str, int] = {}
+        for k, v in raw.items():
+            at = M.time_ms(v)
+            if at is None:
+                M.skip("periodic tick", self.keys.periodic_enqueued, _s(k), f"not a time: {_s(v)}")
+            else:
+                out[_s(k)] = at
+        return out
 
     async def periodic_result(
         self, name: str, outcome: str, record: Mapping[str, Any], at_ms: int
@@ -196,12 +218,13 @@ class FencedPeriodicOps(FencedBase):
         for name, advance_to, ticks, queue, known_last in due:
             if queue not in queues:
                 queues.append(queue)
-            args += [name, advance_to, queues.index(queue) + 4, known_last, len(ticks)]
+            args += [name, advance_to, queues.index(queue) + 5, known_last, len(ticks)]
             for t in ticks:
                 args += [t.score_ms, t.job_id, t.payload]
         keys = [
             self.keys.periodic_state,
             self.keys.paused,
+            self.keys.periodic_enqueued,
             *(self.keys.queue_of(q) for q in queues),
         ]
         raw = await self._run(ENQUEUE_TICKS, keys, args)

@@ -10,7 +10,9 @@ from worker.storage.broadcast import BroadcastOps
 from worker.storage.claims import ClaimOps
 from worker.storage.dead import DeadOps
 from worker.storage.election import ElectionOps
+from worker.storage.failures import RecordOps
 from worker.storage.initializer import FencedInitializerOps, InitializerOps
+from worker.storage.inspect_jobs import InspectJobOps
 from worker.storage.jobs import JobOps
 from worker.storage.keys import Keys
 from worker.storage.limits import LimitOps
@@ -25,6 +27,7 @@ class Store(
     ElectionOps,
     ClaimOps,
     JobOps,
+    RecordOps,
     PeriodicOps,
     PollerOps,
     InitializerOps,
@@ -33,6 +36,7 @@ class Store(
     DeadOps,
     BroadcastOps,
     OperatorOps,
+    InspectJobOps,
     SubscriptionOps,
 ):
     """Every unfenced Redis operation of the framework, one part per concern (see

@@ -133,7 +133,15 @@ async def dead_page(state: ConsoleState, page: int, size: int = PAGE) -> dict[st
         record: dict[str, Any] = rec if rec is not None else {"job_id": job_id, "reason": "?"}
         record.setdefault("task", None)
         items.append(record)
-    return {"total": total, "page": page, "pages": pages, "size": size, "items": items}
+    now_ms = ms(state.client.clock.time())  # the server's clock, for the page's ages
+    return {
+        "now_ms": now_ms,
+        "total": total,
+        "page": page,
+        "pages": pages,
+        "size": size,
+        "items": items,
+    }
 
 
 async def dead_detail(state: ConsoleState, job_id: str) -> dict[str, Any] | None:

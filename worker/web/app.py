@@ -10,7 +10,10 @@ Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/o
 ``GET /api/dead?page=&size=``, ``GET /api/dead/{job_id}``, and the actions ``POST
 /api/dead/requeue`` and ``/api/dead/purge`` (``{"ids": [...]}`` or ``{"all": true}``),
 ``/api/periodic/trigger`` (``{"name"}``), ``/api/pause`` and ``/api/resume`` (``{"kind":
-"periodic"|"poller", "name"}``), ``/api/leader/handoff`` (``{"force": false}``).
+"periodic"|"poller", "name"}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
+(:mod:`worker.web.jobs`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
+``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
+``/api/jobs/cancel`` (``{"id": "<job id>"}``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import structlog
 from aiohttp import web
 
 import worker.web.api as api
+import worker.web.jobs as jobs
 from worker.actions import Actor, Operations, Outcome
 from worker.app import App
 from worker.client import Client
@@ -96,6 +100,11 @@ def create_app(
     r.add_post("/api/pause", _action(_pause))
     r.add_post("/api/resume", _action(_resume))
     r.add_post("/api/leader/handoff", _action(_handoff))
+    r.add_get("/api/jobs", _jobs)
+    r.add_get("/api/jobs/{job_id}", _job)
+    r.add_get("/api/tasks", _tasks)
+    r.add_post("/api/jobs/retry", _action(jobs.retry))
+    r.add_post("/api/jobs/cancel", _action(jobs.cancel))
     return console
 
 
@@ -176,6 +185,21 @@ async def _dead_detail(request: web.Request) -> web.Response:
     return web.json_response(detail)
 
 
+async def _jobs(request: web.Request) -> web.Response:
+    return await _json(jobs.jobs_page(request.app[STATE], request.query))
+
+
+async def _job(request: web.Request) -> web.Response:
+    detail = await _guarded(jobs.job_info(request.app[STATE], request.match_info["job_id"]))
+    if detail is None:
+        raise web.HTTPNotFound(text='{"error": "no such job"}', content_type="application/json")
+    return web.json_response(detail)
+
+
+async def _tasks(request: web.Request) -> web.Response:
+    return await _json(jobs.tasks(request.app[STATE]))
+
+
 async def _json(read: Awaitable[Any]) -> web.Response:
     return web.json_response(await _guarded(read))
 
@@ -217,7 +241,10 @@ def _action(run: Action) -> Handler:
             raise _bad("the body must be a JSON object")
         state = request.app[STATE]
         actor = Actor(operator(request), "web", request.remote)
-        outcome = await _guarded(run(Operations(state.client, state.app, actor), body))
+        ops = Operations(
+            state.client, state.app, actor, serializer=jobs.serializer(state.serializer)
+        )
+        outcome = await _guarded(run(ops, body))
         return web.json_response(outcome.to_json())
 
     return handler

@@ -16,7 +16,13 @@ const state = {
   detail: null,
   timer: null,
   busy: false,
+  jobs: { state: "failed", queue: "", task: "", search: "", items: [], cursor: null, pages: 0,
+    at: 0, now: 0, detail: null, detailAt: 0 },
+  tasks: null,
+  tasksAt: 0,
 };
+const JOBS_EVERY_MS = 5000;   // a list is refetched at most this often
+const TASKS_EVERY_MS = 10000;
 
 // -- helpers ------------------------------------------------------------------------------------
 const $ = (id) => document.getElementById(id);
@@ -63,9 +69,11 @@ function isoAgo(iso, now) {
   return iso ? ago(Date.parse(iso), now) : "–";
 }
 
-function isoIn(iso, now) {
-  if (!iso) return "–";
-  const s = (Date.parse(iso) - now) / 1000;
+// Ages and countdowns are computed against the server's "now" sent with the data (now_ms), never
+// the browser's clock: one clock for the whole page.
+function msIn(at, now) {
+  if (at === null || at === undefined) return "–";
+  const s = (at - now) / 1000;
   return s >= 0 ? "in " + duration(s) : duration(-s) + " ago";
 }
 
@@ -171,6 +179,8 @@ async function refresh() {
     state.overview = data;
     render(data);
     if (state.view === "dead") await loadDead();
+    if (state.view === "jobs") await refreshJobs();
+    if (state.view === "queues") await loadTasks(false);
     $("main").hidden = false;
     $("signout").hidden = !state.token;
     $("updated").textContent = "updated " + clock(data.now_ms).slice(11);
@@ -261,8 +271,10 @@ function renderSchedules(c, now) {
     return el("tr", { "data-periodic": p.name, class: p.paused ? "paused" : "" },
       el("td", {}, p.name),
       el("td", {}, p.schedule),
-      el("td", { title: p.next_tick || "" }, isoIn(p.next_tick, now)),
-      el("td", { title: p.last_tick || "", class: "last-tick" }, isoAgo(p.last_tick, now)),
+      el("td", { title: p.next_tick || "" }, msIn(p.next_tick_ms, now)),
+      el("td", { title: p.last_tick || "no tick of it was ever enqueued", class: "last-tick" },
+        p.last_tick_ms === null || p.last_tick_ms === undefined ? "never"
+          : ago(p.last_tick_ms, now)),
       el("td", { class: p.stale ? "warn" : "", title: ok ? ok.at : "" },
         ok ? isoAgo(ok.at, now) + (p.stale ? " · STALE" : "") : "never"),
       el("td", { class: bad ? "bad" : "", title: bad ? bad.at : "" },
@@ -300,30 +312,71 @@ function renderSchedules(c, now) {
 
 const SVG = "http://www.w3.org/2000/svg";
 
+function svgEl(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// Jobs per minute over the last hour: stacked bars (done, failed), a y axis in jobs/min and a
+// time axis in minutes ago (the points' times are the server's minutes, the newest last).
 function chart(points) {
-  const w = 240, h = 36, n = points.length || 1, bw = w / n;
-  const top = Math.max(1, ...points.map((p) => p[1] + p[2]));
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("viewBox", "0 0 " + w + " " + h);
-  svg.setAttribute("width", w);
-  svg.setAttribute("height", h);
-  svg.setAttribute("class", "chart");
+  const w = 360, h = 110, left = 34, right = 6, top = 14, bottom = 20;
+  const pw = w - left - right, ph = h - top - bottom;
+  const n = points.length || 1, bw = pw / n;
+  const peak = Math.max(1, ...points.map((p) => p[1] + p[2]));
+  const svg = svgEl("svg", { viewBox: "0 0 " + w + " " + h, width: w, height: h, class: "chart",
+    role: "img", "aria-label": "jobs per minute over the last hour" });
+  svg.append(svgEl("text", { x: 2, y: 10, class: "unit" }, "jobs/min"));
+  for (const [v, y] of [[peak, top], [0, top + ph]]) {
+    svg.append(svgEl("text", { x: left - 4, y: y + 4, class: "tick y" }, String(v)));
+    svg.append(svgEl("line", { x1: left, x2: left + pw, y1: y, y2: y, class: "grid" }));
+  }
+  for (const ago of [60, 45, 30, 15, 0]) {
+    const x = left + pw - (ago / n) * pw;
+    svg.append(svgEl("line", { x1: x, x2: x, y1: top + ph, y2: top + ph + 3, class: "axis" }));
+    svg.append(svgEl("text", { x: x, y: h - 4, class: ago ? "tick x" : "tick y" },
+      ago ? "-" + ago : "now"));
+  }
+  svg.append(svgEl("text", { x: left + pw, y: 10, class: "legend" }, "min ago · ■ done ■ failed"));
   points.forEach((p, i) => {
-    const done = (p[1] / top) * h, failed = (p[2] / top) * h;
-    for (const [cls, y, hh] of [["done", h - done, done], ["failed", h - done - failed, failed]]) {
+    const done = (p[1] / peak) * ph, failed = (p[2] / peak) * ph;
+    for (const [cls, y, hh] of [["done", top + ph - done, done],
+      ["failed", top + ph - done - failed, failed]]) {
       if (hh <= 0) continue;
-      const r = document.createElementNS(SVG, "rect");
-      r.setAttribute("x", (i * bw).toFixed(2));
-      r.setAttribute("y", y.toFixed(2));
-      r.setAttribute("width", Math.max(1, bw - 1).toFixed(2));
-      r.setAttribute("height", Math.max(0.5, hh).toFixed(2));
-      r.setAttribute("class", cls);
-      const t = document.createElementNS(SVG, "title");
-      t.textContent = clock(p[0]).slice(11, 16) + " " + p[1] + " done, " + p[2] + " failed";
-      r.append(t);
+      const r = svgEl("rect", { x: (left + i * bw).toFixed(2), y: y.toFixed(2),
+        width: Math.max(1, bw - 1).toFixed(2), height: Math.max(0.5, hh).toFixed(2), class: cls });
+      r.append(svgEl("title", {}, clock(p[0]).slice(11, 16) + "Z: " + p[1] + " done, " + p[2] +
+        " failed"));
       svg.append(r);
     }
   });
+  return svg;
+}
+
+// Each queue's backlog now: due (waiting to be claimed) and later (scheduled), in jobs.
+function backlogChart(queues) {
+  const row = 22, left = 110, w = 520, pw = w - left - 60;
+  const h = queues.length * row + 24;
+  const peak = Math.max(1, ...queues.map((q) => q.depth));
+  const svg = svgEl("svg", { viewBox: "0 0 " + w + " " + h, width: w, height: h,
+    class: "chart backlog", role: "img", "aria-label": "backlog per queue, jobs" });
+  queues.forEach((q, i) => {
+    const y = i * row + 4, due = (q.due / peak) * pw, later = ((q.depth - q.due) / peak) * pw;
+    svg.append(svgEl("text", { x: left - 6, y: y + 13, class: "tick y" }, q.queue));
+    svg.append(svgEl("rect", { x: left, y: y, width: Math.max(due, 0), height: row - 8,
+      class: "due" }));
+    svg.append(svgEl("rect", { x: left + due, y: y, width: Math.max(later, 0), height: row - 8,
+      class: "later" }));
+    svg.append(svgEl("text", { x: left + due + later + 4, y: y + 13, class: "tick" },
+      q.depth + " (" + q.due + " due)"));
+  });
+  const axis = queues.length * row + 4;
+  svg.append(svgEl("line", { x1: left, x2: left + pw, y1: axis, y2: axis, class: "axis" }));
+  svg.append(svgEl("text", { x: left, y: axis + 14, class: "tick" }, "0"));
+  svg.append(svgEl("text", { x: left + pw, y: axis + 14, class: "tick y" }, peak + " jobs"));
+  svg.append(svgEl("text", { x: 2, y: axis + 14, class: "legend-left" }, "■ due ■ scheduled"));
   return svg;
 }
 
@@ -337,6 +390,31 @@ function renderQueues(c, now) {
     el("td", { class: "num done" }, q.done_last_hour),
     el("td", { class: "num failed" + (q.failed_last_hour ? " bad" : "") }, q.failed_last_hour),
     el("td", {}, chart(q.throughput)))), "no queues");
+  $("backlog-chart").replaceChildren(backlogChart(c.queues));
+}
+
+function runTime(msv, over) {
+  if (over) return "> 5 min";
+  if (msv === null || msv === undefined) return "–";
+  return msv < 1000 ? "≤ " + msv + " ms" : "≤ " + duration(msv / 1000);
+}
+
+async function loadTasks(force) {
+  if (!force && Date.now() - state.tasksAt < TASKS_EVERY_MS) return;
+  state.tasksAt = Date.now();  // a poll budget, not a time shown: the browser's clock is fine
+  const d = await call("api/tasks");
+  state.tasks = d;
+  fill("tasks", d.tasks.map((t) => el("tr", { "data-task": t.task },
+    el("td", {}, t.task),
+    el("td", { class: "num done" }, t.done),
+    el("td", { class: "num failed" + (t.failed ? " bad" : "") }, t.failed),
+    el("td", { class: "num" }, t.failure_ratio === null ? "–"
+      : (100 * t.failure_ratio).toFixed(1) + " %"),
+    el("td", { class: "num" }, t.per_min + " · " + t.per_min_5m),
+    el("td", { class: "num" }, t.mean_ms === null ? "–" : t.mean_ms.toFixed(1) + " ms"),
+    el("td", { class: "num p50" }, runTime(t.p50_ms, t.p50_over)),
+    el("td", { class: "num p95" }, runTime(t.p95_ms, t.p95_over)),
+    el("td", {}, chart(t.throughput)))), "no tasks");
 }
 
 function renderActivity(d, now) {
@@ -359,7 +437,7 @@ async function loadDead() {
   const d = await call("api/dead?page=" + state.deadPage + "&size=" + DEAD_PAGE);
   state.dead = d;
   state.deadPage = d.page;
-  const now = state.overview ? state.overview.now_ms : Date.now();
+  const now = d.now_ms;
   $("page-info").textContent = "page " + d.page + " of " + d.pages + " · " + d.total + " total";
   $("prev").disabled = d.page <= 1;
   $("next").disabled = d.page >= d.pages;
@@ -450,20 +528,170 @@ function closeDetail() {
   $("dead-detail").hidden = true;
 }
 
+// -- jobs ---------------------------------------------------------------------------------------
+function jobsQuery(cursor) {
+  const j = state.jobs, q = new URLSearchParams({ state: j.state, limit: "50" });
+  if (j.queue) q.set("queue", j.queue);
+  if (j.task) q.set("task", j.task);
+  if (j.search) q.set("search", j.search);
+  if (cursor) q.set("cursor", cursor);
+  return "api/jobs?" + q.toString();
+}
+
+function options(select, values, chosen) {
+  const have = Array.from(select.options).map((o) => o.value).slice(1);
+  if (have.join("\u0000") === values.join("\u0000")) return;
+  select.replaceChildren(el("option", { value: "" }, "all"),
+    ...values.map((v) => el("option", { value: v, selected: v === chosen }, v)));
+}
+
+// The first page again (live refresh, at most every JOBS_EVERY_MS), or the next one ("more").
+async function loadJobs(more) {
+  const j = state.jobs;
+  if (!more && j.pages > 1) return;  // the operator paged on: keep what they read
+  const d = await call(jobsQuery(more ? j.cursor : null));
+  j.at = Date.now();
+  j.now = d.now_ms;
+  j.items = more ? j.items.concat(d.items) : d.items;
+  j.pages = more ? j.pages + 1 : 1;
+  j.cursor = d.next_cursor;
+  options($("job-queue"), d.queues, j.queue);
+  options($("job-task"), d.tasks, j.task);
+  for (const b of document.querySelectorAll("#job-states button")) {
+    b.classList.toggle("on", b.dataset.state === j.state);
+  }
+  $("jobs-more").hidden = !j.cursor;
+  $("jobs-info").textContent = j.items.length + " " + j.state + " shown" +
+    (j.cursor ? " · more available" : "");
+  fill("jobs", j.items.map((r) => el("tr", { "data-job": r.job_id,
+    class: (j.detail === r.job_id ? "chosen " : "") + "state-" + r.state },
+  el("td", { class: "job" }, el("a", { href: "#jobs", "data-open-job": r.job_id,
+    onclick: (ev) => { ev.preventDefault(); openJob(r.job_id); } }, r.job_id)),
+  el("td", {}, r.task || "?"),
+  el("td", {}, r.queue || "–"),
+  el("td", { class: "state" }, r.state),
+  el("td", { class: "num" }, r.tries === null ? "–" : r.tries),
+  el("td", { title: clock(r.finished_ms || r.started_ms || r.due_ms || r.enqueued_ms) },
+    whenOf(r, d.now_ms)),
+  el("td", { class: "num" }, r.progress === null ? "–" : Math.round(100 * r.progress) + " %"),
+  el("td", { class: "args" }, r.args || ""))), "no " + j.state + " jobs");
+}
+
+function whenOf(r, now) {
+  if (r.finished_ms) return "ended " + ago(r.finished_ms, now);
+  if (r.started_ms) return "started " + ago(r.started_ms, now);
+  if (r.due_ms) return r.due_ms > now ? "due " + msIn(r.due_ms, now) : "due " + ago(r.due_ms, now);
+  return r.enqueued_ms ? "enqueued " + ago(r.enqueued_ms, now) : "–";
+}
+
+function shown(id, text) {
+  $(id).hidden = !text;
+  $(id + "-title").hidden = !text;
+  $(id).textContent = text || "";
+}
+
+async function openJob(jobId) {
+  try {
+    const r = await call("api/jobs/" + encodeURIComponent(jobId));
+    const now = r.now_ms;
+    state.jobs.detail = jobId;
+    state.jobs.detailAt = Date.now();
+    $("job-detail").hidden = false;
+    $("job-title").textContent = r.job_id;
+    const fields = [["task", r.task || "?"], ["queue", r.queue], ["state", r.state],
+      ["tries", r.tries], ["instance", r.instance],
+      ["enqueued", r.enqueued_ms ? clock(r.enqueued_ms) + " (" + ago(r.enqueued_ms, now) + ")" : null],
+      ["due", r.due_ms ? clock(r.due_ms) : null],
+      ["started", r.started_ms ? clock(r.started_ms) : null],
+      ["finished", r.finished_ms ? clock(r.finished_ms) + " (" + ago(r.finished_ms, now) + ")"
+        : null],
+      ["args", r.args], ["kwargs", r.kwargs], ["cancel asked", r.abort_requested ? "yes" : null],
+      ["undecodable", r.undecodable]];
+    $("job-fields").replaceChildren(...fields.filter(([, v]) => v !== null && v !== undefined)
+      .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)]));
+    const bar = $("job-progress");
+    bar.hidden = r.progress === null || r.progress === undefined;
+    if (!bar.hidden) {
+      bar.querySelector(".bar").style.width = Math.round(100 * r.progress) + "%";
+      bar.querySelector(".label").textContent = Math.round(100 * r.progress) + " %" +
+        (r.progress_message ? " · " + r.progress_message : "");
+    }
+    const e = r.error;
+    shown("job-error", e ? (e.type || "error") + ": " + (e.message || "") +
+      (e.traceback ? "\n\n" + e.traceback : "") : "");
+    shown("job-result", r.result);
+    $("job-retry").disabled = !["failed", "timeout", "cancelled", "dead"].includes(r.state);
+    $("job-cancel").disabled = !["queued", "scheduled", "running"].includes(r.state);
+    for (const row of document.querySelectorAll("#jobs tbody tr[data-job]")) {
+      row.classList.toggle("chosen", row.dataset.job === jobId);
+    }
+  } catch (e) {
+    toast(e.message, false);
+  }
+}
+
+function closeJob() {
+  state.jobs.detail = null;
+  $("job-detail").hidden = true;
+}
+
+async function refreshJobs() {
+  const j = state.jobs;
+  if (Date.now() - j.at >= JOBS_EVERY_MS) await loadJobs(false);
+  if (j.detail && Date.now() - j.detailAt >= REFRESH_MS) await openJob(j.detail);
+}
+
+function setupJobs() {
+  const j = state.jobs;
+  const again = () => { j.pages = 0; j.cursor = null; loadJobs(false).catch((e) => toast(e.message, false)); };
+  for (const b of document.querySelectorAll("#job-states button")) {
+    b.addEventListener("click", () => { j.state = b.dataset.state; again(); });
+  }
+  $("jobs-filter").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    j.queue = $("job-queue").value;
+    j.task = $("job-task").value;
+    j.search = $("job-search").value.trim();
+    again();
+  });
+  $("job-queue").addEventListener("change", () => { j.queue = $("job-queue").value; again(); });
+  $("job-task").addEventListener("change", () => { j.task = $("job-task").value; again(); });
+  $("jobs-more").addEventListener("click", () => loadJobs(true).catch((e) => toast(e.message, false)));
+  $("job-close").addEventListener("click", closeJob);
+  $("job-retry").addEventListener("click", async () => {
+    if (await act("api/jobs/retry", { id: j.detail }, "Run " + j.detail + " again?")) {
+      again();
+      await openJob(j.detail);
+    }
+  });
+  $("job-cancel").addEventListener("click", async () => {
+    if (await act("api/jobs/cancel", { id: j.detail }, "Cancel " + j.detail + "?")) {
+      again();
+      await openJob(j.detail);
+    }
+  });
+}
+
 // -- views --------------------------------------------------------------------------------------
 function show(view) {
-  const known = ["cluster", "schedules", "queues", "dead", "activity"];
+  const known = ["cluster", "schedules", "queues", "jobs", "dead", "activity"];
   state.view = known.includes(view) ? view : "cluster";
   for (const s of document.querySelectorAll(".view")) s.hidden = s.dataset.view !== state.view;
   for (const a of document.querySelectorAll("#tabs a")) {
     a.classList.toggle("on", a.dataset.tab === state.view);
   }
   if (state.view === "dead" && state.overview) loadDead().catch((e) => toast(e.message, false));
+  if (state.view === "jobs" && state.overview) {
+    state.jobs.at = 0;
+    refreshJobs().catch((e) => toast(e.message, false));
+  }
+  if (state.view === "queues" && state.overview) loadTasks(true).catch((e) => toast(e.message, false));
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   setupLogin();
   setupDead();
+  setupJobs();
   $("handoff").addEventListener("click", () => act("api/leader/handoff", {},
     "Ask the leader to hand its lease over to a standby?"));
   window.addEventListener("hashchange", () => show(location.hash.slice(1)));

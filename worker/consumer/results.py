@@ -1,0 +1,47 @@
+"""arq's result record of one run (what ``arq.jobs.Job.result_info()`` reads), as the executor
+writes it with the run's end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from arq.jobs import serialize_result
+
+from worker.serializer import Serialize
+
+
+class JobFailed(Exception):
+    """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
+
+
+@dataclass(frozen=True)
+class ResultFor:
+    """Builds arq's result record for one run."""
+
+    function: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    job_try: int
+    enqueued_ms: int
+    job_id: str
+    queue: str
+
+    def __call__(
+        self, success: bool, result: Any, start_ms: int, finish_ms: int, serialize: Serialize
+    ) -> bytes | None:
+        return serialize_result(
+            self.function,
+            self.args,
+            self.kwargs,
+            self.job_try,
+            self.enqueued_ms,
+            success,
+            result,
+            start_ms,
+            finish_ms,
+            f"{self.job_id}:{self.function}",
+            self.queue,
+            job_id=self.job_id,
+            serializer=serialize,
+        )

@@ -1,0 +1,192 @@
+"""Decoding a job's records for the jobs read model (:mod:`worker.jobsview`): arq's job and
+result records, failure and progress records, and the listing's cursors. A record that does not
+decode is reported as text, never raised."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from arq.jobs import deserialize_result
+
+from worker.serializer import Deserialize
+from worker.storage.inspect_jobs import JobPlace, JobRecord
+from worker.storage.keys import DEFAULT_QUEUE
+
+#: Characters kept of an args/kwargs/result repr (detail) and of args in a listing.
+REPR_CHARS = 2000
+SUMMARY_REPR_CHARS = 120
+
+
+@dataclass
+class Decoded:
+    task: str | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    tries: int | None = None
+    enqueued_ms: int | None = None
+    error: str | None = None
+
+
+def short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def decode_job(payload: bytes | None, deserialize: Deserialize) -> Decoded:
+    """arq's job record ``{"t", "f", "a", "k", "et"}``; a bad one is reported, never raised."""
+    if payload is None:
+        return Decoded()
+    try:
+        data = deserialize(payload)
+        fn = data.get("f")
+        args, kwargs = data.get("a") or (), data.get("k") or {}
+        et, t = data.get("et"), data.get("t")
+        return Decoded(
+            fn if isinstance(fn, str) else None,
+            tuple(args) if isinstance(args, list | tuple) else (args,),
+            kwargs if isinstance(kwargs, dict) else {"?": kwargs},
+            t if isinstance(t, int) else None,
+            et if isinstance(et, int) else None,
+        )
+    except Exception as exc:
+        return Decoded(error=f"job record: {type(exc).__name__}: {short(str(exc), 200)}")
+
+
+def args_text(d: Decoded, limit: int) -> str:
+    parts = [repr(a) for a in d.args] + [f"{k}={v!r}" for k, v in d.kwargs.items()]
+    return short(", ".join(parts), limit)
+
+
+def as_ms(value: Any) -> int | None:
+    if isinstance(value, dt.datetime):
+        return round(value.timestamp() * 1000)
+    return value if isinstance(value, int) else None
+
+
+def matches(job_id: str, d: Decoded, task: str | None, search: str | None) -> bool:
+    if task is not None and d.task != task:
+        return False
+    if search:
+        text = f"{job_id} {d.task or ''} {args_text(d, 10_000)}".lower()
+        return search.lower() in text
+    return True
+
+
+# -- cursors ---------------------------------------------------------------------------------
+
+
+def parse_cursor(cursor: str | None, parts: int) -> list[str] | None:
+    if not cursor:
+        return None
+    try:
+        fields = base64.urlsafe_b64decode(cursor.encode()).decode().split("\n")
+    except Exception as exc:
+        raise ValueError(f"not a cursor of this listing: {cursor!r}") from exc
+    if len(fields) != parts:
+        raise ValueError(f"not a cursor of this listing: {cursor!r}")
+    return fields
+
+
+def make_cursor(*fields: object) -> str:
+    return base64.urlsafe_b64encode("\n".join(map(str, fields)).encode()).decode()
+
+
+def fraction(progress: dict[str, Any] | None) -> float | None:
+    value = (progress or {}).get("fraction")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def error_line(failure: dict[str, Any]) -> str | None:
+    """``Type: message`` of a failure record, shortened (what a failed listing shows)."""
+    if not failure.get("error_type"):
+        return None
+    return short(f"{failure['error_type']}: {failure.get('message') or ''}", SUMMARY_REPR_CHARS)
+
+
+def ended_state(result: dict[str, Any], state: str) -> str:
+    if not result or result.get("success"):
+        return state
+    kind = (error_of(result) or {}).get("type")
+    return {"CancelledError": "cancelled", "TimeoutError": "timeout"}.get(str(kind), "failed")
+
+
+def decode_result(raw: bytes | None, deserialize: Deserialize, prefix: str) -> dict[str, Any]:
+    """arq's result record as plain fields (``{}`` when absent; ``undecodable`` when bad)."""
+    if raw is None:
+        return {}
+    try:
+        r = deserialize_result(raw, deserializer=deserialize)
+    except Exception as exc:
+        return {"undecodable": f"result record: {type(exc).__name__}: {short(str(exc), 200)}"}
+    d = Decoded(r.function, tuple(r.args), dict(r.kwargs))
+    return {
+        "task": r.function,
+        "tries": r.job_try,
+        "enqueued_ms": as_ms(r.enqueue_time),
+        "started_ms": as_ms(r.start_time),
+        "finished_ms": as_ms(r.finish_time),
+        "success": r.success,
+        "value": r.result,
+        "queue": queue_name(r.queue_name, prefix),
+        "args": args_text(d, SUMMARY_REPR_CHARS),
+        "args_full": short(repr(d.args), REPR_CHARS),
+        "kwargs_full": short(repr(d.kwargs), REPR_CHARS),
+    }
+
+
+def queue_name(key: Any, prefix: str) -> str | None:
+    """The queue named by arq's ``queue_name`` in a result (our key: ``<prefix>queue`` is
+    ``default``, ``<prefix>queue:<name>`` is ``name``)."""
+    if not isinstance(key, str):
+        return None
+    if key == f"{prefix}queue":
+        return DEFAULT_QUEUE
+    return key.removeprefix(f"{prefix}queue:") if key.startswith(f"{prefix}queue:") else key
+
+
+def error_of(result: dict[str, Any]) -> dict[str, Any] | None:
+    """A failed run's error from arq's result record: its type and message."""
+    if not result or result.get("success"):
+        return None
+    value = result.get("value")
+    if isinstance(value, BaseException):
+        return {"type": type(value).__name__, "message": str(value), "traceback": None}
+    if isinstance(value, dict) and "error" in value:
+        return {"type": value["error"], "message": value.get("message"), "traceback": None}
+    return {"type": "error", "message": short(repr(value), REPR_CHARS), "traceback": None}
+
+
+def instance_of(marker: str | None) -> str | None:
+    """The instance id in a claim token (``<instance id>/<n>``)."""
+    if marker is None:
+        return None
+    head, sep, _ = marker.rpartition("/")
+    return head if sep else marker
+
+
+def detail_state(
+    rec: JobRecord,
+    place: JobPlace,
+    result: dict[str, Any],
+    letter: dict[str, Any] | None,
+    now_ms: int,
+) -> str | None:
+    """What the records say a job is (``None``: nothing of it is left)."""
+    if rec.payload is not None and rec.marker is not None:
+        return "running"
+    if rec.payload is not None and place.queue is not None:
+        return "queued" if (place.score_ms or 0) <= now_ms else "scheduled"
+    if result:
+        if result.get("success"):
+            return "done"
+        kind = (error_of(result) or {}).get("type")
+        if kind == "CancelledError":
+            return "cancelled"
+        if kind == "TimeoutError":
+            return "timeout"
+        return "failed"
+    if letter is not None:
+        return "dead"
+    return None
