@@ -278,7 +278,7 @@ def test_load_app_ok(module_dir: Any) -> None:
         ("worker.no_such_sub:app", "cannot import module 'worker.no_such_sub'"),
         ("worker.demo:nope", "has no attribute 'nope'"),
         ("worker.settings:ROLES", "is a tuple, not a worker.App"),
-        ("worker.settings:default_instance_name", "is a str, not a worker.App"),
+        ("worker.settings:default_instance_name", "returned a str, not a worker.App"),
         ("no-colon", "package.module:attribute"),
         (":app", "package.module:attribute"),
         ("worker.demo:", "package.module:attribute"),
@@ -297,7 +297,7 @@ def test_load_app_wrong_types_in_user_module(module_dir: Any) -> None:
     with pytest.raises(ConfigError, match=r"is a int, not a worker\.App") as info:
         load_app(f"{mod}:number")
     one_line(info)
-    with pytest.raises(ConfigError, match="is a int"):
+    with pytest.raises(ConfigError, match="is a function that returned a int"):
         load_app(f"{mod}:not_an_app")
 
 

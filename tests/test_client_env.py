@@ -16,12 +16,25 @@ from arq.jobs import JobStatus
 
 from worker.app import App
 from worker.client import Client, arq_options
+from worker.context import JobContext
 from worker.errors import ConfigError
 from worker.settings import load_settings
 from worker.storage import keys as K
 
 app = App("shop")
 app.poller("cards", task="poll_card", shards=4)
+
+
+@app.task
+async def send_receipt(ctx: JobContext, order_id: int) -> None: ...
+
+
+@app.task
+async def poll_card(ctx: JobContext, card_id: str) -> None: ...
+
+
+@app.task
+async def activate(ctx: JobContext, package_id: int) -> None: ...
 
 
 @pytest.fixture

@@ -372,7 +372,9 @@ async def test_jobs_run_once_with_arq_results_retries_and_dead_letters(
     bad = await lp.client.enqueue("boom")
     retried = await lp.client.enqueue("flaky")
     given_up = await lp.client.enqueue("hopeless")
-    unknown = await lp.client.enqueue("no_such_function")
+    # a plain arq-like client (no app) enqueues any name; the consumer dead-letters it
+    plain = Client(r, keys=lp.client.keys, serialize=msgpack_dumps, clock=lp.client.clock)
+    unknown = await plain.enqueue("no_such_function")
 
     async def settled() -> bool:
         return await r.zcard(KEYS.queue) == 0 and not lp.consumer.running

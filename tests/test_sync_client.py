@@ -111,6 +111,8 @@ def test_the_readme_flask_example_runs(redis_url: str, monkeypatch: pytest.Monke
 
     jobs = types.ModuleType("myservice.jobs")
     jobs.app = App("shop")  # type: ignore[attr-defined]
+    # the README's app declares the task it enqueues (a client that knows the app refuses others)
+    jobs.app.task(name="send_receipt")(lambda ctx, order_id: None)  # type: ignore[attr-defined]
     package = types.ModuleType("myservice")
     package.jobs = jobs  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "myservice", package)

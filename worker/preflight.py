@@ -17,8 +17,10 @@ from __future__ import annotations
 import errno
 import socket
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
-from redis.exceptions import NoPermissionError, ResponseError
+import structlog
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from worker.clock import Clock
 from worker.errors import ConfigError
@@ -31,23 +33,53 @@ from worker.storage.server import read_eviction_policy
 #: The only ``maxmemory-policy`` under which no key is ever evicted.
 NOEVICTION = "noeviction"
 ALLOW_EVICTION = "WORKER_ALLOW_EVICTION"
+_log = structlog.get_logger(__name__)
 
 
 async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -> None:
     """Ping until Redis answers; :class:`ConfigError` naming the URL (masked) after
-    ``timeout_s`` (a worker started before its Redis waits, a wrong URL fails start-up)."""
+    ``timeout_s`` (a worker started before its Redis waits, a wrong URL fails start-up).
+
+    Refused credentials fail at once (waiting does not fix a password). While Redis does not
+    answer, one warning line per retry says so, at most one a second."""
     deadline = clock.monotonic() + timeout_s
+    said = -1.0
     while True:
         try:
             await server.ping(redis, 5)
             return
         except Exception as exc:
-            if clock.monotonic() >= deadline:
+            auth = auth_failure(url, exc)
+            if auth is not None:
+                raise ConfigError(auth) from None
+            now = clock.monotonic()
+            if now >= deadline:
                 raise ConfigError(
                     f"WORKER_REDIS_URL: cannot reach Redis at {mask_url(url)} within "
                     f"{timeout_s:g}s ({type(exc).__name__}: {exc}){_tls_hint(exc)}"
                 ) from None
+            if said < 0 or now - said >= 1.0:
+                said = now
+                _log.warning(
+                    "Redis not reachable; retrying",
+                    url=mask_url(url),
+                    error=f"{type(exc).__name__}: {' '.join(str(exc).split())}",
+                    gives_up_in_s=round(deadline - now),  # WORKER_REDIS_CONNECT_TIMEOUT_S
+                )
             await clock.sleep(0.5)
+
+
+def auth_failure(url: str, exc: BaseException) -> str | None:
+    """The one line for credentials Redis refused (a wrong password, an unknown or disabled
+    ACL user, a password required but not given), else ``None``."""
+    text = str(exc)
+    if not isinstance(exc, AuthenticationError) and not text.startswith(("WRONGPASS", "NOAUTH")):
+        return None
+    user = unquote(urlsplit(url).username or "") or "default"
+    return (
+        f"WORKER_REDIS_URL: authentication failed for user {user!r} at {mask_url(url)} "
+        f"({' '.join(text.split())}); check the URL's user and password (or the ACL user)"
+    )
 
 
 def _tls_hint(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ Redis. A second signal exits at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -30,6 +31,7 @@ from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.component import Component, Group
 from worker.connection import connect_redis
 from worker.consumer import Consumer
+from worker.embedded import embedded_socket
 from worker.metrics import Metrics
 from worker.preflight import (
     check_app_identity,
@@ -243,13 +245,36 @@ class Runtime:
             consumer = self.state.component("consumer")
             if self.burst and isinstance(consumer, Consumer):
                 return await self._burst(w, consumer)
-            await self._stop.wait()
+            if await self._stranded():
+                return 1
             await self._shutdown(w)
             return 0
         finally:
             local.withdraw(self._announced)
             for c in self._clients:
                 await c.aclose(close_connection_pool=True)
+
+    async def _stranded(self) -> bool:
+        """Wait for a stop request; ``True`` (after one error line) if, first, the embedded
+        server named by ``WORKER_REDIS_URL`` went away with the worker that started it (its
+        socket file is gone): its data went with it, so nothing is left to drain or release,
+        and retrying would only repeat connection errors. Any other Redis is waited for."""
+        socket_file = embedded_socket(self.settings.redis_url)
+        if socket_file is None:
+            await self._stop.wait()
+            return False
+        while not self._stop.is_set():
+            if not socket_file.exists():
+                log.error(
+                    "the embedded Redis this worker used is gone (its socket was removed when "
+                    "the worker that started it stopped); exiting: start a new --role all, or "
+                    "point WORKER_REDIS_URL at a lasting Redis",
+                    redis=mask_url(self.redis_url),
+                )
+                return True
+            with contextlib.suppress(TimeoutError):
+                await self.clock.wait_for(self._stop.wait(), 1.0)
+        return False
 
     def _announce(self) -> None:
         """Tell this host's admin commands about this process (``python -m worker health``

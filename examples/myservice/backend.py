@@ -49,7 +49,9 @@ async def create_db_pool() -> Database:
     return Database()
 
 
-async def expire_orders(db: Database, before: dt.datetime) -> None:
+async def expire_orders(db: Database, before: dt.datetime | None) -> None:
+    """Drop the orders expired ``before`` (``None``: now)."""
+    before = before or dt.datetime.now(dt.UTC)
     for order, expires in list(db.orders.items()):
         if expires <= before:
             del db.orders[order]

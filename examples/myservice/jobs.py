@@ -67,7 +67,9 @@ async def poll_card(ctx: JobContext, card_id: str) -> None:
 
 
 @app.initializer(version="2026-11-01", poller="cards")  # once per cluster per version, resumable
-async def load_cards(ctx: Context, cursor: str | None) -> AsyncIterator[tuple[str, dict[str, int]]]:
+async def load_cards(
+    ctx: Context, cursor: str | None
+) -> AsyncIterator[tuple[str, dict[str, float]]]:
     async for rows in fetch_cards_after(ctx.state["db"], cursor, batch=1000):
         yield str(rows[-1].id), {row.iccid: 0 for row in rows}  # (checkpoint, {item: due})
         # due: 0 = now; epoch seconds or an aware datetime = then; timedelta(seconds=30) = in 30 s
@@ -93,5 +95,5 @@ async def database(ctx: Context) -> None:
 
 
 @app.on_broadcast("pricing")  # in every process, whatever its role; each message once
-async def drop_prices(ctx: Context, data: dict[str, object]) -> None:
+async def drop_prices(ctx: Context, data: dict[str, float]) -> None:
     ctx.state.pop("prices", None)  # sent with `await ctx.broadcast("pricing", {...})`

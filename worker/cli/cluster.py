@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from worker import admin, dead, doctor, snapshot, status
 from worker.app import App
@@ -15,7 +14,7 @@ from worker.terminal import safe, say
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """Print the cluster's state from Redis."""
-    return run_async(show_status(settings, None, as_json=args.json or not sys.stdout.isatty()))
+    return run_async(show_status(settings, None, as_json=args.json))
 
 
 async def show_status(settings: Settings, app: App | None, *, as_json: bool) -> int:
@@ -59,7 +58,7 @@ async def _list_dead(settings: Settings, args: argparse.Namespace) -> int:
         page = max(1, args.page or 1)
         records = await dead.list_dead(a.store, limit=dead.PAGE, offset=(page - 1) * dead.PAGE)
         total = await dead.count_dead(a.store)
-    if args.json or not sys.stdout.isatty():
+    if args.json:
         say(json.dumps(records, indent=2))
         return 0
     for r in records:

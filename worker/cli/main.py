@@ -39,6 +39,7 @@ COMMANDS: dict[str, Command] = {
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m worker`` and the ``worker`` console script."""
+    _import_from_cwd()
     args = build().parse_args(with_command(sys.argv[1:] if argv is None else argv, [*COMMANDS]))
     _warn_secret_in_argv(args.redis_url)
     try:
@@ -65,6 +66,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise  # run prints nothing on stdout: this is a real error
         _stdout_closed()
     raise SystemExit(code)
+
+
+def _import_from_cwd() -> None:
+    """``--app mod:app`` is found in the current folder by the installed script too, as with
+    ``python -m worker`` (whose ``sys.path`` starts with it) and as uvicorn and celery do."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def _warn_secret_in_argv(url: str | None) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from worker.cli.common import fail
+from worker.version import describe
 
 #: Makes a subcommand parser: ``(name, summary, description)``.
 AddCommand = Callable[[str, str, str], argparse.ArgumentParser]
@@ -35,7 +36,7 @@ def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
 
 
 def _json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON (the default into a pipe)")
+    p.add_argument("--json", action="store_true", help="print JSON (else a table, piped too)")
 
 
 def build() -> argparse.ArgumentParser:
@@ -47,6 +48,7 @@ def build() -> argparse.ArgumentParser:
         "WORKER_* variables (README: Configuration); flags win.",
     )
     _common(p, top=True)
+    p.add_argument("--version", action="version", version=describe(), help="print the version")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
@@ -228,7 +230,7 @@ def with_command(argv: Sequence[str], commands: Sequence[str]) -> list[str]:
     i = 0
     while i < len(args):
         token = args[i]
-        if token in ("-h", "--help") or token in commands:
+        if token in ("-h", "--help", "--version") or token in commands:
             return args
         if token in _VALUE_OPTIONS:
             i += 2

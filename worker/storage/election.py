@@ -83,7 +83,9 @@ ACQUIRE = """
 -- handoff, after expiry, replaced, retried, data loss), and answers how long singleton
 -- services must wait: a lease that was not released cleanly (expired, deleted, lost with
 -- Redis's data, stale) may still be believed held by its old holder until that holder's renew
--- deadline plus stop grace. A pending handoff request is void (it targeted an older epoch).
+-- deadline plus stop grace; a fresh cluster (no epoch counter, lease state or history, and a
+-- caller that saw no epoch) has no previous holder and no gap. A pending handoff request is
+-- void (it targeted an older epoch).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
 -- KEYS[3] -> lease state hash (epoch, renewed_ms, released, released_why)
@@ -136,6 +138,9 @@ elseif counter then
   why = 'after expiry'
 elseif floor > 0 then
   why = 'data loss'
+end
+if why == 'first' and redis.call('LLEN', KEYS[4]) == 0 then
+  gap = 0  -- a fresh cluster: no epoch, no lease state, no history; nobody can hold a lease
 end
 local epoch = redis.call('INCR', KEYS[2])
 if epoch <= floor then
