@@ -39,7 +39,7 @@ TOKEN = "acl-console-token-0123456789abcdef"
 
 
 def minimal_acl(prefix: str) -> list[str]:
-    """README, "Redis operating contract": the rules with ``worker:`` replaced by ``prefix``."""
+    """docs/guarantees.md, "Redis operating contract": rules with ``worker:`` as ``prefix``."""
     return [
         f"~{prefix}*",
         f"~arq:job:{prefix}*",
@@ -80,12 +80,13 @@ def minimal_user(rsync: redis_sync.Redis, spawn: Spawn) -> Iterator[str]:
 
 
 def test_the_readme_documents_these_rules() -> None:
-    from tests.test_docs import README
+    from tests.docpages import page
 
+    guarantees = page("guarantees")
     documented = " ".join(minimal_acl("worker:"))
-    assert f"ACL SETUSER worker on >PASSWORD {documented}\n" in README, documented
+    assert f"ACL SETUSER worker on >PASSWORD {documented}\n" in guarantees, documented
     for app in ("shop", "billing"):
-        assert " ".join(minimal_acl(f"{app}:")) in README, app
+        assert " ".join(minimal_acl(f"{app}:")) in guarantees, app
 
 
 #: Server-wide commands one app's user must not run: each wipes, freezes, reconfigures or
@@ -301,7 +302,7 @@ def _refused(attempt: Callable[[], Any]) -> bool:
 def test_two_apps_under_their_own_users_cannot_touch_each_other(
     spawn: Spawn, rsync: redis_sync.Redis
 ) -> None:
-    """README, "Two apps on one Redis": shop and billing, each with its own prefix and ACL user.
+    """docs/guarantees.md, "Two apps on one Redis": shop and billing, own prefixes and ACL users.
     Billing's user finds shop's queued jobs by name (SCAN shows names) but every read, rewrite
     or block of them is refused; shop's jobs then run with their original arguments."""
     tag = uuid.uuid4().hex[:6]

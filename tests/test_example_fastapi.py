@@ -209,10 +209,13 @@ def test_example_image_and_compose_pass_the_linters() -> None:
 
 
 def test_the_docs_point_at_the_web_app_path() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "(docs/migration.md)" in readme and "(examples/fastapi/)" in readme
-    assert '"worker:queue"' not in readme  # the plain-arq recipe derives it from the prefix
-    assert "Client.from_env" in readme and "### Two apps on one Redis" in readme
+    from tests.docpages import page
+
+    readme, web = (ROOT / "README.md").read_text(), page("web-apps")
+    assert "(docs/web-apps.md)" in readme and "(examples/fastapi/)" in readme
+    assert "(migration.md)" in web and "`examples/fastapi/`" in web
+    assert '"worker:queue"' not in web  # the plain-arq recipe derives it from the prefix
+    assert "Client.from_env" in web and "### Two apps on one Redis" in page("guarantees")
     migration = (ROOT / "docs" / "migration.md").read_text()
     for topic in ("--workers 4", "## 2. The cut-over", "## 4. Rollback", "ctx.once"):
         assert topic in migration, topic

@@ -1,14 +1,13 @@
 """Job hooks: ``@app.on_job_start`` / ``@app.on_job_end`` run around every job in the consumer,
 in order, with a :class:`~worker.JobOutcome` whose status is exact; a hook that raises or hangs
-is logged and changes nothing about the job. The README's Sentry example runs here, against
-the real ``sentry_sdk`` with a transport of its own (nothing leaves the process)."""
+is logged and changes nothing about the job. The docs' Sentry example (docs/hooks-and-tracing.md)
+runs here, against the real ``sentry_sdk`` with a transport of its own (nothing leaves the
+process)."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,14 +15,13 @@ import structlog
 from arq.jobs import Job, JobStatus
 from arq.worker import Retry
 
+from tests.docpages import python_block, python_blocks, section
 from tests.test_consumer import KEYS, Loop, eventually
 from worker import App, JobContext, JobOutcome
 from worker.errors import ConfigError
 from worker.hooks import UserHooks
 from worker.jobs import status_of
 from worker.serializer import msgpack_loads
-
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 @pytest.fixture
@@ -179,17 +177,6 @@ async def test_a_raising_or_hanging_hook_changes_nothing(fake_arq: Any, loops: l
     assert timed_out[0]["job_id"] == jid and timed_out[0]["timeout_s"] == 0.2
 
 
-def readme_section(title: str) -> str:
-    """The README's section under ``## title`` (up to the next ``## ``)."""
-    start = README.index(f"## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end > 0 else None]
-
-
-def python_blocks(text: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
-
-
 async def test_the_readme_sentry_example_reports_failures(fake_arq: Any, loops: list[Loop]) -> None:
     import sentry_sdk
     from sentry_sdk.transport import Transport
@@ -200,10 +187,10 @@ async def test_the_readme_sentry_example_reports_failures(fake_arq: Any, loops: 
         def capture_envelope(self, envelope: Any) -> None:
             sent.append(envelope)
 
-    code = python_blocks(readme_section("Job hooks"))[-1]
+    code = python_blocks(section("hooks-and-tracing", "Job hooks"))[-1]
     assert "sentry_sdk.capture_exception" in code
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md (Job hooks: Sentry)", "exec"), namespace)
+    exec(compile(code, "docs/hooks-and-tracing.md (Job hooks: Sentry)", "exec"), namespace)
     app: App = namespace["app"]
     sentry_sdk.init(dsn="https://key@sentry.invalid/1", transport=Keep, default_integrations=False)
     try:
@@ -224,16 +211,16 @@ async def test_the_readme_sentry_example_reports_failures(fake_arq: Any, loops: 
 
 
 async def test_the_readme_hooks_example_runs(fake_arq: Any, loops: list[Loop]) -> None:
-    code = python_blocks(readme_section("Job hooks"))[0]
+    code = python_block("hooks-and-tracing", "Job hooks")
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md (Job hooks)", "exec"), namespace)
+    exec(compile(code, "docs/hooks-and-tracing.md (Job hooks)", "exec"), namespace)
     app: App = namespace["app"]
     assert [len(app.job_start_hooks), len(app.job_end_hooks)] == [1, 1]
     seen: list[float] = []
 
     @app.task
     async def work(ctx: JobContext) -> None:
-        seen.append(ctx["started_at"])  # set by the README's on_job_start hook
+        seen.append(ctx["started_at"])  # set by the docs' on_job_start hook
 
     lp = Loop(fake_arq, app, hooks=[hooked(app)])
     loops.append(lp.start())

@@ -1,10 +1,10 @@
 """The distribution as a user gets it: its own name and version, a wheel and an sdist that
 build and pass ``twine check`` with what a user needs in them, and types a user's
-``mypy --strict`` can see (the README's app type-checks with no ignores)."""
+``mypy --strict`` can see (the docs' app type-checks with no ignores)."""
 
 from __future__ import annotations
 
-import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -17,44 +17,8 @@ import pytest
 from worker.version import DIST_NAME, __version__
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
-
-#: The helpers the README's app calls but leaves to the reader (a database, a mailer, a
-#: gateway), typed as a user's own code would be.
-HELPERS = """
-from collections.abc import AsyncIterator
-from typing import Any
-
-
-async def create_db_pool() -> Any:
-    raise NotImplementedError
-
-
-async def mail(order_id: int) -> None: ...
-async def expire_orders(db: Any, before: Any) -> None: ...
-async def reset_daily_usage(db: Any) -> None: ...
-async def gateway_query(card_id: str) -> None: ...
-
-
-async def due_packages(db: Any) -> list[Any]:
-    raise NotImplementedError
-
-
-def fetch_cards_after(db: Any, cursor: str | None, batch: int) -> AsyncIterator[list[Any]]:
-    raise NotImplementedError
-
-
-def blocking_idle(seconds: float, mailbox: str | None = None) -> None: ...
-def list_mailboxes(ctx: Any) -> list[str]:
-    return []
-"""
-
-
-def readme_app() -> str:
-    """The README's "Writing an app" file (the block that starts ``# myservice/jobs.py``)."""
-    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
-    (app,) = [b for b in blocks if b.startswith("# myservice/jobs.py")]
-    return app
+#: The docs' "Writing an app" app, a complete file with its stand-ins (examples/myservice/).
+EXAMPLE_APP = ROOT / "examples" / "myservice"
 
 
 def test_the_distribution_has_its_own_name() -> None:
@@ -79,14 +43,13 @@ def test_version_flag_prints_the_distribution_and_its_version() -> None:
 
 
 @pytest.mark.slow
-def test_the_readme_app_passes_mypy_strict(tmp_path: Path) -> None:
-    """A user's app written like the README's, checked with ``mypy --strict`` against the
-    installed package: no import-untyped (``py.typed``), no untyped decorator."""
-    app = readme_app()
-    header, _, body = app.partition("from worker import")
-    (tmp_path / "jobs.py").write_text(header + HELPERS + "\nfrom worker import" + body)
+def test_the_docs_app_passes_mypy_strict(tmp_path: Path) -> None:
+    """A user's app written like the docs' (``examples/myservice``: its jobs, stand-ins and
+    Harness tests), checked with ``mypy --strict`` against the installed package: no
+    import-untyped (``py.typed``), no untyped decorator."""
+    shutil.copytree(EXAMPLE_APP, tmp_path / "myservice", ignore=shutil.ignore_patterns("*.ini"))
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "jobs.py"],
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "myservice"],
         cwd=tmp_path,  # not the repository's pyproject.toml: a user's own, default setup
         capture_output=True,
         text=True,

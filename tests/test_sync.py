@@ -9,11 +9,11 @@ import asyncio
 import contextvars
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.docpages import python_block
 from worker import App, JobContext
 from worker.clock import FakeClock
 from worker.errors import ConfigError
@@ -188,17 +188,10 @@ async def test_a_closed_pool_refuses_new_calls() -> None:
         await threads.call(lambda ctx: 1, None)
 
 
-def readme_block(heading: str) -> str:
-    """The first Python block of the README's section ``heading``."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
-
-
 async def test_the_readme_plain_def_example_runs() -> None:
-    code = readme_block("Plain `def` tasks")
+    code = python_block("duties", "Plain `def` tasks")
     scope: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/duties.md", "exec"), scope)
     async with Harness(scope["app"]) as h:
         assert await h.run("export_orders", "2026-12-01") == 300
         assert await h.tick("nightly_cleanup") is None

@@ -106,7 +106,7 @@ async def test_inside_an_event_loop_it_refuses_to_block(redis_url: str) -> None:
 
 
 def test_the_readme_flask_example_runs(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_sync import readme_block
+    from tests.docpages import python_block
     from worker import App
 
     jobs = types.ModuleType("myservice.jobs")
@@ -120,7 +120,8 @@ def test_the_readme_flask_example_runs(redis_url: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("WORKER_REDIS_URL", redis_url)
     monkeypatch.setenv("WORKER_KEY_PREFIX", "rd:")
     scope: dict[str, Any] = {"__name__": "readme_web"}
-    exec(compile(readme_block("From a sync web app (Flask/Django)"), "README.md", "exec"), scope)
+    code = python_block("web-apps", "From a sync web app (Flask/Django)")
+    exec(compile(code, "docs/web-apps.md", "exec"), scope)
     try:
         http = scope["web"].test_client()
         first = http.post("/orders/42/receipt").get_json()

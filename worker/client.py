@@ -284,7 +284,7 @@ class Client:
     async def failure(self, job_id: str) -> dict[str, Any] | None:
         """The last final failure of ``job_id`` (status ``failed``, ``timeout``, ``cancelled``
         or ``dead``, ``error_type``, ``message``, ``traceback``, ``try``, times, ``args``),
-        ``None`` if it has none kept (see README, "Why did my job fail?")."""
+        ``None`` if it has none kept (see docs/monitoring.md, "Why did my job fail?")."""
         return await self.store.failure(job_id)
 
     def unique_job_id(self, unique_key: str) -> str:

@@ -161,7 +161,7 @@ async def _check_eviction(redis: Any, settings: Settings) -> list[str]:
 async def check_key_permissions(store: Store) -> None:
     """Refuse to start, with one line, when the Redis user may not read one of the app's key
     families (its prefix, arq's per-job keys of its job ids): an ACL user set up for another
-    prefix, or with the per-job patterns missing (README, "Minimal ACL")."""
+    prefix, or with the per-job patterns missing (docs/guarantees.md, Redis operating contract)."""
     probe = f"{store.keys.prefix}acl-probe"
     for key in (probe, *(arq + probe for arq in (K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RESULT))):
         try:
@@ -169,7 +169,8 @@ async def check_key_permissions(store: Store) -> None:
         except NoPermissionError as exc:
             raise ConfigError(
                 f"WORKER_KEY_PREFIX {store.keys.prefix!r}: the Redis user may not use {key!r} "
-                f'({exc}); give it the rules of README "Minimal ACL" for this prefix'
+                f"({exc}); give it the rules of docs/guarantees.md (Redis operating contract) "
+                "for this prefix"
             ) from None
 
 

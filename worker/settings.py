@@ -79,7 +79,7 @@ def check_redis_url(url: str, name: str = "WORKER_REDIS_URL") -> None:
 
 
 class Settings(BaseSettings):
-    """Everything a worker process can be configured with (see README, "Configuration")."""
+    """Everything a worker process can be configured with (see docs/configuration.md)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,

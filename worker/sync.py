@@ -46,7 +46,7 @@ from worker.jobs import JobDef, JobHook, TaskFn
 log = structlog.get_logger("worker.sync")
 
 T = TypeVar("T")
-#: ``WORKER_SYNC_THREADS``'s default: the same on every host (see the README's reasoning).
+#: ``WORKER_SYNC_THREADS``'s default: the same on every host (see docs/duties.md).
 DEFAULT_SYNC_THREADS = 10
 #: While every thread is stuck, a sync job is put back for this long.
 STUCK_DEFER_S = 1.0

@@ -5,7 +5,7 @@ A task that calls ``time.sleep`` (the classic mistake in async code), runs a lon
 loop or uses a blocking client stops every task of the process: no heartbeat, no lease renew,
 no record of the jobs that just ended. Seen from Redis the process is dead: the leader's orphan
 reaper hands its jobs to another consumer and a standby takes the lease. Both are right for the
-job that blocks (it runs again, the README's at-least-once), but a run that had *finished*
+job that blocks (it runs again, the documented at-least-once), but a run that had *finished*
 before the block must not run again because its end was still waiting in memory for the next
 batched ``FINISH``. So:
 

@@ -45,7 +45,7 @@ def build() -> argparse.ArgumentParser:
         prog="worker",
         description="Role-split background workers on arq. Without a command: run.",
         epilog="`worker COMMAND --help` shows a command's options. Settings come from "
-        "WORKER_* variables (README: Configuration); flags win.",
+        "WORKER_* variables (docs/configuration.md); flags win.",
     )
     _common(p, top=True)
     p.add_argument("--version", action="version", version=describe(), help="print the version")

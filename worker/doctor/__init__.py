@@ -15,7 +15,7 @@ each check is a pure function of the snapshot, so it can be tested on a hand-mad
 
 Some checks look at moments: a leader that took over within the last heartbeat interval, or a
 tick due a second ago, can show as ✗ once. Run it again before acting; between the steps of a
-staged rollout (README, "Rolling out the role split") run it until it passes.
+staged rollout (docs/deployment.md, "Rolling out the role split") run it until it passes.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ class Keys:
 
         The poller name is a Redis Cluster hash tag so one poller's shards, its in-flight hash
         and a dispatch script's keys could share a slot; spreading pollers across a cluster
-        would give each shard its own tag (see README, "Scale").
+        would give each shard its own tag (see docs/deployment.md, "Scale").
         """
         return f"{self.prefix}poll:{{{poller}}}:{shard}"
 
