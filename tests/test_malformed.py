@@ -101,6 +101,10 @@ def test_a_broadcast_whose_sequence_is_not_a_number_is_skipped_everywhere(
         "consumer", name="late", app=BCAST_APP, env={"WORKER_HEALTH_PORT": str(ports["late"])}
     )
     wait_ready(late, ports["late"])
+    # Ready does not wait for the broadcast listener: send m2 once the late listener has read
+    # the stream (where the bad entry is the newest), else it may start after m2 and never
+    # meet the bad entry at all (a race seen under load, not a skip missed).
+    wait_until(lambda: skipped(late, "pricing"), 30, what="the late listener meets the bad entry")
     client_call(redis_url, prefix, "broadcast", "pricing", {"id": "m2"})
 
     def handled(name: str) -> dict[str, int]:

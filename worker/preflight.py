@@ -169,7 +169,7 @@ async def check_key_permissions(store: Store) -> None:
         except NoPermissionError as exc:
             raise ConfigError(
                 f"WORKER_KEY_PREFIX {store.keys.prefix!r}: the Redis user may not use {key!r} "
-                f"({exc}); give it the rules of docs/guarantees.md (Redis operating contract) "
+                f"({exc}); give it the ACL rules of docs/guarantees.md (Redis operating contract) "
                 "for this prefix"
             ) from None
 
