@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     app: str = Field(DEMO_APP, description="pkg.module:attr naming the App to run")
     processes: int = Field(1, ge=1, le=64, description="worker processes this command runs")
     key_prefix: str = Field("worker:", min_length=1, max_length=64)
+    queue_shards: int = Field(
+        1, ge=1, le=64, description="slots the app's job queue is split over (Cluster)"
+    )
     redis_connect_timeout_s: float = Field(10.0, gt=0, le=DAY_S)
     allow_eviction: bool = False
     sentinel_username: str | None = Field(None, description="ACL user of the Sentinels")
@@ -215,6 +218,12 @@ class Settings(BaseSettings):
                 f"{self.orphan_stale_s} < 2 x {self.heartbeat_interval_s})"
             )
         self._check_processes()
+        if self.queue_shards > 1 and hash_tag(self.key_prefix) is None:
+            raise ValueError(
+                f"WORKER_QUEUE_SHARDS={self.queue_shards} needs a hash-tagged "
+                f"WORKER_KEY_PREFIX such as {{{self.key_prefix.strip(':{}') or 'app'}}}: "
+                f"(got {self.key_prefix!r}): each shard is one Redis Cluster hash slot"
+            )
         self._resolve_redis_url()
         if self.wait_replicas() and not (
             self.redis_wait_timeout_s < self.leader_renew_deadline_s / 2

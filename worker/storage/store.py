@@ -20,6 +20,7 @@ from worker.storage.operators import OperatorOps
 from worker.storage.periodic import FencedPeriodicOps, PeriodicOps
 from worker.storage.poller import FencedPollerOps, PollerOps
 from worker.storage.registry import FencedRegistryOps, RegistryOps
+from worker.storage.shards import shard_prefixes
 from worker.storage.subscriptions import SubscriptionOps
 
 
@@ -54,3 +55,14 @@ def open_store(redis: Redis, keys: Keys, replication: Replication | None) -> Sto
     """The process's store over ``redis``: always with the app's WAIT policy (``None`` only
     where the settings have none to give, e.g. a bare test client)."""
     return Store(redis, keys, replication)
+
+
+def open_shards(
+    redis: Redis, keys: Keys, replication: Replication | None, n: int
+) -> tuple[Store, ...]:
+    """One :class:`Store` per queue shard (``WORKER_QUEUE_SHARDS``), home first: the same
+    client, each over the key names of its shard's prefix (see :mod:`worker.storage.shards`).
+    With ``n == 1`` the only one is the home store over ``keys``."""
+    prefixes = shard_prefixes(keys.prefix, n)
+    rest = (open_store(redis, Keys(prefix), replication) for prefix in prefixes[1:])
+    return (open_store(redis, keys, replication), *rest)
