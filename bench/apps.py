@@ -11,6 +11,8 @@
 - ``keys_app``: a ``per_key`` service over ``BENCH_KEYS_N`` keys (lease renewal scale).
 - ``latency_app``: ``stamp(sent_ms)`` records enqueue-to-start; ``every_second`` records
   instant-to-start of each tick (wake-up latency).
+- ``idle_app``: ``wake_stamp(sent)`` records enqueue-to-start after an idle spell; ``hold(s)``
+  (queue ``slow``) records which process started it and when (orphan recovery).
 """
 
 from __future__ import annotations
@@ -115,3 +117,21 @@ async def stamp(ctx: JobContext, sent_ms: int) -> None:
 async def every_second(ctx: JobContext) -> None:
     assert ctx.tick is not None
     await ctx.redis.rpush("bench:tick", int(time.time() * 1000 - ctx.tick.timestamp() * 1000))
+
+
+# -- idle: what an idle fleet costs Redis, and what it gives up (bench/idle.py) ------------
+
+idle_app = App("bench-idle")
+
+
+@idle_app.task
+async def wake_stamp(ctx: JobContext, sent: float) -> None:
+    """Enqueue to start, ms (same host: both ends read this host's clock)."""
+    await ctx.redis.rpush("bench:idle:wake", f"{(time.time() - sent) * 1000:.3f}")
+
+
+@idle_app.task(queue="slow", timeout_s=600)
+async def hold(ctx: JobContext, seconds: float) -> None:
+    """A long job: each start records ``<pid>:<start time>`` (orphan recovery measure)."""
+    await ctx.redis.rpush("bench:idle:hold", f"{os.getpid()}:{time.time():.3f}")
+    await asyncio.sleep(seconds)
