@@ -24,6 +24,8 @@ class ConsumerConfig:
     concurrency: int = 100
     poll_delay_s: float = 0.05
     idle_poll_max_s: float = 0.5
+    #: the idle fallback look while the wake channel is subscribed (announcements wake it)
+    idle_poll_subscribed_s: float = 30.0
     job_timeout_s: float = 300.0
     max_tries: int = 5
     keep_result_s: float = 3600.0

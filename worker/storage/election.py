@@ -67,9 +67,11 @@ class LeaderChange:
 
 @dataclass(frozen=True)
 class Refused:
-    """A lost campaign: the lock another process holds (its epoch raises the caller's floor)."""
+    """A lost campaign: the lock another process holds (its epoch raises the caller's floor)
+    and its remaining TTL, ms (unless renewed, the lock is free then)."""
 
     holder: LockValue | None
+    pttl_ms: int | None = None
 
 
 #: Run by :meth:`ElectionOps.acquire` (below).
@@ -99,19 +101,20 @@ ACQUIRE = """
 -- ARGV[6] -> the caller's instance name (for the history)
 -- ARGV[7] -> history entries kept
 -- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
--- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", 0,
--- the holder's lock value} (the caller learns the current epoch; the epoch counter is raised
--- to the caller's floor).
+-- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", the
+-- lock's PTTL in ms, the holder's lock value} (the caller learns the current epoch, and when
+-- to campaign next; the epoch counter is raised to the caller's floor).
 local current = redis.call('GET', KEYS[1])
 local floor = tonumber(ARGV[3])
-local stale = current and redis.call('PTTL', KEYS[1]) == -1
+local pttl = current and redis.call('PTTL', KEYS[1])
+local stale = pttl == -1
 local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
 local counter = redis.call('GET', KEYS[2])
 if current and not stale and not mine then
   if tonumber(counter or '0') < floor then
     redis.call('SET', KEYS[2], floor)
   end
-  return {'', 0, current}
+  return {'', pttl, current}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -309,7 +312,7 @@ class ElectionOps(LeaseOps):
         )
         lock = LockValue.parse(value) if value else None
         if lock is None:
-            return Refused(LockValue.parse(other))
+            return Refused(LockValue.parse(other), int(gap))
         return Acquired(lock, int(gap), _s(other), self.replicated(acked))
 
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:
