@@ -53,7 +53,6 @@ import redis as redis_sync
 from bench._common import (
     child_env,
     commandstats,
-    delta,
     fmt_breakdown,
     loadavg,
     machine,
@@ -69,8 +68,13 @@ from bench._common import (
 PREFIX = "bench:"
 APP = "bench.apps:idle_app"
 WAKE, HOLD = "bench:idle:wake", "bench:idle:hold"
-#: the harness's own commands on a server while it measures (never the process's)
-HARNESS = frozenset({"pexpire", "client|list", "client|setname", "rpush", "llen", "lrange"})
+#: what the harness itself sends while a window is open (INFO, CLIENT LIST; the standby's
+#: fake holder renews with PEXPIRE, which an idle standby never sends)
+HARNESS = {
+    "consumer": frozenset({"info", "client|list"}),
+    "standby": frozenset({"info", "client|list", "pexpire"}),
+    "leader": frozenset({"info", "client|list"}),
+}
 #: short liveness timings for --quick (as the tests' FAST_ENV): the bounds scale with them
 FAST = {
     "WORKER_LEADER_TTL_S": "3",
@@ -110,9 +114,10 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(10)
 
 
-def requests(r: redis_sync.Redis, mine: int) -> int:
-    """Commands every connection but the harness's (``mine``) sent so far (``tot-cmds``)."""
-    return sum(int(c.get("tot-cmds", 0)) for c in r.client_list() if int(c["id"]) != mine)
+def requests(r: redis_sync.Redis, harness: set[int]) -> int:
+    """Commands every connection but the harness's sent so far (``tot-cmds``; valkey counts
+    a script's commands there too)."""
+    return sum(int(c.get("tot-cmds", 0)) for c in r.client_list() if int(c["id"]) not in harness)
 
 
 class Renewer:
@@ -120,6 +125,7 @@ class Renewer:
 
     def __init__(self, url: str) -> None:
         self.r = redis_sync.Redis.from_url(url)
+        self.id = int(self.r.client_id())
         self.r.set(f"{PREFIX}leader", "1:harness-holder", px=10_000)
         self.r.set(f"{PREFIX}leader:epoch", 1)
         self.done = threading.Event()
@@ -134,6 +140,11 @@ class Renewer:
         self.done.set()
         self.thread.join(5)
         self.r.close()
+
+
+def diff(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """Calls per command between two ``INFO commandstats`` snapshots."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
 def cost(window_s: float, settle_s: float, logdir: Path) -> dict[str, dict[str, Any]]:
@@ -152,14 +163,15 @@ def cost(window_s: float, settle_s: float, logdir: Path) -> dict[str, dict[str, 
             wait_until(lambda r=r: r.zcard(f"{PREFIX}instances") >= 1, 60, f"the {role}")
         wait_until(lambda: clients["leader"].exists(f"{PREFIX}leader"), 60, "a leader")
         time.sleep(settle_s)  # start-up is not idle: manifests, script loads, first looks
-        ids = {role: int(r.client_id()) for role, r in clients.items()}
+        ids = {role: {int(r.client_id())} for role, r in clients.items()}
+        ids["standby"].add(renewer.id)
         before = {role: (commandstats(r), requests(r, ids[role])) for role, r in clients.items()}
         t0 = time.monotonic()
         time.sleep(window_s)
         secs = time.monotonic() - t0
         for role, r in clients.items():
             stats, reqs = commandstats(r), requests(r, ids[role])
-            d = {k: v for k, v in delta(stats, before[role][0]).items() if k not in HARNESS}
+            d = {k: v for k, v in diff(stats, before[role][0]).items() if k not in HARNESS[role]}
             out[role] = {
                 "cmds": sum(d.values()) / secs,
                 "requests": (reqs - before[role][1]) / secs,

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import FixedLease
@@ -94,6 +95,28 @@ async def test_heartbeat_notices_redis_losing_its_data_once_per_loss(r: Any) -> 
     assert a.data_losses == 1  # once per loss
     assert a.health.extra["data_losses"] == 1
     assert a.metrics is not None and a.metrics.data_loss._value.get() == 1
+
+
+async def test_a_steady_heartbeat_is_one_script_of_four_commands(redis_url: str) -> None:
+    """The idle cost (issue 21 item 5): the boot marker is read on the first beat and after
+    the record and the score were both gone (a data loss looks like that), not on every beat."""
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        hb = heartbeat(r, FakeClock(NOW_S))
+        await hb.tick()
+        before = await r.info("commandstats")
+        for _ in range(3):
+            await hb.tick()
+        after = await r.info("commandstats")
+        calls = {
+            k.removeprefix("cmdstat_"): v["calls"] - before.get(k, {"calls": 0})["calls"]
+            for k, v in after.items()
+        }
+        calls = {k: v for k, v in calls.items() if v and k != "info"}
+        assert calls == {"evalsha": 3, "time": 3, "set": 3, "zadd": 3}, calls
+        assert hb.marker is not None and hb.data_losses == 0
+    finally:
+        await r.aclose()
 
 
 # -- orphan reaper --------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ async def test_acquire_refuses_held_lock_but_raises_the_epoch_floor(r: Any) -> N
     assert isinstance(refused, Refused) and refused.holder == LockValue(1, "tokA")
     assert await r.get(KEYS.leader) == b"1:tokA"
     assert await r.get(KEYS.leader_epoch) == b"40"
+    # the answer says when the holder's lock expires unless renewed (a standby waits that long)
+    assert refused.pttl_ms is not None and 0 < refused.pttl_ms <= 5000
 
 
 async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:

@@ -109,13 +109,16 @@ local floor = tonumber(ARGV[3])
 local pttl = current and redis.call('PTTL', KEYS[1])
 local stale = pttl == -1
 local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
-local counter = redis.call('GET', KEYS[2])
 if current and not stale and not mine then
-  if tonumber(counter or '0') < floor then
+  -- the holder's epoch came from the counter: only a floor above it needs the counter read
+  -- (a standby's refused campaign, once per lease TTL, stays three commands)
+  if floor > tonumber(string.match(current, '^(%d+):') or '0')
+      and tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
     redis.call('SET', KEYS[2], floor)
   end
   return {'', pttl, current}
 end
+local counter = redis.call('GET', KEYS[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released', 'released_why')
