@@ -331,10 +331,11 @@ class Client:
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> Job:
         """arq's :class:`~arq.jobs.Job` for ``job_id`` in ``queue``: ``await job.status()``,
         ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
+        store = self.shards.of(job_id)  # the job's queue shard
         return Job(
             job_id,
-            self.shards.of(job_id).redis,  # the job's shard
-            _queue_name=self.keys.queue_of(queue),
+            store.redis,
+            _queue_name=store.keys.queue_of(queue),
             _deserializer=self.redis.job_deserializer,
         )
 
