@@ -382,7 +382,7 @@ async def _enqueue_sharded(url: str, prefix: str, keys: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_a_sharded_app_runs_under_the_documented_shard_patterns(
-    spawn: Spawn, rsync: redis_sync.Redis
+    spawn: Spawn, rsync: redis_sync.Redis, cli: CliRun
 ) -> None:
     """docs/guarantees.md, "Two apps on one Redis": with WORKER_QUEUE_SHARDS the rules read
     ``{shop[}#]`` where they read the prefix, covering the home ``{shop}:`` and every shard
@@ -394,6 +394,14 @@ def test_a_sharded_app_runs_under_the_documented_shard_patterns(
     try:
         with pytest.raises(redis_sync.exceptions.NoPermissionError):
             asyncio.run(_enqueue_sharded(narrow, prefix, ["n0", "n1", "n2"]))  # one in a shard
+        # a worker under the unsharded rules refuses to start, naming the shard (one line)
+        refused = cli("run", "--role", "consumer", env={
+            "WORKER_REDIS_URL": narrow, "WORKER_KEY_PREFIX": prefix, "WORKER_QUEUE_SHARDS": "3",
+            "WORKER_APP": "tests.apps.ledger:app",
+        })  # fmt: skip
+        assert refused.returncode == 2, refused.stderr
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith("worker: error: WORKER_QUEUE_SHARDS: the queue shard '{"), last
         keys = [f"k{i}" for i in range(9)]
         asyncio.run(_enqueue_sharded(wide, prefix, keys))
         env = {"WORKER_REDIS_URL": wide, "WORKER_KEY_PREFIX": prefix, "WORKER_QUEUE_SHARDS": "3"}

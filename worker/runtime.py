@@ -235,7 +235,8 @@ class Runtime:
                 log.warning(warning)
             shards = self._shards("main", redis, 30)  # the app's queue shards, home first
             store = shards.home  # the process's store: every key but the other shards' queues
-            await check_key_permissions(store)
+            for shard in shards.stores:
+                await check_key_permissions(shard)
             await on_server_time(self.clock, store.server_time_ms)
             await check_app_identity(store, self.app.name)
             w = self._build(redis, store, shards)
