@@ -774,3 +774,19 @@ async def test_the_fallback_look_is_rare_while_subscribed_and_at_once_when_the_w
     await lp.halt()
     loops.remove(lp)
     await r.aclose()
+
+
+def test_a_wake_for_a_job_due_a_millisecond_ahead_is_a_timer_not_a_lost_claim() -> None:
+    """``CLAIM`` takes what is due by the consumer's clock: a job announced 1 ms ahead of it,
+    claimed now, would be skipped and then wait for the next fallback look (30 s)."""
+    from worker.clock import FakeClock
+    from worker.consumer.wakeups import Wakeups
+
+    clock = FakeClock()
+    wakeups = Wakeups(None, clock)  # type: ignore[arg-type]  # no Redis: heard() only
+    wakeups.woken = False
+    now = round(clock.time() * 1000)
+    wakeups.heard(now + 1)
+    assert not wakeups.woken and wakeups.next_due == now + 1 and wakeups.event.is_set()
+    wakeups.heard(now)
+    assert wakeups.woken

@@ -61,8 +61,11 @@ class Wakeups:
         self.event.set()
 
     def heard(self, due_ms: int) -> None:
-        """An enqueue announced a job due at ``due_ms``."""
-        if due_ms <= ms(self.clock.time()) + 1:
+        """An enqueue announced a job due at ``due_ms``: claim now if it is due by this
+        process's clock, else at that time (a claim now would not take it, ``CLAIM`` takes
+        what is due by the same clock, and nothing else would remember it until the next
+        fallback look)."""
+        if due_ms <= ms(self.clock.time()):
             self.woken = True
         elif self.next_due is None or due_ms < self.next_due:
             self.next_due = due_ms
