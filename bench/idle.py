@@ -152,10 +152,11 @@ def cost(window_s: float, settle_s: float, logdir: Path) -> dict[str, dict[str, 
     servers = {role: start_server() for role in ("consumer", "standby", "leader")}
     clients = {role: redis_sync.Redis.from_url(url) for role, (_, url) in servers.items()}
     renewer = Renewer(servers["standby"][1])
+    one = {"WORKER_QUEUES": "default"}  # one queue, as most apps (a look per queue)
     procs = {
-        "consumer": start("consumer", servers["consumer"][1], logdir / "c.log", "idle-c"),
-        "standby": start("leader", servers["standby"][1], logdir / "s.log", "idle-s"),
-        "leader": start("leader", servers["leader"][1], logdir / "l.log", "idle-l"),
+        "consumer": start("consumer", servers["consumer"][1], logdir / "c.log", "idle-c", one),
+        "standby": start("leader", servers["standby"][1], logdir / "s.log", "idle-s", one),
+        "leader": start("leader", servers["leader"][1], logdir / "l.log", "idle-l", one),
     }
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -302,6 +303,7 @@ def main() -> None:
     ap.add_argument("--spells", type=int, help="wakes measured (default 60; quick 5)")
     ap.add_argument("--spell-s", type=float, default=1.0, help="idle spell before each wake")
     ap.add_argument("--trials", type=int, help="takeovers per kind (default 2; quick 1)")
+    ap.add_argument("--parts", default="cost,wake,reap,crash,release", help="what to run")
     args = ap.parse_args()
     window = args.window_s or (4.0 if args.quick else 60.0)
     spells = args.spells or (5 if args.quick else 60)
@@ -321,35 +323,51 @@ def main() -> None:
             "crash": lambda: takeover("crash", env, logdir, trials),
             "release": lambda: takeover("release", env, logdir, trials),
         }
+        chosen = args.parts.split(",")
+        parts = {k: f for k, f in parts.items() if k in chosen}
         if args.quick:  # a smoke run: the parts at once, each on its own server
             with ThreadPoolExecutor(len(parts)) as pool:
                 futures = {k: pool.submit(f) for k, f in parts.items()}
                 got = {k: f.result() for k, f in futures.items()}
         else:  # one at a time: a measurement must not share the box with the others
             got = {k: f() for k, f in parts.items()}
-        costs, wakes, reaped = got["cost"], got["wake"], got["reap"]
-        crash, release = got["crash"], got["release"]
     print(f"load after: {loadavg()}\n")
-    timing = "fast test timings" if args.quick else "defaults"
-    print(f"idle cost over {window:.0f} s, each role alone on a server ({timing} for the rest)")
-    rows = [
-        [role, f"{c['cmds']:.2f}", f"{c['requests']:.2f}", fmt_breakdown(c["breakdown"])]
-        + ([] if c["alive"] else ["(process exited!)"])
-        for role, c in costs.items()
-    ]
-    print(table(["role", "commands/s", "requests/s", "by command (/s)"], rows))
-    print()
-    w = wakes
-    rows = [
-        [f"first job after a {spell_s:g} s idle spell, enqueue -> start (ms), n={len(w)}",
-         f"{pct(w, 50):.1f}", f"{pct(w, 99):.1f}", f"{max(w):.1f}"],
-        ["orphaned job: consumer SIGKILLed -> job started again (s)", f"{reaped:.1f}", "", ""],
-        [f"takeover: leader SIGKILLed -> new epoch (s), n={len(crash)}", f"{pct(crash, 50):.2f}",
-         "", f"{max(crash):.2f}"],
-        [f"takeover: leader SIGTERMed -> new epoch (s), n={len(release)}",
-         f"{pct(release, 50):.3f}", "", f"{max(release):.3f}"],
-    ]  # fmt: skip
-    print(table(["liveness", "p50", "p99", "max"], rows))
+    report(got, args.quick, window, spell_s)
+
+
+def report(got: dict[str, Any], quick: bool, window: float, spell_s: float) -> None:
+    if "cost" in got:
+        timing = "fast test timings" if quick else "defaults"
+        print(f"idle cost over {window:.0f} s, each role alone on a server, one queue ({timing} "
+              "for the liveness parts)")  # fmt: skip
+        rows = [
+            [role, f"{c['cmds']:.2f}", f"{c['requests']:.2f}", fmt_breakdown(c["breakdown"])]
+            + ([] if c["alive"] else ["(process exited!)"])
+            for role, c in got["cost"].items()
+        ]
+        print(table(["role", "commands/s", "requests/s", "by command (/s)"], rows))
+        print()
+    rows = []
+    if "wake" in got:
+        w = got["wake"]
+        rows.append(
+            [f"first job after a {spell_s:g} s idle spell, enqueue -> start (ms), n={len(w)}",
+             f"{pct(w, 50):.1f}", f"{pct(w, 99):.1f}", f"{max(w):.1f}"]
+        )  # fmt: skip
+    if "reap" in got:
+        rows.append(
+            ["orphaned job: consumer SIGKILLed -> job started again (s)", f"{got['reap']:.1f}",
+             "", ""]
+        )  # fmt: skip
+    for kind, signal_name, digits in (("crash", "SIGKILLed", 2), ("release", "SIGTERMed", 3)):
+        if kind in got:
+            t = got[kind]
+            rows.append(
+                [f"takeover: leader {signal_name} -> new epoch (s), n={len(t)}",
+                 f"{pct(t, 50):.{digits}f}", "", f"{max(t):.{digits}f}"]
+            )  # fmt: skip
+    if rows:
+        print(table(["liveness", "p50", "p99", "max"], rows))
 
 
 if __name__ == "__main__":
