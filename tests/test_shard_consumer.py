@@ -16,6 +16,7 @@ from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.ids import shard_index
+from worker.limits import LimitsHook
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import Shards, open_shards
@@ -24,11 +25,11 @@ from worker.storage.keys import Keys
 PREFIX = "{f}:"
 
 
-def sharded(r: Any, n: int, app: App) -> tuple[Client, Consumer]:
+def sharded(r: Any, n: int, app: App, instance: str = "i-1") -> tuple[Client, Consumer]:
     keys = Keys(PREFIX)
     shards = Shards(open_shards(r, keys, None, n))
     client = Client(r, keys=keys, serialize=msgpack_dumps, app=app, shards=shards)
-    ctx = Context(Settings.model_construct(), r, client, SystemClock(), "i-1")
+    ctx = Context(Settings.model_construct(), r, client, SystemClock(), instance)
     cfg = ConsumerConfig(
         concurrency=2,
         poll_delay_s=0.01,
@@ -36,10 +37,11 @@ def sharded(r: Any, n: int, app: App) -> tuple[Client, Consumer]:
         queues=("default",),
         shutdown_timeout_s=2,
     )
-    dead = DeadLetters(shards.home, SystemClock(), instance_id="i-1", shards=shards)
+    dead = DeadLetters(shards.home, SystemClock(), instance_id=instance, shards=shards)
+    limits = LimitsHook(shards.home, SystemClock())  # as the wiring: limits in the home slot
     consumer = Consumer(
-        app.jobs(), [], ctx, shards, (msgpack_dumps, msgpack_loads), SystemClock(),
-        instance_id="i-1", config=cfg, dead=dead,
+        app.jobs(), [limits], ctx, shards, (msgpack_dumps, msgpack_loads), SystemClock(),
+        instance_id=instance, config=cfg, dead=dead,
     )  # fmt: skip
     return client, consumer
 
@@ -121,3 +123,32 @@ async def test_an_abort_reaches_a_job_in_another_shard(r: Any) -> None:
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+async def test_max_concurrency_holds_across_shards_and_consumers(r: Any) -> None:
+    app = App("limited")
+    now = {"running": 0, "most": 0, "runs": 0}
+
+    @app.task(max_concurrency=1)
+    async def one_at_a_time(ctx: JobContext) -> None:
+        now["running"] += 1
+        now["most"] = max(now["most"], now["running"])
+        await asyncio.sleep(0.02)
+        now["running"] -= 1
+        now["runs"] += 1
+
+    client, first = sharded(r, 3, app, "i-1")
+    _, second = sharded(r, 3, app, "i-2")
+    ids = [await client.enqueue("one_at_a_time") for _ in range(4)]
+    assert len({shard_index(j or "", client.shards.prefixes) for j in ids}) == 3
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(c.run(stop)) for c in (first, second)]
+    try:
+        for _ in range(500):
+            if now["runs"] == 4:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert now == {"running": 0, "most": 1, "runs": 4}
