@@ -13,13 +13,13 @@ from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import FixedLease
 from worker.app import App
-from worker.clock import FakeClock
+from worker.clock import FakeClock, RedisClock, ms
 from worker.component import Health
 from worker.dead import DeadLetters
 from worker.errors import LeadershipLost
 from worker.health import HealthServer
 from worker.metrics import Metrics
-from worker.registry import Heartbeat, OrphanReaper, WriteWitness
+from worker.registry import CLOCK_SYNC_S, Heartbeat, OrphanReaper, WriteWitness
 from worker.roles import SPECS, plan
 from worker.settings import Settings
 from worker.storage import FencedStore, Store
@@ -115,6 +115,41 @@ async def test_a_steady_heartbeat_is_one_script_of_four_commands(redis_url: str)
         calls = {k: v for k, v in calls.items() if v and k != "info"}
         assert calls == {"evalsha": 3, "time": 3, "set": 3, "zadd": 3}, calls
         assert hb.marker is not None and hb.data_losses == 0
+    finally:
+        await r.aclose()
+
+
+async def test_between_clock_syncs_the_heartbeat_scores_with_its_copy_of_the_server_clock(
+    redis_url: str,
+) -> None:
+    """A worker's RedisClock was synced less than a minute ago: the beat sends that clock as
+    its score (three commands), reading ``TIME`` only on the first beat and once a minute."""
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        host = FakeClock(NOW_S)
+        clock = RedisClock(host)
+        hb = heartbeat(r, host)
+        hb.server_clock = clock
+        await hb.tick()  # the first beat reads TIME: the offset, and the clock's sample
+        assert hb.clock_offset is not None and clock.synced
+        before = await r.info("commandstats")
+        host.advance(10)
+        await hb.tick()
+        after = await r.info("commandstats")
+        calls = {
+            k.removeprefix("cmdstat_"): v["calls"] - before.get(k, {"calls": 0})["calls"]
+            for k, v in after.items()
+        }
+        assert {k: v for k, v in calls.items() if v and k != "info"} == {
+            "evalsha": 1, "set": 1, "zadd": 1
+        }  # fmt: skip
+        score = await r.zscore(KEYS.instances, "i-1")
+        assert abs(score - ms(clock.time())) < 5  # the server's clock, as this process has it
+        host.advance(CLOCK_SYNC_S)
+        before = await r.info("commandstats")
+        await hb.tick()  # the copy is a minute old: TIME again
+        after = await r.info("commandstats")
+        assert after["cmdstat_time"]["calls"] == before["cmdstat_time"]["calls"] + 1
     finally:
         await r.aclose()
 

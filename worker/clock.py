@@ -187,6 +187,10 @@ class RedisClock:
     def synced(self) -> bool:
         return self._offset is not None
 
+    def sample_age_s(self) -> float:
+        """Seconds since the kept sample's reply (infinite before the first sync)."""
+        return self.base.monotonic() - self._synced_at
+
     @property
     def rtt_s(self) -> float:
         """Round trip of the kept sample: how late :meth:`time` may be, at most."""

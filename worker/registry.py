@@ -50,6 +50,10 @@ log = structlog.get_logger("worker.registry")
 #: The orphan reaper looks for stale instances at least this often (the heartbeat interval
 #: when shorter): a dead consumer's jobs are due again within ``orphan_stale_s`` plus this.
 REAP_EVERY_S = 2.0
+#: The heartbeat reads the server's ``TIME`` when the process's copy of the server's clock is
+#: this old (as a :class:`~worker.client.Client` does before a dated write); between, its
+#: score is that copy (drift: ~100 ppm of the host's monotonic clock, a few ms).
+CLOCK_SYNC_S = 60.0
 
 
 @dataclass
@@ -141,16 +145,30 @@ class Heartbeat(LoopComponent):
         if self.clock_offset is not None:
             record["clock_offset_ms"], record["clock_rtt_ms"] = self.clock_offset
         before, sent = self.host.time(), self.clock.monotonic()
-        # the score is the server's TIME (HEARTBEAT): the reaper judges silence on that clock;
-        # the boot marker comes back when the record and the score were both gone
+        # the score is the server's clock (HEARTBEAT): the reaper judges silence on it. Read
+        # with TIME in the script, or, while this process's copy of it was synced within
+        # CLOCK_SYNC_S, that copy (a lower bound: never ahead of the server). The boot marker
+        # comes back when the record and the score were both gone.
+        clock = self.server_clock
+        fresh = (
+            isinstance(clock, RedisClock)
+            and clock.sample_age_s() < CLOCK_SYNC_S
+            and self.clock_offset is not None  # the first beat measures this host's offset
+        )
         beat = await self.store.heartbeat(
-            self.instance_id, record, ms(self.interval_s * 2.5), boot=f"{uuid4().hex}:{now}"
+            self.instance_id,
+            record,
+            ms(self.interval_s * 2.5),
+            ms(clock.time()) if fresh else None,
+            boot=f"{uuid4().hex}:{now}",
         )
         after, received = self.host.time(), self.clock.monotonic()
-        rtt = (after - before) * 1000
-        self.clock_offset = (round(beat.server_ms - (before + after) * 500, 1), round(rtt, 1))
-        if isinstance(self.server_clock, RedisClock):
-            self.server_clock.observe(beat.server_ms, sent, received)
+        if beat.server_ms is not None:
+            rtt = (after - before) * 1000
+            offset = round(beat.server_ms - (before + after) * 500, 1)
+            self.clock_offset = (offset, round(rtt, 1))
+            if isinstance(clock, RedisClock):
+                clock.observe(beat.server_ms, sent, received)
         if beat.boot is not None:
             self._saw_marker(*beat.boot)
 

@@ -9,7 +9,7 @@ from worker.storage.keys import DEFAULT_QUEUE
 
 SUMMARY_EVERY_S = 60.0
 #: arq's health-check key is rewritten this often (arq's own Worker: every hour by default).
-HEALTH_EVERY_S = 60.0
+HEALTH_EVERY_S = 300.0
 #: arq's retry-counter TTL (88,400 s).
 RETRY_TTL_MS = 88_400_000
 #: Most jobs one claim round takes (the scripts unpack one argument per job).

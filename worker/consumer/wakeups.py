@@ -16,7 +16,7 @@ from worker.clock import Clock, ms
 from worker.storage.sharded import Shards
 
 #: A quiet wake subscription is pinged this often (one command), so a dead one is noticed.
-PING_S = 25.0
+PING_S = 55.0
 
 
 class Wakeups:

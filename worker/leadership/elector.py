@@ -45,7 +45,7 @@ from worker.storage import Refused, Renewal, Store
 log = structlog.get_logger("worker.leader")
 
 #: A quiet subscription to the lease's channels is pinged this often, so a dead one is noticed.
-PING_S = 25.0
+PING_S = 55.0
 
 
 class LeaderElector(Leadership):
@@ -93,6 +93,9 @@ class LeaderElector(Leadership):
         self.subscribed = False
         #: the refused campaign's answer: the holder's lock expires in this long, seconds
         self._holder_ttl_s: float | None = None
+        #: the last campaign was refused cleanly: the next may peek (``ElectionOps.acquire``);
+        #: after an error or an unconfirmed lease (the lock may hold our token) it reads all
+        self._may_peek = False
 
     def _fresh(self) -> bool:
         sent = self._last_renew_sent
@@ -135,6 +138,8 @@ class LeaderElector(Leadership):
 
     async def _campaign(self) -> None:
         self._holder_ttl_s = None
+        # subscribed, the announcements tell every new epoch: a steady look needs the PTTL only
+        peek, self._may_peek = self._may_peek and self.subscribed, False
         sent = self.clock.monotonic()
         try:
             won = await self.clock.wait_for(
@@ -144,6 +149,7 @@ class LeaderElector(Leadership):
                     floor=self.floor,
                     bound_ms=ms(self.safety_bound_s),
                     instance=self.instance,
+                    peek=peek,
                 ),
                 self.timing.renew_deadline_s,
             )
@@ -155,6 +161,7 @@ class LeaderElector(Leadership):
                 self.note_epoch(won.holder.epoch)
             if won.pttl_ms is not None and won.pttl_ms >= 0:
                 self._holder_ttl_s = won.pttl_ms / 1000
+            self._may_peek = True
             return
         if not won.replicated:
             # Taken on the primary, but no replica confirmed it: a failover now could lose the

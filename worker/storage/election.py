@@ -105,10 +105,18 @@ ACQUIRE = """
 -- ARGV[5] -> announce channel
 -- ARGV[6] -> the caller's instance name (for the history)
 -- ARGV[7] -> history entries kept
+-- ARGV[8] -> "1": a subscribed standby's steady look (it knows the holder's epoch from the
+--            announcements): a lock with a TTL refuses it unread, {"", its PTTL, ""}
 -- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
 -- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", the
 -- lock's PTTL in ms, the holder's lock value} (the caller learns the current epoch, and when
 -- to campaign next; the epoch counter is raised to the caller's floor).
+if ARGV[8] == '1' then
+  local left = redis.call('PTTL', KEYS[1])
+  if left > 0 then
+    return {'', left, ''}
+  end
+end
 local current = redis.call('GET', KEYS[1])
 local floor = tonumber(ARGV[3])
 local pttl = current and redis.call('PTTL', KEYS[1])
@@ -315,15 +323,27 @@ class ElectionOps(LeaseOps):
         floor: int = 0,
         bound_ms: int = 0,
         instance: str = "",
+        peek: bool = False,
     ) -> Acquired | Refused:
         """Take the lease with a new epoch above ``floor`` if free, announcing it and noting
         it (by ``instance``) in the history; ``bound_ms`` is a holder's renew deadline + stop
-        grace (see ``election.ACQUIRE``)."""
+        grace (see ``election.ACQUIRE``). ``peek``: a lock with a TTL refuses without being
+        read (one command: a :class:`Refused` without holder), for a standby that learns
+        epochs from the announcements and holds no lost acquisition of its own."""
         k = self.keys
         (value, gap, other), acked = await self._eval(
             self._script(ACQUIRE),
             [k.leader, k.leader_epoch, k.leader_state, k.leader_history, k.leader_handoff],
-            [token, ttl_ms, floor, bound_ms, k.leader_announce, instance, K.HISTORY_KEEP],
+            [
+                token,
+                ttl_ms,
+                floor,
+                bound_ms,
+                k.leader_announce,
+                instance,
+                K.HISTORY_KEEP,
+                "1" if peek else "",
+            ],
         )
         lock = LockValue.parse(value) if value else None
         if lock is None:

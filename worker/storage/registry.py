@@ -14,10 +14,10 @@ from worker.storage.fenced import FENCE, TOKEN_FENCE, FencedBase
 
 @dataclass(frozen=True)
 class Beat:
-    """A heartbeat's answer: the server's clock (ms) and, when the script read it, the boot
-    marker and whether it was created now."""
+    """A heartbeat's answer: the server's clock (ms; ``None`` when the caller gave the score)
+    and, when the script read it, the boot marker and whether it was created now."""
 
-    server_ms: float
+    server_ms: float | None
     boot: tuple[str, bool] | None = None
 
 
@@ -40,16 +40,19 @@ HEARTBEAT = """
 -- ARGV[1] -> instance id
 -- ARGV[2] -> record (JSON)
 -- ARGV[3] -> record TTL ms
--- ARGV[4] -> score ms, or "" for the server's clock (tests pass one)
+-- ARGV[4] -> score ms, or "" for the server's clock (read with TIME: a caller whose copy of
+--            the server's clock is fresh passes it instead, one command less)
 -- ARGV[5] -> candidate boot marker "<random id>:<created ms>"
--- Returns: {seconds, microseconds} of the server's clock (the caller's clock-offset estimate),
--- then the boot marker ("" when not read) and 1 if it was created now, else 0.
-local t = redis.call('TIME')
-local old = redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3], 'GET')
+-- Returns: {seconds, microseconds} of the server's clock when read ("", "" otherwise: the
+-- caller's clock-offset estimate), then the boot marker ("" when not read) and 1 if it was
+-- created now, else 0.
+local t = {'', ''}
 local score = ARGV[4]
 if score == '' then
+  t = redis.call('TIME')
   score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local old = redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3], 'GET')
 local added = redis.call('ZADD', KEYS[2], score, ARGV[1])
 local marker, created = '', 0
 if not old and added == 1 then
@@ -166,16 +169,17 @@ class RegistryOps(StoreBase):
         *,
         boot: str = "",
     ) -> Beat:
-        """Write the instance's record and heartbeat score (the server's clock unless
-        ``score_ms`` says otherwise, ``registry.HEARTBEAT``); returns the server's clock read
-        in the same script (for the clock-offset estimate) and, when the record and the score
-        were both gone, the dataset's boot marker (created from ``boot`` if missing)."""
+        """Write the instance's record and heartbeat score (the server's clock, read with
+        ``TIME``, unless ``score_ms`` gives it, ``registry.HEARTBEAT``); returns the server's
+        clock read in the same script (for the clock-offset estimate) and, when the record and
+        the score were both gone, the dataset's boot marker (created from ``boot`` if
+        missing)."""
         score = "" if score_ms is None else score_ms
         sec, usec, marker, created = await self._script(HEARTBEAT)(
             keys=[self.keys.instance(instance_id), self.keys.instances, self.keys.boot],
             args=[instance_id, json.dumps(record, default=str), ttl_ms, score, boot],
         )
-        server_ms = int(sec) * 1000 + int(usec) / 1000
+        server_ms = int(sec) * 1000 + int(usec) / 1000 if _s(sec) else None
         return Beat(server_ms, (_s(marker), int(created) == 1) if _s(marker) else None)
 
     async def deregister(self, instance_id: str) -> None:

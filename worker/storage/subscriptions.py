@@ -55,6 +55,10 @@ class SubscriptionOps(StoreBase):
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(*channels)
+                if ping_s is not None and pubsub.connection is not None:
+                    # our PING (answered within PONG_WAIT_S, or reconnect) replaces redis-py's
+                    # health check, which pings every 30 s and never notices a missing pong
+                    pubsub.connection.health_check_interval = 0
                 if healthy is not None:
                     healthy(True)
                 await self._receive(pubsub, handle, stop, clock, poll_s, ping_s)
