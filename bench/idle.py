@@ -23,7 +23,7 @@ TAKEOVER: a leader and a standby; the leader SIGKILLed (the lease must expire) o
 release: the standby hears it); time until the lock holds a new epoch.
 
     python -m bench idle            # 60 s window, 60 wakes, 2 + 2 takeovers (~5 min)
-    python -m bench idle --quick    # 4 s window, 5 wakes, fast liveness timings, all at once
+    python -m bench idle --quick    # 3 s window, 5 wakes, fast liveness timings, all at once
 
 Targets (issue 21 item 5): each idle role ≤ 1 command/s; first job after an idle spell ≤ 20 ms
 p99 after its enqueue; orphans and takeovers within the documented bounds
@@ -265,7 +265,9 @@ def epoch(r: redis_sync.Redis) -> int | None:
     return int(raw.split(b":")[0]) if raw else None
 
 
-def takeover(kind: str, env: Mapping[str, str], logdir: Path, n: int) -> list[float]:
+def takeover(
+    kind: str, env: Mapping[str, str], logdir: Path, n: int, settle_s: float = 3.0
+) -> list[float]:
     """``n`` trials: the leader SIGKILLed (``crash``) or SIGTERMed (``release``); seconds from
     the signal until the lock holds a new epoch (the standby's)."""
     server, url = start_server()
@@ -280,7 +282,7 @@ def takeover(kind: str, env: Mapping[str, str], logdir: Path, n: int) -> list[fl
             standby = start("leader", url, logdir / f"{kind}-{i + 1}.log", f"{kind}-{i + 1}", env)
             procs.append(standby)
             wait_until(lambda: r.zcard(f"{PREFIX}instances") >= 2, 60, "the standby")
-            time.sleep(3.0)  # the standby settles into its idle campaign
+            time.sleep(settle_s)  # the standby settles into its idle campaign
             before = epoch(r)
             t0 = time.time()
             leader.send_signal(signal.SIGKILL if kind == "crash" else signal.SIGTERM)
@@ -298,18 +300,21 @@ def takeover(kind: str, env: Mapping[str, str], logdir: Path, n: int) -> list[fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a few seconds per part (smoke test)")
-    ap.add_argument("--window-s", type=float, help="idle window (default 60; quick 4)")
+    ap.add_argument(
+        "--quick", "--smoke", action="store_true", help="a few seconds per part (smoke test)"
+    )
+    ap.add_argument("--window-s", type=float, help="idle window (default 60; quick 3)")
     ap.add_argument("--spells", type=int, help="wakes measured (default 60; quick 5)")
     ap.add_argument("--spell-s", type=float, default=1.0, help="idle spell before each wake")
     ap.add_argument("--trials", type=int, help="takeovers per kind (default 2; quick 1)")
     ap.add_argument("--parts", default="cost,wake,reap,crash,release", help="what to run")
     args = ap.parse_args()
-    window = args.window_s or (4.0 if args.quick else 60.0)
+    window = args.window_s or (3.0 if args.quick else 60.0)
     spells = args.spells or (5 if args.quick else 60)
     trials = args.trials or (1 if args.quick else 2)
     spell_s = 0.3 if args.quick else args.spell_s
     env = FAST if args.quick else {}
+    settle = 1.0 if args.quick else 3.0
     server, url = start_server()
     print_machine(machine(url))
     server.stop()
@@ -317,11 +322,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
         logdir = Path(tmp)
         parts: dict[str, Callable[[], Any]] = {
-            "cost": lambda: cost(window, 2.0 if args.quick else 10.0, logdir),
+            "cost": lambda: cost(window, 1.0 if args.quick else 10.0, logdir),
             "wake": lambda: wake(spells, spell_s, logdir),
             "reap": lambda: reap(env, logdir),
-            "crash": lambda: takeover("crash", env, logdir, trials),
-            "release": lambda: takeover("release", env, logdir, trials),
+            "crash": lambda: takeover("crash", env, logdir, trials, settle),
+            "release": lambda: takeover("release", env, logdir, trials, settle),
         }
         chosen = args.parts.split(",")
         parts = {k: f for k, f in parts.items() if k in chosen}
