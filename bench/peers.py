@@ -59,6 +59,7 @@ from bench._common import (
     table,
     time_drain,
 )
+from worker.version import DIST_NAME
 
 PEER_APPS = Path(__file__).resolve().parent / "peer_apps"
 DEFAULT_VENVS = (
@@ -350,7 +351,7 @@ def main() -> None:
 
     out: dict[str, Outcome] = {s: Outcome() for s in names}
     versions: dict[str, dict[str, str]] = {
-        s: {d: metadata.version(d) for d in (("worker", "arq", "redis") if s == "ours" else
+        s: {d: metadata.version(d) for d in ((DIST_NAME, "arq", "redis") if s == "ours" else
                                              ("arq", "redis", "uvloop"))}
         for s in names if s in OURS
     }  # fmt: skip
