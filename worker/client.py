@@ -8,6 +8,7 @@ key prefix, serializer), so the two cannot disagree::
     client = await worker.Client.from_env(app=app)   # or Client.connect(url, app=app, ...)
     await client.enqueue("send_report", 42)
     await client.enqueue("activate", pkg_id, unique_key=f"activate:{pkg_id}")
+    await client.enqueue_many([("send_report", (n,)) for n in range(1000)])  # 2 round trips
     await client.poller("cards").schedule("card-17", delay=30)
     info = await client.job(job_id).result_info()     # arq's Job: status, result
     await client.broadcast("pricing", {"version": 7})  # every process's handlers
@@ -27,6 +28,7 @@ otherwise.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import uuid4
 
@@ -35,6 +37,7 @@ from arq.constants import expires_extra_ms
 from arq.jobs import Job
 
 from worker.broadcast import publish
+from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import connect_redis
 from worker.duties.poller import BoundPoller, Pollers, due_ms
@@ -43,7 +46,7 @@ from worker.preflight import wait_for_redis
 from worker.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings
-from worker.storage import NewJob, Store, open_store, server
+from worker.storage import NewJob, QueuedJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.tracing import Tracing, tracing_for
@@ -227,7 +230,7 @@ class Client:
             self.store.ids.unique(unique_key) if unique_key is not None else self.new_job_id()
         )
         if queue is None:
-            queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
+            queue = self.queue_for(function)
         if self.tracing is None:
             return await self._put(function, args, kwargs, jid, queue, defer_by, defer_until)
         with self.tracing.send(function, jid, queue) as extra:
@@ -251,6 +254,57 @@ class Client:
         ttl = self._expires_ms + max(0, score - now)
         ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        """Enqueue many jobs, ``chunk_size`` per round trip (one script call, with a WAIT policy
+        one ``WAIT``, per chunk); per job, in order, its id or ``None`` where :meth:`enqueue`
+        would return ``None``: the id is taken in Redis or by an earlier job of ``jobs``.
+
+        A job is a :class:`~worker.bulk.JobSpec` (``function``, ``args``, ``kwargs`` and the
+        options of :meth:`enqueue`: ``unique_key``, ``job_id``, ``defer_by``, ``defer_until``,
+        ``queue``) or a tuple ``(function, args[, kwargs])``. Every function is checked first:
+        an unknown one raises :class:`~worker.errors.UnknownTask` and nothing is sent. Each
+        chunk is written atomically; an error in a later chunk leaves the earlier ones."""
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        specs = checked(jobs, self.check_function)
+        out: list[str | None] = []
+        for lo in range(0, len(specs), chunk_size):
+            out += await self._put_many(specs[lo : lo + chunk_size])
+        return out
+
+    async def _put_many(self, specs: Sequence[JobSpec]) -> list[str | None]:
+        await on_server_time(self.clock, self.store.server_time_ms)
+        now = ms(self.clock.time())
+        spans = self.tracing.batch() if self.tracing is not None else None
+        batch = []
+        for s in specs:
+            if s.job_id is not None:
+                jid = s.job_id
+            elif s.unique_key is not None:
+                jid = self.store.ids.unique(s.unique_key)
+            else:
+                jid = self.new_job_id()
+            queue = s.queue if s.queue is not None else self.queue_for(s.function)
+            score = due_ms(s.defer_until, 0.0, self.clock) if s.defer_until else None
+            score = now + ms(s.defer_by) if score is None else score
+            extra = spans.create(s.function, jid, queue) if spans is not None else None
+            payload = job_payload(s.function, s.args, s.kwargs, now, self._serialize, extra=extra)
+            ttl = self._expires_ms + max(0, score - now)
+            batch.append(QueuedJob(NewJob(jid, payload, score), queue, ttl))
+        if spans is None:
+            written = await self.store.enqueue_batch(batch)
+        else:
+            with spans.send():
+                written = await self.store.enqueue_batch(batch)
+        return [q.job.job_id if ok else None for q, ok in zip(batch, written, strict=True)]
+
+    def queue_for(self, function: str) -> str:
+        """The queue ``function``'s jobs wait in unless told: the one the task declares when
+        the client knows the app, else ``default``."""
+        return self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
 
     def check_function(self, function: str) -> None:
         """Raise :class:`~worker.errors.UnknownTask` if the client's app does not declare

@@ -3,6 +3,7 @@
 Both offer the cross-replica helpers, so users never hand-roll locks:
 
 - ``ctx.enqueue(fn, *args, unique_key=...)`` – enqueue once per key while queued/in flight.
+- ``ctx.enqueue_many([...])`` – many jobs, one round trip per chunk (``Client.enqueue_many``).
 - ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly resets, seed 002 §6.3).
 - ``ctx.once(key, ttl)`` – side-effect dedup (seed 000's reminder ``dedup_key``).
 - ``ctx.poller(name)`` – schedule items on a poller's shard queues.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from uuid import uuid4
 
 from arq.connections import ArqRedis
 
+from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import Client
 from worker.clock import Clock, ms
 from worker.duties.poller import BoundPoller
@@ -107,6 +109,12 @@ class Context:
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         """See :meth:`worker.client.Client.enqueue`."""
         return await self.client.enqueue(function, *args, **kwargs)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        """See :meth:`worker.client.Client.enqueue_many`."""
+        return await self.client.enqueue_many(jobs, chunk_size=chunk_size)
 
     def poller(self, name: str) -> BoundPoller:
         return self.client.poller(name)
@@ -222,6 +230,11 @@ class JobContext(dict[str, Any]):
 
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         return await self.context.enqueue(function, *args, **kwargs)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        return await self.context.enqueue_many(jobs, chunk_size=chunk_size)
 
     def poller(self, name: str) -> BoundPoller:
         return self.context.poller(name)
