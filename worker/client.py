@@ -27,6 +27,7 @@ otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -49,7 +50,7 @@ from worker.settings import Settings, load_settings
 from worker.storage import NewJob, QueuedJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.keys import DEFAULT_QUEUE
-from worker.tracing import Tracing, tracing_for
+from worker.tracing import Batch, Tracing, tracing_for
 
 __all__ = ["Client", "arq_options", "connect_redis"]
 
@@ -266,19 +267,32 @@ class Client:
         options of :meth:`enqueue`: ``unique_key``, ``job_id``, ``defer_by``, ``defer_until``,
         ``queue``) or a tuple ``(function, args[, kwargs])``. Every function is checked first:
         an unknown one raises :class:`~worker.errors.UnknownTask` and nothing is sent. Each
-        chunk is written atomically; an error in a later chunk leaves the earlier ones."""
+        chunk is written atomically, after the previous one was answered (each next chunk is
+        built meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         specs = checked(jobs, self.check_function)
         out: list[str | None] = []
+        sending: asyncio.Task[list[str | None]] | None = None
         for lo in range(0, len(specs), chunk_size):
-            out += await self._put_many(specs[lo : lo + chunk_size])
+            await on_server_time(self.clock, self.store.server_time_ms)
+            spans = self.tracing.batch() if self.tracing is not None else None
+            try:
+                batch = self._batch(specs[lo : lo + chunk_size], spans)
+            except BaseException:  # e.g. an argument the serializer refuses: stop here
+                if sending is not None:
+                    await asyncio.wait([sending])  # the chunk sent before it still lands
+                raise
+            if sending is not None:  # the previous chunk ran while this one was built
+                out += await sending
+            sending = asyncio.ensure_future(self._send(batch, spans))
+        if sending is not None:
+            out += await sending
         return out
 
-    async def _put_many(self, specs: Sequence[JobSpec]) -> list[str | None]:
-        await on_server_time(self.clock, self.store.server_time_ms)
+    def _batch(self, specs: Sequence[JobSpec], spans: Batch | None) -> list[QueuedJob]:
+        """The records of one chunk, enqueued now, each as :meth:`enqueue` writes it."""
         now = ms(self.clock.time())
-        spans = self.tracing.batch() if self.tracing is not None else None
         batch = []
         for s in specs:
             if s.job_id is not None:
@@ -294,6 +308,9 @@ class Client:
             payload = job_payload(s.function, s.args, s.kwargs, now, self._serialize, extra=extra)
             ttl = self._expires_ms + max(0, score - now)
             batch.append(QueuedJob(NewJob(jid, payload, score), queue, ttl))
+        return batch
+
+    async def _send(self, batch: list[QueuedJob], spans: Batch | None) -> list[str | None]:
         if spans is None:
             written = await self.store.enqueue_batch(batch)
         else:
