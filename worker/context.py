@@ -160,8 +160,10 @@ class JobContext(dict[str, Any]):
 
     #: The store and claim token of this run (set by the consumer).
     claim: tuple[Store, str] | None = None
-    #: Writes this run's progress (set by the consumer).
+    #: Writes this run's progress (made at the first :meth:`progress` call, by
+    #: :attr:`make_progress`, which the consumer sets: most runs report none).
     progress_writer: Progress | None = None
+    make_progress: Callable[[], Progress] | None = None
     #: The last ``(fraction, message)`` given to :meth:`progress` in this run.
     last_progress: tuple[float, str | None] | None = None
     #: A plain ``def`` task's thread helpers (set by :mod:`worker.sync`): see :attr:`sync`.
@@ -191,6 +193,8 @@ class JobContext(dict[str, Any]):
         the job (a Redis error is logged once). Read it with ``Client.progress(job_id)`` or
         ``python -m worker job ID``; kept as long as the job's result."""
         self.last_progress = checked(fraction, message)
+        if self.progress_writer is None and self.make_progress is not None:
+            self.progress_writer = self.make_progress()
         if self.progress_writer is not None:
             await self.progress_writer.report(*self.last_progress)
 
