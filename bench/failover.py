@@ -53,10 +53,10 @@ def main() -> None:
     )
     ap.add_argument("--verbose", action="store_true", help="print each step")
     ap.add_argument("--smoke", action="store_true",
-                    help="does it run: one --never-back run with 1 replica")  # fmt: skip
+                    help="does it run: one --never-back run")  # fmt: skip
     args = ap.parse_args()
     if args.smoke:
-        args.runs, args.never_back, args.replicas = 1, True, 1
+        args.runs, args.never_back = 1, True
     wait = None if args.wait_replicas == "auto" else int(args.wait_replicas)
     faults = ("dispatch",) if args.never_back else ("checkpoint", "tick", "dispatch")
     logs = Path(tempfile.mkdtemp(prefix="bench-failover-"))
