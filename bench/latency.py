@@ -53,6 +53,7 @@ def start(role: str, url: str, log: Path) -> subprocess.Popen[bytes]:
         WORKER_APP="bench.apps:latency_app",
         WORKER_KEY_PREFIX=PREFIX,
         WORKER_HEALTH_PORT="0",
+        WORKER_DRAIN_DELAY_S="0",  # (stopping is not measured)
         WORKER_LOG_FORMAT="json",
     )
     return spawn([python(), "-m", "worker", "run", "--role", role], env, log)
