@@ -231,3 +231,46 @@ async def test_the_docs_example_runs(r: Any) -> None:
     await eval(compile(code, "docs/web-apps.md", "exec", flags=flags), scope)
     assert len(scope["ids"]) == 1000 and None not in scope["ids"]
     assert await r.zcard(KEYS.queue) == 1001 and await r.zcard(KEYS.queue_of("slow")) == 1
+
+
+async def test_with_queue_shards_each_job_goes_where_enqueue_would_send_it(r: Any) -> None:
+    from worker.storage.sharded import Shards
+    from worker.storage.store import open_shards
+
+    keys = K.Keys("{t}:")
+    stores = open_shards(r, keys, None, 3)
+    client = Client(
+        r, keys=keys, serialize=msgpack_dumps, app=make_app(), clock=FakeClock(NOW_S),
+        shards=Shards(stores),
+    )  # fmt: skip
+    calls = [Counting_store(s) for s in stores]
+    jobs = [JobSpec("send", (i,), unique_key=f"u{i}") for i in range(30)]
+    jobs += [JobSpec("send", (i,), shard_key="order-7") for i in range(5)]
+    jobs += [JobSpec("send", ("dup",), unique_key="u3"), ("send", ("any",))]
+    ids = await client.enqueue_many(jobs)
+    assert sum(c.calls for c in calls) == 3  # one script call per shard for the chunk
+    for i in range(30):  # the id and shard enqueue() would use for the same unique key
+        assert ids[i] == client.unique_job_id(f"u{i}")
+    assert ids[35] is None and ids[36] is not None
+    by_shard = {s.keys.prefix: {m.decode() for m in await r.zrange(s.keys.queue, 0, -1)}
+                for s in stores}  # fmt: skip
+    assert sum(map(len, by_shard.values())) == 36
+    assert all(len(v) > 0 for v in by_shard.values())  # 30 unique keys spread over all three
+    for jid in ids:
+        if jid is not None:
+            assert jid in by_shard[client.shards.of(jid).keys.prefix]  # its id names its shard
+    ordered = {client.shards.of(jid).keys.prefix for jid in ids[30:35] if jid}
+    assert len(ordered) == 1  # one shard_key, one shard
+    assert await client.enqueue("send", "again", unique_key="u5") is None
+
+
+class Counting_store:
+    def __init__(self, store: Any) -> None:
+        self.calls = 0
+        original = store._eval
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return await original(*args, **kwargs)
+
+        store._eval = counted

@@ -25,6 +25,7 @@ class JobSpec:
     defer_by: float = 0.0
     defer_until: dt.datetime | None = None
     queue: str | None = None
+    shard_key: str | None = None
 
 
 #: What ``enqueue_many`` takes per job: a :class:`JobSpec`, or ``(function, args)`` /

@@ -28,6 +28,7 @@ otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -36,11 +37,12 @@ from uuid import uuid4
 from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import Job
+from redis.asyncio import Redis
 
 from worker.broadcast import publish
 from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
 from worker.clock import Clock, RedisClock, ms, on_server_time
-from worker.connection import connect_redis
+from worker.connection import connect_redis, connect_shards
 from worker.duties.poller import BoundPoller, Pollers, due_ms
 from worker.errors import ConfigError, UnknownTask
 from worker.preflight import wait_for_redis
@@ -50,6 +52,9 @@ from worker.settings import Settings, load_settings
 from worker.storage import NewJob, QueuedJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.sharded import Shards
+from worker.storage.shards import shard_prefixes
+from worker.storage.store import open_shards
 from worker.tracing import Batch, Tracing, tracing_for
 
 __all__ = ["Client", "arq_options", "connect_redis"]
@@ -98,6 +103,7 @@ class Client:
         origin: str | None = None,
         replication: Replication | None = None,
         tracing: Tracing | None = None,
+        shards: Shards | None = None,
     ) -> None:
         self.redis = redis
         #: Spans per enqueue when ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`).
@@ -105,7 +111,9 @@ class Client:
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
         self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
-        self.store = store or open_store(redis, keys, replication)
+        self.store = store or (shards.home if shards else open_store(redis, keys, replication))
+        #: the app's queue shards (``WORKER_QUEUE_SHARDS``), home (:attr:`store`) first
+        self.shards = shards or Shards([self.store])
         self.app = app
         #: the Redis server's clock by default: a due time means the same on every host
         self.clock = clock or RedisClock()
@@ -123,6 +131,7 @@ class Client:
         wait_replicas: int | None = None,
         wait_timeout_s: float = 0.5,
         tracing: Literal["off", "otel"] = "off",
+        queue_shards: int = 1,
     ) -> Client:
         """Connect to ``url`` with the same settings the workers use (prefix, serializer).
         ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
@@ -130,7 +139,8 @@ class Client:
         ``wait_replicas``: replicas an enqueue waits for, strictly (``None``, as
         ``WORKER_REDIS_WAIT_REPLICAS=auto``: with Sentinel or Cluster the attached ones, up to
         1, else 0). ``tracing="otel"``: a PRODUCER span per enqueue, as
-        ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`)."""
+        ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`). ``queue_shards``: the workers'
+        ``WORKER_QUEUE_SHARDS``."""
         tracer = tracing_for(tracing)
         target = parse_redis_url(url) if isinstance(url, str) else url
         adaptive = wait_replicas is None
@@ -138,24 +148,30 @@ class Client:
             wait_replicas = 0 if target.kind == "single" else 1
         serialize, deserialize = get_serializer(serializer)
         keys = K.Keys(key_prefix)
-        redis = connect_redis(
-            target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
+        clients = connect_shards(
+            target,
+            shard_prefixes(key_prefix, queue_shards),
+            queue_name=keys.queue,
+            serialize=serialize,
+            deserialize=deserialize,
         )
         try:
-            await server.ping(redis)
+            await server.ping(clients[0])
         except BaseException:
-            await redis.aclose(close_connection_pool=True)
+            await _close_all(clients)
             raise
         replication = Replication(
             wait_replicas, max(1, round(wait_timeout_s * 1000)), adaptive=adaptive
         )
+        stores = open_shards(clients[0], keys, replication, queue_shards, clients)
         return cls(
-            redis,
+            clients[0],
             keys=keys,
             serialize=serialize,
             app=app,
             replication=replication,
             tracing=tracer,
+            shards=Shards(stores),
         )
 
     @classmethod
@@ -176,22 +192,30 @@ class Client:
         tracer = tracing_for(settings.tracing)
         serialize, deserialize = get_serializer(settings.serializer)
         keys = K.Keys(settings.key_prefix)
-        redis = connect_redis(
-            target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
+        n = settings.queue_shards
+        clients = connect_shards(
+            target,
+            shard_prefixes(settings.key_prefix, n),
+            queue_name=keys.queue,
+            serialize=serialize,
+            deserialize=deserialize,
         )
+        redis = clients[0]
         try:
             await wait_for_redis(redis, target.url, settings.redis_connect_timeout_s, clock)
         except BaseException:
-            await redis.aclose(close_connection_pool=True)
+            await _close_all(clients)
             raise
+        replication = settings.replication()
         return cls(
             redis,
             keys=keys,
             serialize=serialize,
             app=app,
             clock=clock,
-            replication=settings.replication(),
+            replication=replication,
             tracing=tracer,
+            shards=Shards(open_shards(redis, keys, replication, n, clients)),
         )
 
     @classmethod
@@ -202,7 +226,7 @@ class Client:
         return await cls.from_settings(load_settings(**overrides), app=app)
 
     async def close(self) -> None:
-        await self.redis.aclose(close_connection_pool=True)
+        await _close_all([self.redis, *(s.redis for s in self.shards.stores)])
 
     async def enqueue(
         self,
@@ -213,6 +237,7 @@ class Client:
         defer_by: float = 0.0,
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
+        shard_key: str | None = None,
         **kwargs: Any,
     ) -> str | None:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
@@ -223,22 +248,33 @@ class Client:
         (seed 002 §6.2's activation tasks). ``queue``: the queue to wait in; by default the
         one the task declares (``@app.task(queue=...)``, when the client knows the app), else
         ``default``.
+
+        With ``WORKER_QUEUE_SHARDS`` > 1 a job goes to one shard: the one ``shard_key`` names
+        (every job of one key in one shard, in due order), else the one its ``unique_key``
+        names (a unique key always meets the same shard: it stays unique), else the one a given
+        ``job_id``'s prefix names (home for any other id), else the shards in turn. A
+        ``unique_key`` given with a ``shard_key`` must always come with that same one.
         """
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
         self.check_function(function)
-        jid = job_id or (
-            self.store.ids.unique(unique_key) if unique_key is not None else self.new_job_id()
-        )
+        if job_id is not None:
+            store, jid = self.shards.of(job_id), job_id
+        else:
+            key = shard_key if shard_key is not None else unique_key
+            store = self.shards.next() if key is None else self.shards.for_key(key)
+            jid = store.ids.random() if unique_key is None else store.ids.unique(unique_key)
         if queue is None:
             queue = self.queue_for(function)
+        put = (function, args, kwargs, jid, queue, defer_by, defer_until)
         if self.tracing is None:
-            return await self._put(function, args, kwargs, jid, queue, defer_by, defer_until)
+            return await self._put(store, *put)
         with self.tracing.send(function, jid, queue) as extra:
-            return await self._put(function, args, kwargs, jid, queue, defer_by, defer_until, extra)
+            return await self._put(store, *put, extra)
 
     async def _put(
         self,
+        store: Store,
         function: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -253,27 +289,29 @@ class Client:
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
         payload = job_payload(function, args, kwargs, now, self._serialize, extra=extra)
         ttl = self._expires_ms + max(0, score - now)
-        ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
+        ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
 
     async def enqueue_many(
         self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
     ) -> list[str | None]:
-        """Enqueue many jobs, ``chunk_size`` per round trip (one script call, with a WAIT policy
-        one ``WAIT``, per chunk); per job, in order, its id or ``None`` where :meth:`enqueue`
-        would return ``None``: the id is taken in Redis or by an earlier job of ``jobs``.
+        """Enqueue many jobs, ``chunk_size`` per round trip (one script call per queue shard,
+        with a WAIT policy one ``WAIT``, per chunk); per job, in order, its id or ``None`` where
+        :meth:`enqueue` would return ``None``: the id is taken in Redis or by an earlier job of
+        ``jobs``.
 
         A job is a :class:`~worker.bulk.JobSpec` (``function``, ``args``, ``kwargs`` and the
         options of :meth:`enqueue`: ``unique_key``, ``job_id``, ``defer_by``, ``defer_until``,
-        ``queue``) or a tuple ``(function, args[, kwargs])``. Every function is checked first:
-        an unknown one raises :class:`~worker.errors.UnknownTask` and nothing is sent. Each
-        chunk is written atomically, after the previous one was answered (each next chunk is
-        built meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
+        ``queue``, ``shard_key``, each choosing the job's shard as there) or a tuple
+        ``(function, args[, kwargs])``. Every function is checked first: an unknown one raises
+        :class:`~worker.errors.UnknownTask` and nothing is sent. Each chunk is written
+        atomically per shard, after the previous chunk was answered (each next chunk is built
+        meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         specs = checked(jobs, self.check_function)
         out: list[str | None] = []
-        sending: asyncio.Task[list[str | None]] | None = None
+        sending: asyncio.Future[list[str | None]] | None = None
         for lo in range(0, len(specs), chunk_size):
             await on_server_time(self.clock, self.store.server_time_ms)
             spans = self.tracing.batch() if self.tracing is not None else None
@@ -290,33 +328,45 @@ class Client:
             out += await sending
         return out
 
-    def _batch(self, specs: Sequence[JobSpec], spans: Batch | None) -> list[QueuedJob]:
-        """The records of one chunk, enqueued now, each as :meth:`enqueue` writes it."""
+    def _batch(
+        self, specs: Sequence[JobSpec], spans: Batch | None
+    ) -> list[tuple[Store, QueuedJob]]:
+        """The records of one chunk, enqueued now, each as :meth:`enqueue` writes it, with the
+        shard it goes to (chosen as :meth:`enqueue` chooses it)."""
         now = ms(self.clock.time())
         batch = []
         for s in specs:
             if s.job_id is not None:
-                jid = s.job_id
-            elif s.unique_key is not None:
-                jid = self.store.ids.unique(s.unique_key)
+                store, jid = self.shards.of(s.job_id), s.job_id
             else:
-                jid = self.new_job_id()
+                key = s.shard_key if s.shard_key is not None else s.unique_key
+                store = self.shards.next() if key is None else self.shards.for_key(key)
+                jid = store.ids.random() if s.unique_key is None else store.ids.unique(s.unique_key)
             queue = s.queue if s.queue is not None else self.queue_for(s.function)
             score = due_ms(s.defer_until, 0.0, self.clock) if s.defer_until else None
             score = now + ms(s.defer_by) if score is None else score
             extra = spans.create(s.function, jid, queue) if spans is not None else None
             payload = job_payload(s.function, s.args, s.kwargs, now, self._serialize, extra=extra)
             ttl = self._expires_ms + max(0, score - now)
-            batch.append(QueuedJob(NewJob(jid, payload, score), queue, ttl))
+            batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl)))
         return batch
 
-    async def _send(self, batch: list[QueuedJob], spans: Batch | None) -> list[str | None]:
-        if spans is None:
-            written = await self.store.enqueue_batch(batch)
-        else:
-            with spans.send():
-                written = await self.store.enqueue_batch(batch)
-        return [q.job.job_id if ok else None for q, ok in zip(batch, written, strict=True)]
+    async def _send(
+        self, batch: list[tuple[Store, QueuedJob]], spans: Batch | None
+    ) -> list[str | None]:
+        """Each shard's part of a chunk in one script call (the shards at once)."""
+        parts: dict[int, tuple[Store, list[int]]] = {}
+        for i, (store, _) in enumerate(batch):
+            parts.setdefault(id(store), (store, []))[1].append(i)
+        with spans.send() if spans is not None else contextlib.nullcontext():
+            written = await asyncio.gather(
+                *(store.enqueue_batch([batch[i][1] for i in idx]) for store, idx in parts.values())
+            )
+        out: list[str | None] = [None] * len(batch)
+        for (_, idx), oks in zip(parts.values(), written, strict=True):
+            for i, ok in zip(idx, oks, strict=True):
+                out[i] = batch[i][1].job.job_id if ok else None
+        return out
 
     def queue_for(self, function: str) -> str:
         """The queue ``function``'s jobs wait in unless told: the one the task declares when
@@ -338,37 +388,39 @@ class Client:
         prefix, in its Redis Cluster slot. A plain arq client enqueueing into an app whose
         Redis user is limited to its prefix (or on a Cluster) passes
         ``_job_id=client.new_job_id()``."""
-        return self.store.ids.random()
+        return self.shards.next().ids.random()
 
     async def abort(self, job_id: str) -> None:
         """Ask the consumer running (or about to run) ``job_id`` to cancel it: what arq's
         ``Job.abort()`` asks, in the app's own set (``<prefix>abort``, the one the consumers
         read; arq's shared ``arq:abort`` is not, so use this instead of ``Job.abort()``)."""
-        await self.store.request_abort(job_id, ms(self.clock.time()))
+        await self.shards.of(job_id).request_abort(job_id, ms(self.clock.time()))
 
     async def progress(self, job_id: str) -> dict[str, Any] | None:
         """The last progress ``job_id`` reported (``await ctx.progress(...)`` in the task):
         ``{"fraction": 0..1, "message": str | None, "at_ms": epoch ms}``, ``None`` if none is
         kept; readable while the job runs and as long as its result is kept."""
-        return await self.store.progress(job_id)
+        return await self.shards.of(job_id).progress(job_id)
 
     async def failure(self, job_id: str) -> dict[str, Any] | None:
         """The last final failure of ``job_id`` (status ``failed``, ``timeout``, ``cancelled``
         or ``dead``, ``error_type``, ``message``, ``traceback``, ``try``, times, ``args``),
         ``None`` if it has none kept (see docs/monitoring.md, "Why did my job fail?")."""
-        return await self.store.failure(job_id)
+        return await self.shards.of(job_id).failure(job_id)
 
-    def unique_job_id(self, unique_key: str) -> str:
+    def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""
-        return self.store.ids.unique(unique_key)
+        store = self.shards.for_key(unique_key if shard_key is None else shard_key)
+        return store.ids.unique(unique_key)
 
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> Job:
         """arq's :class:`~arq.jobs.Job` for ``job_id`` in ``queue``: ``await job.status()``,
         ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
+        store = self.shards.of(job_id)  # the job's queue shard
         return Job(
             job_id,
-            self.redis,
-            _queue_name=self.keys.queue_of(queue),
+            store.redis,
+            _queue_name=store.keys.queue_of(queue),
             _deserializer=self.redis.job_deserializer,
         )
 
@@ -385,3 +437,9 @@ class Client:
         if self.app is None:
             raise RuntimeError("Client was created without app=...; pollers need the app")
         return BoundPoller(self.app.pollers[name], self.store, self.clock)
+
+
+async def _close_all(clients: Sequence[Redis]) -> None:
+    """Close each distinct client once (the shards of one server share one)."""
+    for c in {id(c): c for c in clients}.values():
+        await c.aclose(close_connection_pool=True)

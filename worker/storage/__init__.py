@@ -19,7 +19,8 @@ from worker.storage.operators import TaskStats
 from worker.storage.periodic import DueTicks, PeriodicRuns, TickOutcome
 from worker.storage.poller import DispatchOutcome
 from worker.storage.registry import Stale
-from worker.storage.store import FencedStore, Store, open_store
+from worker.storage.sharded import Shards
+from worker.storage.store import FencedStore, Store, open_shards, open_store
 
 __all__ = [
     "FOREIGN",
@@ -42,9 +43,11 @@ __all__ = [
     "Refused",
     "Renewal",
     "Retention",
+    "Shards",
     "Stale",
     "Store",
     "TaskStats",
     "TickOutcome",
+    "open_shards",
     "open_store",
 ]
