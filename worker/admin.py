@@ -29,8 +29,9 @@ from worker.manifest import Described, describe
 from worker.preflight import auth_failure
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
-from worker.storage import Store, open_store
+from worker.storage import Store
 from worker.storage import keys as K
+from worker.storage.store import open_shards
 from worker.terminal import say
 
 _notes: list[str] = []
@@ -75,12 +76,14 @@ def redis_url(settings: Settings, what: str) -> str:
 
 @dataclass(frozen=True)
 class Admin:
-    """An open admin connection: the client, the key layout, the store."""
+    """An open admin connection: the client, the key layout, the store (and each queue
+    shard's, home first: ``(store,)`` with one shard)."""
 
     redis: ArqRedis
     keys: K.Keys
     store: Store
     url: str
+    shards: tuple[Store, ...] = ()
 
 
 @asynccontextmanager
@@ -93,7 +96,8 @@ async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
     ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
     redis = connect_redis(target or url, queue_name=keys.queue, serialize=ser, deserialize=de)
     try:
-        yield Admin(redis, keys, open_store(redis, keys, settings.replication()), url)
+        shards = open_shards(redis, keys, settings.replication(), settings.queue_shards)
+        yield Admin(redis, keys, shards[0], url, shards)
     except (ConfigError, BrokenPipeError):  # BrokenPipeError: printing into a closed pipe
         raise
     except Exception as exc:

@@ -53,6 +53,7 @@ from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Retention, Store
+from worker.storage.store import open_shards
 from worker.sync import SyncThreads, SyncThreadsHook
 from worker.tracing import Tracing
 from worker.views import ProcessView
@@ -327,7 +328,8 @@ def _reaper(w: Wiring, _: Any) -> Component:
 
 
 def _backlog(w: Wiring, _: Any) -> Component:
-    return QueueMetrics(w.store, w.app.queue_names(), w.clock, w.metrics)
+    shards = open_shards(w.store.redis, w.store.keys, None, w.settings.queue_shards)
+    return QueueMetrics(w.store, w.app.queue_names(), w.clock, w.metrics, shards=shards)
 
 
 def _singleton_service(w: Wiring, sv: ServiceDef) -> Component:

@@ -26,6 +26,7 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import ms
 from worker.serializer import json_loads, msgpack_loads
+from worker.storage.store import open_shards
 
 #: How often the doctor's checklist runs for the banner (it reads more than the overview).
 DOCTOR_EVERY_S = 5.0
@@ -50,6 +51,8 @@ class ConsoleState:
     serializer: str = "msgpack"
     redis_url: str = ""  # masked
     limits: doctor.Limits = field(default_factory=doctor.Limits)
+    #: ``WORKER_QUEUE_SHARDS``: the Queues view reads (and shows) every shard
+    queue_shards: int = 1
     _doctor: tuple[float, dict[str, Any]] | None = None
 
     def doctor_due(self) -> bool:
@@ -66,15 +69,33 @@ class ConsoleState:
         return self._doctor[1]
 
 
+def _summed(
+    each: list[dict[str, list[tuple[int, int, int]]]],
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Per-queue throughput series of every shard, added minute by minute."""
+    if len(each) == 1:
+        return each[0]
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for queue in each[0]:
+        minutes: dict[int, tuple[int, int]] = {}
+        for series in each:
+            for at, done, failed in series.get(queue, []):
+                d, f = minutes.get(at, (0, 0))
+                minutes[at] = (d + done, f + failed)
+        out[queue] = [(at, d, f) for at, (d, f) in sorted(minutes.items())]
+    return out
+
+
 async def overview(state: ConsoleState) -> dict[str, Any]:
     """Every panel but the dead letters (see module docstring)."""
     client = state.client
     store = client.store
     judge = state.doctor_due()
-    snap = await snapshot.read(store, state.app, client.clock, checks=judge)
+    shards = open_shards(store.redis, store.keys, None, state.queue_shards)
+    snap = await snapshot.read(store, state.app, client.clock, checks=judge, shards=shards)
     cluster = status.view(snap, state.app, allow_eviction=state.limits.allow_eviction)
     now_ms = ms(client.clock.time())  # after the read, which syncs a client's clock
-    series = await store.throughput(state.app.queue_names(), now_ms, MINUTES)
+    series = _summed([await s.throughput(state.app.queue_names(), now_ms, MINUTES) for s in shards])
     for q in cluster["queues"]:
         points = series.get(q["queue"], [])
         q["throughput"] = [[at, done, failed] for at, done, failed in points]
