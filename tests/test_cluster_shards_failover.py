@@ -37,7 +37,7 @@ def ledger() -> Iterator[str]:
 def test_a_shard_primary_killed_mid_drain_loses_no_acknowledged_job_and_no_tick(
     cluster: Cluster, ledger: str, tmp_path: Path
 ) -> None:
-    out = ShardKill(cluster, ledger, tmp_path, shards=SHARDS, kill_shard=KILL_SHARD, backlog=4000)
+    out = ShardKill(cluster, ledger, tmp_path, shards=SHARDS, kill_shard=KILL_SHARD, backlog=3000)
     out.run(bring_back=False)
     result = out.out
     assert result.ran_before_kill < result.backlog, result.summary()  # killed mid-drain
