@@ -26,7 +26,6 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import ms
 from worker.serializer import json_loads, msgpack_loads
-from worker.storage.store import open_shards
 
 #: How often the doctor's checklist runs for the banner (it reads more than the overview).
 DOCTOR_EVERY_S = 5.0
@@ -51,8 +50,6 @@ class ConsoleState:
     serializer: str = "msgpack"
     redis_url: str = ""  # masked
     limits: doctor.Limits = field(default_factory=doctor.Limits)
-    #: ``WORKER_QUEUE_SHARDS``: the Queues view reads (and shows) every shard
-    queue_shards: int = 1
     _doctor: tuple[float, dict[str, Any]] | None = None
 
     def doctor_due(self) -> bool:
@@ -91,7 +88,7 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
     client = state.client
     store = client.store
     judge = state.doctor_due()
-    shards = open_shards(store.redis, store.keys, None, state.queue_shards)
+    shards = client.shards.stores
     snap = await snapshot.read(store, state.app, client.clock, checks=judge, shards=shards)
     cluster = status.view(snap, state.app, allow_eviction=state.limits.allow_eviction)
     now_ms = ms(client.clock.time())  # after the read, which syncs a client's clock

@@ -72,7 +72,6 @@ def create_app(
     redis_url: str = "",
     limits: Any = None,
     allowed_hosts: str | frozenset[str] = "",
-    queue_shards: int = 1,
 ) -> web.Application:
     """The console as an aiohttp application (see module docstring). ``token``: the token
     every action needs (``None``: read-only console); ``view_needs_token``: whether viewing
@@ -81,9 +80,7 @@ def create_app(
     Host is refused (421), so a page on another origin cannot read it by DNS rebinding."""
     check_auth(token, view_needs_token)
     hosts = parse_hosts(allowed_hosts) if isinstance(allowed_hosts, str) else allowed_hosts
-    state = api.ConsoleState(
-        client, app, serializer=serializer, redis_url=mask_url(redis_url), queue_shards=queue_shards
-    )
+    state = api.ConsoleState(client, app, serializer=serializer, redis_url=mask_url(redis_url))
     if limits is not None:
         state.limits = limits
     console = web.Application(
@@ -343,7 +340,6 @@ async def serve(
             redis_url=settings.redis_url or "",
             limits=doctor.Limits.from_settings(settings),
             allowed_hosts=allowed_hosts(settings.web_allowed_hosts, host),
-            queue_shards=settings.queue_shards,
         )
         console.middlewares.insert(0, one_request)  # each connection under the header deadline
         sockets = bind_listeners(host, port)
