@@ -16,7 +16,9 @@ the backlog: the queue is FIFO by due time).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -146,12 +148,15 @@ class ShardKill:
             victim = self.cluster.watch(slot).owner(slot)
             out.ran_before_kill = int(self.ledger.hlen(jobs)) - before
             killed_at = time.time()
+            watch = threading.Thread(
+                target=self._watch_ticks, args=(killed_at,), daemon=True, name="tick-watch"
+            )
+            watch.start()
             victim.kill()
             self.say(f"killed :{victim.port} (shard {out.kill_shard}) at {out.ran_before_kill}")
             self.cluster.wait_failover(victim, timeout=30)
             out.promoted_after_s = time.time() - killed_at
-            out.ticks_back_after_s = self._first_tick_enqueued_after(killed_at)
-            out.tick_ran_after_s = self._first_tick_after(killed_at)
+            watch.join(35)
             self.say("promoted; ticks back")
             enq.stop()
             acked = backlog + enq.acked
@@ -225,31 +230,28 @@ class ShardKill:
 
             wait_for(caught_up, timeout, f"the replicas of {node} to catch up")
 
-    def _first_tick_enqueued_after(self, killed_at: float) -> float | None:
-        """Seconds from the kill until the home shard's primary records a tick due after it
-        as enqueued (``<prefix>periodic:enqueued``), polled every 50 ms."""
-        after_ms = int(killed_at * 1000)
+    def _watch_ticks(self, killed_at: float, timeout: float = 30.0) -> None:
+        """From the kill on, every 50 ms: has the home shard's primary recorded a tick due
+        after the kill as enqueued (``<prefix>periodic:enqueued``; the leader's duties back),
+        and has the ledger seen one run? Each first time goes into the outcome."""
+        out, after_ms = self.out, int(killed_at * 1000)
         home = slot_of_prefix(self.prefix)
-
-        def enqueued() -> float | None:
-            with self.cluster.owner(home).client(socket_timeout=1) as c:
-                tick = c.hget(f"{self.prefix}periodic:enqueued", "tick")
-            return time.time() if tick is not None and int(tick) > after_ms else None
-
-        found = _maybe(enqueued, 30, "a tick due after the kill to be enqueued", interval=0.05)
-        return None if found is None else float(found) - killed_at
-
-    def _first_tick_after(self, killed_at: float) -> float | None:
-        after_ms = int(killed_at * 1000)
-        key = self._lk("tick-at")
-
-        def ran() -> float | None:
-            at = {int(k): float(v) for k, v in self.ledger.hgetall(key).items()}
-            due = [t for t in at if t > after_ms]
-            return at[min(due)] if due else None
-
-        found = _maybe(ran, 30, "a tick due after the kill")
-        return None if found is None else float(found) - killed_at
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (
+            out.ticks_back_after_s is None or out.tick_ran_after_s is None
+        ):
+            if out.ticks_back_after_s is None:
+                with contextlib.suppress(redis.RedisError, LookupError, OSError):
+                    with self.cluster.owner(home).client(socket_timeout=0.5) as c:
+                        tick = c.hget(f"{self.prefix}periodic:enqueued", "tick")
+                    if tick is not None and int(tick) > after_ms:
+                        out.ticks_back_after_s = time.time() - killed_at
+            if out.tick_ran_after_s is None:
+                at = [float(v) for k, v in self.ledger.hgetall(self._lk("tick-at")).items()
+                      if int(k) > after_ms]  # fmt: skip
+                if at:
+                    out.tick_ran_after_s = min(at) - killed_at
+            time.sleep(0.05)
 
 
 def _maybe(

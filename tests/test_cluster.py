@@ -130,7 +130,9 @@ def test_apps_live_in_their_own_slots_and_a_foreign_job_id_is_dead_lettered(
     assert {key_slot(k.encode()) for k in mine} == {key_slot(key_prefix.encode())}
 
 
-async def test_status_names_the_primary_serving_each_queue_shard(cluster: Cluster) -> None:
+async def test_status_names_the_primary_serving_each_queue_shard(
+    cluster: Cluster, cli: CliRun
+) -> None:
     """Each shard of ``{shop}:`` (3 shards) lands on its own primary of a 3-primary cluster
     made like ``redis-cli --cluster create``; the read model names it and the doctor agrees."""
     import redis.asyncio as aioredis
@@ -153,6 +155,19 @@ async def test_status_names_the_primary_serving_each_queue_shard(cluster: Cluste
         assert len({s.node for s in snap.shards}) == 3 and snap.cluster_masters == 3
         assert [s.depth for s in snap.shards] == [0, 1, 0]
         assert doctor.judge(snap, app, doctor.Limits()).check("shards").status == "ok"
+        # the command line, through its connection per shard
+        env = {
+            "WORKER_REDIS_URL": cluster.url(),
+            "WORKER_KEY_PREFIX": "{shop}:",
+            "WORKER_QUEUE_SHARDS": "3",
+            "WORKER_APP": "tests.apps.ledger:app",
+        }
+        done = cli("status", "--json", env=env)
+        assert done.returncode == 0, done.stderr
+        shown = json.loads(done.stdout)["shards"]
+        assert [(s["node"], s["depth"]) for s in shown] == [
+            (f"127.0.0.1:{node.port}", depth) for node, depth in zip(owners, (0, 1, 0), strict=True)
+        ]
     finally:
         for c in clients:
             await c.aclose()
