@@ -175,3 +175,34 @@ def test_status_and_doctor_commands_print_the_shards(
     assert shards["status"] == "warn", shards
     one = cli("status", "--json", env={**env, "WORKER_QUEUE_SHARDS": "1"})
     assert "shards" not in json.loads(one.stdout) and json.loads(one.stdout)["queue"]["depth"] == 1
+
+
+async def test_the_jobs_listing_pages_through_every_shard(r: Any) -> None:
+    """``worker jobs``/the console's Jobs view with 3 shards: every queued job once, shard by
+    shard, pages of at most ``limit`` with a cursor; one shard lists only its own."""
+    from worker import jobsview
+    from worker.serializer import job_payload, msgpack_dumps
+
+    stores = open_shards(r, K.Keys(PREFIX), None, 3)
+    expected = []
+    for s, store in enumerate(stores):
+        p = store.keys.prefix
+        for i in range(7 + s):
+            job_id = f"{p}j{i:03d}"
+            await r.set(K.ARQ_JOB + job_id, job_payload("noop", [i], {}, NOW, msgpack_dumps))
+            await r.zadd(store.keys.queue, {job_id: NOW - 1_000 + i})
+            expected.append(job_id)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(20):
+        page = await jobsview.list_jobs(
+            stores[0], state="queued", limit=4, cursor=cursor, now_ms=NOW, shards=stores
+        )
+        assert len(page.items) <= 4
+        seen += [j.job_id for j in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == expected  # each once: the home's earliest first, then each shard's
+    home = await jobsview.list_jobs(stores[0], state="queued", limit=50, now_ms=NOW)
+    assert [j.job_id for j in home.items] == expected[:7]

@@ -118,6 +118,7 @@ async def list_jobs(
     queues: Sequence[str] = (DEFAULT_QUEUE,),
     deserialize: Deserialize = msgpack_loads,
     now_ms: int | None = None,
+    shards: Sequence[Store] = (),
 ) -> JobPage:
     """One page of the jobs in ``state``, filtered by ``queue`` (else every one of
     ``queues``, the app's), ``task`` and ``search`` (text in the id, task name or arguments),
@@ -125,14 +126,16 @@ async def list_jobs(
     ``queued``/``scheduled`` read the queues in priority order (due first), ``running`` the
     live instances' holds sets, ``failed`` the recent failures and the dead letters and
     ``done`` the recent successes, newest first. Raises ``ValueError`` for a bad state or
-    cursor."""
+    cursor. ``shards``: every queue shard's store, home (``store``) first: ``queued`` and
+    ``scheduled`` read each queue of every shard in turn (shard by shard, each earliest first;
+    the cursor says where), the other states the home shard's indexes."""
     if state not in STATES:
         raise ValueError(f"unknown state {state!r}; one of: {', '.join(STATES)}")
     limit = max(1, min(limit, MAX_LIMIT))
     names = [queue] if queue is not None else list(queues)
     if now_ms is None:
         now_ms = round(await store.server_time_ms())
-    view = _Lister(store, deserialize, task, search, limit, names, now_ms)
+    view = _Lister(store, deserialize, task, search, limit, names, now_ms, shards)
     if state in ("queued", "scheduled"):
         return await view.queued(state, cursor)
     if state == "running":
@@ -152,8 +155,11 @@ class _Lister:
         limit: int,
         queues: list[str],
         now_ms: int,
+        shards: Sequence[Store] = (),
     ) -> None:
         self.store = store
+        #: (shard store, queue name) in listing order: each queue of the home, then the next
+        self.sources = [(st, q) for st in (shards or (store,)) for q in queues]
         self.deserialize = deserialize
         self.task = task
         self.search = search
@@ -185,21 +191,19 @@ class _Lister:
 
     async def queued(self, state: State, cursor: str | None) -> JobPage:
         """Due (score ≤ now) or scheduled (later, without a claim marker: a claimed job is
-        parked at its marker's expiry), queue by queue, earliest first."""
+        parked at its marker's expiry), queue by queue (shard by shard), earliest first."""
         fields = parse_cursor(cursor, 3)
         qi, score, skip = (int(fields[0]), fields[1], int(fields[2])) if fields else (0, "", 0)
         low, high = ("-inf", self.now_ms) if state == "queued" else (f"({self.now_ms}", "+inf")
-        while qi < len(self.queues) and len(self.items) < self.limit:
-            name = self.queues[qi]
+        while qi < len(self.sources) and len(self.items) < self.limit:
+            shard, name = self.sources[qi]
             start: float | str = score if score else low
             want = min(max(self.limit - len(self.items), 20), self.budget - self.scanned)
             if want <= 0:
                 return JobPage(self.items, make_cursor(qi, score, skip), self.scanned)
-            entries = await self.store.queue_entries(
-                name, low=start, high=high, offset=skip, count=want
-            )
+            entries = await shard.queue_entries(name, low=start, high=high, offset=skip, count=want)
             self.scanned += len(entries)
-            records = await self.store.job_records([e[0] for e in entries])
+            records = await shard.job_records([e[0] for e in entries])
             for (_, s), rec in zip(entries, records, strict=True):
                 skip = skip + 1 if str(s) == score else 1
                 score = str(s)
@@ -209,7 +213,7 @@ class _Lister:
                     return JobPage(self.items, make_cursor(qi, score, skip), self.scanned)
             if len(entries) < want:
                 qi, score, skip = qi + 1, "", 0
-        more = qi < len(self.queues)
+        more = qi < len(self.sources)
         return JobPage(self.items, make_cursor(qi, score, skip) if more else None, self.scanned)
 
     async def running(self, cursor: str | None) -> JobPage:
