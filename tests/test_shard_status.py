@@ -206,3 +206,34 @@ async def test_the_jobs_listing_pages_through_every_shard(r: Any) -> None:
     assert seen == expected  # each once: the home's earliest first, then each shard's
     home = await jobsview.list_jobs(stores[0], state="queued", limit=50, now_ms=NOW)
     assert [j.job_id for j in home.items] == expected[:7]
+
+
+async def test_the_console_overview_carries_each_shard(redis_url: str, rsync: Any) -> None:
+    """The console's overview (the Queues view's Backlog per shard table) with 3 shards:
+    per-shard backlog beside the totals, throughput summed over the shards' counters."""
+    from worker.client import Client
+    from worker.web import api
+
+    prefixes = shard_prefixes(PREFIX, 3)
+    for i, p in enumerate(prefixes):
+        rsync.zadd(f"{p}queue", {f"{p}j{k}": 0 for k in range(i + 1)})
+    client = await Client.connect(redis_url, key_prefix=PREFIX, queue_shards=3)
+    try:
+        view = await api.overview(api.ConsoleState(client, make_app()))
+    finally:
+        await client.close()
+    cluster = view["cluster"]
+    assert [(s["shard"], s["prefix"], s["depth"]) for s in cluster["shards"]] == [
+        (i, p, i + 1) for i, p in enumerate(prefixes)
+    ]
+    default = next(q for q in cluster["queues"] if q["queue"] == "default")
+    assert default["depth"] == 6 and len(default["throughput"]) > 0
+
+
+def test_throughput_series_are_summed_minute_by_minute_over_the_shards() -> None:
+    from worker.web.api import _summed
+
+    one = {"default": [(0, 1, 0), (60_000, 2, 1)]}
+    two = {"default": [(0, 3, 1), (60_000, 0, 0)]}
+    assert _summed([one]) is one
+    assert _summed([one, two]) == {"default": [(0, 4, 1), (60_000, 2, 1)]}
