@@ -237,3 +237,40 @@ def test_throughput_series_are_summed_minute_by_minute_over_the_shards() -> None
     two = {"default": [(0, 3, 1), (60_000, 0, 0)]}
     assert _summed([one]) is one
     assert _summed([one, two]) == {"default": [(0, 4, 1), (60_000, 2, 1)]}
+
+
+async def test_done_and_failed_listings_merge_every_shard_newest_first(r: Any) -> None:
+    """``worker jobs --state done|failed`` with 3 shards: each shard's recent successes and
+    failures merged newest first, paged by time; the failure record read in the job's shard."""
+    from arq.jobs import serialize_result
+
+    from worker import jobsview
+    from worker.serializer import msgpack_dumps
+
+    stores = open_shards(r, K.Keys(PREFIX), None, 3)
+    done = []
+    for i in range(9):  # round robin over the shards, finished 1 ms apart
+        store = stores[i % 3]
+        job_id, ok, at = f"{store.keys.prefix}e{i}", i != 4, NOW - 100 + i
+        raw = serialize_result(
+            "noop", (i,), {}, 1, NOW - 500, ok, 1 if ok else ValueError("bad"), NOW - 200, at,
+            "r", store.keys.queue, job_id=job_id, serializer=msgpack_dumps,
+        )  # fmt: skip
+        assert raw is not None
+        await r.set(K.ARQ_RESULT + job_id, raw)
+        await r.zadd(store.keys.done if ok else store.keys.failures, {job_id: at})
+        if ok:
+            done.append(job_id)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        page = await jobsview.list_jobs(
+            stores[0], state="done", limit=3, cursor=cursor, now_ms=NOW, shards=stores
+        )
+        seen += [j.job_id for j in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == done[::-1]  # every shard's, newest first, each once
+    failed = await jobsview.list_jobs(stores[0], state="failed", now_ms=NOW, shards=stores)
+    assert [j.job_id for j in failed.items] == [f"{stores[1].keys.prefix}e4"]
