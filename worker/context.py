@@ -12,8 +12,10 @@ Services report progress with ``ctx.alive()`` (each service loop gets its own co
 its component's health: a loop that stops calling it within its ``sla_s`` fails ``/healthz``).
 
 Singleton services also get a handle on the lease: ``ctx.is_leading()`` (cheap, never raises),
-``ctx.leader_epoch()`` and ``ctx.fenced_pipeline()`` (Redis writes that commit only while this
-process still holds the lease).
+``ctx.leader_epoch()``, ``ctx.fenced_pipeline()`` (Redis writes that commit only while this
+process still holds the lease) and ``ctx.fencing_token()`` (the token that fences writes outside
+Redis, e.g. a database row updated ``WHERE token <= $1``: docs/fencing.md), with
+``ctx.fence_refused()`` to step down when such a fence refused a write.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class Context:
     threads: SyncThreads = field(default_factory=SyncThreads, repr=False, compare=False)
     #: Set on a service loop's own context (see :meth:`bound`): reports its progress.
     progress: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    #: Set on a singleton service's own context (see :meth:`under`): the epoch of the lease
+    #: it runs under, its fencing token.
+    fence_token: int | None = field(default=None, repr=False, compare=False)
 
     def alive(self) -> None:
         """Report that the service loop this context belongs to made progress: cheap, sync,
@@ -72,6 +77,11 @@ class Context:
         """A copy for one service loop whose :meth:`alive` calls ``progress`` (``state`` and
         everything else shared)."""
         return dataclasses.replace(self, progress=progress)
+
+    def under(self, epoch: int) -> Context:
+        """A copy for one run of a singleton service under the lease of ``epoch``: its
+        :meth:`fencing_token`."""
+        return dataclasses.replace(self, fence_token=epoch)
 
     @property
     def keys(self) -> K.Keys:
@@ -90,6 +100,44 @@ class Context:
     def leader_epoch(self) -> int | None:
         """The epoch of the lease this process holds, or ``None``."""
         return self.leader.epoch if self.leader is not None and self.leader.is_leading() else None
+
+    def fencing_token(self) -> int:
+        """The fencing token of the leadership this singleton service runs under: the lease's
+        epoch, fixed for the run (a paused process that wakes up deposed still holds its old,
+        lower token — that is the point). Strictly greater for every new leadership,
+        cluster-wide, and it never goes back, not even after Redis lost its data (bounds in
+        docs/fencing.md). Carry it with every write outside Redis and let the store refuse a
+        token below the highest it has seen::
+
+            token = ctx.fencing_token()
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "UPDATE fence SET token = %s WHERE name = %s AND token <= %s",
+                    (token, "ledger", token),
+                )
+                if cur.rowcount == 0:  # a newer leader wrote: roll back and stop
+                    raise ctx.fence_refused("ledger")
+                await conn.execute("INSERT INTO ledger ...")
+
+        :class:`LeadershipLost` outside a singleton service (a job, a ``per_process`` or
+        ``per_key`` service, the process context): only the leader's singleton services have
+        a leadership to fence."""
+        if self.fence_token is None:
+            raise LeadershipLost(
+                "ctx.fencing_token() is for singleton services (@app.service(cardinality="
+                "'singleton')): only they run under a leadership"
+            )
+        return self.fence_token
+
+    def fence_refused(self, what: str) -> LeadershipLost:
+        """A fence outside Redis refused this service's write (``what`` names it): a newer
+        leadership wrote there, so this process steps down at once (as a refused fenced Redis
+        write makes it). Returns the :class:`LeadershipLost` to raise: raised from the
+        service, it ends the service without a restart."""
+        reason = f"the fence of {what} refused token {self.fence_token}: a newer leader wrote"
+        if self.leader is not None:
+            self.leader.lost(reason)
+        return LeadershipLost(reason)
 
     def fenced_pipeline(self) -> FencedPipeline:
         """A redis-py transaction pipeline that commits only while this process holds the
