@@ -274,3 +274,26 @@ async def test_done_and_failed_listings_merge_every_shard_newest_first(r: Any) -
     assert seen == done[::-1]  # every shard's, newest first, each once
     failed = await jobsview.list_jobs(stores[0], state="failed", now_ms=NOW, shards=stores)
     assert [j.job_id for j in failed.items] == [f"{stores[1].keys.prefix}e4"]
+
+
+async def test_the_running_listing_reads_every_shards_holds(r: Any) -> None:
+    """``worker jobs --state running`` with 3 shards: a live instance's holds in every shard
+    (its claims are held where its jobs are), by id; one shard sees only its own."""
+    from worker import jobsview
+    from worker.serializer import job_payload, msgpack_dumps
+
+    stores = open_shards(r, K.Keys(PREFIX), None, 3)
+    await r.zadd(stores[0].keys.instances, {"c-1": NOW})
+    running = []
+    for s, store in enumerate(stores):
+        job_id = f"{store.keys.prefix}run{s}"
+        await r.set(K.ARQ_JOB + job_id, job_payload("noop", [s], {}, NOW, msgpack_dumps))
+        await r.set(K.ARQ_IN_PROGRESS + job_id, "c-1:tok")
+        await r.zadd(store.keys.queue, {job_id: NOW + 300_000})  # parked at its claim's expiry
+        await r.sadd(store.keys.holds("c-1"), job_id)
+        running.append(job_id)
+    page = await jobsview.list_jobs(stores[0], state="running", now_ms=NOW, shards=stores)
+    assert sorted(j.job_id for j in page.items) == sorted(running)
+    assert {j.instance for j in page.items} == {"c-1"}
+    home = await jobsview.list_jobs(stores[0], state="running", now_ms=NOW)
+    assert [j.job_id for j in home.items] == running[:1]

@@ -130,7 +130,7 @@ async def list_jobs(
     ``done`` the recent successes, newest first. Raises ``ValueError`` for a bad state or
     cursor. ``shards``: every queue shard's store, home first: ``queued``/``scheduled`` read each
     queue of every shard in turn (the cursor says where), ``failed``/``done`` merge every
-    shard's indexes newest first, ``running`` reads the home's holds sets only."""
+    shard's indexes newest first, ``running`` every shard's holds sets by id."""
     if state not in STATES:
         raise ValueError(f"unknown state {state!r}; one of: {', '.join(STATES)}")
     limit = max(1, min(limit, MAX_LIMIT))
@@ -224,13 +224,13 @@ class _Lister:
         concurrency), by id, with each job's progress."""
         fields = parse_cursor(cursor, 1)
         after = fields[0] if fields else ""
-        held = [(j, i) for j, i in await self.store.running_ids() if j > after]
+        held = [(j, i) for j, i in await self.shards.running_ids() if j > after]
         page = held[: self.budget]
         self.scanned = len(page)
         ids = [j for j, _ in page]
-        records = await self.store.job_records(ids)
-        where = await self.store.queues_of(ids, self.queues)
-        progress = await self.store.progress_many(ids)
+        records = await self._each(ids, Store.job_records)
+        where = await self._each(ids, lambda st, part: st.queues_of(part, self.queues))
+        progress = await self._each(ids, Store.progress_many)
         last = after
         for (job_id, instance), rec, q, p in zip(page, records, where, progress, strict=True):
             last = job_id
