@@ -207,6 +207,13 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.queue_shard_backlog = Gauge(
+            "worker_queue_shard_backlog",
+            "Jobs due and not claimed in one queue shard (WORKER_QUEUE_SHARDS > 1 only; the "
+            "shards of a queue sum to worker_queue_backlog; exported by the leader only).",
+            ["queue", "shard"],
+            registry=r,
+        )
         self.queue_jobs = Gauge(
             "worker_queue_jobs",
             "Jobs in the queue, due or not, claimed or not (exported by the leader only).",
