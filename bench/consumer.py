@@ -252,6 +252,7 @@ def main() -> None:
     ap.add_argument(
         "--against", metavar="DIR", help="compare ours with ours run from another checkout"
     )
+    ap.add_argument("--only", help=f"comma-separated subset of {','.join(VARIANTS)}")
     args = ap.parse_args()
     variants = scaling_variants(args.processes, args.cpu_ms) if args.processes else VARIANTS
     if args.tracing:
@@ -260,6 +261,11 @@ def main() -> None:
         root = str(Path(args.against).resolve())
         other = VARIANTS["ours"]._replace(label=f"ours from {root}", root=root)
         variants = {"ours": VARIANTS["ours"], "ours-against": other}
+    if args.only:
+        wanted = [v.strip() for v in args.only.split(",") if v.strip()]
+        if unknown := set(wanted) - set(variants) or ("ours" not in wanted and {"ours"}):
+            ap.error(f"--only: unknown or missing 'ours': {sorted(unknown)}")
+        variants = {k: variants[k] for k in wanted}
     n = args.n or (4_000 if args.quick else 20_000)
     n_default = args.n_default or (1_000 if args.quick else 4_000)
     rounds = args.rounds or (2 if args.quick else 3)

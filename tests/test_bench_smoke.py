@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: subcommand -> (arguments for a tiny run, a regex its stdout must match: its result line)
 SMOKE: dict[str, tuple[list[str], str]] = {
     "peers": (["--only", "ours,arq", "--n", "200", "--rounds", "1"], r"\| \*\*ours\*\*.*\| [\d,]+"),
-    "consumer": (["--n", "200", "--n-default", "50", "--rounds", "1"], r"\| ours: .*\| [\d,]+ "),
+    "consumer": (
+        ["--only", "ours,arq-tuned-uvloop", "--n", "200", "--rounds", "1"],
+        r"\| ours: .*\| [\d,]+ ",
+    ),
     "dispatch": (
         ["--n", "1000", "--n-baseline", "100", "--rounds", "1"],
         r"in-flight hash holds 0 entries afterwards",
