@@ -6,6 +6,9 @@ runs (a signature changed under it, an import moved) must fail here, not at the 
 measurement. A subcommand added to COMMANDS without an entry in SMOKE fails (the tests are
 made from COMMANDS).
 
+The selected subcommands run three at a time (most of their time is waiting on servers:
+Sentinel promotions, lease expiries), each test waiting for its own; in turn they took ~215 s.
+
 ``peers`` runs only "ours" and arq (the other peers need their own venvs, created with pip
 from the network: ~1 min each the first time).
 """
@@ -17,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,26 +54,55 @@ SMOKE: dict[str, tuple[list[str], str]] = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(COMMANDS))
-def test_bench_subcommand_runs_at_a_tiny_size(name: str) -> None:
-    assert name in SMOKE, f"bench subcommand {name!r} has no smoke entry in SMOKE"
-    args, pattern = SMOKE[name]
+#: how many subcommands run at once
+PARALLEL = 3
+
+
+def _run(name: str) -> tuple[int, str, str, float]:
+    args, _ = SMOKE[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
     env["BENCH_PERIODIC_N"] = "50"  # leader, web: 50 periodic jobs, not 1,000
     t0 = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "bench", name, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    output, secs = out.stdout + out.stderr, time.monotonic() - t0
-    tail = "\n".join(output.splitlines()[-15:])
-    assert out.returncode == 0, f"{name}: exit {out.returncode} after {secs:.1f} s:\n{tail}"
-    assert re.search(pattern, out.stdout), f"{name}: no line /{pattern}/ in its output:\n{tail}"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench", name, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    except subprocess.TimeoutExpired as exc:
+        text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return -1, text, "timed out after 240 s", time.monotonic() - t0
+    return out.returncode, out.stdout, out.stderr, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request: pytest.FixtureRequest) -> dict[str, Future[tuple[int, str, str, float]]]:
+    """Every selected subcommand with a smoke entry, started at once, PARALLEL at a time."""
+    selected = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.originalname == "test_bench_subcommand_runs_at_a_tiny_size"
+    ]
+    pool = ThreadPoolExecutor(max_workers=PARALLEL)
+    request.addfinalizer(lambda: pool.shutdown(wait=True, cancel_futures=True))
+    return {name: pool.submit(_run, name) for name in selected if name in SMOKE}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_bench_subcommand_runs_at_a_tiny_size(
+    name: str, smoke_runs: dict[str, Future[tuple[int, str, str, float]]]
+) -> None:
+    assert name in SMOKE, f"bench subcommand {name!r} has no smoke entry in SMOKE"
+    code, stdout, stderr, secs = smoke_runs[name].result()
+    pattern = SMOKE[name][1]
+    tail = "\n".join((stdout + stderr).splitlines()[-15:])
+    assert code == 0, f"{name}: exit {code} after {secs:.1f} s:\n{tail}"
+    assert re.search(pattern, stdout), f"{name}: no line /{pattern}/ in its output:\n{tail}"
 
 
 def test_every_smoke_entry_names_a_subcommand() -> None:
