@@ -43,6 +43,7 @@ from arq.jobs import Job
 
 from tests.conftest import Spawn, WorkerProc, wait_until
 from tests.realredis import RealRedis
+from tests.soak import size
 from worker.embedded import EmbeddedServer, free_port
 from worker.serializer import get_serializer, job_payload, msgpack_loads
 from worker.settings import Settings
@@ -289,11 +290,13 @@ def epoch_regressions(epochs: Sequence[int]) -> list[tuple[int, int, int]]:
 def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_vanishes(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis
 ) -> None:
-    """3 leaders; the lock is DELeted 10 times at random moments and once right after a new
-    singleton run started. Runs of the singleton in different processes never overlap, fenced
-    marks land with non-decreasing epochs, and the service runs again afterwards.
+    """3 leaders; the lock is DELeted 5 times (10 under ``python -m bench soak``) at random
+    moments and once right after a new singleton run started. Runs of the singleton in
+    different processes never overlap, fenced marks land with non-decreasing epochs, and the
+    service runs again afterwards.
 
-    On 77fd932: 8-10 overlapping pairs per 11 deletions, worst 0.41-0.45 s; no fenced API."""
+    On 77fd932: 8-10 overlapping pairs per 11 deletions, worst 0.41-0.45 s; no fenced API
+    (so 6 deletions still meet several overlaps where the fencing is missing)."""
     prefix = espawn.prefix  # type: ignore[attr-defined]
     lock = K.Keys(prefix).leader
     intervals_key = led_key(prefix, "intervals")
@@ -304,7 +307,7 @@ def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_v
     seed = random.randrange(1_000_000)
     rng = random.Random(seed)
     deleted_at: list[float] = []
-    for _ in range(10):
+    for _ in range(size(5, 10)):
         time.sleep(rng.uniform(1.5, 3.5))
         rsync.delete(lock)
         deleted_at.append(time.time())
@@ -345,6 +348,7 @@ def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_v
         "marks with an epoch below an earlier mark's": len(regressions),
         "exit codes": exits,
     }
+    print("singleton after the lock vanished:", figures)
     problems = []
     if pairs:
         problems.append(f"singleton runs overlapped: {describe_overlaps(pairs)}")
@@ -748,13 +752,14 @@ async def _results(url: str, job_ids: Sequence[str]) -> dict[str, tuple[bool, An
 def test_paused_consumer_never_completes_jobs_handed_to_another(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis, redis_url: str
 ) -> None:
-    """12 x 5 s jobs start on consumer A; A is SIGSTOPped for 15 s, the leader's orphan reaper
-    hands the jobs over, they run elsewhere; then SIGCONT. Each job completes once (a run
-    completes only while ``ctx.still_claimed()``) and its arq result is the completing run's.
+    """12 x 5 s jobs start on consumer A; A is SIGSTOPped until the leader's orphan reaper has
+    handed the jobs over and they ran elsewhere, and for at least 6 s (15 s under ``python -m
+    bench soak``); then SIGCONT. Each job completes once (a run completes only while
+    ``ctx.still_claimed()``) and its arq result is the completing run's.
 
     On 77fd932: 12 of 12 completed twice; all 12 arq results overwritten by A."""
     prefix = espawn.prefix  # type: ignore[attr-defined]
-    jobs, job_s, pause_s = 12, 5.0, 15.0
+    jobs, job_s, pause_s = 12, 5.0, size(6.0, 15.0)
     a = espawn("consumer", name="A")
     rec_a = wait_until(lambda: record_of(rsync, prefix, "A"), 45, what="A registered")
     ids = enqueue_jobs(rsync, prefix, "claimed_job", [(job_s,)] * jobs)
@@ -779,7 +784,7 @@ def test_paused_consumer_never_completes_jobs_handed_to_another(
             fields = led_hash(lsync, prefix, "claim-woke")
             return {f.split("|")[0] for f in fields if not f.endswith(f"|{a.pid}")}
 
-        handed_over = settle(lambda: woke_elsewhere() >= set(ids), pause_s + 15)
+        handed_over = settle(lambda: woke_elsewhere() >= set(ids), 30)
         time.sleep(max(0.0, pause_s - (time.monotonic() - paused)))
     finally:
         a.resume()
@@ -815,6 +820,7 @@ def test_paused_consumer_never_completes_jobs_handed_to_another(
         "runs without JobContext.still_claimed": api_missing,
         "A alive": a.alive(),
     }
+    print("paused consumer:", figures)
     problems = []
     if not handed_over:
         problems.append("the paused consumer's jobs were not re-run elsewhere during the pause")
