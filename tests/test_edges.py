@@ -561,6 +561,10 @@ def _roll_back(r: redis_sync.Redis, snap: tuple[float, list[Any]]) -> None:
         pipe.execute()
 
 
+#: Per round, whether the consumer is frozen while the writes are lost.
+ROLLBACK_ROUNDS = size((True, False), (True, True, False, False))
+
+
 def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
     espawn: Spawn, lossy_server: EmbeddedServer, lsync: redis_sync.Redis
 ) -> None:
@@ -570,10 +574,11 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
     Emulated exactly on one real server: the dataset is snapshot right after a tick ran and,
     1.6 s later (the lease TTL is 3 s), replaced by that snapshot; the leader keeps its lease.
 
-    4 rounds. In the first two the consumer is frozen during the lost 1.6 s, so the ticks
-    enqueued then never ran: each must run once, later. In the last two the consumer runs
-    them before they are lost: every tick still runs, and only those may run again (their
-    run was recorded only in the lost writes: at-least-once, like any job a failover loses).
+    2 rounds (4 under ``python -m bench soak``). In the first (two) the consumer is frozen
+    during the lost 1.6 s, so the ticks enqueued then never ran: each must run once, later. In
+    the last (two) the consumer runs them before they are lost: every tick still runs, and
+    only those may run again (their run was recorded only in the lost writes: at-least-once,
+    like any job a failover loses).
 
     Before the fix (the enqueuer trusted its memory of the last tick, refreshed every 30 s):
     every tick enqueued in a lost window was skipped for good (the CI failure of a Sentinel
@@ -593,7 +598,7 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
     windows: list[tuple[int, int, bool]] = []  # (from ms, to ms, consumer frozen)
     kept: list[bool] = []
     try:
-        for frozen in (True, True, False, False):
+        for frozen in ROLLBACK_ROUNDS:
             seen = set(lsync.hkeys(ticks_key))
             wait_until(lambda seen=seen: set(lsync.hkeys(ticks_key)) - seen, 20, 0.01, "a tick")
             snap = _snapshot(main)  # right after a tick ran
@@ -634,14 +639,15 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
         "ticks run twice otherwise": unexplained or "none",
         "lease kept through the roll-back (per round)": kept,
     }
+    print("Redis went back under a kept lease:", figures)
     problems = []
     if missed:
         problems.append(f"{len(missed)} ticks never ran: {missed}")
     if unexplained:
         problems.append(f"ticks ran twice that had not run in lost writes: {unexplained}")
-    if sum(kept) < 3:
+    if sum(kept) < len(ROLLBACK_ROUNDS) - 1:
         problems.append(f"the lease did not survive the roll-back (not the scenario): {kept}")
-    if len(must_once) < 2:
+    if len(must_once) < sum(ROLLBACK_ROUNDS):
         problems.append(f"too few ticks fell in the frozen windows: {sorted(must_once)}")
     dead = [p.name for p in procs if not p.alive()]
     if dead:
@@ -655,13 +661,14 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
 def test_graceful_sigterm_never_runs_a_job_twice(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis
 ) -> None:
-    """4 rounds of 3,000 x 50 ms jobs; in each, the busiest consumer gets SIGTERM mid-drain and
-    a replacement starts. Every job starts once, ends once and is never re-run by arq.
+    """2 rounds (4 under ``python -m bench soak``) of 3,000 x 50 ms jobs; in each, the busiest
+    consumer gets SIGTERM mid-drain and a replacement starts. Every job starts once, ends once
+    and is never re-run by arq.
 
-    On 77fd932: 4-53 of 12,000 jobs started twice over 10 runs (median ~40), up to 2 ended
-    twice."""
+    On 77fd932: 4-53 of 12,000 jobs started twice over 10 runs (median ~40, i.e. ~10 a
+    round), up to 2 ended twice."""
     prefix = espawn.prefix  # type: ignore[attr-defined]
-    rounds, per_round, job_s = 4, 3_000, 0.05
+    rounds, per_round, job_s = size(2, 4), 3_000, 0.05
     env = {"WORKER_CONCURRENCY": "100"}
     espawn("leader", name="leader", env=env)  # the orphan reaper runs there
     consumers = [espawn("consumer", name=f"consumer-{i}", env=env) for i in range(2)]
@@ -716,6 +723,7 @@ def test_graceful_sigterm_never_runs_a_job_twice(
         "all ended within 40 s of the last round": finished,
         "exit codes of the SIGTERMed consumers": exits,
     }
+    print("graceful SIGTERM under load:", figures)
     problems = []
     if started_twice:
         problems.append(f"{len(started_twice)} of {total} jobs ran twice (started again)")
@@ -870,9 +878,10 @@ def names_field(reason: str, field: str) -> bool:
 def test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis
 ) -> None:
-    """Raw job records with wrong field types (and one not msgpack) arrive while a 20 s job
-    runs: each is dead-lettered with a reason naming the field (or "malformed"), a good job
-    after them runs, the long job runs exactly once, the consumer never restarts.
+    """Raw job records with wrong field types (and one not msgpack) arrive while an 8 s job
+    (20 s under ``python -m bench soak``) runs: each is dead-lettered with a reason naming the
+    field (or "malformed"), a good job after them runs, the long job runs exactly once, the
+    consumer never restarts.
 
     On 77fd932: 0 of 8 dead-lettered ('a' as a map even ran), the consumer restarted and the
     long job was cancelled and started twice."""
@@ -880,7 +889,7 @@ def test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer(
     port = free_port()
     proc = espawn("all", name="solo", env={"WORKER_HEALTH_PORT": str(port)})
     wait_ready(proc, port)
-    long_s = 20.0
+    long_s = size(8.0, 20.0)  # in flight while the hostile jobs are handled (~1 s)
     [long_id] = enqueue_jobs(rsync, prefix, "edge_job", [(long_s,)])
     wait_until(lambda: led_hash(lsync, prefix, "job-start").get(long_id), 20, what="the long job")
     long_started = time.monotonic()
@@ -923,6 +932,7 @@ def test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer(
         "consumer restarts (/status)": restarts,
         "process alive": proc.alive(),
     }
+    print("hostile jobs:", figures)
     problems = []
     if not_dead:
         problems.append(f"{len(not_dead)} of {len(bad)} hostile jobs not dead-lettered")
