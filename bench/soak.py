@@ -17,6 +17,7 @@ runs the very same test code longer and prints what each counted and how long it
 - Redis rolled back under a kept lease: 4 rounds (suite: 2, one with the consumer frozen);
 - hostile job records arriving while a long job runs: a 20 s job (suite: 8 s).
 - the busiest consumer SIGTERMed mid-drain of 3,000 jobs: 4 rounds (suite: 2).
+- Redis without persistence SIGKILLed after a tick and restarted empty: 3 times (suite: 2).
 
     python -m bench soak              # all of them (~9 min)
     python -m bench soak -k steady    # those whose test id matches (pytest -k)
@@ -39,6 +40,7 @@ TESTS = (
     "tests/test_edges.py::test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_vanishes",
     "tests/test_edges.py::test_graceful_sigterm_never_runs_a_job_twice",
     "tests/test_edges.py::test_paused_consumer_never_completes_jobs_handed_to_another",
+    "tests/test_edges.py::test_redis_data_loss_never_reruns_a_finished_tick_or_sends_epochs_back",
     "tests/test_edges.py::test_redis_going_back_under_a_kept_lease_never_loses_a_tick",
     "tests/test_edges.py::test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer",
     "tests/test_watchdog.py::test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop",
