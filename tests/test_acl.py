@@ -87,6 +87,7 @@ def test_the_readme_documents_these_rules() -> None:
     assert f"ACL SETUSER worker on >PASSWORD {documented}\n" in guarantees, documented
     for app in ("shop", "billing"):
         assert " ".join(minimal_acl(f"{app}:")) in guarantees, app
+    assert " ".join(minimal_acl("{shop[}#]")) in guarantees  # with queue shards
 
 
 #: Server-wide commands one app's user must not run: each wipes, freezes, reconfigures or
@@ -366,6 +367,56 @@ def test_two_apps_under_their_own_users_cannot_touch_each_other(
         assert "NOPERM" not in bill.log() and "No permissions" not in bill.log()
     finally:
         for user in (f"shop{tag}", f"billing{tag}"):
+            rsync.execute_command("ACL", "DELUSER", user)
+
+
+async def _enqueue_sharded(url: str, prefix: str, keys: list[str]) -> list[str]:
+    client = await Client.connect(url, app=ledger_app, key_prefix=prefix, queue_shards=3)
+    try:
+        ids = [await client.enqueue("record", key) for key in keys]
+        assert all(ids)
+        return [j for j in ids if j]
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow
+def test_a_sharded_app_runs_under_the_documented_shard_patterns(
+    spawn: Spawn, rsync: redis_sync.Redis, cli: CliRun
+) -> None:
+    """docs/guarantees.md, "Two apps on one Redis": with WORKER_QUEUE_SHARDS the rules read
+    ``{shop[}#]`` where they read the prefix, covering the home ``{shop}:`` and every shard
+    ``{shop#j}:``; the unsharded rules refuse a shard's keys."""
+    tag = f"s{uuid.uuid4().hex[:6]}"
+    prefix = f"{{{tag}}}:"
+    wide = acl_user(rsync, f"{tag}-wide", "pw-wide-1", f"{{{tag}[}}#]")
+    narrow = acl_user(rsync, f"{tag}-narrow", "pw-narrow-2", prefix)
+    try:
+        with pytest.raises(redis_sync.exceptions.NoPermissionError):
+            asyncio.run(_enqueue_sharded(narrow, prefix, ["n0", "n1", "n2"]))  # one in a shard
+        # a worker under the unsharded rules refuses to start, naming the shard (one line)
+        refused = cli("run", "--role", "consumer", env={
+            "WORKER_REDIS_URL": narrow, "WORKER_KEY_PREFIX": prefix, "WORKER_QUEUE_SHARDS": "3",
+            "WORKER_APP": "tests.apps.ledger:app",
+        })  # fmt: skip
+        assert refused.returncode == 2, refused.stderr
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith("worker: error: WORKER_QUEUE_SHARDS: the queue shard '{"), last
+        keys = [f"k{i}" for i in range(9)]
+        asyncio.run(_enqueue_sharded(wide, prefix, keys))
+        env = {"WORKER_REDIS_URL": wide, "WORKER_KEY_PREFIX": prefix, "WORKER_QUEUE_SHARDS": "3"}
+        proc = spawn("all", name="sharded", env=env)
+        wait_until(
+            lambda: (
+                {k: v for k, v in ledger(rsync, prefix, "records").items() if k in keys}
+                == dict.fromkeys(keys, 1)
+            ),
+            60,
+            what="every shard's jobs run under the shard patterns",
+        )
+        assert "NOPERM" not in proc.log() and "No permissions" not in proc.log()
+    finally:
+        for user in (f"{tag}-wide", f"{tag}-narrow"):
             rsync.execute_command("ACL", "DELUSER", user)
 
 

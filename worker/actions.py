@@ -105,9 +105,13 @@ class Operations:
         return ms(self.client.clock.time())
 
     async def detail(self, job_id: str) -> jobsview.JobDetail | None:
-        """``job_id``'s detail (:func:`worker.jobsview.job_detail`) over the app's queues."""
+        """``job_id``'s detail (:func:`worker.jobsview.job_detail`) over the app's queues, in
+        the queue shard the id names."""
         return await jobsview.job_detail(
-            self.store, job_id, queues=self.app.queue_names(), deserialize=self.deserialize
+            self.client.shards.of(job_id),
+            job_id,
+            queues=self.app.queue_names(),
+            deserialize=self.deserialize,
         )
 
     async def cancel_job(self, job_id: str) -> Outcome:
@@ -126,7 +130,7 @@ class Operations:
         result = (
             await self._cancelled_result(job_id, d.queue, now) if d.state != "running" else None
         )
-        found = await self.store.cancel_queued(
+        found = await self.client.shards.of(job_id).cancel_queued(
             job_id,
             self.app.queue_names(),
             result=result,
@@ -151,7 +155,8 @@ class Operations:
     async def _cancelled_result(self, job_id: str, queue: str | None, now: int) -> bytes | None:
         """arq's result record of a job cancelled before it started (arq writes the same for
         a job aborted before its start); ``None`` when its record does not decode."""
-        rec = (await self.store.job_records([job_id]))[0]
+        store = self.client.shards.of(job_id)
+        rec = (await store.job_records([job_id]))[0]
         try:
             job = self.deserialize(rec.payload) if rec.payload is not None else {}
         except Exception:
@@ -160,7 +165,7 @@ class Operations:
             str(job.get("f") or "?"), tuple(job.get("a") or ()), dict(job.get("k") or {}),
             int(job.get("t") or rec.tries or 0), int(job.get("et") or now), False,
             asyncio.CancelledError(f"cancelled by {self.actor.name} ({self.actor.via})"),
-            now, now, f"{job_id}:{job.get('f')}", self.store.keys.queue_of(queue or "default"),
+            now, now, f"{job_id}:{job.get('f')}", store.keys.queue_of(queue or "default"),
             job_id=job_id, serializer=self.serialize,
         )  # fmt: skip
 
@@ -177,7 +182,7 @@ class Operations:
                 Outcome("retry", job_id, ok=False, message=f"{job_id}: {what}{hint}")
             )
         if d.state == "dead" and d.dead is not None:
-            result = await dead.retry_dead(self.store, job_id)
+            result = await dead.retry_dead(self.client.shards.of(job_id), job_id)
         else:
             result = await self._rerun(job_id)
         ok = result == "requeued"
@@ -187,19 +192,20 @@ class Operations:
         )
 
     async def _rerun(self, job_id: str) -> str:
-        rec = (await self.store.job_records([job_id], results=True))[0]
+        store = self.client.shards.of(job_id)
+        rec = (await store.job_records([job_id], results=True))[0]
         if rec.result is None:
             return "no result record left to run it from"
         try:
             r = deserialize_result(rec.result, deserializer=self.deserialize)
         except Exception as exc:
             return f"its result record does not decode ({type(exc).__name__})"
-        queue = queue_name(r.queue_name, self.store.keys.prefix) or "default"
+        queue = queue_name(r.queue_name, store.keys.prefix) or "default"
         now = await self._now_ms()
         payload = self.serialize(
             {"t": None, "f": r.function, "a": list(r.args), "k": dict(r.kwargs), "et": now}
         )
-        out = await self.store.rerun_ended(job_id, queue, payload, expires_extra_ms, now)
+        out = await store.rerun_ended(job_id, queue, payload, expires_extra_ms, now)
         return {1: "requeued", 0: "live", -1: "no result record left to run it from"}[out]
 
     # -- dead letters -------------------------------------------------------------------------
@@ -215,7 +221,7 @@ class Operations:
         results: Counter[str] = Counter()
         failed: dict[str, str] = {}
         for job_id in ids:  # one at a time, as the CLI: each is its own script call
-            outcome = await dead.retry_dead(self.store, job_id)
+            outcome = await dead.retry_dead(self.client.shards.of(job_id), job_id)
             results[outcome] += 1
             if each is not None:
                 each(job_id, outcome)
@@ -238,11 +244,12 @@ class Operations:
 
     async def purge_dead(self, job_ids: Sequence[str] | None = None) -> Outcome:
         """Forget dead letters (``None``: every one, as ``dead --purge``)."""
+        shards = self.client.shards  # every job is set aside in its own queue shard
         if job_ids is None:
-            n = await dead.purge_dead(self.store)
+            n = sum([await dead.purge_dead(s) for s in shards.stores])
             target = "all"
         else:
-            n = await self.store.dead_remove(list(job_ids))
+            n = sum([await s.dead_remove(ids) for s, ids in shards.group(job_ids)])
             target = _ids(job_ids)
         message = f"purged {n} dead-lettered job{'s' if n != 1 else ''}"
         return await self._record(
@@ -250,7 +257,7 @@ class Operations:
         )
 
     async def _all_dead(self) -> list[str]:
-        return await dead.all_dead_ids(self.store)
+        return [j for s in self.client.shards.stores for j in await dead.all_dead_ids(s)]
 
     # -- periodic jobs and pollers ------------------------------------------------------------
     async def trigger(self, name: str) -> Outcome:

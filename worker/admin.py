@@ -23,14 +23,15 @@ from arq.connections import ArqRedis
 
 from worker import local
 from worker.app import App, load_app
-from worker.connection import connect_redis
+from worker.connection import connect_shards
 from worker.errors import ConfigError
 from worker.manifest import Described, describe
 from worker.preflight import auth_failure
 from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
-from worker.storage import Store, open_store
+from worker.storage import Shards, Store, open_shards
 from worker.storage import keys as K
+from worker.storage.shards import shard_prefixes
 from worker.terminal import say
 
 _notes: list[str] = []
@@ -81,6 +82,8 @@ class Admin:
     keys: K.Keys
     store: Store
     url: str
+    #: the app's queue shards (``WORKER_QUEUE_SHARDS``), home (:attr:`store`) first
+    shards: Shards | None = None
 
 
 @asynccontextmanager
@@ -91,9 +94,18 @@ async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
     target = settings.redis_target() if url == settings.redis_url else url
     keys = K.Keys(settings.key_prefix)
     ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
-    redis = connect_redis(target or url, queue_name=keys.queue, serialize=ser, deserialize=de)
+    n, rep = settings.queue_shards, settings.replication()
+    clients = connect_shards(
+        target or url,
+        shard_prefixes(keys.prefix, n),
+        queue_name=keys.queue,
+        serialize=ser,
+        deserialize=de,
+    )
+    redis = clients[0]
     try:
-        yield Admin(redis, keys, open_store(redis, keys, settings.replication()), url)
+        shards = Shards(open_shards(redis, keys, rep, n, clients))
+        yield Admin(redis, keys, shards.home, url, shards)
     except (ConfigError, BrokenPipeError):  # BrokenPipeError: printing into a closed pipe
         raise
     except Exception as exc:
@@ -102,7 +114,8 @@ async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
             or f"{what}: cannot use Redis at {mask_url(url)}: {type(exc).__name__}: {exc}"
         ) from None
     finally:
-        await redis.aclose(close_connection_pool=True)
+        for c in {id(c): c for c in clients}.values():
+            await c.aclose(close_connection_pool=True)
 
 
 async def resolve_app(settings: Settings, store: Store) -> App:

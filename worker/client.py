@@ -27,16 +27,18 @@ otherwise.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import uuid4
 
 from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import Job
+from redis.asyncio import Redis
 
 from worker.broadcast import publish
 from worker.clock import Clock, RedisClock, ms, on_server_time
-from worker.connection import connect_redis
+from worker.connection import connect_redis, connect_shards
 from worker.duties.poller import BoundPoller, Pollers, due_ms
 from worker.errors import ConfigError, UnknownTask
 from worker.preflight import wait_for_redis
@@ -46,6 +48,9 @@ from worker.settings import Settings, load_settings
 from worker.storage import NewJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.sharded import Shards
+from worker.storage.shards import shard_prefixes
+from worker.storage.store import open_shards
 from worker.tracing import Tracing, tracing_for
 
 __all__ = ["Client", "arq_options", "connect_redis"]
@@ -94,6 +99,7 @@ class Client:
         origin: str | None = None,
         replication: Replication | None = None,
         tracing: Tracing | None = None,
+        shards: Shards | None = None,
     ) -> None:
         self.redis = redis
         #: Spans per enqueue when ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`).
@@ -101,7 +107,9 @@ class Client:
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
         self.origin = origin or f"client-{uuid4().hex[:12]}"
         self.keys = keys
-        self.store = store or open_store(redis, keys, replication)
+        self.store = store or (shards.home if shards else open_store(redis, keys, replication))
+        #: the app's queue shards (``WORKER_QUEUE_SHARDS``), home (:attr:`store`) first
+        self.shards = shards or Shards([self.store])
         self.app = app
         #: the Redis server's clock by default: a due time means the same on every host
         self.clock = clock or RedisClock()
@@ -119,6 +127,7 @@ class Client:
         wait_replicas: int | None = None,
         wait_timeout_s: float = 0.5,
         tracing: Literal["off", "otel"] = "off",
+        queue_shards: int = 1,
     ) -> Client:
         """Connect to ``url`` with the same settings the workers use (prefix, serializer).
         ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
@@ -126,7 +135,8 @@ class Client:
         ``wait_replicas``: replicas an enqueue waits for, strictly (``None``, as
         ``WORKER_REDIS_WAIT_REPLICAS=auto``: with Sentinel or Cluster the attached ones, up to
         1, else 0). ``tracing="otel"``: a PRODUCER span per enqueue, as
-        ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`)."""
+        ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`). ``queue_shards``: the workers'
+        ``WORKER_QUEUE_SHARDS``."""
         tracer = tracing_for(tracing)
         target = parse_redis_url(url) if isinstance(url, str) else url
         adaptive = wait_replicas is None
@@ -134,24 +144,30 @@ class Client:
             wait_replicas = 0 if target.kind == "single" else 1
         serialize, deserialize = get_serializer(serializer)
         keys = K.Keys(key_prefix)
-        redis = connect_redis(
-            target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
+        clients = connect_shards(
+            target,
+            shard_prefixes(key_prefix, queue_shards),
+            queue_name=keys.queue,
+            serialize=serialize,
+            deserialize=deserialize,
         )
         try:
-            await server.ping(redis)
+            await server.ping(clients[0])
         except BaseException:
-            await redis.aclose(close_connection_pool=True)
+            await _close_all(clients)
             raise
         replication = Replication(
             wait_replicas, max(1, round(wait_timeout_s * 1000)), adaptive=adaptive
         )
+        stores = open_shards(clients[0], keys, replication, queue_shards, clients)
         return cls(
-            redis,
+            clients[0],
             keys=keys,
             serialize=serialize,
             app=app,
             replication=replication,
             tracing=tracer,
+            shards=Shards(stores),
         )
 
     @classmethod
@@ -172,22 +188,30 @@ class Client:
         tracer = tracing_for(settings.tracing)
         serialize, deserialize = get_serializer(settings.serializer)
         keys = K.Keys(settings.key_prefix)
-        redis = connect_redis(
-            target, queue_name=keys.queue, serialize=serialize, deserialize=deserialize
+        n = settings.queue_shards
+        clients = connect_shards(
+            target,
+            shard_prefixes(settings.key_prefix, n),
+            queue_name=keys.queue,
+            serialize=serialize,
+            deserialize=deserialize,
         )
+        redis = clients[0]
         try:
             await wait_for_redis(redis, target.url, settings.redis_connect_timeout_s, clock)
         except BaseException:
-            await redis.aclose(close_connection_pool=True)
+            await _close_all(clients)
             raise
+        replication = settings.replication()
         return cls(
             redis,
             keys=keys,
             serialize=serialize,
             app=app,
             clock=clock,
-            replication=settings.replication(),
+            replication=replication,
             tracing=tracer,
+            shards=Shards(open_shards(redis, keys, replication, n, clients)),
         )
 
     @classmethod
@@ -198,7 +222,7 @@ class Client:
         return await cls.from_settings(load_settings(**overrides), app=app)
 
     async def close(self) -> None:
-        await self.redis.aclose(close_connection_pool=True)
+        await _close_all([self.redis, *(s.redis for s in self.shards.stores)])
 
     async def enqueue(
         self,
@@ -209,6 +233,7 @@ class Client:
         defer_by: float = 0.0,
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
+        shard_key: str | None = None,
         **kwargs: Any,
     ) -> str | None:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
@@ -219,22 +244,33 @@ class Client:
         (seed 002 §6.2's activation tasks). ``queue``: the queue to wait in; by default the
         one the task declares (``@app.task(queue=...)``, when the client knows the app), else
         ``default``.
+
+        With ``WORKER_QUEUE_SHARDS`` > 1 a job goes to one shard: the one ``shard_key`` names
+        (every job of one key in one shard, in due order), else the one its ``unique_key``
+        names (a unique key always meets the same shard: it stays unique), else the one a given
+        ``job_id``'s prefix names (home for any other id), else the shards in turn. A
+        ``unique_key`` given with a ``shard_key`` must always come with that same one.
         """
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
         self.check_function(function)
-        jid = job_id or (
-            self.store.ids.unique(unique_key) if unique_key is not None else self.new_job_id()
-        )
+        if job_id is not None:
+            store, jid = self.shards.of(job_id), job_id
+        else:
+            key = shard_key if shard_key is not None else unique_key
+            store = self.shards.next() if key is None else self.shards.for_key(key)
+            jid = store.ids.random() if unique_key is None else store.ids.unique(unique_key)
         if queue is None:
             queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
+        put = (function, args, kwargs, jid, queue, defer_by, defer_until)
         if self.tracing is None:
-            return await self._put(function, args, kwargs, jid, queue, defer_by, defer_until)
+            return await self._put(store, *put)
         with self.tracing.send(function, jid, queue) as extra:
-            return await self._put(function, args, kwargs, jid, queue, defer_by, defer_until, extra)
+            return await self._put(store, *put, extra)
 
     async def _put(
         self,
+        store: Store,
         function: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -249,7 +285,7 @@ class Client:
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
         payload = job_payload(function, args, kwargs, now, self._serialize, extra=extra)
         ttl = self._expires_ms + max(0, score - now)
-        ok = await self.store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
+        ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
 
     def check_function(self, function: str) -> None:
@@ -267,37 +303,39 @@ class Client:
         prefix, in its Redis Cluster slot. A plain arq client enqueueing into an app whose
         Redis user is limited to its prefix (or on a Cluster) passes
         ``_job_id=client.new_job_id()``."""
-        return self.store.ids.random()
+        return self.shards.next().ids.random()
 
     async def abort(self, job_id: str) -> None:
         """Ask the consumer running (or about to run) ``job_id`` to cancel it: what arq's
         ``Job.abort()`` asks, in the app's own set (``<prefix>abort``, the one the consumers
         read; arq's shared ``arq:abort`` is not, so use this instead of ``Job.abort()``)."""
-        await self.store.request_abort(job_id, ms(self.clock.time()))
+        await self.shards.of(job_id).request_abort(job_id, ms(self.clock.time()))
 
     async def progress(self, job_id: str) -> dict[str, Any] | None:
         """The last progress ``job_id`` reported (``await ctx.progress(...)`` in the task):
         ``{"fraction": 0..1, "message": str | None, "at_ms": epoch ms}``, ``None`` if none is
         kept; readable while the job runs and as long as its result is kept."""
-        return await self.store.progress(job_id)
+        return await self.shards.of(job_id).progress(job_id)
 
     async def failure(self, job_id: str) -> dict[str, Any] | None:
         """The last final failure of ``job_id`` (status ``failed``, ``timeout``, ``cancelled``
         or ``dead``, ``error_type``, ``message``, ``traceback``, ``try``, times, ``args``),
         ``None`` if it has none kept (see docs/monitoring.md, "Why did my job fail?")."""
-        return await self.store.failure(job_id)
+        return await self.shards.of(job_id).failure(job_id)
 
-    def unique_job_id(self, unique_key: str) -> str:
+    def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""
-        return self.store.ids.unique(unique_key)
+        store = self.shards.for_key(unique_key if shard_key is None else shard_key)
+        return store.ids.unique(unique_key)
 
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> Job:
         """arq's :class:`~arq.jobs.Job` for ``job_id`` in ``queue``: ``await job.status()``,
         ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
+        store = self.shards.of(job_id)  # the job's queue shard
         return Job(
             job_id,
-            self.redis,
-            _queue_name=self.keys.queue_of(queue),
+            store.redis,
+            _queue_name=store.keys.queue_of(queue),
             _deserializer=self.redis.job_deserializer,
         )
 
@@ -314,3 +352,9 @@ class Client:
         if self.app is None:
             raise RuntimeError("Client was created without app=...; pollers need the app")
         return BoundPoller(self.app.pollers[name], self.store, self.clock)
+
+
+async def _close_all(clients: Sequence[Redis]) -> None:
+    """Close each distinct client once (the shards of one server share one)."""
+    for c in {id(c): c for c in clients}.values():
+        await c.aclose(close_connection_pool=True)

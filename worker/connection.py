@@ -42,7 +42,7 @@ from redis.exceptions import ResponseError
 
 from worker.redisurl import DISCOVERY_TIMEOUT_S, RedisTarget, parse_redis_url
 
-__all__ = ["SlotPool", "connect_redis"]
+__all__ = ["SlotPool", "connect_redis", "connect_shards"]
 
 # -- connection pools -----------------------------------------------------------------------
 
@@ -314,3 +314,24 @@ def connect_redis(
         job_deserializer=deserialize,
         default_queue_name=queue_name,
     )
+
+
+def connect_shards(
+    target: RedisTarget | str,
+    prefixes: Sequence[str],
+    *,
+    queue_name: str,
+    **kwargs: Any,
+) -> tuple[ArqRedis, ...]:
+    """One client per queue shard (``WORKER_QUEUE_SHARDS``; ``prefixes`` home first, as
+    :func:`worker.storage.shards.shard_prefixes` gives them): on Redis Cluster each shard's
+    own client to the primary serving its slot (the home one for ``queue_name``, the app's
+    default queue); on one server or a Sentinel primary the same client for every shard."""
+    if isinstance(target, str):
+        target = parse_redis_url(target)
+    home = connect_redis(target, queue_name=queue_name, **kwargs)
+    if target.kind != "cluster" or len(prefixes) == 1:
+        return (home,) * len(prefixes)
+    tail = queue_name[len(prefixes[0]) :]  # "queue": every shard's default queue
+    rest = (connect_redis(target, queue_name=p + tail, **kwargs) for p in prefixes[1:])
+    return (home, *rest)

@@ -32,7 +32,7 @@ from worker.clock import Clock, SystemClock, ms
 from worker.logs import TEXT_CHARS, capped
 from worker.metrics import Metrics
 from worker.serializer import json_loads, msgpack_loads
-from worker.storage import Store
+from worker.storage import Shards, Store
 from worker.storage.keys import DEFAULT_QUEUE
 
 log = structlog.get_logger("worker.dead")
@@ -52,8 +52,12 @@ class DeadLetters:
         max_entries: int = 10_000,
         keep_bytes: int = 65_536,
         metrics: Metrics | None = None,
+        shards: Shards | None = None,
     ) -> None:
         self.store = store
+        #: a job is set aside in its own queue shard (``WORKER_QUEUE_SHARDS``): its payload is
+        #: read there, and a retry puts it back there
+        self.shards = shards or Shards([store])
         self.clock = clock
         self.instance_id = instance_id
         self.max_entries = max_entries
@@ -78,7 +82,9 @@ class DeadLetters:
         if payload is not None:
             digest, head = hashlib.sha256(payload).hexdigest(), payload[: self.keep_bytes]
         elif size > 0:
-            digest, head = await self.store.payload_digest(job_id, size, self.keep_bytes)
+            digest, head = await self.shards.of(job_id).payload_digest(
+                job_id, size, self.keep_bytes
+            )
         else:
             digest, head = None, b""
         at_ms = ms(self.clock.time())
@@ -103,7 +109,7 @@ class DeadLetters:
             record["reason_sha256"] = hashlib.sha256(
                 reason.encode(errors="backslashreplace")
             ).hexdigest()
-        dropped = await self.store.add_dead(job_id, record, at_ms, self.max_entries)
+        dropped = await self.shards.of(job_id).add_dead(job_id, record, at_ms, self.max_entries)
         log.warning("job set aside in dead-letter set", job_id=job_id, reason=record["reason"])
         if self.metrics is not None:
             self.metrics.dead.labels(kind).inc()

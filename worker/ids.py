@@ -111,3 +111,13 @@ class JobIds:
     # -- unique jobs: <prefix>unique:<key> ------------------------------------------------------
     def unique(self, unique_key: str) -> str:
         return f"{self.prefix}unique:{unique_key}"
+
+
+def shard_index(job_id: str, prefixes: tuple[str, ...]) -> int:
+    """The queue shard a job id belongs to: the index of the shard prefix it starts with
+    (``WORKER_QUEUE_SHARDS``; see :mod:`worker.storage.shards`), 0 (home) for any other id.
+    No shard prefix is a prefix of another (``{shop}:`` against ``{shop#3}:``)."""
+    for i in range(1, len(prefixes)):
+        if job_id.startswith(prefixes[i]):
+            return i
+    return 0

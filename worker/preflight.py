@@ -161,14 +161,19 @@ async def _check_eviction(redis: Any, settings: Settings) -> list[str]:
 async def check_key_permissions(store: Store) -> None:
     """Refuse to start, with one line, when the Redis user may not read one of the app's key
     families (its prefix, arq's per-job keys of its job ids): an ACL user set up for another
-    prefix, or with the per-job patterns missing (docs/guarantees.md, Redis operating contract)."""
-    probe = f"{store.keys.prefix}acl-probe"
+    prefix, or with the per-job patterns missing (docs/guarantees.md, Redis operating contract).
+    Called once per queue shard (``WORKER_QUEUE_SHARDS``): each shard's prefix is checked."""
+    prefix = store.keys.prefix
+    what = f"WORKER_KEY_PREFIX {prefix!r}"
+    if "#" in prefix:  # a queue shard's prefix: the rules must cover the shards too
+        what = f"WORKER_QUEUE_SHARDS: the queue shard {prefix!r}"
+    probe = f"{prefix}acl-probe"
     for key in (probe, *(arq + probe for arq in (K.ARQ_JOB, K.ARQ_IN_PROGRESS, K.ARQ_RESULT))):
         try:
             await server.touch(store.redis, key)
         except NoPermissionError as exc:
             raise ConfigError(
-                f"WORKER_KEY_PREFIX {store.keys.prefix!r}: the Redis user may not use {key!r} "
+                f"{what}: the Redis user may not use {key!r} "
                 f"({exc}); give it the ACL rules of docs/guarantees.md (Redis operating contract) "
                 "for this prefix"
             ) from None

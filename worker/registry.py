@@ -193,6 +193,7 @@ class OrphanReaper(LoopComponent):
         queues: Sequence[str] = (DEFAULT_QUEUE,),
         settle_s: float | None = None,
         witness: WriteWitness | None = None,
+        shards: Sequence[FencedStore] = (),
     ) -> None:
         super().__init__("orphan-reaper", clock, sla_s=max(30.0, interval_s * 10))
         #: Redis must have been reachable this long (default ``stale_s``) before anyone is
@@ -207,10 +208,14 @@ class OrphanReaper(LoopComponent):
         self.interval_s = interval_s
         self.metrics = metrics
         self.witness = witness
+        #: the queue shards other than home (``WORKER_QUEUE_SHARDS``), fenced by token
+        self.shards = list(shards)
 
     async def setup(self) -> None:
         self._reachable_since = self.clock.monotonic()
         self._last_tick = None
+        for shard in self.shards:  # a new leader's first act in each shard: raise its fence
+            await shard.raise_fence()
 
     def _writable_for(self, now: float) -> float | None:
         """Seconds this process has had Redis reachable and taking its writes (``None``: its
@@ -251,6 +256,8 @@ class OrphanReaper(LoopComponent):
             )
             if released is None:
                 continue  # it heartbeated meanwhile
+            for shard in self.shards:  # judged dead and forgotten at home: its shard claims
+                released += await shard.reap_shard(stale.instance_id, server_ms, self.queues)
             if self.metrics is not None:
                 self.metrics.orphans.inc(released)
             log.warning(

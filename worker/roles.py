@@ -52,7 +52,7 @@ from worker.metrics import Metrics
 from worker.registry import Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
-from worker.storage import FencedStore, Retention, Store
+from worker.storage import FencedStore, Retention, Shards, Store
 from worker.sync import SyncThreads, SyncThreadsHook
 from worker.tracing import Tracing
 from worker.views import ProcessView
@@ -78,7 +78,8 @@ class Wiring:
     redis: ArqRedis
     client: Client
     process: ProcessView
-    consumer_redis: Callable[[], ArqRedis]
+    #: The consumer's queue shards (home first) on connections of its own.
+    consumer_shards: Callable[[], Shards]
     #: A connection of its own for the broadcast listener's blocking reads.
     broadcast_redis: Callable[[], ArqRedis]
     leader_store: Callable[[], Store]
@@ -202,7 +203,8 @@ def _consumer(w: Wiring, _: Any) -> Component:
         retention=Retention(s.failures_keep, ms(s.failures_keep_s), s.done_keep),
     )
     # the features' per-job hooks (worker.jobs.JobHook), called in this order for every job
-    store = w.store.with_redis(w.consumer_redis())
+    shards = w.consumer_shards()
+    store = shards.home
     # tracing first: its span wraps the run and every other hook's steps
     hooks: list[JobHook] = [w.tracing.hook()] if w.tracing is not None else []
     hooks += [
@@ -222,12 +224,13 @@ def _consumer(w: Wiring, _: Any) -> Component:
         max_entries=s.dead_letter_max,
         keep_bytes=s.dead_letter_payload_bytes,
         metrics=w.metrics,
+        shards=w.client.shards,
     )
     return Consumer(
         w.app.jobs(),
         hooks,
         w.context,
-        store,
+        shards,
         w.serializer,
         w.clock,
         instance_id=w.instance_id,
@@ -323,6 +326,8 @@ def _reaper(w: Wiring, _: Any) -> Component:
         metrics=w.metrics,
         queues=w.app.queue_names(),
         witness=w.writes,
+        # the other queue shards, fenced by token (the lease is in another hash slot)
+        shards=[FencedStore(shard, w.fence().leader) for shard in w.client.shards.stores[1:]],
     )
 
 

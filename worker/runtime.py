@@ -43,8 +43,9 @@ from worker.redisurl import parse_redis_url
 from worker.registry import Heartbeat
 from worker.serializer import get_serializer
 from worker.settings import SHUTDOWN_DEREGISTER_S, Settings, mask_url
-from worker.storage import Store, open_store
+from worker.storage import Shards, Store, open_shards
 from worker.storage import keys as K
+from worker.storage.shards import shard_prefixes
 from worker.tracing import tracing_for
 from worker.version import __version__
 from worker.views import ProcessState
@@ -113,13 +114,15 @@ class Runtime:
         socket_timeout_s: float | None,
         max_connections: int | None = None,
         closed_here: bool = True,
+        prefix: str | None = None,
     ) -> ArqRedis:
         """A client of its own for ``purpose``; closed at shutdown unless ``closed_here`` is
-        false (the watchdog's, made and closed in its thread's own event loop)."""
+        false (the watchdog's, made and closed in its thread's own event loop). ``prefix``: a
+        queue shard's (on Redis Cluster the client reaches the primary of that shard's slot)."""
         serialize, deserialize = self.serializer
         client = connect_redis(
             self.target,
-            queue_name=self.keys.queue,
+            queue_name=self.keys.queue if prefix is None else K.Keys(prefix).queue,
             serialize=serialize,
             deserialize=deserialize,
             socket_timeout_s=socket_timeout_s,
@@ -130,7 +133,20 @@ class Runtime:
             self._clients.append(client)
         return client
 
-    def _build(self, redis: ArqRedis, store: Store) -> roles.Wiring:
+    def _shards(self, purpose: str, home: ArqRedis, socket_timeout_s: float | None) -> Shards:
+        """The app's queue shards over ``home`` (one server, a Sentinel primary), or on Redis
+        Cluster over ``home`` and a client of its own per other shard (its slot's primary)."""
+        n = self.settings.queue_shards
+        prefixes = shard_prefixes(self.keys.prefix, n)
+        clients = [home] * n
+        if self.target.kind == "cluster":
+            for i, p in enumerate(prefixes[1:], 1):
+                clients[i] = self._connect(
+                    f"{purpose}:{i}", socket_timeout_s=socket_timeout_s, prefix=p
+                )
+        return Shards(open_shards(home, self.keys, self.replication, n, clients))
+
+    def _build(self, redis: ArqRedis, store: Store, shards: Shards) -> roles.Wiring:
         s = self.settings
         client = Client(
             redis,
@@ -139,6 +155,7 @@ class Runtime:
             app=self.app,
             clock=self.clock,
             store=store,
+            shards=shards,
             origin=self.instance_id,
             tracing=tracing_for(s.tracing),
         )
@@ -171,7 +188,9 @@ class Runtime:
             redis=redis,
             client=client,
             process=self.state,
-            consumer_redis=lambda: self._connect("consumer", socket_timeout_s=None),
+            consumer_shards=lambda: self._shards(
+                "consumer", self._connect("consumer", socket_timeout_s=None), None
+            ),
             # blocking reads wait BLOCK_MS; a dead peer is noticed at the socket timeout
             broadcast_redis=lambda: self._connect("broadcast", socket_timeout_s=10),
             leader_store=lease_store,
@@ -214,11 +233,13 @@ class Runtime:
             await wait_for_redis(redis, self.redis_url, s.redis_connect_timeout_s, self.clock)
             for warning in await check_redis_contract(redis, s, self.replication):
                 log.warning(warning)
-            store = open_store(redis, self.keys, self.replication)  # the process's one store
-            await check_key_permissions(store)
+            shards = self._shards("main", redis, 30)  # the app's queue shards, home first
+            store = shards.home  # the process's store: every key but the other shards' queues
+            for shard in shards.stores:
+                await check_key_permissions(shard)
             await on_server_time(self.clock, store.server_time_ms)
             await check_app_identity(store, self.app.name)
-            w = self._build(redis, store)
+            w = self._build(redis, store, shards)
             # what admin commands describe (``status`` without ``--app``)
             written = ms(self.clock.time())
             await store.write_manifest(self.app.name, manifest.dumps(self.app, written_ms=written))

@@ -115,6 +115,7 @@ class SyncClient:
         defer_by: float = 0.0,
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
+        shard_key: str | None = None,
         **kwargs: Any,
     ) -> str | None:
         """:meth:`Client.enqueue`: the job id, or ``None`` when that id is already queued,
@@ -128,6 +129,7 @@ class SyncClient:
                 defer_by=defer_by,
                 defer_until=defer_until,
                 queue=queue,
+                shard_key=shard_key,
                 **kwargs,
             )
         )
@@ -142,10 +144,10 @@ class SyncClient:
         """:meth:`Client.abort`: ask the consumer running (or about to run) it to cancel it."""
         self._submit(self.client.abort(job_id))
 
-    def unique_job_id(self, unique_key: str) -> str:
+    def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=...)`` uses."""
         self._check()
-        return self.client.unique_job_id(unique_key)
+        return self.client.unique_job_id(unique_key, shard_key)
 
     def broadcast(self, topic: str, data: Any = None) -> int | None:
         """:meth:`Client.broadcast`."""

@@ -28,7 +28,9 @@ async def operations(
     async with admin.connect(settings, what) as a:
         app = app or await admin.resolve_app(settings, a.store)
         serializer = get_serializer(settings.serializer)  # what the consumers read
-        client = Client(a.redis, keys=a.keys, serialize=serializer[0], app=app, store=a.store)
+        client = Client(
+            a.redis, keys=a.keys, serialize=serializer[0], app=app, store=a.store, shards=a.shards
+        )
         yield Operations(
             client,
             app,

@@ -21,7 +21,7 @@ import structlog
 from worker.clock import Clock, ms
 from worker.consumer.guard import ClaimGuard
 from worker.jobs import JobHook
-from worker.storage import Store
+from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
 
@@ -45,7 +45,7 @@ class Claims:
 
     def __init__(
         self,
-        store: Store,
+        store: Shards,
         clock: Clock,
         hooks: Sequence[JobHook],
         *,

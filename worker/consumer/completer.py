@@ -18,8 +18,9 @@ from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.guard import ClaimGuard
 from worker.metrics import Metrics
-from worker.storage import Finish, Retention, Store
+from worker.storage import Finish, Retention
 from worker.storage.jobs import DEFAULT_RETENTION
+from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
 
@@ -30,7 +31,7 @@ class Completer:
 
     def __init__(
         self,
-        store: Store,
+        store: Shards,
         clock: Clock,
         running: dict[str, Run],
         guard: ClaimGuard,
@@ -130,7 +131,7 @@ class Completer:
         except Exception as exc:
             log.error("could not record job ends", error=f"{type(exc).__name__}: {exc}")
 
-    async def loop_blocked(self, store: Store, lag_s: float) -> None:
+    async def loop_blocked(self, store: Shards, lag_s: float) -> None:
         """Called by the loop watchdog, in its thread (``store`` on its own connection), while
         the event loop is blocked: record the ends of the runs that finished before the block.
         Left for the next round, they would wait for the loop while the leader's orphan reaper,

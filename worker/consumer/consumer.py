@@ -50,6 +50,7 @@ from worker.jobs import JobDef, JobHook
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
 from worker.storage import Store
+from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
 
@@ -62,7 +63,7 @@ class Consumer(Component):
         jobs: Sequence[JobDef],
         hooks: Sequence[JobHook],
         context: Context,
-        store: Store,
+        store: Store | Shards,
         serializer: tuple[Serialize, Deserialize],
         clock: Clock,
         *,
@@ -74,13 +75,16 @@ class Consumer(Component):
         super().__init__("consumer", clock, sla_s=60.0)
         self.jobs = {j.name: j for j in jobs}
         self.hooks = list(hooks)
-        self.store = store
+        #: the app's queue shards (``WORKER_QUEUE_SHARDS``): claimed from in turn, each job
+        #: finished in its own; the home store has the rest (health, heartbeat-side keys)
+        self.shards = shards = store if isinstance(store, Shards) else Shards([store])
+        self.store = shards.home
         self.instance_id = instance_id
         self.config = config
         timeouts = [j.timeout_s or config.job_timeout_s for j in jobs] or [config.job_timeout_s]
         self.totals = {"complete": 0, "failed": 0, "retried": 0, "lost": 0}
         self.claims = Claims(
-            store,
+            shards,
             clock,
             self.hooks,
             instance_id=instance_id,
@@ -89,16 +93,16 @@ class Consumer(Component):
         )
         self.guard = self.claims.guard
         self.completer = Completer(
-            store, clock, self.claims.running, self.guard, self.totals,
+            shards, clock, self.claims.running, self.guard, self.totals,
             instance_id=instance_id, metrics=metrics, retention=config.retention,
         )  # fmt: skip
         self.executor = Executor(
-            jobs, self.hooks, context, store, serializer, clock, self.guard, self.completer,
+            jobs, self.hooks, context, shards, serializer, clock, self.guard, self.completer,
             instance_id=instance_id, config=config, dead=dead, metrics=metrics,
         )  # fmt: skip
-        self.wakeups = Wakeups(store, clock)
+        self.wakeups = Wakeups(shards, clock)
         self.fetch = Fetcher(
-            store, clock, self.claims, self.completer, self.executor, self.wakeups,
+            shards, clock, self.claims, self.completer, self.executor, self.wakeups,
             instance_id=instance_id, config=config, in_progress_ttl_ms=ms(max(timeouts) + 10),
         )  # fmt: skip
         self._summary_at = clock.monotonic()
@@ -165,7 +169,11 @@ class Consumer(Component):
     async def loop_blocked(self, store: Store, lag_s: float) -> None:
         """Called by the loop watchdog, in its thread, while the event loop is blocked: record
         the ends of the runs that finished before the block (:meth:`Completer.loop_blocked`)."""
-        await self.completer.loop_blocked(store, lag_s)
+        # the watchdog's one connection serves every shard on one server; on a Cluster the
+        # other shards' ends fail here and wait for the loop (sent again, same tokens)
+        await self.completer.loop_blocked(
+            self.shards.with_clients([store.redis] * self.shards.n), lag_s
+        )
 
     async def _drain(self) -> None:
         """Stop claiming (the loop has ended); wait up to the shutdown timeout for every job that

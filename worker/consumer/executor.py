@@ -42,7 +42,8 @@ from worker.logs import capped
 from worker.metrics import Metrics
 from worker.progress import Progress
 from worker.serializer import Deserialize, Serialize
-from worker.storage import FOREIGN, Claimed, Finish, Store
+from worker.storage import FOREIGN, Claimed, Finish
+from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
 
@@ -56,7 +57,7 @@ class Executor:
         jobs: Sequence[JobDef],
         hooks: Sequence[JobHook],
         context: Context,
-        store: Store,
+        store: Shards,
         serializer: tuple[Serialize, Deserialize],
         clock: Clock,
         guard: ClaimGuard,
@@ -99,11 +100,11 @@ class Executor:
 
     async def execute(self, c: Claimed, run: Run) -> None:
         """Check, admit, run and finish one job."""
-        job_id = c.job_id
+        job_id, store = c.job_id, self.store.of(c.job_id)  # the job's queue shard
         start_ms = ms(self.clock.time())
         try:
             record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
-                c, self.deserialize, self.store.keys, self.config.max_payload_bytes
+                c, self.deserialize, store.keys, self.config.max_payload_bytes
             )
             job = self.jobs.get(fn_name)
             if job is None:
@@ -116,9 +117,9 @@ class Executor:
         job_try = c.try_
         if enqueue_try and enqueue_try > job_try:
             job_try = enqueue_try
-            await self.store.raise_try(job_id, job_try, RETRY_TTL_MS)
+            await store.raise_try(job_id, job_try, RETRY_TTL_MS)
         max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
-        queue_key = self.store.keys.queue_of(c.queue)
+        queue_key = store.keys.queue_of(c.queue)
         result_for = ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
         if job_try > max_tries:
             reason = f"max {max_tries} retries exceeded"
@@ -130,9 +131,7 @@ class Executor:
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
         ctx = self._context(c, run, job_try, enqueued_ms)
-        progress = ctx.progress_writer = Progress(
-            self.store, job_id, ms(timeout + keep), self.clock
-        )
+        progress = ctx.progress_writer = Progress(store, job_id, ms(timeout + keep), self.clock)
         hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
@@ -265,7 +264,7 @@ class Executor:
             self.context,
             **extra,
         )
-        ctx.claim = (self.store, run.token)  # for ctx.still_claimed()
+        ctx.claim = (self.store.of(c.job_id), run.token)  # for ctx.still_claimed()
         return ctx
 
     def _end(
@@ -387,7 +386,7 @@ class Executor:
         keep = self.config.keep_result_s
         data = None
         if keep > 0:
-            queue = self.store.keys.queue_of(c.queue)
+            queue = self.store.of(c.job_id).keys.queue_of(c.queue)
             rf = result_for or ResultFor("<unknown>", (), {}, max(c.try_, 0), 0, c.job_id, queue)
             data = self._result(rf, False, JobFailed(capped(bad.reason)), start_ms)
         facts = self._facts(c, result_for, start_ms)

@@ -23,6 +23,7 @@ from worker.consumer.config import MAX_CLAIM, RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.executor import Executor
 from worker.consumer.wakeups import Wakeups
 from worker.storage import FOREIGN, Claimed, Finish, Store
+from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
 
@@ -33,7 +34,7 @@ class Fetcher:
 
     def __init__(
         self,
-        store: Store,
+        store: Shards,
         clock: Clock,
         claims: Claims,
         completer: Completer,
@@ -57,6 +58,7 @@ class Fetcher:
         #: claimed, but the replicas have not confirmed the claim yet: not started (one batch)
         self.unconfirmed: list[Claimed] = []
         self.unconfirmed_token = ""
+        self.unconfirmed_store = store.home  # the queue shard the held batch was claimed from
         self._seq = itertools.count(1)
 
     def next_delay(self, claimed: int) -> float:
@@ -97,18 +99,27 @@ class Fetcher:
         return due is None or due > ms(self.clock.time())
 
     async def claim_round(self) -> int:
-        """Claim and start a batch (or confirm the held one); how many jobs started."""
+        """Claim and start a batch (or confirm the held one); how many jobs started. With
+        queue shards, one claim per shard while there is room, starting one shard further at
+        each round (a full first shard does not starve the others)."""
         if self.claims.in_doubt:
             await self.claims.release_unknown(self._known())
         if self.unconfirmed:
             return await self._confirm_claims()
-        free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
-        if free <= 0:
-            return 0
+        started = 0
+        for store in self.store.rotation():
+            free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
+            if free <= 0 or self.unconfirmed:
+                break
+            started += await self._claim(store, free)
+        return started
+
+    async def _claim(self, store: Store, free: int) -> int:
+        """One ``CLAIM`` of up to ``free`` jobs from one shard; how many started."""
         token = f"{self.instance_id}/{next(self._seq)}"
         sent = self.clock.monotonic()
         try:
-            claims = await self.store.claim(
+            claims = await store.claim(
                 self.instance_id,
                 token,
                 now_ms=ms(self.clock.time()),
@@ -135,6 +146,7 @@ class Fetcher:
             )
         if claims.jobs and not claims.replicated:
             self.unconfirmed, self.unconfirmed_token = claims.jobs, token
+            self.unconfirmed_store = store
             log.warning(
                 "claimed jobs not confirmed by the replicas (WORKER_REDIS_WAIT_REPLICAS); "
                 "holding them unstarted until they are",
@@ -176,7 +188,8 @@ class Fetcher:
         those were never ours on the new primary and are not run)."""
         held, token = self.unconfirmed, self.unconfirmed_token
         sent = self.clock.monotonic()
-        tokens, replicated = await self.store.confirm_claims([c.job_id for c in held])
+        held_in = self.unconfirmed_store
+        tokens, replicated = await held_in.confirm_claims([c.job_id for c in held])
         self.claims.guard.confirmed(sent)
         if not replicated:
             return 0

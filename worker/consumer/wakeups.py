@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 
 from worker.clock import Clock, ms
-from worker.storage import Store
+from worker.storage.sharded import Shards
 
 
 class Wakeups:
     """Owns :attr:`woken`, :attr:`next_due` and the :attr:`event` the fetch loop waits on."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: Shards, clock: Clock) -> None:
         self.store = store
         self.clock = clock
         self.event = asyncio.Event()
@@ -35,8 +35,8 @@ class Wakeups:
     async def listen(self, stop: asyncio.Event) -> None:
         """Pub/sub on the wake channel until ``stop``, reconnecting after a second (the
         store's one subscription loop, :mod:`worker.storage.subscriptions`)."""
-        await self.store.listen(
-            [self.store.keys.wake],
+        await self.store.home.listen(
+            self.store.channels(),  # one per queue shard
             lambda _channel, data: self.heard(int(data)),
             stop,
             clock=self.clock,

@@ -18,7 +18,8 @@ from worker.storage.operators import TaskStats
 from worker.storage.periodic import DueTicks, PeriodicRuns, TickOutcome
 from worker.storage.poller import DispatchOutcome
 from worker.storage.registry import Stale
-from worker.storage.store import FencedStore, Store, open_store
+from worker.storage.sharded import Shards
+from worker.storage.store import FencedStore, Store, open_shards, open_store
 
 __all__ = [
     "FOREIGN",
@@ -40,9 +41,11 @@ __all__ = [
     "Refused",
     "Renewal",
     "Retention",
+    "Shards",
     "Stale",
     "Store",
     "TaskStats",
     "TickOutcome",
+    "open_shards",
     "open_store",
 ]

@@ -30,6 +30,38 @@ end
 """
 
 
+#: The head of every fenced script in a queue shard other than home (``WORKER_QUEUE_SHARDS``),
+#: where the lease is out of reach (another hash slot): a fencing token. KEYS[1] is the
+#: shard's fence (``<shard prefix>fence``: the highest token a leader wrote there with),
+#: ARGV[1] the writer's token (its lease epoch, strictly greater for every new leadership).
+#: A token below the fence is refused; a higher one raises it, in the same atomic step.
+TOKEN_FENCE = """
+local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
+local token = tonumber(ARGV[1])
+if token == nil or token < fence then
+  return redis.error_reply('FENCED token ' .. ARGV[1] .. ' is below the shard fence ' .. fence)
+end
+if token > fence then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+"""
+
+#: Run by :meth:`FencedBase.raise_fence` (below).
+RAISE_FENCE = (
+    """
+-- Fenced by token. A new leader raises the fence of a queue shard before it acts there: from
+-- then on, writes of any older leadership into the shard are refused.
+-- KEYS[1] -> the shard's fence
+-- ARGV[1] -> the caller's token (its lease epoch)
+-- Returns: the fence now (the caller's token)
+"""
+    + TOKEN_FENCE
+    + """
+return tonumber(redis.call('GET', KEYS[1]))
+"""
+)
+
+
 class FencedBase:
     """The writes only the leader may make, each checked against the lock in the same script.
 
@@ -62,6 +94,31 @@ class FencedBase:
         if not self.store.replicated(acked):
             raise self.store._short("fenced write", acked)
         return result
+
+    async def _run_token(self, text: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a script that starts with :data:`TOKEN_FENCE` in this store's queue shard, with
+        the lease epoch as the token: a refusal (a newer leader raised the fence) tells the
+        :class:`LeaderView` and raises :class:`LeadershipLost`, as :meth:`_run` does."""
+        epoch = self.leader.epoch
+        if epoch is None:
+            raise LeadershipLost("not leading")
+        try:
+            result, acked = await self.store._eval(
+                self.store._script(text), [self.keys.fence, *keys], [epoch, *args], probe=True
+            )
+        except ResponseError as exc:
+            if str(exc).startswith(K.FENCE_ERROR):
+                self.leader.lost(f"fenced write refused: {exc}")
+                raise LeadershipLost(str(exc)) from None
+            raise
+        if not self.store.replicated(acked):
+            raise self.store._short("fenced write", acked)
+        return result
+
+    async def raise_fence(self) -> int:
+        """Raise this queue shard's fence to the lease epoch (see :data:`RAISE_FENCE`): a new
+        leader's first act in a shard. :class:`LeadershipLost` if a newer one already did."""
+        return int(await self._run_token(RAISE_FENCE, [], []))
 
     def pipeline(self) -> FencedPipeline:
         """A redis-py transaction pipeline whose ``execute()`` commits only while the lease is

@@ -152,6 +152,13 @@ class Keys:
         return f"{self.prefix}abort"
 
     @property
+    def fence(self) -> str:
+        """The highest fencing token (a lease epoch) a leader wrote into this queue shard with
+        (``WORKER_QUEUE_SHARDS``): a shard's fenced scripts refuse a lower token and raise it
+        to a higher one (see ``fenced.TOKEN_FENCE``). Only shards other than home have one."""
+        return f"{self.prefix}fence"
+
+    @property
     def wake(self) -> str:
         """Pub/sub channel every enqueue publishes the earliest due time (ms) on, so idle
         consumers claim at once instead of at their next poll."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _object, _s, _score
-from worker.storage.fenced import FENCE, FencedBase
+from worker.storage.fenced import FENCE, TOKEN_FENCE, FencedBase
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,47 @@ redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[3])
 if released > 0 then
   redis.call('PUBLISH', ARGV[6], ARGV[5])
+end
+return released
+"""
+)
+
+
+#: Run by :meth:`FencedRegistryOps.reap_shard` (below).
+REAP_SHARD = (
+    """
+-- Fenced by token. In a queue shard other than home: make the jobs a dead instance claimed
+-- there available again, as REAP does in the home shard (whose heartbeat guard already
+-- judged it dead), and forget its holds set there.
+-- KEYS[1] -> the shard's fence
+-- KEYS[2] -> the dead instance's holds set in this shard
+-- KEYS[3..] -> the shard's queues
+-- ARGV[1] -> the caller's token (its lease epoch)
+-- ARGV[2] -> arq in-progress key prefix
+-- ARGV[3] -> instance id
+-- ARGV[4] -> now ms: the score released jobs are due at
+-- ARGV[5] -> the shard's wake channel
+-- Returns: number of jobs released
+"""
+    + TOKEN_FENCE
+    + """
+local released = 0
+local prefix = ARGV[3] .. '/'
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  for q = 3, #KEYS do
+    if redis.call('ZSCORE', KEYS[q], id) then
+      local claim = redis.call('GET', ARGV[2] .. id)
+      if claim and string.sub(claim, 1, #prefix) == prefix then
+        released = released + redis.call('DEL', ARGV[2] .. id)
+        redis.call('ZADD', KEYS[q], 'XX', ARGV[4], id)
+      end
+      break
+    end
+  end
+end
+redis.call('DEL', KEYS[2])
+if released > 0 then
+  redis.call('PUBLISH', ARGV[5], ARGV[4])
 end
 return released
 """
@@ -179,3 +220,12 @@ class FencedRegistryOps(FencedBase):
         args = [K.ARQ_IN_PROGRESS, instance_id, judged_ms, now_ms, self.keys.wake]
         released = int(await self._run(REAP, keys, args))
         return None if released < 0 else released
+
+    async def reap_shard(
+        self, instance_id: str, now_ms: int, queues: Sequence[str] = (K.DEFAULT_QUEUE,)
+    ) -> int:
+        """In a queue shard other than home, fenced by the lease epoch (``REAP_SHARD``):
+        release the jobs a dead instance claimed there (due at ``now_ms``)."""
+        keys = [self.keys.holds(instance_id), *(self.keys.queue_of(q) for q in queues)]
+        args = [K.ARQ_IN_PROGRESS, instance_id, now_ms, self.keys.wake]
+        return int(await self._run_token(REAP_SHARD, keys, args))

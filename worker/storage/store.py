@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from redis.asyncio import Redis
 
 from worker.redisurl import Replication
@@ -58,11 +60,22 @@ def open_store(redis: Redis, keys: Keys, replication: Replication | None) -> Sto
 
 
 def open_shards(
-    redis: Redis, keys: Keys, replication: Replication | None, n: int
+    redis: Redis,
+    keys: Keys,
+    replication: Replication | None,
+    n: int,
+    clients: Sequence[Redis] | None = None,
 ) -> tuple[Store, ...]:
-    """One :class:`Store` per queue shard (``WORKER_QUEUE_SHARDS``), home first: the same
-    client, each over the key names of its shard's prefix (see :mod:`worker.storage.shards`).
-    With ``n == 1`` the only one is the home store over ``keys``."""
+    """One :class:`Store` per queue shard (``WORKER_QUEUE_SHARDS``), home first, each over the
+    key names of its shard's prefix (see :mod:`worker.storage.shards`): over ``redis`` alone,
+    or over ``clients``, one per shard (home first: on Redis Cluster each shard's slot is
+    served by its own connection, :func:`worker.connection.connect_shards`). With ``n == 1``
+    the only one is the home store over ``keys``."""
     prefixes = shard_prefixes(keys.prefix, n)
-    rest = (open_store(redis, Keys(prefix), replication) for prefix in prefixes[1:])
-    return (open_store(redis, keys, replication), *rest)
+    conns = list(clients) if clients is not None else [redis] * n
+    if len(conns) != n:
+        raise ValueError(f"{n} shards need {n} clients, got {len(conns)}")
+    rest = (
+        open_store(c, Keys(p), replication) for c, p in zip(conns[1:], prefixes[1:], strict=True)
+    )
+    return (open_store(conns[0], keys, replication), *rest)

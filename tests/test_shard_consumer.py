@@ -1,0 +1,123 @@
+"""Queue shards in one process (fakeredis and the real server): a consumer reads every shard
+fairly (a full first shard does not starve the others), finishes each job in its own shard, and
+an abort reaches a job in a shard other than home; with one shard, the keys and ids are today's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.conftest import wait_until
+from worker.app import App
+from worker.client import Client
+from worker.clock import SystemClock
+from worker.consumer import Consumer, ConsumerConfig
+from worker.context import Context, JobContext
+from worker.dead import DeadLetters
+from worker.ids import shard_index
+from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.settings import Settings
+from worker.storage import Shards, open_shards
+from worker.storage.keys import Keys
+
+PREFIX = "{f}:"
+
+
+def sharded(r: Any, n: int, app: App) -> tuple[Client, Consumer]:
+    keys = Keys(PREFIX)
+    shards = Shards(open_shards(r, keys, None, n))
+    client = Client(r, keys=keys, serialize=msgpack_dumps, app=app, shards=shards)
+    ctx = Context(Settings.model_construct(), r, client, SystemClock(), "i-1")
+    cfg = ConsumerConfig(
+        concurrency=2,
+        poll_delay_s=0.01,
+        idle_poll_max_s=0.02,
+        queues=("default",),
+        shutdown_timeout_s=2,
+    )
+    dead = DeadLetters(shards.home, SystemClock(), instance_id="i-1", shards=shards)
+    consumer = Consumer(
+        app.jobs(), [], ctx, shards, (msgpack_dumps, msgpack_loads), SystemClock(),
+        instance_id="i-1", config=cfg, dead=dead,
+    )  # fmt: skip
+    return client, consumer
+
+
+async def test_every_shard_is_read_in_turn_and_each_job_ends_in_its_own(r: Any) -> None:
+    app = App("fair")
+    order: list[str] = []
+
+    @app.task
+    async def note(ctx: JobContext, key: str) -> None:
+        order.append(key)
+
+    client, consumer = sharded(r, 2, app)
+    prefixes = client.shards.prefixes
+    stores = client.shards.stores
+    big, small = (
+        next(k for k in map(str, range(99)) if client.shards.for_key(k) is s) for s in stores
+    )
+    # the first shard read (home, without rotation every round) full: 40 jobs; the other: 4
+    first = [await client.enqueue("note", f"a{i}", shard_key=big) for i in range(40)]
+    second = [await client.enqueue("note", f"b{i}", shard_key=small) for i in range(4)]
+    assert len({shard_index(j or "", prefixes) for j in first}) == 1
+    assert {shard_index(j or "", prefixes) for j in second} != {
+        shard_index(first[0] or "", prefixes)
+    }
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        for _ in range(300):
+            if len(order) == 44:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert sorted(order) == sorted([f"a{i}" for i in range(40)] + [f"b{i}" for i in range(4)])
+    # not all 40 of the first shard before the other's 4: the rounds alternate shards
+    assert max(order.index(f"b{i}") for i in range(4)) < 20, order
+    # each job ended in its own shard: arq's results beside its id, stats per shard
+    for jid in (*first, *second):
+        assert await r.exists(f"arq:result:{jid}")
+    for p in prefixes:
+        assert await r.keys(f"{p}stats:*"), f"no throughput counted in {p}"
+
+
+def test_one_shard_is_todays_layout() -> None:
+    shards = Shards(open_shards(object(), Keys("worker:"), None, 1))  # type: ignore[arg-type]
+    assert shards.n == 1 and shards.prefixes == ("worker:",)
+    assert shards.of("anything") is shards.home is shards.next() is shards.for_key("k")
+    assert shards.home.ids.random().startswith("worker:") and len(shards.home.ids.random()) == 39
+    assert shards.channels() == ["worker:wake"]
+
+
+async def test_an_abort_reaches_a_job_in_another_shard(r: Any) -> None:
+    app = App("abort")
+    started = asyncio.Event()
+
+    @app.task
+    async def hang(ctx: JobContext) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    client, consumer = sharded(r, 3, app)
+    key = next(
+        f"k{i}" for i in range(99) if client.shards.for_key(f"k{i}") is client.shards.stores[2]
+    )
+    jid = await client.enqueue("hang", shard_key=key)
+    assert jid is not None and shard_index(jid, client.shards.prefixes) == 2
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        assert jid in consumer.running
+        await client.abort(jid)
+        await asyncio.to_thread(
+            wait_until, lambda: jid not in consumer.running, 15, 0.05, "aborted"
+        )
+        assert await r.zscore(f"{client.shards.prefixes[2]}abort", jid) is None  # handled there
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

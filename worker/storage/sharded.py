@@ -1,0 +1,160 @@
+"""The stores of an app's queue shards (``WORKER_QUEUE_SHARDS``) as one: which shard a job id
+or routing key meets, and the consumer's per-job operations spread over the shards they
+concern. Sends no command itself: every call is one shard :class:`Store`'s.
+
+Shard 0 is home (every singleton key lives there); a job id names its shard by its prefix
+(:func:`worker.ids.shard_index`). With one shard every method is the home store's own call,
+without grouping: the unsharded hot path costs nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterable, Sequence
+
+from redis.asyncio import Redis
+
+from worker.ids import shard_index
+from worker.storage.jobs import DEFAULT_RETENTION, Finish, FinishOutcome, Retention
+from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.shards import shard_of
+from worker.storage.store import Store
+
+__all__ = ["Shards"]
+
+
+class Shards:
+    """The shard stores of one app, home first (see the module docstring)."""
+
+    def __init__(self, stores: Sequence[Store]) -> None:
+        if not stores:
+            raise ValueError("at least the home store")
+        self.stores: tuple[Store, ...] = tuple(stores)
+        self.home = self.stores[0]
+        self.n = len(self.stores)
+        self.prefixes = tuple(s.keys.prefix for s in self.stores)
+        self._turn = itertools.count()
+
+    def with_clients(self, clients: Sequence[Redis]) -> Shards:
+        """The same shards over other connections, one per shard, home first."""
+        return Shards([s.with_redis(c) for s, c in zip(self.stores, clients, strict=True)])
+
+    # -- routing ------------------------------------------------------------------------------
+    def of(self, job_id: str) -> Store:
+        """The store of the shard ``job_id`` lives in (home for an id of no shard)."""
+        if self.n == 1:
+            return self.home
+        return self.stores[shard_index(job_id, self.prefixes)]
+
+    def for_key(self, key: str) -> Store:
+        """The store a routing key (a unique key, a ``shard_key``) always meets."""
+        return self.stores[shard_of(key, self.n)]
+
+    def next(self) -> Store:
+        """The store a job without a routing key goes to: the shards in turn."""
+        if self.n == 1:
+            return self.home
+        return self.stores[next(self._turn) % self.n]
+
+    def rotation(self) -> tuple[Store, ...]:
+        """Every store, starting one further at each call: a claim round that fills up on the
+        first shard it reads does not starve the others."""
+        if self.n == 1:
+            return self.stores
+        i = next(self._turn) % self.n
+        return self.stores[i:] + self.stores[:i]
+
+    def channels(self) -> list[str]:
+        """Every shard's wake-up channel (pub/sub channels are cluster-wide)."""
+        return [s.keys.wake for s in self.stores]
+
+    def group(self, job_ids: Iterable[str]) -> list[tuple[Store, list[str]]]:
+        """``job_ids`` by shard, in shard order (only shards with some)."""
+        if self.n == 1:
+            ids = list(job_ids)
+            return [(self.home, ids)] if ids else []
+        by: dict[int, list[str]] = {}
+        for job_id in job_ids:
+            by.setdefault(shard_index(job_id, self.prefixes), []).append(job_id)
+        return [(self.stores[i], by[i]) for i in sorted(by)]
+
+    # -- the consumer's per-job operations, over the shards they concern -----------------------
+    async def queue_head(self, queues: Sequence[str] = (DEFAULT_QUEUE,)) -> int | None:
+        """The earliest due time over every shard's ``queues``."""
+        if self.n == 1:
+            return await self.home.queue_head(queues)
+        heads = await asyncio.gather(*(s.queue_head(queues) for s in self.stores))
+        found = [h for h in heads if h is not None]
+        return min(found) if found else None
+
+    async def finish(
+        self,
+        instance_id: str,
+        runs: Sequence[Finish],
+        *,
+        now_ms: int,
+        resend: bool = False,
+        retention: Retention = DEFAULT_RETENTION,
+    ) -> FinishOutcome:
+        """Each run's end written into its own shard (one ``FINISH`` per shard concerned)."""
+        if self.n == 1:
+            return await self.home.finish(
+                instance_id, runs, now_ms=now_ms, resend=resend, retention=retention
+            )
+        by: dict[int, list[Finish]] = {}
+        for f in runs:
+            by.setdefault(shard_index(f.job_id, self.prefixes), []).append(f)
+        outs = await asyncio.gather(
+            *(
+                self.stores[i].finish(
+                    instance_id, part, now_ms=now_ms, resend=resend, retention=retention
+                )
+                for i, part in by.items()
+            )
+        )
+        return FinishOutcome(
+            sum(o.done for o in outs),
+            sum(o.retried for o in outs),
+            sum(o.refused for o in outs),
+            all(o.replicated for o in outs),
+        )
+
+    async def claim_check(self, job_ids: Sequence[str]) -> tuple[list[str | None], list[str]]:
+        """:meth:`Store.claim_check` of each shard's ids, the tokens in ``job_ids``' order."""
+        if self.n == 1:
+            return await self.home.claim_check(job_ids)
+        groups = self.group(job_ids)
+        outs = await asyncio.gather(*(s.claim_check(ids) for s, ids in groups))
+        tokens: dict[str, str | None] = {}
+        aborts: list[str] = []
+        for (_, ids), (toks, asked) in zip(groups, outs, strict=True):
+            tokens.update(zip(ids, toks, strict=True))
+            aborts += asked
+        return [tokens[j] for j in job_ids], aborts
+
+    async def abort_requests(self, job_ids: Sequence[str]) -> list[str]:
+        if self.n == 1:
+            return await self.home.abort_requests(job_ids)
+        outs = await asyncio.gather(*(s.abort_requests(ids) for s, ids in self.group(job_ids)))
+        return [j for out in outs for j in out]
+
+    async def aborts_handled(self, job_ids: Sequence[str]) -> None:
+        if self.n == 1:
+            await self.home.aborts_handled(job_ids)
+            return
+        await asyncio.gather(*(s.aborts_handled(ids) for s, ids in self.group(job_ids)))
+
+    async def release_own(
+        self,
+        instance_id: str,
+        known: Iterable[str],
+        now_ms: int,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+    ) -> int:
+        """:meth:`Store.release_own` on every shard (a lost claim reply may be any shard's)."""
+        keep = list(known)
+        outs = await asyncio.gather(
+            *(s.release_own(instance_id, keep, now_ms, queues) for s in self.stores)
+        )
+        return sum(outs)
