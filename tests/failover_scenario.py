@@ -176,6 +176,9 @@ class Kill:
     first_tick_after_s: float | None = None
     #: the old primary was not killed but deposed (a planned switch): it stays up
     deposed: bool = False
+    #: the initializer had not finished when the fault struck (it may then produce the batch
+    #: it was on once more)
+    during_init: bool = False
 
 
 @dataclass
@@ -387,11 +390,14 @@ class Scenario:
         node = self.s.primary()
         with node.client(decode_responses=True, socket_timeout=2) as c:
             wait_for(lambda: changed(c), 30, f"the moment: {moment}", interval=0.001)
+            during_init = c.hget(f"{self.prefix}init:seed", "done") != "1"
             if fault is None:
                 node.kill()
             else:
                 fault(node, c)
-        kill = Kill(moment, time.time(), node.port, deposed=fault is not None)
+        kill = Kill(
+            moment, time.time(), node.port, deposed=fault is not None, during_init=during_init
+        )
         self.say(f"{'deposed' if fault else 'killed'} the primary :{node.port} {moment}")
         new = self.s.wait_failover(node, timeout=60)
         kill.promoted_after_s = time.time() - kill.at
