@@ -217,7 +217,7 @@ async def test_job_context_attributes(ctx: Context, r: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the lease handle: is_leading, leader_epoch, fenced_pipeline
+# the lease handle: is_leading, leader_epoch, fencing_token, fenced_pipeline
 # ---------------------------------------------------------------------------------------------
 
 
@@ -231,6 +231,41 @@ async def test_lease_handle_without_a_leader_candidate(ctx: Context) -> None:
     assert ctx.is_leading() is False and ctx.leader_epoch() is None
     with pytest.raises(LeadershipLost):
         ctx.fenced_pipeline()
+
+
+async def test_a_singleton_service_runs_with_its_lease_epoch_as_fencing_token(
+    ctx: Context, clock: FakeClock
+) -> None:
+    from worker.duties.services import Service, ServiceDef
+
+    seen: list[tuple[str, int]] = []
+    lease = FixedLease("7:mine")
+
+    async def ledger(sctx: Context, stop: asyncio.Event) -> None:
+        seen.append(("start", sctx.fencing_token()))
+        lease.value = "9:successor"  # the lease moves on while this run goes on
+        seen.append(("later", sctx.fencing_token()))  # the run keeps its (now stale) token
+
+    service = Service(ServiceDef("ledger", ledger), ctx, clock, leader=lease)
+    await service.run(asyncio.Event())
+    await service.run(asyncio.Event())  # a run under the next lease: its epoch
+    assert seen == [("start", 7), ("later", 7), ("start", 9), ("later", 9)]
+    with pytest.raises(LeadershipLost, match="singleton services"):
+        ctx.fencing_token()  # the process context: no leadership of its own
+
+    async def everywhere(sctx: Context, stop: asyncio.Event) -> None:
+        sctx.fencing_token()
+
+    with pytest.raises(LeadershipLost, match="singleton services"):
+        await Service(ServiceDef("p", everywhere, "per_process"), ctx, clock).run(asyncio.Event())
+
+
+async def test_a_refused_outside_fence_steps_the_leader_down(ctx: Context) -> None:
+    lease = with_lease(ctx, "7:mine")
+    sctx = ctx.under(7)
+    exc = sctx.fence_refused("ledger")
+    assert isinstance(exc, LeadershipLost) and "ledger refused token 7" in str(exc)
+    assert lease.losses == [str(exc)]
 
 
 async def test_fenced_pipeline_commits_only_while_the_lock_is_ours(ctx: Context, r: Any) -> None:

@@ -168,7 +168,10 @@ async def test_becomes_leader_with_consistent_state(
     assert lead.lock is not None
     assert LockValue.parse(rsync.get(KEYS.leader)) == lead.lock
     assert lead.lock.token == lead.token  # type: ignore[attr-defined]
-    assert lead.epoch == int(rsync.get(KEYS.leader_epoch) or 0) == 1
+    # the epoch counter holds the lock's epoch; a fresh dataset starts it at the server's clock
+    assert lead.epoch == int(rsync.get(KEYS.leader_epoch) or 0)
+    sec, usec = rsync.time()
+    assert 0 <= sec * 1000 + usec // 1000 - lead.epoch < 60_000
     assert (lead.lease_age() or 0) >= 0
     assert lead.health.extra["is_leader"] is True
     assert lead.health.extra["epoch"] == lead.epoch
@@ -281,7 +284,7 @@ async def test_standby_takes_over_at_once_on_release(
     await a.leader.release()
     await eventually(lambda: b.leader.is_leading(), within=4, what="standby takeover")
     assert clock.monotonic() == before  # no fake time passed: the notification woke it
-    assert b.leader.epoch == 2
+    assert (b.leader.epoch or 0) > (a.leader.floor or 0) > 0
 
 
 async def test_overwritten_lock_makes_holder_step_down_on_next_renew(
@@ -506,7 +509,7 @@ async def test_a_planned_handoff_moves_the_lease_to_a_standby(
     # releases; b takes over without waiting for an expiry, and a stays a standby meanwhile
     await eventually(lambda: b.leader.is_leading(), within=2 * FAST.ttl_s, what="b leads")
     assert a.probe.events[-1][0] == "stop" and not a.leader.is_leading()
-    assert (b.leader.epoch or 0) == first + 1
+    assert (b.leader.epoch or 0) > first
     history = await clients().leader_history()
     assert [h.reason for h in history[:2]] == ["after handoff", "handoff"]
     assert a.leader.health.extra["last_loss"] == "handoff requested"

@@ -29,6 +29,8 @@ KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
 MINE = "7:mine"
 T = 1_700_000_000_000  # a realistic epoch-ms value (exercises integer formatting in Lua)
+#: An epoch counter ahead of any server clock in ms (year 2255): the next epoch is exactly +1.
+AHEAD = 9_000_000_000_000
 JOB_TTL = 60_000
 
 
@@ -69,18 +71,27 @@ async def test_acquire_increments_epoch_sets_ttl_and_announces(r: Any) -> None:
     store = Store(r, KEYS)
     p = await _subscribe(r, KEYS.leader_announce)
     try:
+        before = await store.server_time_ms()
         won = await store.acquire("tokA", 5000, bound_ms=BOUND)
-        assert isinstance(won, Acquired) and won.lock == LockValue(1, "tokA")
-        assert await r.get(KEYS.leader) == b"1:tokA"
+        # a fresh dataset: the first epoch is the server's clock in ms, not 1
+        assert isinstance(won, Acquired) and won.lock.token == "tokA"
+        assert before - 1 <= won.lock.epoch <= await store.server_time_ms()
+        value = f"{won.lock.epoch}:tokA".encode()
+        assert await r.get(KEYS.leader) == value
         assert 0 < await r.pttl(KEYS.leader) <= 5000
-        assert await r.get(KEYS.leader_epoch) == b"1"
+        assert await r.get(KEYS.leader_epoch) == str(won.lock.epoch).encode()
         msg = await _next_message(p, 5.0)
-        assert msg is not None and msg["data"] == b"1:tokA"  # every acquisition is announced
+        assert msg is not None and msg["data"] == value  # every acquisition is announced
+        # a counter ahead of the clock: the next epoch is counter + 1
+        await r.delete(KEYS.leader)
+        await r.set(KEYS.leader_epoch, AHEAD)
+        again = await store.acquire("tokB", 5000, bound_ms=BOUND)
+        assert isinstance(again, Acquired) and again.lock == LockValue(AHEAD + 1, "tokB")
     finally:
         await p.aclose()
     await r.delete(KEYS.leader)
-    again = await store.acquire("tokB", 5000, bound_ms=BOUND)
-    assert isinstance(again, Acquired) and again.lock == LockValue(2, "tokB")
+    third = await store.acquire("tokC", 5000, bound_ms=BOUND)
+    assert isinstance(third, Acquired) and third.lock == LockValue(AHEAD + 2, "tokC")
 
 
 async def test_acquire_refuses_held_lock_but_raises_the_epoch_floor(r: Any) -> None:
@@ -91,10 +102,11 @@ async def test_acquire_refuses_held_lock_but_raises_the_epoch_floor(r: Any) -> N
     assert await snapshot(r) == before  # lock kept, epoch NOT incremented by a failed campaign
     # a standby that saw a higher epoch (before Redis lost its data) raises the counter, so
     # the next acquisition by anyone goes above it
-    refused = await store.acquire("tokB", 5000, floor=40)
-    assert isinstance(refused, Refused) and refused.holder == LockValue(1, "tokA")
-    assert await r.get(KEYS.leader) == b"1:tokA"
-    assert await r.get(KEYS.leader_epoch) == b"40"
+    held = await r.get(KEYS.leader)
+    refused = await store.acquire("tokB", 5000, floor=AHEAD)
+    assert isinstance(refused, Refused) and refused.holder == LockValue.parse(held)
+    assert await r.get(KEYS.leader) == held
+    assert await r.get(KEYS.leader_epoch) == str(AHEAD).encode()
 
 
 async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:
@@ -103,9 +115,32 @@ async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:
         await store.acquire("tokA", 5000)
         await r.delete(KEYS.leader)
     await r.flushall()  # Redis restarted empty: the counter is gone
-    won = await store.acquire("tokB", 5000, floor=3)
-    assert isinstance(won, Acquired) and won.lock.epoch == 4
-    assert await r.get(KEYS.leader_epoch) == b"4"
+    won = await store.acquire("tokB", 5000, floor=AHEAD)
+    assert isinstance(won, Acquired) and won.lock.epoch == AHEAD + 1
+    assert await r.get(KEYS.leader_epoch) == str(AHEAD + 1).encode()
+
+
+async def test_epochs_go_above_every_earlier_one_after_a_data_loss_without_any_floor(
+    r: Any,
+) -> None:
+    """A dataset lost while no process remembers an epoch (every process restarted too): the
+    counter starts again at the server's clock in ms, above every epoch issued before."""
+    store = Store(r, KEYS)
+    issued = []
+    for _ in range(5):
+        won = await store.acquire("tokA", 5000)
+        assert isinstance(won, Acquired)
+        issued.append(won.lock.epoch)
+        await r.delete(KEYS.leader)
+    assert issued == sorted(set(issued))  # strictly increasing
+    await asyncio.sleep(0.002)  # the clock moves on (the bound: under one leadership per ms)
+    await r.flushall()
+    won = await store.acquire("tokB", 5000)  # floor 0: nobody remembers
+    assert isinstance(won, Acquired) and won.lock.epoch > max(issued)
+    (entry,) = await store.leader_history()
+    assert entry.reason == "first"  # nothing in Redis says a loss happened; the epoch is above
+    static = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["s", 900])
+    assert (LockValue.parse(static) or LockValue(0, "")).epoch > won.lock.epoch
 
 
 async def test_acquire_gap_depends_on_how_the_previous_lease_ended(r: Any) -> None:
@@ -138,11 +173,7 @@ async def test_acquire_gap_depends_on_how_the_previous_lease_ended(r: Any) -> No
     assert isinstance(expired, Acquired) and expired.gap_ms == 0
     # the caller's own lock (an acquisition whose reply it never got): replaced, no wait
     mine = await store.acquire("tokD", 5000, bound_ms=BOUND)
-    assert (
-        isinstance(mine, Acquired)
-        and mine.gap_ms == 0
-        and mine.lock.epoch == expired.lock.epoch + 1
-    )
+    assert isinstance(mine, Acquired) and mine.gap_ms == 0 and mine.lock.epoch > expired.lock.epoch
 
 
 async def test_leadership_history_notes_a_data_loss(r: Any) -> None:
@@ -153,7 +184,7 @@ async def test_leadership_history_notes_a_data_loss(r: Any) -> None:
     b = await store.acquire("tokB", 5000, floor=a.lock.epoch, instance="b")
     assert isinstance(b, Acquired)
     (entry,) = await store.leader_history()
-    assert (entry.epoch, entry.reason, entry.instance) == (a.lock.epoch + 1, "data loss", "b")
+    assert (entry.reason, entry.instance) == ("data loss", "b") and entry.epoch > a.lock.epoch
     assert abs(entry.at_ms - await store.server_time_ms()) < 60_000
 
 
@@ -175,16 +206,21 @@ async def test_leadership_history_reasons_and_cap(r: Any) -> None:
     await r.persist(KEYS.leader)
     e = await store.acquire("tokE", 5000, instance="e")
     assert isinstance(e, Acquired)
-    assert [(h.epoch, h.reason, h.instance) for h in await store.leader_history()] == [
-        (6, "replaced", "e"),
-        (5, "retried", "d|x"),
-        (4, "after expiry", "d|x"),
-        (3, "after release", "c"),
-        (2, "released", "b"),
-        (2, "after handoff", "b"),
-        (1, "handoff", "a"),
-        (1, "first", "a"),
+    history = await store.leader_history()
+    assert [(h.reason, h.instance) for h in history] == [
+        ("replaced", "e"),
+        ("retried", "d|x"),
+        ("after expiry", "d|x"),
+        ("after release", "c"),
+        ("released", "b"),
+        ("after handoff", "b"),
+        ("handoff", "a"),
+        ("first", "a"),
     ]
+    won = [x.lock.epoch for x in (a, b, c, d, again, e)]
+    assert won == sorted(set(won))  # a new, higher epoch for every acquisition
+    a_, b_, c_, d_, again_, e_ = won
+    assert [h.epoch for h in history] == [e_, again_, d_, c_, b_, b_, a_, a_]
     for i in range(K.HISTORY_KEEP + 5):
         await r.delete(KEYS.leader)
         await store.acquire(f"tok{i}", 5000, instance="n")
@@ -302,14 +338,18 @@ async def test_release_compares_whole_value_and_publishes(r: Any) -> None:
 
 
 async def test_claim_static_takes_lock_unconditionally_with_a_ttl(r: Any) -> None:
-    await r.set(KEYS.leader, "3:someone", px=5000)
-    await r.set(KEYS.leader_epoch, 3)
+    await r.set(KEYS.leader, f"{AHEAD}:someone", px=5000)
+    await r.set(KEYS.leader_epoch, AHEAD)
     v = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
-    assert v == b"4:tok"
-    assert await r.get(KEYS.leader) == b"4:tok"
+    assert v == f"{AHEAD + 1}:tok".encode()
+    assert await r.get(KEYS.leader) == v
     assert 5000 < await r.pttl(KEYS.leader) <= 8000
     v2 = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
-    assert v2 == b"5:tok"
+    assert v2 == f"{AHEAD + 2}:tok".encode()
+    # a counter behind the clock (a small one, or none): the epoch is the server's clock in ms
+    await r.set(KEYS.leader_epoch, 3)
+    v3 = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 8000])
+    assert (LockValue.parse(v3) or LockValue(0, "")).epoch >= T
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,12 +836,12 @@ def test_keys_live_under_the_prefix() -> None:
 
 async def test_acquire_replaces_own_orphaned_lock_with_a_new_epoch(r: Any) -> None:
     # An acquisition whose reply the caller never saw (client timeout) left our token behind.
-    await r.set(KEYS.leader, "4:tok", px=10_000)
-    await r.set(KEYS.leader_epoch, 4)
+    await r.set(KEYS.leader, f"{AHEAD}:tok", px=10_000)
+    await r.set(KEYS.leader_epoch, AHEAD)
     store = Store(r, KEYS)
     won = await store.acquire("tok", 5_000)
-    assert isinstance(won, Acquired) and str(won.lock) == "5:tok"
-    assert await r.get(KEYS.leader) == b"5:tok"
+    assert isinstance(won, Acquired) and str(won.lock) == f"{AHEAD + 1}:tok"
+    assert await r.get(KEYS.leader) == f"{AHEAD + 1}:tok".encode()
     assert 0 < await r.pttl(KEYS.leader) <= 5_000
     # ...but a token that merely ends the same way is someone else's lock.
     await r.set(KEYS.leader, "6:other-tok", px=10_000)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from tests.conftest import wait_until
 from worker.app import App
 from worker.client import Client
@@ -15,7 +17,9 @@ from worker.clock import SystemClock
 from worker.consumer import Consumer, ConsumerConfig
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
+from worker.embedded import free_port
 from worker.ids import shard_index
+from worker.limits import LimitsHook
 from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import Shards, open_shards
@@ -24,11 +28,11 @@ from worker.storage.keys import Keys
 PREFIX = "{f}:"
 
 
-def sharded(r: Any, n: int, app: App) -> tuple[Client, Consumer]:
+def sharded(r: Any, n: int, app: App, instance: str = "i-1") -> tuple[Client, Consumer]:
     keys = Keys(PREFIX)
     shards = Shards(open_shards(r, keys, None, n))
     client = Client(r, keys=keys, serialize=msgpack_dumps, app=app, shards=shards)
-    ctx = Context(Settings.model_construct(), r, client, SystemClock(), "i-1")
+    ctx = Context(Settings.model_construct(), r, client, SystemClock(), instance)
     cfg = ConsumerConfig(
         concurrency=2,
         poll_delay_s=0.01,
@@ -36,10 +40,11 @@ def sharded(r: Any, n: int, app: App) -> tuple[Client, Consumer]:
         queues=("default",),
         shutdown_timeout_s=2,
     )
-    dead = DeadLetters(shards.home, SystemClock(), instance_id="i-1", shards=shards)
+    dead = DeadLetters(shards.home, SystemClock(), instance_id=instance, shards=shards)
+    limits = LimitsHook(shards.home, SystemClock())  # as the wiring: limits in the home slot
     consumer = Consumer(
-        app.jobs(), [], ctx, shards, (msgpack_dumps, msgpack_loads), SystemClock(),
-        instance_id="i-1", config=cfg, dead=dead,
+        app.jobs(), [limits], ctx, shards, (msgpack_dumps, msgpack_loads), SystemClock(),
+        instance_id=instance, config=cfg, dead=dead,
     )  # fmt: skip
     return client, consumer
 
@@ -121,3 +126,71 @@ async def test_an_abort_reaches_a_job_in_another_shard(r: Any) -> None:
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+async def test_max_concurrency_holds_across_shards_and_consumers(r: Any) -> None:
+    app = App("limited")
+    now = {"running": 0, "most": 0, "runs": 0}
+
+    @app.task(max_concurrency=1)
+    async def one_at_a_time(ctx: JobContext) -> None:
+        now["running"] += 1
+        now["most"] = max(now["most"], now["running"])
+        await asyncio.sleep(0.02)
+        now["running"] -= 1
+        now["runs"] += 1
+
+    client, first = sharded(r, 3, app, "i-1")
+    _, second = sharded(r, 3, app, "i-2")
+    ids = [await client.enqueue("one_at_a_time") for _ in range(4)]
+    assert len({shard_index(j or "", client.shards.prefixes) for j in ids}) == 3
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(c.run(stop)) for c in (first, second)]
+    try:
+        for _ in range(500):
+            if now["runs"] == 4:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert now == {"running": 0, "most": 1, "runs": 4}
+
+
+async def test_a_shard_out_of_reach_does_not_stop_the_others(r: Any) -> None:
+    """Shard 2's master away (a connection that cannot connect): the consumer's rounds still
+    claim and finish the jobs of shards 0 and 1, and idle it still looks at their heads."""
+    app = App("partial")
+    done: list[str] = []
+
+    @app.task
+    async def note(ctx: JobContext, key: str) -> None:
+        done.append(key)
+
+    keys = Keys(PREFIX)
+    gone = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)
+    shards = Shards(open_shards(r, keys, None, 3, [r, r, gone]))
+    client = Client(
+        r, keys=keys, serialize=msgpack_dumps, app=app, shards=Shards(shards.stores[:2])
+    )
+    _, consumer = sharded(r, 3, app)
+    consumer = Consumer(
+        app.jobs(), [], consumer.executor.context, shards, (msgpack_dumps, msgpack_loads),
+        SystemClock(), instance_id="i-1", config=consumer.config,
+        dead=DeadLetters(shards.home, SystemClock(), instance_id="i-1", shards=shards),
+    )  # fmt: skip
+    for i in range(6):
+        assert await client.enqueue("note", f"j{i}")
+    assert await shards.queue_head(("default",)) is not None  # the reachable ones answer
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        for _ in range(250):
+            if len(done) == 6:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await gone.aclose()
+    assert sorted(done) == [f"j{i}" for i in range(6)]

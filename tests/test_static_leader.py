@@ -16,6 +16,7 @@ import redis as redis_sync
 from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_operations import ledger
 from worker.clock import SystemClock
+from worker.ids import LockValue
 from worker.leadership.static import StaticLeader
 from worker.storage import Acquired, Refused, Store
 from worker.storage import election as election_lua
@@ -37,7 +38,8 @@ async def run(r: Any, script: str, keys: list[str], args: list[Any]) -> Any:
 
 async def test_claim_static_sets_a_ttl(r: Any) -> None:
     v = await run(r, election_lua.CLAIM_STATIC, [KEYS.leader, KEYS.leader_epoch], ["tok", 4000])
-    assert v == b"1:tok"
+    lock = LockValue.parse(v)
+    assert lock is not None and lock.token == "tok" and lock.epoch > 1_700_000_000_000  # clock ms
     assert 0 < await r.pttl(KEYS.leader) <= 4000
 
 
@@ -46,10 +48,10 @@ async def test_acquire_replaces_a_lock_without_expiry(r: Any) -> None:
     await r.set(KEYS.leader_epoch, 3)
     store = Store(r, KEYS)
     won = await store.acquire("tokB", 5000, bound_ms=7000)
-    assert isinstance(won, Acquired) and str(won.lock) == "4:tokB"
+    assert isinstance(won, Acquired) and won.lock.token == "tokB" and won.lock.epoch > 3
     assert won.replaced == "3:old-static"  # the lock it replaced, for the error log
     assert won.gap_ms == 7000  # its holder may still be alive: singleton services wait
-    assert await r.get(KEYS.leader) == b"4:tokB"
+    assert await r.get(KEYS.leader) == str(won.lock).encode()
     assert 0 < await r.pttl(KEYS.leader) <= 5000
     # a lock with a TTL is still refused
     assert isinstance(await store.acquire("tokC", 5000), Refused)
@@ -137,7 +139,9 @@ def test_lock_without_expiry_is_flagged_and_replaced(
 
     proc = spawn("leader", name="l1")
     wait_until(
-        lambda: (_holder(rsync, prefix) or "").startswith("42:"), 20, what="the lock replaced"
+        lambda: (LockValue.parse(_holder(rsync, prefix)) or LockValue(0, "")).epoch > 41,
+        20,
+        what="the lock replaced",
     )
     assert 0 < rsync.pttl(keys.leader) <= TTL_S * 1000
     wait_until(lambda: ledger(rsync, prefix, "ticks"), 20, what="ticks under the new leader")

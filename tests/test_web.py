@@ -167,7 +167,7 @@ async def test_the_overview_reads_what_redis_holds(
     assert len(queue["throughput"]) == 60 and queue["throughput"][-1][1:] == [1, 1]
     assert cluster["dead_letters"] == 1
     assert [(h["epoch"], h["reason"], h["instance"]) for h in data["history"]] == [
-        (1, "first", "leader-1")
+        (won.lock.epoch, "first", "leader-1")  # type: ignore[union-attr]
     ]
     assert data["doctor"]["failed"]  # a dead letter, a stale tick...: the banner says so
     assert any(b["text"].startswith("doctor:") for b in data["banners"])

@@ -3,6 +3,7 @@
 Both offer the cross-replica helpers, so users never hand-roll locks:
 
 - ``ctx.enqueue(fn, *args, unique_key=...)`` – enqueue once per key while queued/in flight.
+- ``ctx.enqueue_many([...])`` – many jobs, one round trip per chunk (``Client.enqueue_many``).
 - ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly resets, seed 002 §6.3).
 - ``ctx.once(key, ttl)`` – side-effect dedup (seed 000's reminder ``dedup_key``).
 - ``ctx.poller(name)`` – schedule items on a poller's shard queues.
@@ -12,15 +13,17 @@ Services report progress with ``ctx.alive()`` (each service loop gets its own co
 its component's health: a loop that stops calling it within its ``sla_s`` fails ``/healthz``).
 
 Singleton services also get a handle on the lease: ``ctx.is_leading()`` (cheap, never raises),
-``ctx.leader_epoch()`` and ``ctx.fenced_pipeline()`` (Redis writes that commit only while this
-process still holds the lease).
+``ctx.leader_epoch()``, ``ctx.fenced_pipeline()`` (Redis writes that commit only while this
+process still holds the lease) and ``ctx.fencing_token()`` (the token that fences writes outside
+Redis, e.g. a database row updated ``WHERE token <= $1``: docs/fencing.md), with
+``ctx.fence_refused()`` to step down when such a fence refused a write.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +31,7 @@ from uuid import uuid4
 
 from arq.connections import ArqRedis
 
+from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import Client
 from worker.clock import Clock, ms
 from worker.duties.poller import BoundPoller
@@ -59,6 +63,9 @@ class Context:
     threads: SyncThreads = field(default_factory=SyncThreads, repr=False, compare=False)
     #: Set on a service loop's own context (see :meth:`bound`): reports its progress.
     progress: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    #: Set on a singleton service's own context (see :meth:`under`): the epoch of the lease
+    #: it runs under, its fencing token.
+    fence_token: int | None = field(default=None, repr=False, compare=False)
 
     def alive(self) -> None:
         """Report that the service loop this context belongs to made progress: cheap, sync,
@@ -72,6 +79,11 @@ class Context:
         """A copy for one service loop whose :meth:`alive` calls ``progress`` (``state`` and
         everything else shared)."""
         return dataclasses.replace(self, progress=progress)
+
+    def under(self, epoch: int) -> Context:
+        """A copy for one run of a singleton service under the lease of ``epoch``: its
+        :meth:`fencing_token`."""
+        return dataclasses.replace(self, fence_token=epoch)
 
     @property
     def keys(self) -> K.Keys:
@@ -91,6 +103,44 @@ class Context:
         """The epoch of the lease this process holds, or ``None``."""
         return self.leader.epoch if self.leader is not None and self.leader.is_leading() else None
 
+    def fencing_token(self) -> int:
+        """The fencing token of the leadership this singleton service runs under: the lease's
+        epoch, fixed for the run (a paused process that wakes up deposed still holds its old,
+        lower token — that is the point). Strictly greater for every new leadership,
+        cluster-wide, and it never goes back, not even after Redis lost its data (bounds in
+        docs/fencing.md). Carry it with every write outside Redis and let the store refuse a
+        token below the highest it has seen::
+
+            token = ctx.fencing_token()
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "UPDATE fence SET token = %s WHERE name = %s AND token <= %s",
+                    (token, "ledger", token),
+                )
+                if cur.rowcount == 0:  # a newer leader wrote: roll back and stop
+                    raise ctx.fence_refused("ledger")
+                await conn.execute("INSERT INTO ledger ...")
+
+        :class:`LeadershipLost` outside a singleton service (a job, a ``per_process`` or
+        ``per_key`` service, the process context): only the leader's singleton services have
+        a leadership to fence."""
+        if self.fence_token is None:
+            raise LeadershipLost(
+                "ctx.fencing_token() is for singleton services (@app.service(cardinality="
+                "'singleton')): only they run under a leadership"
+            )
+        return self.fence_token
+
+    def fence_refused(self, what: str) -> LeadershipLost:
+        """A fence outside Redis refused this service's write (``what`` names it): a newer
+        leadership wrote there, so this process steps down at once (as a refused fenced Redis
+        write makes it). Returns the :class:`LeadershipLost` to raise: raised from the
+        service, it ends the service without a restart."""
+        reason = f"the fence of {what} refused token {self.fence_token}: a newer leader wrote"
+        if self.leader is not None:
+            self.leader.lost(reason)
+        return LeadershipLost(reason)
+
     def fenced_pipeline(self) -> FencedPipeline:
         """A redis-py transaction pipeline that commits only while this process holds the
         lease (the lock is checked in the same atomic step)::
@@ -107,6 +157,12 @@ class Context:
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         """See :meth:`worker.client.Client.enqueue`."""
         return await self.client.enqueue(function, *args, **kwargs)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        """See :meth:`worker.client.Client.enqueue_many`."""
+        return await self.client.enqueue_many(jobs, chunk_size=chunk_size)
 
     def poller(self, name: str) -> BoundPoller:
         return self.client.poller(name)
@@ -152,8 +208,10 @@ class JobContext(dict[str, Any]):
 
     #: The store and claim token of this run (set by the consumer).
     claim: tuple[Store, str] | None = None
-    #: Writes this run's progress (set by the consumer).
+    #: Writes this run's progress (made at the first :meth:`progress` call, by
+    #: :attr:`make_progress`, which the consumer sets: most runs report none).
     progress_writer: Progress | None = None
+    make_progress: Callable[[], Progress] | None = None
     #: The last ``(fraction, message)`` given to :meth:`progress` in this run.
     last_progress: tuple[float, str | None] | None = None
     #: A plain ``def`` task's thread helpers (set by :mod:`worker.sync`): see :attr:`sync`.
@@ -183,6 +241,8 @@ class JobContext(dict[str, Any]):
         the job (a Redis error is logged once). Read it with ``Client.progress(job_id)`` or
         ``python -m worker job ID``; kept as long as the job's result."""
         self.last_progress = checked(fraction, message)
+        if self.progress_writer is None and self.make_progress is not None:
+            self.progress_writer = self.make_progress()
         if self.progress_writer is not None:
             await self.progress_writer.report(*self.last_progress)
 
@@ -222,6 +282,11 @@ class JobContext(dict[str, Any]):
 
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         return await self.context.enqueue(function, *args, **kwargs)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        return await self.context.enqueue_many(jobs, chunk_size=chunk_size)
 
     def poller(self, name: str) -> BoundPoller:
         return self.context.poller(name)

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Sequence
 
 import structlog
+from redis.exceptions import RedisError
 
 from worker.clock import Clock, ms
 from worker.consumer.claims import Claims, Run
@@ -106,12 +107,19 @@ class Fetcher:
             await self.claims.release_unknown(self._known())
         if self.unconfirmed:
             return await self._confirm_claims()
-        started = 0
+        started, failed = 0, None
         for store in self.store.rotation():
             free = min(self.config.concurrency - len(self.running), MAX_CLAIM)
             if free <= 0 or self.unconfirmed:
                 break
-            started += await self._claim(store, free)
+            if self.store.n == 1:
+                return await self._claim(store, free)
+            try:
+                started += await self._claim(store, free)
+            except (RedisError, OSError, TimeoutError) as exc:
+                failed = failed or exc  # this shard's master away (a failover): the others go on
+        if failed is not None and not started:
+            raise failed
         return started
 
     async def _claim(self, store: Store, free: int) -> int:

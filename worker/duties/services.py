@@ -72,8 +72,9 @@ class Service(Component):
     """Runs one user service until stopped; the supervisor restarts it if it raises.
 
     A singleton service gets the lease (``leader``): it starts only once the lease has settled
-    (a previous holder that lost its lease uncleanly has certainly stopped its copy), and its
-    ``stop`` is set the moment leadership is in doubt (the leadership stops its group).
+    (a previous holder that lost its lease uncleanly has certainly stopped its copy), runs
+    with the lease's epoch as its ``ctx.fencing_token()``, and its ``stop`` is set the moment
+    leadership is in doubt (the leadership stops its group).
     """
 
     def __init__(
@@ -97,6 +98,12 @@ class Service(Component):
             finally:
                 if self.health.state == "waiting":
                     self.health.state = "running"
+        context = self.context
+        if self.leader is not None:
+            epoch = self.leader.epoch  # read with no await since settled(): this lease's
+            if epoch is None:
+                return
+            context = context.under(epoch)
         self.health.started = self.clock.monotonic()
         self.alive()
-        await run_service(self.service.fn, self.context, stop)
+        await run_service(self.service.fn, context, stop)

@@ -74,8 +74,13 @@ class Refused:
 
 #: Run by :meth:`ElectionOps.acquire` (below).
 ACQUIRE = """
--- Acquire the leader lease if nobody holds it; a new epoch for every acquisition, above any
--- epoch the caller has seen (so epochs never go backwards across a Redis data loss). A lock
+-- Acquire the leader lease if nobody holds it; a new epoch for every acquisition: the fencing
+-- token of that leadership, max(counter + 1, the caller's floor + 1, the server's clock in ms).
+-- Strictly increasing within a dataset; after any data loss (restart from an old snapshot, a
+-- failover to a lagging replica, FLUSHALL) at least the clock, hence above every epoch issued
+-- before it, as long as the clock does not go back and leaderships never came faster than one
+-- per millisecond (the counter then never runs ahead of the clock). Epochs stay far below 2^53
+-- (Lua numbers are doubles): ms since 1970 plus one per leadership. A lock
 -- holding the caller's own token is an acquisition whose reply the caller never got (client
 -- timeout): it is replaced by a fresh one, so the caller's deadline is measured from this call.
 -- A lock without expiry (left by an old static leader) is stale and replaced too.
@@ -143,8 +148,8 @@ if why == 'first' and redis.call('LLEN', KEYS[4]) == 0 then
   gap = 0  -- a fresh cluster: no epoch, no lease state, no history; nobody can hold a lease
 end
 local epoch = redis.call('INCR', KEYS[2])
-if epoch <= floor then
-  epoch = floor + 1
+if epoch < math.max(floor + 1, now) then
+  epoch = math.max(floor + 1, now)
   redis.call('SET', KEYS[2], epoch)
 end
 local value = epoch .. ':' .. ARGV[1]
@@ -247,13 +252,20 @@ return tonumber(epoch)
 CLAIM_STATIC = """
 -- Always-leader mode (single node, tests): take the lock unconditionally so fenced scripts
 -- work unchanged. It expires like any lease (the static leader renews it with RENEW), so a
--- killed static leader cannot block a later election.
+-- killed static leader cannot block a later election. The epoch is made as ACQUIRE makes it
+-- (counter + 1, at least the server's clock in ms: never back, not even after a data loss).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
 -- ARGV[1] -> random token
 -- ARGV[2] -> lease TTL in ms
 -- Returns: the lock value "<epoch>:<token>".
 local epoch = redis.call('INCR', KEYS[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if epoch < now then
+  epoch = now
+  redis.call('SET', KEYS[2], epoch)
+end
 local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 return value

@@ -79,13 +79,27 @@ class Shards:
             by.setdefault(shard_index(job_id, self.prefixes), []).append(job_id)
         return [(self.stores[i], by[i]) for i in sorted(by)]
 
+    async def running_ids(self) -> list[tuple[str, str]]:
+        """``(job id, instance id)`` held in every shard's holds sets of the instances with a
+        heartbeat (registered in home), sorted by job id (what the jobs listing pages by)."""
+        if self.n == 1:
+            return await self.home.running_ids()
+        ids = [i for i, _, _ in await self.home.instances()]
+        held = [await s.running_ids(ids) for s in self.stores]
+        return sorted(pair for part in held for pair in part)
+
     # -- the consumer's per-job operations, over the shards they concern -----------------------
     async def queue_head(self, queues: Sequence[str] = (DEFAULT_QUEUE,)) -> int | None:
-        """The earliest due time over every shard's ``queues``."""
+        """The earliest due time over every shard's ``queues`` (the shards that answer: one
+        whose master is failing over is left out; only when none answers does it raise)."""
         if self.n == 1:
             return await self.home.queue_head(queues)
-        heads = await asyncio.gather(*(s.queue_head(queues) for s in self.stores))
-        found = [h for h in heads if h is not None]
+        heads = await asyncio.gather(
+            *(s.queue_head(queues) for s in self.stores), return_exceptions=True
+        )
+        if all(isinstance(h, BaseException) for h in heads):
+            raise next(h for h in heads if isinstance(h, BaseException))
+        found = [h for h in heads if isinstance(h, int)]
         return min(found) if found else None
 
     async def finish(
@@ -152,9 +166,17 @@ class Shards:
         now_ms: int,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
     ) -> int:
-        """:meth:`Store.release_own` on every shard (a lost claim reply may be any shard's)."""
+        """:meth:`Store.release_own` on every shard (a lost claim reply may be any shard's).
+        A shard that cannot be reached (its master failing over) is skipped: the jobs held
+        there come back when their markers expire; only when no shard answers does it raise."""
         keep = list(known)
+        if self.n == 1:
+            return await self.home.release_own(instance_id, keep, now_ms, queues)
         outs = await asyncio.gather(
-            *(s.release_own(instance_id, keep, now_ms, queues) for s in self.stores)
+            *(s.release_own(instance_id, keep, now_ms, queues) for s in self.stores),
+            return_exceptions=True,
         )
-        return sum(outs)
+        done = [o for o in outs if isinstance(o, int)]
+        if not done:
+            raise next(o for o in outs if isinstance(o, BaseException))
+        return sum(done)

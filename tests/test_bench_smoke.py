@@ -1,0 +1,76 @@
+"""Every ``python -m bench <name>`` runs: each subcommand in ``bench/__main__.py`` COMMANDS, at
+a tiny size, as a real subprocess; exit 0 and its result line on stdout.
+
+The published figures come from these commands (bench/RESULTS.md), so a bench that no longer
+runs (a signature changed under it, an import moved) must fail here, not at the next
+measurement. A subcommand added to COMMANDS without an entry in SMOKE fails (the tests are
+made from COMMANDS).
+
+``peers`` runs only "ours" and arq (the other peers need their own venvs, created with pip
+from the network: ~1 min each the first time).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import COMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: subcommand -> (arguments for a tiny run, a regex its stdout must match: its result line)
+SMOKE: dict[str, tuple[list[str], str]] = {
+    "peers": (["--only", "ours,arq", "--n", "200", "--rounds", "1"], r"\| \*\*ours\*\*.*\| [\d,]+"),
+    "consumer": (
+        ["--only", "ours,arq-tuned-uvloop", "--n", "200", "--rounds", "1"],
+        r"\| ours: .*\| [\d,]+ ",
+    ),
+    "dispatch": (
+        ["--n", "1000", "--n-baseline", "100", "--rounds", "1"],
+        r"in-flight hash holds 0 entries afterwards",
+    ),
+    "initializer": (["--n", "2000", "--rounds", "1"], r"\| \*\*ours\*\*|\| ours"),
+    "takeover": (["--smoke"], r"planned \(SIGTERM\) +\| 1 "),
+    "operations": (["--smoke"], r"spawn -> /readyz 200 +\| 1 "),
+    "leader": (["--window", "1", "--keys", "100"], r"renewals failed"),
+    "latency": (["--smoke"], r"first job after an idle spell"),
+    "wait": (["--n", "200", "--enqueues", "50", "--rounds", "1"], r"\|"),
+    "failover": (["--smoke"], r"run 1: "),
+    "depose": (["--smoke"], r"confirmed then lost"),
+    "cluster": (["--n", "200", "--rounds", "1"], r"\|"),
+    "jobs": (["--jobs", "1000", "--cancels", "1"], r"cancel"),
+    "web": (["--smoke"], r"\| api/overview +\|"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_bench_subcommand_runs_at_a_tiny_size(name: str) -> None:
+    assert name in SMOKE, f"bench subcommand {name!r} has no smoke entry in SMOKE"
+    args, pattern = SMOKE[name]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    env["BENCH_PERIODIC_N"] = "50"  # leader, web: 50 periodic jobs, not 1,000
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", name, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    output, secs = out.stdout + out.stderr, time.monotonic() - t0
+    tail = "\n".join(output.splitlines()[-15:])
+    assert out.returncode == 0, f"{name}: exit {out.returncode} after {secs:.1f} s:\n{tail}"
+    assert re.search(pattern, out.stdout), f"{name}: no line /{pattern}/ in its output:\n{tail}"
+
+
+def test_every_smoke_entry_names_a_subcommand() -> None:
+    assert not set(SMOKE) - set(COMMANDS), "SMOKE names a subcommand COMMANDS no longer has"
