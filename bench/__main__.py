@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("bench.cluster", "3-node Redis Cluster: per-node load, commands per job"),
     "jobs": ("bench.jobs", "jobs listing with 1M queued; cancel latency of running jobs"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
+    "soak": ("bench.soak", "the suite's shortened fault scenarios at their original sizes"),
 }
 
 
