@@ -224,12 +224,14 @@ def python() -> str:
     return sys.executable
 
 
-def spawn(args: list[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+def spawn(
+    args: list[str], env: Mapping[str, str], log_path: Path, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
     """Start a child with output to ``log_path``."""
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it; closed by the OS at exit
     try:
         return subprocess.Popen(
-            args, env=dict(env), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            args, env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
     finally:

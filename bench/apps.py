@@ -11,6 +11,8 @@
 - ``keys_app``: a ``per_key`` service over ``BENCH_KEYS_N`` keys (lease renewal scale).
 - ``latency_app``: ``stamp(sent_ms)`` records enqueue-to-start; ``every_second`` records
   instant-to-start of each tick (wake-up latency).
+- ``leakcheck_app``: a poller ``leakcheck`` (2 shards) dispatching to ``noop`` (the in-flight
+  hash check of ``bench/dispatch.py``).
 - ``idle_app``: ``wake_stamp(sent)`` records enqueue-to-start after an idle spell; ``hold(s)``
   (queue ``slow``) records which process started it and when (orphan recovery).
 """
@@ -117,6 +119,19 @@ async def stamp(ctx: JobContext, sent_ms: int) -> None:
 async def every_second(ctx: JobContext) -> None:
     assert ctx.tick is not None
     await ctx.redis.rpush("bench:tick", int(time.time() * 1000 - ctx.tick.timestamp() * 1000))
+
+
+# -- dispatch: a poller whose jobs run through a real consumer (the in-flight hash empties) --
+
+leakcheck_app = App("bench-leakcheck")
+
+
+@leakcheck_app.task(name="noop")
+async def _leak_noop(ctx: JobContext, item: str) -> None:
+    return None
+
+
+leakcheck_poller = leakcheck_app.poller("leakcheck", task="noop", shards=2)
 
 
 # -- idle: what an idle fleet costs Redis, and what it gives up (bench/idle.py) ------------

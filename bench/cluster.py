@@ -10,9 +10,15 @@ for comparison, one plain server. Every key of an app shares one hash slot (its 
 3. **cluster, three apps**: three apps whose slots are on three different nodes, one consumer
    each, N jobs each, drained at once: the split of commands and server CPU over the nodes.
 
+4. **cluster, one app, 3 queue shards** (``WORKER_QUEUE_SHARDS=3``; bench/cluster_shards.py): a
+   cluster of 3 primaries with a replica each, one app with ``--consumers`` consumers draining N
+   jobs, its queue in 1 shard and in 3 shards, the two interleaved round by round: each
+   primary's share of the app's commands, server CPU per job (the primaries' summed), jobs/s.
+
 The box has 2 cores shared by the nodes, the consumers and the harness, so total jobs/s says
 little; per-node load and commands per job are the figures. ``python -m bench cluster``
-(``--n``, ``--rounds``).
+(``--n``, ``--rounds``, ``--consumers``); ``--failover KILLS``: instead, a shard's primary
+SIGKILLed mid-drain KILLS times (tests/shard_failover.py; ``--backlog``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import psutil
 import redis as redis_sync
 from redis.crc import key_slot
 
+from bench import cluster_shards as shards
 from bench._common import (
     HARNESS_COMMANDS,
     child_env,
@@ -158,7 +165,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", type=int, default=20_000, help="jobs per app per run (20,000)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (3)")
+    ap.add_argument(
+        "--consumers", type=int, default=2, help="consumers of the sharded app's runs (2)"
+    )
+    ap.add_argument(
+        "--failover", type=int, default=0, metavar="KILLS",
+        help="instead: KILLS SIGKILLs of a shard's primary mid-drain (3 shards)",
+    )  # fmt: skip
+    ap.add_argument("--backlog", type=int, default=3000, help="--failover: backlog jobs (3000)")
+    ap.add_argument("--verbose", action="store_true", help="--failover: print each step")
     args = ap.parse_args()
+    if args.failover:
+        print_machine(machine())
+        shards.failover(args.failover, args.backlog, args.verbose)
+        return
     logdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     single, single_url = start_server()
     cluster = Cluster(masters=3, replicas=0).start()
@@ -231,6 +251,28 @@ def main() -> None:
     finally:
         cluster.close()
         single.stop()
+    sharded(args, logdir)
+
+
+def sharded(args: argparse.Namespace, logdir: Path) -> None:
+    """Part 4 (see the module docstring): 1 vs 3 shards, interleaved, on 3 primaries + 1
+    replica each."""
+    cluster = Cluster(masters=3, replicas=1).start()
+    try:
+        results: dict[int, list[dict[str, Any]]] = {1: [], 3: []}
+        for rnd in range(args.rounds):
+            for n_shards in (1, 3) if rnd % 2 == 0 else (3, 1):
+                r = shards.drain_sharded(
+                    cluster, n_shards, args.n, args.consumers, logdir, f"shards{n_shards}-{rnd}"
+                )
+                results[n_shards].append(r)
+                spread = " / ".join(f"{x * 100:.0f} %" for x in r["shares"])
+                print(f"round {rnd + 1}, {n_shards} shard(s): {r['rate']:,.0f} jobs/s, "
+                      f"{r['server_us_per_job']:.1f} us primaries' CPU/job, shares {spread}",
+                      flush=True)  # fmt: skip
+        shards.report_sharded(results, args.consumers, args.n)
+    finally:
+        cluster.close()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ drops every span: the cost of making them, not of shipping them), every job's re
 a trace context (a CONSUMER span with a remote parent per run), rounds interleaved:
 
     python bench/consumer.py --tracing        # 20k jobs, 3 rounds: overhead in us/job
+
+--against DIR compares OURS with OURS run from another checkout (``git archive <commit> | tar
+-x -C DIR``: a regression check), rounds interleaved the same way.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class Variant(NamedTuple):
     processes: int = 1
     cpu_ms: float = 0.0  # 0: the no-op job; else the CPU-bound ``burn`` job
     tracing: bool = False  # WORKER_TRACING=otel, the SDK provider, traced records
+    root: str = ""  # "": this checkout; else the checkout the worker runs from (--against)
 
 
 OURS_LABEL = "ours: consumer role, defaults (100 / 0.05 s, uvloop)"
@@ -144,7 +148,7 @@ def child_arq(url: str, max_jobs: int, poll_delay: float, loop: str) -> None:
 def start_worker(
     name: str, spec: Variant, url: str, logdir: Path, rnd: int
 ) -> subprocess.Popen[bytes]:
-    _, kind, max_jobs, poll_delay, loop, processes, _, tracing = spec
+    _, kind, max_jobs, poll_delay, loop, processes, _, tracing, root = spec
     log = logdir / f"{name}-{rnd}.log"
     if kind == "ours":
         env = child_env(
@@ -157,6 +161,9 @@ def start_worker(
             WORKER_LOG_FORMAT="json",
         )
         args = [python(), "-m", "worker", "run", "--role", "consumer"]
+        if root:  # the other checkout first on the path, and the cwd (python -m puts it first)
+            env["PYTHONPATH"] = root
+            return spawn([*args, "--processes", str(processes)], env, log, cwd=Path(root))
         return spawn([*args, "--processes", str(processes)], env, log)
     args = [python(), __file__, "--child-arq", url, str(max_jobs), str(poll_delay), loop]
     return spawn(args, child_env(), log)
@@ -205,7 +212,7 @@ def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int)
     try:
         wait_until(lambda: health_key_exists(r, kind, processes), 30, f"{name} to start polling")
         time.sleep(0.5)
-        t0_wall = time.time() + 1.0 + n / 40_000  # filling must finish before T0
+        t0_wall = time.time() + 1.0 + n / 10_000  # filling must finish before T0 (loaded box)
         due_ms = int(t0_wall * 1000)
         fill(r, kind, n, due_ms, spec.cpu_ms, spec.tracing)
         if time.time() >= t0_wall:
@@ -242,10 +249,23 @@ def main() -> None:
     ap.add_argument("--processes", type=int, help="compare 1 process with --processes N instead")
     ap.add_argument("--cpu-ms", type=float, default=1.0, help="--processes: CPU per burn job (1)")
     ap.add_argument("--tracing", action="store_true", help="compare tracing off with otel")
+    ap.add_argument(
+        "--against", metavar="DIR", help="compare ours with ours run from another checkout"
+    )
+    ap.add_argument("--only", help=f"comma-separated subset of {','.join(VARIANTS)}")
     args = ap.parse_args()
     variants = scaling_variants(args.processes, args.cpu_ms) if args.processes else VARIANTS
     if args.tracing:
         variants = TRACING_VARIANTS
+    if args.against:
+        root = str(Path(args.against).resolve())
+        other = VARIANTS["ours"]._replace(label=f"ours from {root}", root=root)
+        variants = {"ours": VARIANTS["ours"], "ours-against": other}
+    if args.only:
+        wanted = [v.strip() for v in args.only.split(",") if v.strip()]
+        if unknown := set(wanted) - set(variants) or ("ours" not in wanted and {"ours"}):
+            ap.error(f"--only: unknown or missing 'ours': {sorted(unknown)}")
+        variants = {k: variants[k] for k in wanted}
     n = args.n or (4_000 if args.quick else 20_000)
     n_default = args.n_default or (1_000 if args.quick else 4_000)
     rounds = args.rounds or (2 if args.quick else 3)

@@ -80,7 +80,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="runs per variant (3)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="wait1,wait2,paused")
+    ap.add_argument("--smoke", action="store_true", help="does it run: one wait1 run")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.variants = 1, "wait1"
     print_machine(machine())
     rows = []
     for name in args.variants.split(","):

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,17 +36,21 @@ from arq.connections import ArqRedis, RedisSettings, create_pool
 
 from bench._common import (
     FixedLease,
+    child_env,
     commandstats,
     delta,
     fmt_breakdown,
     machine,
     median,
     print_machine,
+    python,
     rotated,
     run_async,
     server_cpu,
+    spawn,
     start_server,
     table,
+    wait_until,
 )
 from worker.client import connect_redis
 from worker.clock import SystemClock, ms
@@ -168,43 +174,36 @@ async def run_variant(url: str, name: str, poller: PollerDef, n: int) -> dict[st
 
 
 async def inflight_after_jobs_finish(url: str, n: int = 1000) -> str:
-    """Dispatch n items, run every job through the framework's job wrappers (on arq's Worker),
-    then look at the in-flight hash: it should be empty once the jobs ended."""
-    from arq.worker import Worker
+    """Dispatch n items, run every job in a real ``python -m worker run --role consumer``
+    process (the framework's per-job hooks), then look at the in-flight hash: it should be
+    empty once the jobs ended."""
+    from bench.apps import leakcheck_poller as poller
 
-    from worker.app import App
-    from worker.client import Client
-    from worker.clock import SystemClock
-    from worker.consumer import build_functions
-    from worker.context import Context, JobContext
-    from worker.duties.poller import InflightHook
-    from worker.settings import Settings
-
-    app = App("leakcheck")
-
-    @app.task
-    async def noop(ctx: JobContext, item: str) -> None:
-        return None
-
-    poller = app.poller("leakcheck", task="noop", shards=2)
     r = redis_sync.Redis.from_url(url)
     fill(r, poller, n)
     redis = connect_redis(url, queue_name=KEYS.queue, serialize=SERIALIZE, deserialize=DESERIALIZE)
     await drain_ours(redis, poller)
-    client = Client(redis, keys=KEYS, serialize=SERIALIZE, app=app)
-    context = Context(Settings.model_construct(), redis, client, SystemClock(), "bench")
-    hooks = [InflightHook(client.store, app.pollers)]
-    w = Worker(
-        functions=build_functions(app.jobs(), hooks, context),
-        redis_pool=redis, queue_name=KEYS.queue, burst=True, poll_delay=0.01,
-        handle_signals=False, job_serializer=SERIALIZE, job_deserializer=DESERIALIZE,
-    )  # fmt: skip
-    await w.async_run()
-    await w.close()
+    await redis.aclose()
     key = KEYS.poll_inflight(poller.name)
+    dispatched = int(r.hlen(key))
+    env = child_env(
+        WORKER_REDIS_URL=url, WORKER_APP="bench.apps:leakcheck_app", WORKER_KEY_PREFIX=KEYS.prefix,
+        WORKER_HEALTH_PORT="0", WORKER_DRAIN_DELAY_S="0", WORKER_LOG_FORMAT="json",
+    )  # fmt: skip
+    logdir = Path(tempfile.mkdtemp(prefix="bench-dispatch-"))
+    proc = spawn([python(), "-m", "worker", "run", "--role", "consumer"], env, logdir / "c.log")
+    try:
+        wait_until(lambda: not r.zcard(KEYS.queue) and not r.hlen(key), 60 + n / 100,
+                   f"the consumer to run {n} poll jobs (log in {logdir})")  # fmt: skip
+    except TimeoutError:
+        pass  # reported below: what is left is the finding
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+    results = sum(1 for _ in r.scan_iter("arq:result:*", count=5000))
     out = (
-        f"in-flight check: dispatched {n} items, {w.jobs_complete} jobs ran to completion "
-        f"(queue {r.zcard(KEYS.queue)}, job keys {sum(1 for _ in r.scan_iter('arq:job:*'))}); "
+        f"in-flight check: dispatched {n} items ({dispatched} in-flight entries), a real "
+        f"consumer process ran them (queue left {r.zcard(KEYS.queue)}, result keys {results}); "
         f"in-flight hash holds {r.hlen(key)} entries afterwards (expected 0)"
     )
     r.close()

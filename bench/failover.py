@@ -52,7 +52,11 @@ def main() -> None:
         help="Sentinel down-after / cluster node timeout (1000)",
     )
     ap.add_argument("--verbose", action="store_true", help="print each step")
+    ap.add_argument("--smoke", action="store_true",
+                    help="does it run: one --never-back run")  # fmt: skip
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.never_back = 1, True
     wait = None if args.wait_replicas == "auto" else int(args.wait_replicas)
     faults = ("dispatch",) if args.never_back else ("checkpoint", "tick", "dispatch")
     logs = Path(tempfile.mkdtemp(prefix="bench-failover-"))

@@ -110,6 +110,7 @@ async def cancels(url: str, rounds: int, busy: int) -> None:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
            "WORKER_REDIS_URL": url, "WORKER_KEY_PREFIX": prefix, "WORKER_HEALTH_PORT": "0",
            "WORKER_APP": "tests.apps.ledger:app", "PYTHONPATH": str(ROOT),
+           "WORKER_DRAIN_DELAY_S": "0",
            "WORKER_CONCURRENCY": str(busy or 100)}  # fmt: skip
     proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before the timing
         [sys.executable, "-m", "worker", "run", "--role", "consumer"],

@@ -53,6 +53,7 @@ def start(role: str, url: str, log: Path) -> subprocess.Popen[bytes]:
         WORKER_APP="bench.apps:latency_app",
         WORKER_KEY_PREFIX=PREFIX,
         WORKER_HEALTH_PORT="0",
+        WORKER_DRAIN_DELAY_S="0",  # (stopping is not measured)
         WORKER_LOG_FORMAT="json",
     )
     return spawn([python(), "-m", "worker", "run", "--role", role], env, log)
@@ -121,11 +122,12 @@ def ticks(url: str, n: int, logdir: Path) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="does it run: 3 wake-ups, 2 ticks")
     args = ap.parse_args()
     from worker.logs import configure_logging
 
     configure_logging("WARNING", "console")  # as a production process: no per-tick lines
-    n_wake, n_tick = (50, 20) if args.quick else (200, 60)
+    n_wake, n_tick = (3, 2) if args.smoke else (50, 20) if args.quick else (200, 60)
     server, url = start_server()
     try:
         print_machine(machine(url))

@@ -100,6 +100,7 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
         WORKER_APP="bench.apps:many_periodic_app",
         WORKER_KEY_PREFIX=PREFIX,
         WORKER_HEALTH_PORT="0",
+        WORKER_DRAIN_DELAY_S="0",  # (stopping is not measured)
         WORKER_LOG_FORMAT="json",
         BENCH_PERIODIC_N=str(n),
     )

@@ -20,6 +20,10 @@ rotating. A peer that cannot be installed or run is skipped with its reason.
 
     python -m bench peers             # 20k jobs, 3 rounds (~6 min; first run + ~1 min installs)
     python -m bench peers --quick     # 4k jobs, 2 rounds
+
+Then the enqueue phase (bench/enqueue_phase.py; --no-enqueue skips it): N jobs enqueued with
+nothing consuming, ours with ``Client.enqueue_many`` and with ``Client.enqueue`` gathered
+1,000 at a time, beside saq's ``Queue.enqueue`` gathered the same way (its fill).
     python bench/peers.py --only ours,saq
 """
 
@@ -46,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil
 import redis as redis_sync
 
-from bench import consumer
+from bench import consumer, enqueue_phase
 from bench._common import (
     ROOT,
     fmt_breakdown,
@@ -59,6 +63,7 @@ from bench._common import (
     table,
     time_drain,
 )
+from worker.version import DIST_NAME
 
 PEER_APPS = Path(__file__).resolve().parent / "peer_apps"
 DEFAULT_VENVS = (
@@ -339,6 +344,7 @@ def main() -> None:
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--venvs", type=Path, default=DEFAULT_VENVS, help="peer venvs (%(default)s)")
     ap.add_argument("--reinstall", action="store_true", help="recreate the peer venvs")
+    ap.add_argument("--no-enqueue", action="store_true", help="skip the enqueue phase")
     args = ap.parse_args()
     n = args.n or (4_000 if args.quick else 20_000)
     rounds = args.rounds or (2 if args.quick else 3)
@@ -350,7 +356,7 @@ def main() -> None:
 
     out: dict[str, Outcome] = {s: Outcome() for s in names}
     versions: dict[str, dict[str, str]] = {
-        s: {d: metadata.version(d) for d in (("worker", "arq", "redis") if s == "ours" else
+        s: {d: metadata.version(d) for d in ((DIST_NAME, "arq", "redis") if s == "ours" else
                                              ("arq", "redis", "uvloop"))}
         for s in names if s in OURS
     }  # fmt: skip
@@ -390,6 +396,10 @@ def main() -> None:
                       f"load {os.getloadavg()[0]:.2f}"
                       + (f", {res['extra_runs']} EXTRA RUNS" if res.get("extra_runs") else ""),
                       flush=True)  # fmt: skip
+        if not args.no_enqueue and {"ours", "saq"} & set(names):
+            print()
+            saq_py = pys.get("saq") if "saq" in names and not out["saq"].skipped else None
+            enqueue_phase.phase(url, n, rounds, saq_py, versions.get("saq", {}).get("saq", "?"))
         load_end = loadavg()
     finally:
         server.stop()

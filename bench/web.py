@@ -205,8 +205,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="10 requests per URL, 3 page loads")
+    ap.add_argument("--smoke", action="store_true", help="does it run: 2 requests, 1 page load")
     args = ap.parse_args()
-    n_http, n_page = (10, 3) if args.quick else (30, 5)
+    n_http, n_page = (2, 1) if args.smoke else (10, 3) if args.quick else (30, 5)
 
     from bench.apps import many_periodic_app
 

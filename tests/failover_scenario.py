@@ -85,8 +85,15 @@ class Proc:
         return self.proc.poll() is None
 
     def terminate(self) -> int | None:
+        self.send_term()
+        return self.wait_exit()
+
+    def send_term(self) -> None:
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
+
+    def wait_exit(self) -> int | None:
+        """Its exit code, SIGKILLing it if it has not exited 30 s on."""
         try:
             return self.proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -169,6 +176,9 @@ class Kill:
     first_tick_after_s: float | None = None
     #: the old primary was not killed but deposed (a planned switch): it stays up
     deposed: bool = False
+    #: the initializer had not finished when the fault struck (it may then produce the batch
+    #: it was on once more)
+    during_init: bool = False
 
 
 @dataclass
@@ -279,6 +289,8 @@ class Scenario:
         consumers: int = 2,
         wait_replicas: int | None = None,
         extra_env: dict[str, str] | None = None,
+        item_spread_s: float = 20.0,
+        rejoin_at_once: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.s = topology
@@ -294,6 +306,12 @@ class Scenario:
         self.logs = logs
         self.n_leaders, self.n_consumers = leaders, consumers
         self.extra_env = extra_env or {}
+        #: the poll items scheduled before the first ``dispatch`` fault fall due over this
+        self.item_spread_s = item_spread_s
+        #: a killed Sentinel node, restarted, is made a replica by the harness at once instead
+        #: of by the Sentinels up to 10 s later (the workers never address it: they ask the
+        #: Sentinels for the primary)
+        self.rejoin_at_once = rejoin_at_once
         self.say = say
         self.procs: list[Proc] = []
         self.outcome = Outcome()
@@ -354,8 +372,11 @@ class Scenario:
             self.procs.append(Proc("consumer", f"{self.name}-consumer-{i}", env, self.logs))
 
     def stop_workers(self) -> None:
+        """SIGTERM every worker at once, then collect the exit codes (they drain together)."""
         for p in self.procs:
-            self.outcome.exit_codes[p.name] = p.terminate()
+            p.send_term()
+        for p in self.procs:
+            self.outcome.exit_codes[p.name] = p.wait_exit()
 
     # -- faults -------------------------------------------------------------------------------
     def _kill_when(
@@ -369,11 +390,14 @@ class Scenario:
         node = self.s.primary()
         with node.client(decode_responses=True, socket_timeout=2) as c:
             wait_for(lambda: changed(c), 30, f"the moment: {moment}", interval=0.001)
+            during_init = c.hget(f"{self.prefix}init:seed", "done") != "1"
             if fault is None:
                 node.kill()
             else:
                 fault(node, c)
-        kill = Kill(moment, time.time(), node.port, deposed=fault is not None)
+        kill = Kill(
+            moment, time.time(), node.port, deposed=fault is not None, during_init=during_init
+        )
         self.say(f"{'deposed' if fault else 'killed'} the primary :{node.port} {moment}")
         new = self.s.wait_failover(node, timeout=60)
         kill.promoted_after_s = time.time() - kill.at
@@ -454,6 +478,8 @@ class Scenario:
     def bring_back(self, node: Node, *, deposed: bool = False) -> None:
         if not deposed:  # a deposed primary is up: the Sentinels turn it into a replica
             self.s.restart(node)
+            if self.rejoin_at_once and isinstance(self.s, SentinelSet):
+                self.s.rejoin_now(node)
         self.s.wait_replica(node, timeout=90)
         self.say(f"old primary :{node.port} is a synced replica again")
 
@@ -504,7 +530,7 @@ class Scenario:
                     self._recover(self.kill_after_tick())
                 elif fault == "dispatch":  # poll items fall due over the next seconds
                     if not o.items_expected:
-                        self._schedule_items(count=600, spread_s=20.0)
+                        self._schedule_items(count=600, spread_s=self.item_spread_s)
                     self._recover(self.kill_after_dispatch())
                 elif fault == "planned":
                     self._recover(self.planned_failover_after_tick())

@@ -427,7 +427,7 @@ def test_stray_in_progress_markers_at_the_head_do_not_stall_the_queue(
     """25 queued jobs, in-progress markers nobody will ever remove on the 5 at the head (3
     without a TTL, 2 for a year), one consumer with concurrency 5: the claim reads past them, so
     the other 20 run; a marker without a TTL is taken over at once, a year-long one is cut to
-    the marker TTL (the longest job timeout + 10 s: 15 s here), after which its job runs."""
+    the marker TTL (the longest job timeout + 10 s: 12 s here), after which its job runs."""
     prefix = spawn.prefix  # type: ignore[attr-defined]
     keys = [f"job-{n:02d}" for n in range(25)]
 
@@ -451,7 +451,7 @@ def test_stray_in_progress_markers_at_the_head_do_not_stall_the_queue(
     proc = spawn(
         "consumer",
         name="c1",
-        env={"WORKER_CONCURRENCY": "5", "WORKER_JOB_TIMEOUT_S": "5"},
+        env={"WORKER_CONCURRENCY": "5", "WORKER_JOB_TIMEOUT_S": "2"},
     )
     wait_until(
         lambda: {*keys[:3], *keys[5:]} <= set(ledger(rsync, prefix, "records")),
@@ -461,7 +461,7 @@ def test_stray_in_progress_markers_at_the_head_do_not_stall_the_queue(
     wait_until(
         lambda: len(ledger(rsync, prefix, "records")) == 25,
         60,
-        what="the 2 year-long markers cut to 15 s, then their jobs",
+        what="the 2 year-long markers cut to 12 s, then their jobs",
     )
     assert ledger(rsync, prefix, "records") == dict.fromkeys(keys, 1)
     assert any(e.get("event", "").startswith("stale in-progress markers") for e in proc.events())

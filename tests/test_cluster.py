@@ -128,3 +128,46 @@ def test_apps_live_in_their_own_slots_and_a_foreign_job_id_is_dead_lettered(
     mine = [k.decode() for k in rsync.keys(f"*{key_prefix[:-1]}*")]
     assert any(":instance:" in k for k in mine) and any(k.startswith("arq:") for k in mine)
     assert {key_slot(k.encode()) for k in mine} == {key_slot(key_prefix.encode())}
+
+
+async def test_status_names_the_primary_serving_each_queue_shard(
+    cluster: Cluster, cli: CliRun
+) -> None:
+    """Each shard of ``{shop}:`` (3 shards) lands on its own primary of a 3-primary cluster
+    made like ``redis-cli --cluster create``; the read model names it and the doctor agrees."""
+    import redis.asyncio as aioredis
+
+    from worker import doctor, snapshot
+    from worker.app import App
+    from worker.storage import Store
+    from worker.storage import keys as K
+    from worker.storage.shards import shard_prefixes, slot_of_prefix
+
+    prefixes = shard_prefixes("{shop}:", 3)
+    owners = [cluster.owner(slot_of_prefix(p)) for p in prefixes]
+    clients = [aioredis.Redis(host="127.0.0.1", port=node.port) for node in owners]
+    try:
+        stores = [Store(c, K.Keys(p)) for c, p in zip(clients, prefixes, strict=True)]
+        await clients[1].zadd(f"{prefixes[1]}queue", {f"{prefixes[1]}j": 0})
+        app = App("shop")
+        snap = await snapshot.read(stores[0], app, checks=False, shards=stores)
+        assert [s.node for s in snap.shards] == [f"127.0.0.1:{node.port}" for node in owners]
+        assert len({s.node for s in snap.shards}) == 3 and snap.cluster_masters == 3
+        assert [s.depth for s in snap.shards] == [0, 1, 0]
+        assert doctor.judge(snap, app, doctor.Limits()).check("shards").status == "ok"
+        # the command line, through its connection per shard
+        env = {
+            "WORKER_REDIS_URL": cluster.url(),
+            "WORKER_KEY_PREFIX": "{shop}:",
+            "WORKER_QUEUE_SHARDS": "3",
+            "WORKER_APP": "tests.apps.ledger:app",
+        }
+        done = cli("status", "--json", env=env)
+        assert done.returncode == 0, done.stderr
+        shown = json.loads(done.stdout)["shards"]
+        assert [(s["node"], s["depth"]) for s in shown] == [
+            (f"127.0.0.1:{node.port}", depth) for node, depth in zip(owners, (0, 1, 0), strict=True)
+        ]
+    finally:
+        for c in clients:
+            await c.aclose()

@@ -43,6 +43,7 @@ from arq.jobs import Job
 
 from tests.conftest import Spawn, WorkerProc, wait_until
 from tests.realredis import RealRedis
+from tests.soak import size
 from worker.embedded import EmbeddedServer, free_port
 from worker.serializer import get_serializer, job_payload, msgpack_loads
 from worker.settings import Settings
@@ -289,11 +290,13 @@ def epoch_regressions(epochs: Sequence[int]) -> list[tuple[int, int, int]]:
 def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_vanishes(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis
 ) -> None:
-    """3 leaders; the lock is DELeted 10 times at random moments and once right after a new
-    singleton run started. Runs of the singleton in different processes never overlap, fenced
-    marks land with non-decreasing epochs, and the service runs again afterwards.
+    """3 leaders; the lock is DELeted 5 times (10 under ``python -m bench soak``) at random
+    moments and once right after a new singleton run started. Runs of the singleton in
+    different processes never overlap, fenced marks land with non-decreasing epochs, and the
+    service runs again afterwards.
 
-    On 77fd932: 8-10 overlapping pairs per 11 deletions, worst 0.41-0.45 s; no fenced API."""
+    On 77fd932: 8-10 overlapping pairs per 11 deletions, worst 0.41-0.45 s; no fenced API
+    (so 6 deletions still meet several overlaps where the fencing is missing)."""
     prefix = espawn.prefix  # type: ignore[attr-defined]
     lock = K.Keys(prefix).leader
     intervals_key = led_key(prefix, "intervals")
@@ -304,7 +307,7 @@ def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_v
     seed = random.randrange(1_000_000)
     rng = random.Random(seed)
     deleted_at: list[float] = []
-    for _ in range(10):
+    for _ in range(size(5, 10)):
         time.sleep(rng.uniform(1.5, 3.5))
         rsync.delete(lock)
         deleted_at.append(time.time())
@@ -345,6 +348,7 @@ def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_v
         "marks with an epoch below an earlier mark's": len(regressions),
         "exit codes": exits,
     }
+    print("singleton after the lock vanished:", figures)
     problems = []
     if pairs:
         problems.append(f"singleton runs overlapped: {describe_overlaps(pairs)}")
@@ -424,7 +428,8 @@ def test_redis_data_loss_never_reruns_a_finished_tick_or_sends_epochs_back(
     espawn: Spawn, lossy_server: EmbeddedServer, lsync: redis_sync.Redis
 ) -> None:
     """2 leaders + 1 consumer on a server without persistence, SIGKILLed 0.25 s after a tick
-    executed and restarted empty 0.3 s later, 3 times: no tick executes twice, the lock epoch
+    executed and restarted empty 0.3 s later, 2 times (3 under ``python -m bench soak``): no
+    tick executes twice, the lock epoch
     never goes back and each lease after a loss has a higher epoch than any before it.
 
     On 77fd932: 3 of 3 killed-after ticks re-ran; the epoch was 1 in every phase, and epoch 1
@@ -443,7 +448,7 @@ def test_redis_data_loss_never_reruns_a_finished_tick_or_sends_epochs_back(
     killed_ticks: list[int] = []
     recovered: list[bool] = []
     try:
-        for _ in range(3):
+        for _ in range(size(2, 3)):
             seen = set(lsync.hkeys(ticks_key))
             wait_until(
                 lambda seen=seen: set(lsync.hkeys(ticks_key)) - seen, 20, 0.01, what="a tick"
@@ -496,6 +501,7 @@ def test_redis_data_loss_never_reruns_a_finished_tick_or_sends_epochs_back(
         "samples (server up / down)": f"{len(sampler.samples)} / {sampler.down}",
         "recovered (2 new ticks within 30 s) per restart": recovered,
     }
+    print("Redis data loss:", figures)
     problems = []
     if dupes:
         problems.append(
@@ -557,6 +563,10 @@ def _roll_back(r: redis_sync.Redis, snap: tuple[float, list[Any]]) -> None:
         pipe.execute()
 
 
+#: Per round, whether the consumer is frozen while the writes are lost.
+ROLLBACK_ROUNDS = size((True, False), (True, True, False, False))
+
+
 def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
     espawn: Spawn, lossy_server: EmbeddedServer, lsync: redis_sync.Redis
 ) -> None:
@@ -566,10 +576,11 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
     Emulated exactly on one real server: the dataset is snapshot right after a tick ran and,
     1.6 s later (the lease TTL is 3 s), replaced by that snapshot; the leader keeps its lease.
 
-    4 rounds. In the first two the consumer is frozen during the lost 1.6 s, so the ticks
-    enqueued then never ran: each must run once, later. In the last two the consumer runs
-    them before they are lost: every tick still runs, and only those may run again (their
-    run was recorded only in the lost writes: at-least-once, like any job a failover loses).
+    2 rounds (4 under ``python -m bench soak``). In the first (two) the consumer is frozen
+    during the lost 1.6 s, so the ticks enqueued then never ran: each must run once, later. In
+    the last (two) the consumer runs them before they are lost: every tick still runs, and
+    only those may run again (their run was recorded only in the lost writes: at-least-once,
+    like any job a failover loses).
 
     Before the fix (the enqueuer trusted its memory of the last tick, refreshed every 30 s):
     every tick enqueued in a lost window was skipped for good (the CI failure of a Sentinel
@@ -589,7 +600,7 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
     windows: list[tuple[int, int, bool]] = []  # (from ms, to ms, consumer frozen)
     kept: list[bool] = []
     try:
-        for frozen in (True, True, False, False):
+        for frozen in ROLLBACK_ROUNDS:
             seen = set(lsync.hkeys(ticks_key))
             wait_until(lambda seen=seen: set(lsync.hkeys(ticks_key)) - seen, 20, 0.01, "a tick")
             snap = _snapshot(main)  # right after a tick ran
@@ -630,14 +641,15 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
         "ticks run twice otherwise": unexplained or "none",
         "lease kept through the roll-back (per round)": kept,
     }
+    print("Redis went back under a kept lease:", figures)
     problems = []
     if missed:
         problems.append(f"{len(missed)} ticks never ran: {missed}")
     if unexplained:
         problems.append(f"ticks ran twice that had not run in lost writes: {unexplained}")
-    if sum(kept) < 3:
+    if sum(kept) < len(ROLLBACK_ROUNDS) - 1:
         problems.append(f"the lease did not survive the roll-back (not the scenario): {kept}")
-    if len(must_once) < 2:
+    if len(must_once) < sum(ROLLBACK_ROUNDS):
         problems.append(f"too few ticks fell in the frozen windows: {sorted(must_once)}")
     dead = [p.name for p in procs if not p.alive()]
     if dead:
@@ -651,13 +663,14 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
 def test_graceful_sigterm_never_runs_a_job_twice(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis
 ) -> None:
-    """4 rounds of 3,000 x 50 ms jobs; in each, the busiest consumer gets SIGTERM mid-drain and
-    a replacement starts. Every job starts once, ends once and is never re-run by arq.
+    """2 rounds (4 under ``python -m bench soak``) of 3,000 x 50 ms jobs; in each, the busiest
+    consumer gets SIGTERM mid-drain and a replacement starts. Every job starts once, ends once
+    and is never re-run by arq.
 
-    On 77fd932: 4-53 of 12,000 jobs started twice over 10 runs (median ~40), up to 2 ended
-    twice."""
+    On 77fd932: 4-53 of 12,000 jobs started twice over 10 runs (median ~40, i.e. ~10 a
+    round), up to 2 ended twice."""
     prefix = espawn.prefix  # type: ignore[attr-defined]
-    rounds, per_round, job_s = 4, 3_000, 0.05
+    rounds, per_round, job_s = size(2, 4), 3_000, 0.05
     env = {"WORKER_CONCURRENCY": "100"}
     espawn("leader", name="leader", env=env)  # the orphan reaper runs there
     consumers = [espawn("consumer", name=f"consumer-{i}", env=env) for i in range(2)]
@@ -712,6 +725,7 @@ def test_graceful_sigterm_never_runs_a_job_twice(
         "all ended within 40 s of the last round": finished,
         "exit codes of the SIGTERMed consumers": exits,
     }
+    print("graceful SIGTERM under load:", figures)
     problems = []
     if started_twice:
         problems.append(f"{len(started_twice)} of {total} jobs ran twice (started again)")
@@ -748,13 +762,14 @@ async def _results(url: str, job_ids: Sequence[str]) -> dict[str, tuple[bool, An
 def test_paused_consumer_never_completes_jobs_handed_to_another(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis, redis_url: str
 ) -> None:
-    """12 x 5 s jobs start on consumer A; A is SIGSTOPped for 15 s, the leader's orphan reaper
-    hands the jobs over, they run elsewhere; then SIGCONT. Each job completes once (a run
-    completes only while ``ctx.still_claimed()``) and its arq result is the completing run's.
+    """12 x 5 s jobs start on consumer A; A is SIGSTOPped until the leader's orphan reaper has
+    handed the jobs over and they ran elsewhere, and for at least 6 s (15 s under ``python -m
+    bench soak``); then SIGCONT. Each job completes once (a run completes only while
+    ``ctx.still_claimed()``) and its arq result is the completing run's.
 
     On 77fd932: 12 of 12 completed twice; all 12 arq results overwritten by A."""
     prefix = espawn.prefix  # type: ignore[attr-defined]
-    jobs, job_s, pause_s = 12, 5.0, 15.0
+    jobs, job_s, pause_s = 12, 5.0, size(6.0, 15.0)
     a = espawn("consumer", name="A")
     rec_a = wait_until(lambda: record_of(rsync, prefix, "A"), 45, what="A registered")
     ids = enqueue_jobs(rsync, prefix, "claimed_job", [(job_s,)] * jobs)
@@ -779,7 +794,7 @@ def test_paused_consumer_never_completes_jobs_handed_to_another(
             fields = led_hash(lsync, prefix, "claim-woke")
             return {f.split("|")[0] for f in fields if not f.endswith(f"|{a.pid}")}
 
-        handed_over = settle(lambda: woke_elsewhere() >= set(ids), pause_s + 15)
+        handed_over = settle(lambda: woke_elsewhere() >= set(ids), 30)
         time.sleep(max(0.0, pause_s - (time.monotonic() - paused)))
     finally:
         a.resume()
@@ -815,6 +830,7 @@ def test_paused_consumer_never_completes_jobs_handed_to_another(
         "runs without JobContext.still_claimed": api_missing,
         "A alive": a.alive(),
     }
+    print("paused consumer:", figures)
     problems = []
     if not handed_over:
         problems.append("the paused consumer's jobs were not re-run elsewhere during the pause")
@@ -864,9 +880,10 @@ def names_field(reason: str, field: str) -> bool:
 def test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer(
     espawn: Spawn, rsync: redis_sync.Redis, lsync: redis_sync.Redis
 ) -> None:
-    """Raw job records with wrong field types (and one not msgpack) arrive while a 20 s job
-    runs: each is dead-lettered with a reason naming the field (or "malformed"), a good job
-    after them runs, the long job runs exactly once, the consumer never restarts.
+    """Raw job records with wrong field types (and one not msgpack) arrive while an 8 s job
+    (20 s under ``python -m bench soak``) runs: each is dead-lettered with a reason naming the
+    field (or "malformed"), a good job after them runs, the long job runs exactly once, the
+    consumer never restarts.
 
     On 77fd932: 0 of 8 dead-lettered ('a' as a map even ran), the consumer restarted and the
     long job was cancelled and started twice."""
@@ -874,7 +891,7 @@ def test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer(
     port = free_port()
     proc = espawn("all", name="solo", env={"WORKER_HEALTH_PORT": str(port)})
     wait_ready(proc, port)
-    long_s = 20.0
+    long_s = size(8.0, 20.0)  # in flight while the hostile jobs are handled (~1 s)
     [long_id] = enqueue_jobs(rsync, prefix, "edge_job", [(long_s,)])
     wait_until(lambda: led_hash(lsync, prefix, "job-start").get(long_id), 20, what="the long job")
     long_started = time.monotonic()
@@ -917,6 +934,7 @@ def test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer(
         "consumer restarts (/status)": restarts,
         "process alive": proc.alive(),
     }
+    print("hostile jobs:", figures)
     problems = []
     if not_dead:
         problems.append(f"{len(not_dead)} of {len(bad)} hostile jobs not dead-lettered")

@@ -29,6 +29,11 @@ lost, no acknowledged enqueue is lost or run twice, the singleton service never 
 processes at once, the initializer finishes with every item exactly once; and the time from
 each kill to the first tick due after it stays bounded. ``python -m bench failover`` runs the
 same scenario many times and prints the figures.
+
+Suite sizes (tests/soak.py): the poll items fall due over 8 s (20 s under ``python -m bench
+soak`` and in ``python -m bench failover``), and a killed Sentinel node, restarted, is made a
+replica by the harness at once rather than by the Sentinels at their next INFO refresh (up to
+10 s on; the workers never address it, they ask the Sentinels for the primary).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import pytest
 
 from tests.failover_scenario import INIT, Outcome, Scenario
 from tests.realredis import RealRedis
+from tests.soak import size
 from tests.topology import Cluster, SentinelSet
 from worker.client import Client
 from worker.durability import LOST_GRACE_S
@@ -54,6 +60,14 @@ pytestmark = pytest.mark.slow
 #: Failure detection (2 s) + promotion + the workers' own recovery (lease TTL 3 s): generous
 #: for a loaded CI machine; bench/RESULTS.md has the measured distribution.
 FIRST_TICK_BOUND_S = 15.0
+
+#: The 600 poll items fall due over this (s) from just before the dispatch kill: past the
+#: promotion (detection 2 s) with room to spare, so items fall due before, during and after
+#: the outage; 20 s under ``python -m bench soak`` and in ``python -m bench failover``.
+ITEM_SPREAD_S = size(8.0, 20.0)
+#: A killed Sentinel node, restarted, made a replica by the harness at once, not by the
+#: Sentinels at their next INFO refresh (up to 10 s on); the Sentinels do it under soak.
+REJOIN_AT_ONCE = size(True, False)
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +113,16 @@ def check(o: Outcome, moments: list[str] = KILLS) -> None:
     assert o.init_done and o.init_items == o.init_expected
     batch = int(INIT["FAILOVER_INIT_BATCH"])
     assert sorted(o.init_batches) == list(range(batch, o.init_expected + 1, batch))
-    # at most once more for the kill during the initializer, and once more per failover
-    # nobody caused (a deposed primary, see above) that lost its checkpoint
+    # at most once more for the kill during the initializer (once more per kill while it ran:
+    # kills a few seconds apart, as on a Cluster, can strike it twice), and once more per
+    # failover nobody caused (a deposed primary, see above) that lost its checkpoint
     extra = max(0, len(o.primaries) - 1 - len(o.kills))
-    assert all(n <= 2 + extra for n in o.init_batches.values()), (o.init_batches, o.primaries)
+    again = max(1, sum(k.during_init for k in o.kills))
+    assert all(n <= 1 + again + extra for n in o.init_batches.values()), (
+        o.init_batches,
+        o.primaries,
+        [k.during_init for k in o.kills],
+    )
     assert [k.moment for k in o.kills] == moments
     for kill in o.kills:
         assert kill.first_tick_after_s is not None
@@ -114,7 +134,14 @@ def check(o: Outcome, moments: list[str] = KILLS) -> None:
 def test_sentinel_primary_killed_at_the_worst_moments_costs_no_duplicate_and_no_loss(
     sentinels: SentinelSet, ledger: RealRedis, tmp_path: Path
 ) -> None:
-    o = Scenario(sentinels, ledger.url, tmp_path, say=print).run()
+    o = Scenario(
+        sentinels,
+        ledger.url,
+        tmp_path,
+        item_spread_s=ITEM_SPREAD_S,
+        rejoin_at_once=REJOIN_AT_ONCE,
+        say=print,
+    ).run()
     print("failover outcome:", o.summary())
     check(o)
 
@@ -132,7 +159,13 @@ def test_sentinel_planned_switch_with_writes_paused_costs_no_duplicate_and_no_lo
     one would judge the consumers waiting on the paused primary dead and hand their running
     jobs to others (at-least-once, README "Limits")."""
     o = Scenario(
-        sentinels, ledger.url, tmp_path, extra_env={"WORKER_ORPHAN_STALE_S": "10"}, say=print
+        sentinels,
+        ledger.url,
+        tmp_path,
+        extra_env={"WORKER_ORPHAN_STALE_S": "10"},
+        item_spread_s=ITEM_SPREAD_S,
+        rejoin_at_once=REJOIN_AT_ONCE,
+        say=print,
     ).run(faults=("planned", "dispatch"))
     print("planned switch outcome:", o.summary())
     check(o, ["planned switch right after a tick", "right after a poll dispatch batch"])
@@ -143,7 +176,7 @@ def test_cluster_slot_primary_killed_at_the_worst_moments_costs_no_duplicate_and
 ) -> None:
     """The same on a Redis Cluster (the app's slot's primary is killed), default settings
     (``auto``: the attached replicas, up to one; each promoted primary keeps one here)."""
-    o = Scenario(cluster, ledger.url, tmp_path, say=print).run()
+    o = Scenario(cluster, ledger.url, tmp_path, item_spread_s=ITEM_SPREAD_S, say=print).run()
     print("cluster failover outcome:", o.summary())
     check(o)
 
@@ -161,7 +194,9 @@ def test_sentinel_one_replica_primary_killed_for_good_resumes_within_seconds(
     job start until a replica came back); ``auto`` waits for the replica while it is attached,
     so nothing confirmed before the kill is lost, and goes on degraded after it."""
     with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as one:
-        scenario = Scenario(one, ledger.url, tmp_path, say=print)
+        # the only fault: the items' spread is most of the run, which check() wants >= 15 ticks
+        spread = size(14.0, 20.0)
+        scenario = Scenario(one, ledger.url, tmp_path, item_spread_s=spread, say=print)
         o = scenario.run(faults=("dispatch",), bring_back=False)
         doctor, banners = degraded_views(scenario)
     print("one replica, primary gone outcome:", o.summary())
@@ -191,6 +226,8 @@ def test_sentinel_one_replica_replica_killed_and_back_work_goes_on(
     failed over away from), then goes on degraded, and waits for the replica again once it is
     attached."""
     with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as one:
+        # the Sentinels, not the harness, bring the replica back: the run stays long enough
+        # for check()'s 50 acknowledged enqueues on a loaded machine
         scenario = Scenario(one, ledger.url, tmp_path, say=print)
         o = scenario.run(faults=("replica",))
     print("one replica, replica killed outcome:", o.summary())

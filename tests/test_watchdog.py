@@ -21,6 +21,7 @@ from arq.jobs import Job
 
 from tests.conftest import Spawn, wait_until
 from tests.realredis import RealRedis
+from tests.soak import size
 from tests.test_consumer import KEYS, Loop, eventually
 from tests.test_edges import record_of, report, settle
 from worker.app import App
@@ -36,7 +37,9 @@ from worker.storage import keys as K
 from worker.watchdog import LoopWatchdog, blocked_threshold_s
 
 APP = "tests.apps.loopblock:app"
-BLOCK_S = 25.0
+#: How long the task blocks A's loop: past B's takeover (lease TTL 3 s) and its reaping of A
+#: (orphan stale 2 s, reaper every 0.5 s) with room to spare; 25 s under ``python -m bench soak``.
+BLOCK_S = size(12.0, 25.0)
 
 
 @pytest.fixture
@@ -53,7 +56,7 @@ def ledger_url() -> Iterator[str]:
 def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
     spawn: Spawn, rsync: redis_sync.Redis, ledger_url: str
 ) -> None:
-    """Leader A (role ``all``) and standby B; a task on A calls ``time.sleep(25)`` right after
+    """Leader A (role ``all``) and standby B; a task on A calls ``time.sleep(BLOCK_S)`` right after
     one of A's ticks returned, before the consumer's next round. B takes over and reaps A; the
     blocked tick ran once, every tick ran once, A noticed the blocked loop, dropped the lease
     while blocked, past its renew deadline (its own lock: it had not expired yet), and lives on.

@@ -8,6 +8,7 @@ Public API::
 from __future__ import annotations
 
 from worker.app import App, load_app
+from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
 from worker.duties.poller import BoundPoller
@@ -25,6 +26,7 @@ __all__ = [
     "Context",
     "JobContext",
     "JobOutcome",
+    "JobSpec",
     "LeadershipLost",
     "Settings",
     "SyncClient",

@@ -8,6 +8,7 @@ key prefix, serializer), so the two cannot disagree::
     client = await worker.Client.from_env(app=app)   # or Client.connect(url, app=app, ...)
     await client.enqueue("send_report", 42)
     await client.enqueue("activate", pkg_id, unique_key=f"activate:{pkg_id}")
+    await client.enqueue_many([("send_report", (n,)) for n in range(1000)])  # 2 round trips
     await client.poller("cards").schedule("card-17", delay=30)
     info = await client.job(job_id).result_info()     # arq's Job: status, result
     await client.broadcast("pricing", {"version": 7})  # every process's handlers
@@ -26,8 +27,10 @@ otherwise.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import uuid4
 
@@ -37,6 +40,7 @@ from arq.jobs import Job
 from redis.asyncio import Redis
 
 from worker.broadcast import publish
+from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import connect_redis, connect_shards
 from worker.duties.poller import BoundPoller, Pollers, due_ms
@@ -45,13 +49,13 @@ from worker.preflight import wait_for_redis
 from worker.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
 from worker.settings import Settings, load_settings
-from worker.storage import NewJob, Store, open_store, server
+from worker.storage import NewJob, QueuedJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.storage.sharded import Shards
 from worker.storage.shards import shard_prefixes
 from worker.storage.store import open_shards
-from worker.tracing import Tracing, tracing_for
+from worker.tracing import Batch, Tracing, tracing_for
 
 __all__ = ["Client", "arq_options", "connect_redis"]
 
@@ -261,7 +265,7 @@ class Client:
             store = self.shards.next() if key is None else self.shards.for_key(key)
             jid = store.ids.random() if unique_key is None else store.ids.unique(unique_key)
         if queue is None:
-            queue = self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
+            queue = self.queue_for(function)
         put = (function, args, kwargs, jid, queue, defer_by, defer_until)
         if self.tracing is None:
             return await self._put(store, *put)
@@ -287,6 +291,87 @@ class Client:
         ttl = self._expires_ms + max(0, score - now)
         ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        """Enqueue many jobs, ``chunk_size`` per round trip (one script call per queue shard,
+        with a WAIT policy one ``WAIT``, per chunk); per job, in order, its id or ``None`` where
+        :meth:`enqueue` would return ``None``: the id is taken in Redis or by an earlier job of
+        ``jobs``.
+
+        A job is a :class:`~worker.bulk.JobSpec` (``function``, ``args``, ``kwargs`` and the
+        options of :meth:`enqueue`: ``unique_key``, ``job_id``, ``defer_by``, ``defer_until``,
+        ``queue``, ``shard_key``, each choosing the job's shard as there) or a tuple
+        ``(function, args[, kwargs])``. Every function is checked first: an unknown one raises
+        :class:`~worker.errors.UnknownTask` and nothing is sent. Each chunk is written
+        atomically per shard, after the previous chunk was answered (each next chunk is built
+        meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        specs = checked(jobs, self.check_function)
+        out: list[str | None] = []
+        sending: asyncio.Future[list[str | None]] | None = None
+        for lo in range(0, len(specs), chunk_size):
+            await on_server_time(self.clock, self.store.server_time_ms)
+            spans = self.tracing.batch() if self.tracing is not None else None
+            try:
+                batch = self._batch(specs[lo : lo + chunk_size], spans)
+            except BaseException:  # e.g. an argument the serializer refuses: stop here
+                if sending is not None:
+                    await asyncio.wait([sending])  # the chunk sent before it still lands
+                raise
+            if sending is not None:  # the previous chunk ran while this one was built
+                out += await sending
+            sending = asyncio.ensure_future(self._send(batch, spans))
+        if sending is not None:
+            out += await sending
+        return out
+
+    def _batch(
+        self, specs: Sequence[JobSpec], spans: Batch | None
+    ) -> list[tuple[Store, QueuedJob]]:
+        """The records of one chunk, enqueued now, each as :meth:`enqueue` writes it, with the
+        shard it goes to (chosen as :meth:`enqueue` chooses it)."""
+        now = ms(self.clock.time())
+        batch = []
+        for s in specs:
+            if s.job_id is not None:
+                store, jid = self.shards.of(s.job_id), s.job_id
+            else:
+                key = s.shard_key if s.shard_key is not None else s.unique_key
+                store = self.shards.next() if key is None else self.shards.for_key(key)
+                jid = store.ids.random() if s.unique_key is None else store.ids.unique(s.unique_key)
+            queue = s.queue if s.queue is not None else self.queue_for(s.function)
+            score = due_ms(s.defer_until, 0.0, self.clock) if s.defer_until else None
+            score = now + ms(s.defer_by) if score is None else score
+            extra = spans.create(s.function, jid, queue) if spans is not None else None
+            payload = job_payload(s.function, s.args, s.kwargs, now, self._serialize, extra=extra)
+            ttl = self._expires_ms + max(0, score - now)
+            batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl)))
+        return batch
+
+    async def _send(
+        self, batch: list[tuple[Store, QueuedJob]], spans: Batch | None
+    ) -> list[str | None]:
+        """Each shard's part of a chunk in one script call (the shards at once)."""
+        parts: dict[int, tuple[Store, list[int]]] = {}
+        for i, (store, _) in enumerate(batch):
+            parts.setdefault(id(store), (store, []))[1].append(i)
+        with spans.send() if spans is not None else contextlib.nullcontext():
+            written = await asyncio.gather(
+                *(store.enqueue_batch([batch[i][1] for i in idx]) for store, idx in parts.values())
+            )
+        out: list[str | None] = [None] * len(batch)
+        for (_, idx), oks in zip(parts.values(), written, strict=True):
+            for i, ok in zip(idx, oks, strict=True):
+                out[i] = batch[i][1].job.job_id if ok else None
+        return out
+
+    def queue_for(self, function: str) -> str:
+        """The queue ``function``'s jobs wait in unless told: the one the task declares when
+        the client knows the app, else ``default``."""
+        return self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
 
     def check_function(self, function: str) -> None:
         """Raise :class:`~worker.errors.UnknownTask` if the client's app does not declare

@@ -3,6 +3,7 @@
 Both offer the cross-replica helpers, so users never hand-roll locks:
 
 - ``ctx.enqueue(fn, *args, unique_key=...)`` – enqueue once per key while queued/in flight.
+- ``ctx.enqueue_many([...])`` – many jobs, one round trip per chunk (``Client.enqueue_many``).
 - ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly resets, seed 002 §6.3).
 - ``ctx.once(key, ttl)`` – side-effect dedup (seed 000's reminder ``dedup_key``).
 - ``ctx.poller(name)`` – schedule items on a poller's shard queues.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from uuid import uuid4
 
 from arq.connections import ArqRedis
 
+from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import Client
 from worker.clock import Clock, ms
 from worker.duties.poller import BoundPoller
@@ -156,6 +158,12 @@ class Context:
         """See :meth:`worker.client.Client.enqueue`."""
         return await self.client.enqueue(function, *args, **kwargs)
 
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        """See :meth:`worker.client.Client.enqueue_many`."""
+        return await self.client.enqueue_many(jobs, chunk_size=chunk_size)
+
     def poller(self, name: str) -> BoundPoller:
         return self.client.poller(name)
 
@@ -200,8 +208,10 @@ class JobContext(dict[str, Any]):
 
     #: The store and claim token of this run (set by the consumer).
     claim: tuple[Store, str] | None = None
-    #: Writes this run's progress (set by the consumer).
+    #: Writes this run's progress (made at the first :meth:`progress` call, by
+    #: :attr:`make_progress`, which the consumer sets: most runs report none).
     progress_writer: Progress | None = None
+    make_progress: Callable[[], Progress] | None = None
     #: The last ``(fraction, message)`` given to :meth:`progress` in this run.
     last_progress: tuple[float, str | None] | None = None
     #: A plain ``def`` task's thread helpers (set by :mod:`worker.sync`): see :attr:`sync`.
@@ -231,6 +241,8 @@ class JobContext(dict[str, Any]):
         the job (a Redis error is logged once). Read it with ``Client.progress(job_id)`` or
         ``python -m worker job ID``; kept as long as the job's result."""
         self.last_progress = checked(fraction, message)
+        if self.progress_writer is None and self.make_progress is not None:
+            self.progress_writer = self.make_progress()
         if self.progress_writer is not None:
             await self.progress_writer.report(*self.last_progress)
 
@@ -270,6 +282,11 @@ class JobContext(dict[str, Any]):
 
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         return await self.context.enqueue(function, *args, **kwargs)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        return await self.context.enqueue_many(jobs, chunk_size=chunk_size)
 
     def poller(self, name: str) -> BoundPoller:
         return self.context.poller(name)

@@ -133,3 +133,8 @@ class JobHook:
 
     async def renew(self) -> None:
         """With each claim check while jobs run (errors count as a failed check)."""
+
+
+def overriding(hooks: Sequence[JobHook], *steps: str) -> list[JobHook]:
+    """The hooks whose class overrides one of ``steps`` (the consumer calls only those)."""
+    return [h for h in hooks if any(getattr(type(h), s) is not getattr(JobHook, s) for s in steps)]

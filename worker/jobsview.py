@@ -10,9 +10,9 @@ on, so even a million queued jobs cost the same per call. "Now" is the Redis ser
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from worker.jobrecords import (
     REPR_CHARS,
@@ -32,9 +32,11 @@ from worker.jobrecords import (
     short,
 )
 from worker.serializer import Deserialize, msgpack_loads
-from worker.storage import Store
+from worker.storage import Shards, Store
 from worker.storage.inspect_jobs import JobRecord
 from worker.storage.keys import DEFAULT_QUEUE
+
+T = TypeVar("T")
 
 State = Literal["queued", "scheduled", "running", "failed", "done"]
 STATES: tuple[State, ...] = ("queued", "scheduled", "running", "failed", "done")
@@ -118,6 +120,7 @@ async def list_jobs(
     queues: Sequence[str] = (DEFAULT_QUEUE,),
     deserialize: Deserialize = msgpack_loads,
     now_ms: int | None = None,
+    shards: Sequence[Store] = (),
 ) -> JobPage:
     """One page of the jobs in ``state``, filtered by ``queue`` (else every one of
     ``queues``, the app's), ``task`` and ``search`` (text in the id, task name or arguments),
@@ -125,14 +128,16 @@ async def list_jobs(
     ``queued``/``scheduled`` read the queues in priority order (due first), ``running`` the
     live instances' holds sets, ``failed`` the recent failures and the dead letters and
     ``done`` the recent successes, newest first. Raises ``ValueError`` for a bad state or
-    cursor."""
+    cursor. ``shards``: every queue shard's store, home first: ``queued``/``scheduled`` read each
+    queue of every shard in turn (the cursor says where), ``failed``/``done`` merge every
+    shard's indexes newest first, ``running`` every shard's holds sets by id."""
     if state not in STATES:
         raise ValueError(f"unknown state {state!r}; one of: {', '.join(STATES)}")
     limit = max(1, min(limit, MAX_LIMIT))
     names = [queue] if queue is not None else list(queues)
     if now_ms is None:
         now_ms = round(await store.server_time_ms())
-    view = _Lister(store, deserialize, task, search, limit, names, now_ms)
+    view = _Lister(store, deserialize, task, search, limit, names, now_ms, shards)
     if state in ("queued", "scheduled"):
         return await view.queued(state, cursor)
     if state == "running":
@@ -152,8 +157,12 @@ class _Lister:
         limit: int,
         queues: list[str],
         now_ms: int,
+        shards: Sequence[Store] = (),
     ) -> None:
         self.store = store
+        self.shards = Shards(shards or (store,))
+        #: (shard store, queue name) in listing order: each queue of the home, then the next
+        self.sources = [(st, q) for st in self.shards.stores for q in queues]
         self.deserialize = deserialize
         self.task = task
         self.search = search
@@ -185,21 +194,19 @@ class _Lister:
 
     async def queued(self, state: State, cursor: str | None) -> JobPage:
         """Due (score ≤ now) or scheduled (later, without a claim marker: a claimed job is
-        parked at its marker's expiry), queue by queue, earliest first."""
+        parked at its marker's expiry), queue by queue (shard by shard), earliest first."""
         fields = parse_cursor(cursor, 3)
         qi, score, skip = (int(fields[0]), fields[1], int(fields[2])) if fields else (0, "", 0)
         low, high = ("-inf", self.now_ms) if state == "queued" else (f"({self.now_ms}", "+inf")
-        while qi < len(self.queues) and len(self.items) < self.limit:
-            name = self.queues[qi]
+        while qi < len(self.sources) and len(self.items) < self.limit:
+            shard, name = self.sources[qi]
             start: float | str = score if score else low
             want = min(max(self.limit - len(self.items), 20), self.budget - self.scanned)
             if want <= 0:
                 return JobPage(self.items, make_cursor(qi, score, skip), self.scanned)
-            entries = await self.store.queue_entries(
-                name, low=start, high=high, offset=skip, count=want
-            )
+            entries = await shard.queue_entries(name, low=start, high=high, offset=skip, count=want)
             self.scanned += len(entries)
-            records = await self.store.job_records([e[0] for e in entries])
+            records = await shard.job_records([e[0] for e in entries])
             for (_, s), rec in zip(entries, records, strict=True):
                 skip = skip + 1 if str(s) == score else 1
                 score = str(s)
@@ -209,7 +216,7 @@ class _Lister:
                     return JobPage(self.items, make_cursor(qi, score, skip), self.scanned)
             if len(entries) < want:
                 qi, score, skip = qi + 1, "", 0
-        more = qi < len(self.queues)
+        more = qi < len(self.sources)
         return JobPage(self.items, make_cursor(qi, score, skip) if more else None, self.scanned)
 
     async def running(self, cursor: str | None) -> JobPage:
@@ -217,13 +224,13 @@ class _Lister:
         concurrency), by id, with each job's progress."""
         fields = parse_cursor(cursor, 1)
         after = fields[0] if fields else ""
-        held = [(j, i) for j, i in await self.store.running_ids() if j > after]
+        held = [(j, i) for j, i in await self.shards.running_ids() if j > after]
         page = held[: self.budget]
         self.scanned = len(page)
         ids = [j for j, _ in page]
-        records = await self.store.job_records(ids)
-        where = await self.store.queues_of(ids, self.queues)
-        progress = await self.store.progress_many(ids)
+        records = await self._each(ids, Store.job_records)
+        where = await self._each(ids, lambda st, part: st.queues_of(part, self.queues))
+        progress = await self._each(ids, Store.progress_many)
         last = after
         for (job_id, instance), rec, q, p in zip(page, records, where, progress, strict=True):
             last = job_id
@@ -240,13 +247,14 @@ class _Lister:
         successes; newest first, a page from ``before_ms``."""
         fields = parse_cursor(cursor, 1)
         before = int(fields[0]) if fields else None
-        entries = await self._ended_ids(state, before, self.budget)
+        every = [await self._ended_ids(st, state, before) for st in self.shards.stores]
+        entries = sorted((e for part in every for e in part), key=lambda e: -e[1])[: self.budget]
         self.scanned = len(entries)
         ids = [j for j, _ in entries]
-        records = await self.store.job_records(ids, results=True)
+        records = await self._each(ids, lambda st, part: st.job_records(part, results=True))
         failed = state == "failed"
-        dead = await self.store.dead_entries(ids) if failed else [None] * len(ids)
-        fails = await self.store.failures_many(ids) if failed else [None] * len(ids)
+        dead = await self._each(ids, Store.dead_entries) if failed else [None] * len(ids)
+        fails = await self._each(ids, Store.failures_many) if failed else [None] * len(ids)
         last: int | None = None
         for (job_id, at), rec, letter, fail in zip(entries, records, dead, fails, strict=True):
             last = at
@@ -260,13 +268,25 @@ class _Lister:
         full = len(entries) >= self.budget or len(self.items) >= self.limit
         return JobPage(self.items, make_cursor(last) if full and last else None, self.scanned)
 
-    async def _ended_ids(self, state: State, before: int | None, n: int) -> list[tuple[str, int]]:
-        """The newest ``n`` ids ended before ``before``: the recent successes, or the recent
-        failures and the dead letters merged (a job in both once)."""
+    async def _each(
+        self, ids: list[str], read: Callable[[Store, list[str]], Awaitable[list[T]]]
+    ) -> list[T]:
+        """``read(store, ids)`` of each id's queue shard, in ``ids``' order."""
+        got: dict[str, T] = {}
+        for store, part in self.shards.group(ids):
+            got.update(zip(part, await read(store, part), strict=True))
+        return [got[j] for j in ids]
+
+    async def _ended_ids(
+        self, store: Store, state: State, before: int | None
+    ) -> list[tuple[str, int]]:
+        """The newest ids of one shard ended before ``before`` (at most the budget): the recent
+        successes, or the recent failures and the dead letters merged (a job in both once)."""
+        n = self.budget
         if state == "done":
-            return await self.store.recent_done(n, before)
-        found = dict(await self.store.dead_page(before, n))
-        for job_id, at in await self.store.recent_failures(n, before):
+            return await store.recent_done(n, before)
+        found = dict(await store.dead_page(before, n))
+        for job_id, at in await store.recent_failures(n, before):
             found[job_id] = max(at, found.get(job_id, at))
         return sorted(found.items(), key=lambda e: -e[1])[:n]
 
@@ -279,7 +299,8 @@ class _Lister:
         letter: dict[str, Any] | None,
         fail: dict[str, Any] | None,
     ) -> JobSummary | None:
-        result = decode_result(rec.result, self.deserialize, self.store.keys.prefix)
+        prefix = self.shards.of(job_id).keys.prefix  # its shard's queue keys
+        result = decode_result(rec.result, self.deserialize, prefix)
         if state == "done" and not result:
             return None  # its result expired
         if state == "failed" and result.get("success"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily
@@ -206,6 +207,13 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.queue_shard_backlog = Gauge(
+            "worker_queue_shard_backlog",
+            "Jobs due and not claimed in one queue shard (WORKER_QUEUE_SHARDS > 1 only; the "
+            "shards of a queue sum to worker_queue_backlog; exported by the leader only).",
+            ["queue", "shard"],
+            registry=r,
+        )
         self.queue_jobs = Gauge(
             "worker_queue_jobs",
             "Jobs in the queue, due or not, claimed or not (exported by the leader only).",
@@ -225,6 +233,22 @@ class Metrics:
             "Times this process found Redis's boot marker gone (the dataset was lost).",
             registry=r,
         )
+
+
+class Children:
+    """The children of a labelled metric, each looked up once per label values: ``labels()``
+    costs more than the count itself, per job (label values are bounded: the app's queues and
+    task names)."""
+
+    def __init__(self, metric: Counter | Histogram) -> None:
+        self.metric = metric
+        self._by: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *labels: str) -> Any:
+        child = self._by.get(labels)
+        if child is None:
+            child = self._by[labels] = self.metric.labels(*labels)
+        return child
 
 
 class _Malformed(Collector):

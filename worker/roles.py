@@ -335,7 +335,9 @@ def _reaper(w: Wiring, _: Any) -> Component:
 
 
 def _backlog(w: Wiring, _: Any) -> Component:
-    return QueueMetrics(w.store, w.app.queue_names(), w.clock, w.metrics)
+    return QueueMetrics(
+        w.store, w.app.queue_names(), w.clock, w.metrics, shards=w.client.shards.stores
+    )
 
 
 def _singleton_service(w: Wiring, sv: ServiceDef) -> Component:

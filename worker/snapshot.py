@@ -5,10 +5,17 @@ the Redis server's clock); :mod:`worker.status` shapes it into its table and JSO
 :mod:`worker.doctor` judges it, and the console does both with the same snapshot on every poll.
 ``checks=False`` leaves out what only the doctor's checks need (the epoch counter and lease
 state, holds sets by ``SCAN``, the primary's replicas).
+
+With queue shards (``WORKER_QUEUE_SHARDS`` > 1, ``shards`` the store of each, home first) the
+queues' figures are read from every shard: ``queues`` and ``dead_letters`` are the totals, as
+with one shard, and ``shards`` keeps each shard's own (its prefix, hash slot and, on a Redis
+Cluster, the primary serving that slot), what ``status`` prints per shard and the doctor's
+``shards`` check judges.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +23,8 @@ from worker.app import App
 from worker.clock import Clock, ms, on_server_time
 from worker.ids import LockValue
 from worker.storage import PeriodicRuns, Store
-from worker.storage.server import read_attached, read_eviction_policy
+from worker.storage.server import read_attached, read_eviction_policy, read_slot_owners
+from worker.storage.shards import slot_of_prefix
 
 
 @dataclass
@@ -63,6 +71,28 @@ class PollerState:
     in_flight: int
 
 
+@dataclass(frozen=True)
+class ShardState:
+    """One queue shard: its ``index`` (0: the home), key ``prefix``, hash ``slot``, the
+    ``node`` (``host:port``) serving that slot on a Redis Cluster (``None``: not a cluster, or
+    no node claims it), its own ``queues`` and dead letters."""
+
+    index: int
+    prefix: str
+    slot: int
+    node: str | None
+    queues: list[QueueState]
+    dead_letters: int
+
+    @property
+    def depth(self) -> int:
+        return sum(q.depth for q in self.queues)
+
+    @property
+    def due(self) -> int:
+        return sum(q.due for q in self.queues)
+
+
 @dataclass
 class ClusterSnapshot:
     """Everything the cluster's views show and the doctor judges, read once."""
@@ -93,6 +123,10 @@ class ClusterSnapshot:
     holds: dict[str, int] = field(default_factory=dict)
     #: replicas attached to the primary (``INFO replication``; ``None``: not readable)
     attached_replicas: int | None = None
+    #: each queue shard's own figures, home first (empty: one shard, today's layout)
+    shards: list[ShardState] = field(default_factory=list)
+    #: the primaries of the Redis Cluster (``CLUSTER SLOTS``; 0: not a cluster), read with shards
+    cluster_masters: int = 0
 
     @property
     def live(self) -> list[Instance]:
@@ -116,10 +150,12 @@ async def read(
     *,
     now_ms: int | None = None,
     checks: bool = True,
+    shards: Sequence[Store] = (),
 ) -> ClusterSnapshot:
     """Read the cluster behind ``store`` for ``app`` (read-only). "Now" is ``now_ms`` when
     given (tests), else ``clock`` synced to the server (a client's), else the server's
-    ``TIME``."""
+    ``TIME``. ``shards``: every queue shard's store, home (``store``) first, when there are
+    more than one (see module docstring)."""
     if now_ms is None and clock is None:
         now_ms = round(await store.server_time_ms())
     elif now_ms is None and clock is not None:
@@ -128,8 +164,8 @@ async def read(
     assert now_ms is not None
     keys = store.keys
     names = app.queue_names()
-    depths = await store.queue_depths(names, now_ms)
-    heads = await store.queue_heads([keys.queue_of(n) for n in names])
+    per_shard = [await _queues(s, names, now_ms) for s in shards] if len(shards) > 1 else []
+    queues = _merged(per_shard) if per_shard else (await _queues(store, names, now_ms))[0]
     lock, pttl = await store.read_lock()
     policy, source = await read_eviction_policy(store.redis)
     snap = ClusterSnapshot(
@@ -143,14 +179,11 @@ async def read(
         periodic_last=await store.periodic_last(),
         periodic_runs=await store.periodic_runs(),
         periodic_enqueued=await store.periodic_enqueued(),
-        queues=[
-            QueueState(n, keys.queue_of(n), all_, due, head)
-            for n, (due, all_), head in zip(names, depths, heads, strict=True)
-        ],
+        queues=queues,
         pollers={
             p.name: await _poller(store, p.name, p.shards, now_ms) for p in app.pollers.values()
         },
-        dead_letters=await store.dead_count(),
+        dead_letters=sum(d for _, d in per_shard) if per_shard else await store.dead_count(),
         paused=await store.paused(),
         initializers={i.name: await store.init_state(i.name) for i in app.initializers.values()},
         per_key={
@@ -163,7 +196,54 @@ async def read(
         snap.epoch_counter, snap.lease_state = await store.lease_counters()
         snap.holds = await store.holds_sets()
         snap.attached_replicas = await read_attached(store.redis)
+    if per_shard:
+        owners = await read_slot_owners(store.redis)
+        snap.cluster_masters = len({addr for _, _, addr in owners})
+        snap.shards = _shards(shards, per_shard, owners)
     return snap
+
+
+async def _queues(store: Store, names: list[str], now_ms: int) -> tuple[list[QueueState], int]:
+    """One shard's queues (in the app's order) and its dead letters."""
+    keys = store.keys
+    depths = await store.queue_depths(names, now_ms)
+    heads = await store.queue_heads([keys.queue_of(n) for n in names])
+    queues = [
+        QueueState(n, keys.queue_of(n), all_, due, head)
+        for n, (due, all_), head in zip(names, depths, heads, strict=True)
+    ]
+    return queues, await store.dead_count()
+
+
+def _merged(per_shard: list[tuple[list[QueueState], int]]) -> list[QueueState]:
+    """Each queue over every shard: depths and due summed, the earliest head, the home's key."""
+    out = []
+    for i, home in enumerate(per_shard[0][0]):
+        same = [qs[i] for qs, _ in per_shard]
+        heads = [q.head_ms for q in same if q.head_ms is not None]
+        out.append(
+            QueueState(
+                home.name,
+                home.key,
+                sum(q.depth for q in same),
+                sum(q.due for q in same),
+                min(heads) if heads else None,
+            )
+        )
+    return out
+
+
+def _shards(
+    stores: Sequence[Store],
+    per_shard: list[tuple[list[QueueState], int]],
+    owners: list[tuple[int, int, str]],
+) -> list[ShardState]:
+    out = []
+    for i, (store, (queues, dead)) in enumerate(zip(stores, per_shard, strict=True)):
+        slot = slot_of_prefix(store.keys.prefix)
+        node = next((addr for lo, hi, addr in owners if lo <= slot <= hi), None)
+        out.append(ShardState(i, store.keys.prefix, slot, node, queues, dead))
+    return out
 
 
 async def _poller(store: Store, name: str, shards: int, now_ms: int) -> PollerState:

@@ -91,7 +91,29 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
             for name, (processes, leased) in snap.per_key.items()
         ],
         "dead_letters": snap.dead_letters,
+        **({"shards": _shards(snap)} if snap.shards else {}),
     }
+
+
+def _shards(snap: ClusterSnapshot) -> list[dict[str, Any]]:
+    """Each queue shard (``WORKER_QUEUE_SHARDS`` > 1): where it lives and its backlog."""
+    return [
+        {
+            "shard": sh.index,
+            "prefix": sh.prefix,
+            "slot": sh.slot,
+            "node": sh.node,
+            "depth": sh.depth,
+            "due": sh.due,
+            "queues": {q.name: {"depth": q.depth, "due": q.due} for q in sh.queues},
+            "oldest_due_age_s": _lag(
+                min((q.head_ms for q in sh.queues if q.head_ms is not None), default=None),
+                snap.now_ms,
+            ),
+            "dead_letters": sh.dead_letters,
+        }
+        for sh in snap.shards
+    ]
 
 
 def _instances(snap: ClusterSnapshot) -> list[dict[str, Any]]:
@@ -259,6 +281,7 @@ def render(status: dict[str, Any]) -> str:
             for i in status["instances"]
         ],
     )
+    out += _shard_table(status)
     out += _periodic_table(status)
     if status["pollers"]:
         out += [
@@ -313,6 +336,19 @@ def _summary(status: dict[str, Any]) -> list[str]:
     for q in status.get("queues") or [status["queue"]]:
         out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)")
     return [*out, f"dead letters: {status['dead_letters']}", ""]
+
+
+def _shard_table(status: dict[str, Any]) -> list[str]:
+    """The queue shards (only with more than one): slot, node, backlog each."""
+    shards = status.get("shards")
+    if not shards:
+        return []
+    rows = [
+        [s["shard"], s["prefix"], s["slot"], s["node"], s["depth"], s["due"], s["oldest_due_age_s"]]
+        for s in shards
+    ]
+    head = ["SHARD", "PREFIX", "SLOT", "NODE", "JOBS", "DUE", "OLDEST DUE (s)"]
+    return ["", *_table(head, rows)]
 
 
 def _periodic_table(status: dict[str, Any]) -> list[str]:

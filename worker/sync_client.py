@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
 from arq.jobs import JobResult, JobStatus
 
+from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import Client
 from worker.duties.poller import Pollers
 from worker.redisurl import RedisTarget
@@ -133,6 +134,12 @@ class SyncClient:
                 **kwargs,
             )
         )
+
+    def enqueue_many(
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+    ) -> list[str | None]:
+        """:meth:`Client.enqueue_many`: per job its id or ``None``, one round trip per chunk."""
+        return self._submit(self.client.enqueue_many(list(jobs), chunk_size=chunk_size))
 
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> SyncJob:
         """A handle on ``job_id``: :meth:`SyncJob.status`, :meth:`SyncJob.info`,

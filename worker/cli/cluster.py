@@ -21,7 +21,9 @@ async def show_status(settings: Settings, app: App | None, *, as_json: bool) -> 
     """``status`` of ``app`` (``None``: the one the live instances run, see ``worker.admin``)."""
     async with admin.connect(settings, "status") as a:
         app = app or await admin.resolve_app(settings, a.store)
-        snap = await snapshot.read(a.store, app, checks=False)
+        snap = await snapshot.read(
+            a.store, app, checks=False, shards=a.shards.stores if a.shards else ()
+        )
     data = status.view(snap, app, allow_eviction=settings.allow_eviction)
     admin.flush_notes()
     say(json.dumps(data, indent=2) if as_json else status.render(data))
@@ -34,7 +36,7 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     async def run() -> doctor.Report:
         async with admin.connect(settings, "doctor") as a:
             app = await admin.resolve_app(settings, a.store)
-            snap = await snapshot.read(a.store, app)
+            snap = await snapshot.read(a.store, app, shards=a.shards.stores if a.shards else ())
         return doctor.judge(snap, app, doctor.Limits.from_settings(settings))
 
     report = run_async(run())

@@ -38,6 +38,7 @@ async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
                 cursor=args.cursor,
                 queues=app.queue_names(),
                 deserialize=get_serializer(settings.serializer)[1],
+                shards=a.shards.stores if a.shards else (),
             )
         except ValueError as exc:
             say(f"jobs: {exc}")

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import structlog
@@ -37,9 +38,9 @@ from worker.consumer.guard import ClaimGuard
 from worker.consumer.results import JobFailed, ResultFor
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, status_of
+from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, overriding, status_of
 from worker.logs import capped
-from worker.metrics import Metrics
+from worker.metrics import Children, Metrics
 from worker.progress import Progress
 from worker.serializer import Deserialize, Serialize
 from worker.storage import FOREIGN, Claimed, Finish
@@ -71,13 +72,12 @@ class Executor:
         self.jobs = {j.name: j for j in jobs}
         self.hooks = list(hooks)
         # only the hooks that override a step are called for it (a no-op await per job saved)
-        self._admit = [h for h in self.hooks if type(h).admit is not JobHook.admit]
-        self._release = [h for h in self.hooks if type(h).release is not JobHook.release]
-        self._runs = [
-            h
-            for h in self.hooks
-            if type(h).started is not JobHook.started or type(h).finished is not JobHook.finished
-        ]
+        self._admit, self._release = overriding(hooks, "admit"), overriding(hooks, "release")
+        self._runs = overriding(hooks, "started", "finished")
+        self._contexts, self._ends = overriding(hooks, "context"), overriding(hooks, "ended")
+        if metrics is not None:  # each metric child looked up once per label values
+            self._count, self._seconds = Children(metrics.jobs), Children(metrics.job_seconds)
+            self._wait = Children(metrics.job_wait)
         self.context = context
         self.store = store
         self.serialize, self.deserialize = serializer
@@ -131,7 +131,7 @@ class Executor:
         timeout = job.timeout_s or self.config.job_timeout_s
         keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
         ctx = self._context(c, run, job_try, enqueued_ms)
-        progress = ctx.progress_writer = Progress(store, job_id, ms(timeout + keep), self.clock)
+        ctx.make_progress = partial(Progress, store, job_id, ms(timeout + keep), self.clock)
         hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
         started = self.clock.monotonic()
         outcome: Outcome = "success"
@@ -166,28 +166,27 @@ class Executor:
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            await self._over(job, progress, outcome, started)
+            await self._over(job, ctx, outcome, started)
         await self._ended(job_id, args, outcome)
         if hooked is not None:
             took = self.clock.monotonic() - started
             await self._finished(hooked, outcome, error, result, scope.expired(), took)
 
-    async def _over(
-        self, job: JobDef, progress: Progress, outcome: Outcome, started: float
-    ) -> None:
+    async def _over(self, job: JobDef, ctx: JobContext, outcome: Outcome, started: float) -> None:
         """The run is over (however it ended): its last progress written, what the admitting
         hooks took given back, its metrics counted."""
-        if progress.pending:  # the last value, before the end is recorded
+        progress = ctx.progress_writer  # made by the run's first ctx.progress(): most have none
+        if progress is not None and progress.pending:  # the last value, before the end
             await progress.flush()
         for hook in self._release:
             with contextlib.suppress(Exception):
-                await hook.release(job, progress.job_id)
+                await hook.release(job, ctx.job_id)
         if self.metrics is not None:
-            self.metrics.jobs.labels(job.name, outcome).inc()
-            self.metrics.job_seconds.labels(job.name).observe(self.clock.monotonic() - started)
+            self._count(job.name, outcome).inc()
+            self._seconds(job.name).observe(self.clock.monotonic() - started)
 
     async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
-        for hook in self.hooks:
+        for hook in self._ends:
             try:
                 await hook.ended(job_id, args, outcome)
             except Exception as exc:
@@ -198,8 +197,7 @@ class Executor:
         both on the Redis server's clock. Only the app's task names are labels."""
         if self.metrics is not None:
             label = task if task in self.jobs else "<unknown>"
-            wait_s = max(0, start_ms - c.score_ms) / 1000
-            self.metrics.job_wait.labels(c.queue, label).observe(wait_s)
+            self._wait(c.queue, label).observe(max(0, start_ms - c.score_ms) / 1000)
 
     async def _started(
         self, job: JobDef, c: Claimed, job_try: int, ctx: JobContext, record: dict[str, Any]
@@ -250,7 +248,7 @@ class Executor:
 
     def _context(self, c: Claimed, run: Run, job_try: int, enqueued_ms: int) -> JobContext:
         extra: dict[str, Any] = {}
-        for hook in self.hooks:
+        for hook in self._contexts:
             extra.update(hook.context(c.job_id))
         ctx = JobContext(
             {

@@ -43,6 +43,7 @@ from worker.doctor.work import (
     check_periodic_success,
     check_pollers,
     check_queue,
+    check_shards,
 )
 from worker.snapshot import ClusterSnapshot
 from worker.storage import keys as K
@@ -101,8 +102,9 @@ async def diagnose(
 
 
 def judge(snap: ClusterSnapshot, app: App, limits: Limits) -> Report:
-    """Every check on one snapshot (pure)."""
-    return Report(snap.now_ms, snap.prefix, [check(snap, app, limits) for check in CHECKS])
+    """Every check on one snapshot (pure); ``shards`` only with more than one queue shard."""
+    checks = [*CHECKS, check_shards] if snap.shards else CHECKS
+    return Report(snap.now_ms, snap.prefix, [check(snap, app, limits) for check in checks])
 
 
 CHECKS: Sequence[Callable[[Snapshot, App, Limits], Check]] = (

@@ -55,9 +55,9 @@ class Limits:
         )
 
 
-def num(count: int, noun: str) -> str:
-    """``3 instances``, ``1 instance``."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+def num(count: int, noun: str, plural: str | None = None) -> str:
+    """``3 instances``, ``1 instance`` (``plural`` where it is not ``noun`` + s)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def iso(at_ms: Any) -> str | None:

@@ -145,3 +145,48 @@ def check_dead_letters(snap: ClusterSnapshot, app: App, limits: Limits) -> Check
             data={"count": n},
         )
     return Check("dead-letters", "ok", "no dead-lettered jobs", data={"count": 0})
+
+
+def check_shards(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+    """Queue shards (``WORKER_QUEUE_SHARDS`` > 1) are served by distinct cluster primaries:
+    two shards on one primary share its CPU (a failure if the cluster has a primary to spare,
+    a warning if it has fewer primaries than shards, or is no cluster at all)."""
+    n = len(snap.shards)
+    by_node: dict[str, list[int]] = {}
+    for sh in snap.shards:
+        by_node.setdefault(sh.node or "?", []).append(sh.index)
+    data = {"shards": n, "masters": snap.cluster_masters, "by_node": by_node}
+    if snap.cluster_masters == 0:
+        return Check(
+            "shards",
+            "warn",
+            f"{n} queue shards on a server that is not a Redis Cluster: they share its CPU "
+            "(WORKER_QUEUE_SHARDS pays off on a cluster; 1 is the plain layout)",
+            data=data,
+        )
+    shared = {node: idx for node, idx in by_node.items() if len(idx) > 1}
+    if not shared:
+        return Check("shards", "ok", f"{n} queue shards on {n} distinct primaries", data=data)
+    details = [
+        f"{node} serves shards {', '.join(map(str, idx))} (slots "
+        f"{', '.join(str(snap.shards[i].slot) for i in idx)})"
+        for node, idx in shared.items()
+    ]
+    if snap.cluster_masters < n:
+        return Check(
+            "shards",
+            "warn",
+            f"{n} queue shards but only {num(snap.cluster_masters, 'primary', 'primaries')}: "
+            "some share one (add primaries, or set WORKER_QUEUE_SHARDS to their number)",
+            details,
+            data,
+        )
+    return Check(
+        "shards",
+        "fail",
+        f"{n} queue shards on {len(by_node)} of {snap.cluster_masters} primaries: move the "
+        "slots named below to an idle primary (redis-cli --cluster reshard, or CLUSTER "
+        "SETSLOT) so each shard has its own",
+        details,
+        data,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from worker.storage.broadcast import BroadcastEntry
 from worker.storage.claims import FOREIGN, Claimed, Claims
 from worker.storage.election import Acquired, LeaderChange, Refused, Renewal
+from worker.storage.enqueue import QueuedJob
 from worker.storage.fenced import FencedPipeline
 from worker.storage.initializer import InitProgress
 from worker.storage.jobs import Finish, FinishOutcome, NewJob, Retention
@@ -38,6 +39,7 @@ __all__ = [
     "LeaderChange",
     "NewJob",
     "PeriodicRuns",
+    "QueuedJob",
     "Refused",
     "Renewal",
     "Retention",

@@ -58,3 +58,17 @@ async def read_attached(redis: Any) -> int | None:
         return attached_replicas(await replication_info(redis))
     except ResponseError:
         return None
+
+
+async def read_slot_owners(redis: Any) -> list[tuple[int, int, str]]:
+    """``(first slot, last slot, "host:port" of the primary)`` per slot range of a Redis
+    Cluster (``CLUSTER SLOTS``); empty where the server is not a cluster node or may not say."""
+    try:
+        layout = await redis.execute_command("CLUSTER", "SLOTS")
+    except ResponseError:
+        return []  # cluster support disabled, or not permitted
+    out = []
+    for entry in layout or []:
+        host, port = entry[2][0], entry[2][1]
+        out.append((int(entry[0]), int(entry[1]), f"{_s(host) or '?'}:{int(port)}"))
+    return out

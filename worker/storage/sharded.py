@@ -79,6 +79,15 @@ class Shards:
             by.setdefault(shard_index(job_id, self.prefixes), []).append(job_id)
         return [(self.stores[i], by[i]) for i in sorted(by)]
 
+    async def running_ids(self) -> list[tuple[str, str]]:
+        """``(job id, instance id)`` held in every shard's holds sets of the instances with a
+        heartbeat (registered in home), sorted by job id (what the jobs listing pages by)."""
+        if self.n == 1:
+            return await self.home.running_ids()
+        ids = [i for i, _, _ in await self.home.instances()]
+        held = [await s.running_ids(ids) for s in self.stores]
+        return sorted(pair for part in held for pair in part)
+
     # -- the consumer's per-job operations, over the shards they concern -----------------------
     async def queue_head(self, queues: Sequence[str] = (DEFAULT_QUEUE,)) -> int | None:
         """The earliest due time over every shard's ``queues`` (the shards that answer: one

@@ -12,6 +12,7 @@ from worker.storage.broadcast import BroadcastOps
 from worker.storage.claims import ClaimOps
 from worker.storage.dead import DeadOps
 from worker.storage.election import ElectionOps
+from worker.storage.enqueue import EnqueueOps
 from worker.storage.failures import RecordOps
 from worker.storage.initializer import FencedInitializerOps, InitializerOps
 from worker.storage.inspect_jobs import InspectJobOps
@@ -30,6 +31,7 @@ class Store(
     ElectionOps,
     ClaimOps,
     JobOps,
+    EnqueueOps,
     RecordOps,
     PeriodicOps,
     PollerOps,

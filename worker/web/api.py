@@ -66,15 +66,33 @@ class ConsoleState:
         return self._doctor[1]
 
 
+def _summed(
+    each: list[dict[str, list[tuple[int, int, int]]]],
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Per-queue throughput series of every shard, added minute by minute."""
+    if len(each) == 1:
+        return each[0]
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for queue in each[0]:
+        minutes: dict[int, tuple[int, int]] = {}
+        for series in each:
+            for at, done, failed in series.get(queue, []):
+                d, f = minutes.get(at, (0, 0))
+                minutes[at] = (d + done, f + failed)
+        out[queue] = [(at, d, f) for at, (d, f) in sorted(minutes.items())]
+    return out
+
+
 async def overview(state: ConsoleState) -> dict[str, Any]:
     """Every panel but the dead letters (see module docstring)."""
     client = state.client
     store = client.store
     judge = state.doctor_due()
-    snap = await snapshot.read(store, state.app, client.clock, checks=judge)
+    shards = client.shards.stores
+    snap = await snapshot.read(store, state.app, client.clock, checks=judge, shards=shards)
     cluster = status.view(snap, state.app, allow_eviction=state.limits.allow_eviction)
     now_ms = ms(client.clock.time())  # after the read, which syncs a client's clock
-    series = await store.throughput(state.app.queue_names(), now_ms, MINUTES)
+    series = _summed([await s.throughput(state.app.queue_names(), now_ms, MINUTES) for s in shards])
     for q in cluster["queues"]:
         points = series.get(q["queue"], [])
         q["throughput"] = [[at, done, failed] for at, done, failed in points]

@@ -111,6 +111,7 @@ async def _list(
         queues=state.app.queue_names(),
         deserialize=serializer(state.serializer)[1],
         now_ms=now,
+        shards=state.client.shards.stores,
     )
 
 
@@ -119,7 +120,7 @@ async def job_info(state: ConsoleState, job_id: str) -> dict[str, Any] | None:
     nothing of it is left."""
     now = await _now_ms(state)
     detail = await jobsview.job_detail(
-        state.client.store,
+        state.client.shards.of(job_id),  # the queue shard the id names
         job_id,
         queues=state.app.queue_names(),
         deserialize=serializer(state.serializer)[1],

@@ -391,6 +391,17 @@ function renderQueues(c, now) {
     el("td", { class: "num failed" + (q.failed_last_hour ? " bad" : "") }, q.failed_last_hour),
     el("td", {}, chart(q.throughput)))), "no queues");
   $("backlog-chart").replaceChildren(backlogChart(c.queues));
+  const shards = c.shards || [];  // only with WORKER_QUEUE_SHARDS > 1
+  $("shards-box").hidden = !shards.length;
+  fill("shards", shards.map((s) => el("tr", { "data-shard": String(s.shard) },
+    el("td", { class: "num" }, s.shard),
+    el("td", {}, s.prefix),
+    el("td", { class: "num" }, s.slot),
+    el("td", {}, s.node === null ? "–" : s.node),
+    el("td", { class: "num depth" }, s.depth),
+    el("td", { class: "num" }, s.due),
+    el("td", { class: s.oldest_due_age_s > 60 ? "warn" : "" },
+      s.oldest_due_age_s === null ? "–" : duration(s.oldest_due_age_s)))), "one shard");
 }
 
 function runTime(msv, over) {

@@ -1,0 +1,56 @@
+"""Bulk enqueue: :class:`JobSpec`, one job of ``Client.enqueue_many``, and its checks."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Jobs per round trip of ``enqueue_many`` unless told (bounds the script's run time and the
+#: request's size: ~0.6 ms of server time and ~100 KB for 500 small jobs).
+DEFAULT_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job for :meth:`worker.client.Client.enqueue_many`: ``function(*args, **kwargs)``
+    with the options :meth:`~worker.client.Client.enqueue` takes, meaning the same."""
+
+    function: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    unique_key: str | None = None
+    job_id: str | None = None
+    defer_by: float = 0.0
+    defer_until: dt.datetime | None = None
+    queue: str | None = None
+    shard_key: str | None = None
+
+
+#: What ``enqueue_many`` takes per job: a :class:`JobSpec`, or ``(function, args)`` /
+#: ``(function, args, kwargs)``.
+JobLike = JobSpec | tuple[str, Sequence[Any]] | tuple[str, Sequence[Any], dict[str, Any]]
+
+
+def as_spec(job: JobLike) -> JobSpec:
+    """``job`` as a :class:`JobSpec` (a tuple is ``(function, args[, kwargs])``)."""
+    if isinstance(job, JobSpec):
+        spec = job
+    elif isinstance(job, tuple) and len(job) in (2, 3) and isinstance(job[0], str):
+        kwargs = job[2] if len(job) == 3 else {}
+        spec = JobSpec(job[0], tuple(job[1]), dict(kwargs))
+    else:
+        raise TypeError(f"enqueue_many takes JobSpec or (function, args[, kwargs]), not {job!r}")
+    if spec.unique_key is not None and spec.job_id is not None:
+        raise ValueError(f"{spec.function}: give unique_key or job_id, not both")
+    return spec
+
+
+def checked(jobs: Iterable[JobLike], check: Callable[[str], None]) -> list[JobSpec]:
+    """Every job as a spec, each function name passed to ``check`` (the client's
+    ``check_function``: an unknown name raises before anything is sent)."""
+    specs = [as_spec(j) for j in jobs]
+    for name in {s.function for s in specs}:
+        check(name)
+    return specs

@@ -1,0 +1,76 @@
+"""The batched unique enqueue: many arq jobs written in one script call (``enqueue_many``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from worker.storage import keys as K
+from worker.storage.base import StoreBase
+from worker.storage.jobs import NewJob
+
+#: Run by :meth:`EnqueueOps.enqueue_batch` (below).
+ENQUEUE_MANY = """
+-- Enqueue a batch of arq jobs, each unless a job or result with its id exists (what
+-- UNIQUE_ENQUEUE does for one): a later job of the batch with an id an earlier one took is
+-- refused like one already in Redis. Each distinct due time of the jobs written is published
+-- once on the wake channel (a batch due now: one PUBLISH).
+-- KEYS    -> the arq queues the jobs go to (job i names its queue by index)
+-- ARGV[1] -> arq job key prefix
+-- ARGV[2] -> arq result key prefix
+-- ARGV[3] -> wake channel
+-- ARGV[4 + 5k ..] -> job k: queue index (1-based), id, job key TTL ms, score (ms), payload
+-- Returns: per job 1 if enqueued, 0 if its id exists.
+local out = {}
+local published = {}
+for i = 4, #ARGV, 5 do
+  local id = ARGV[i + 1]
+  if redis.call('EXISTS', ARGV[1] .. id, ARGV[2] .. id) > 0 then
+    out[#out + 1] = 0
+  else
+    local score = ARGV[i + 3]
+    redis.call('SET', ARGV[1] .. id, ARGV[i + 4], 'PX', ARGV[i + 2])
+    redis.call('ZADD', KEYS[tonumber(ARGV[i])], score, id)
+    if not published[score] then
+      published[score] = true
+      redis.call('PUBLISH', ARGV[3], score)
+    end
+    out[#out + 1] = 1
+  end
+end
+return out
+"""
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """One job of a batch: the record, the queue it waits in and its job key's TTL."""
+
+    job: NewJob
+    queue: str
+    ttl_ms: int
+
+
+class EnqueueOps(StoreBase):
+    """The batched unique enqueue (one round trip per batch)."""
+
+    async def enqueue_batch(self, batch: Sequence[QueuedJob]) -> list[bool]:
+        """Write each job of ``batch`` unless its id is taken (queued, running, kept, or by an
+        earlier job of the batch), in one script call; per job whether it was written.
+
+        With a WAIT policy one ``WAIT`` covers the batch (and, when an id was taken, the job
+        that holds it); :class:`NotReplicated` when too few replicas confirm."""
+        if not batch:
+            return []
+        queues: dict[str, int] = {}
+        args: list[str | int | bytes] = [K.ARQ_JOB, K.ARQ_RESULT, self.keys.wake]
+        for q in batch:
+            index = queues.setdefault(self.keys.queue_of(q.queue), len(queues) + 1)
+            args += [index, q.job.job_id, q.ttl_ms, q.job.score_ms, q.job.payload]
+        out, acked = await self._eval(self._script(ENQUEUE_MANY), list(queues), args)
+        written = [bool(x) for x in out]
+        if not all(written) and self.replication.enabled:
+            await self.confirm("enqueue (an id exists)")
+        elif not self.replicated(acked):
+            raise self._short("enqueue", acked)
+        return written
