@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "failover": ("bench.failover", "primary SIGKILLed under Sentinel: duplicates, losses, times"),
     "depose": ("bench.depose", "a live primary deposed: WAIT-confirmed writes lost, by policy"),
     "cluster": ("bench.cluster", "3-node Redis Cluster: per-node load, commands per job"),
+    "idle": ("bench.idle", "idle fleet: commands/s per idle role, wake latency, reap, takeover"),
     "jobs": ("bench.jobs", "jobs listing with 1M queued; cancel latency of running jobs"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
     "soak": ("bench.soak", "the suite's shortened fault scenarios at their original sizes"),

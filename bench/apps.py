@@ -13,6 +13,8 @@
   instant-to-start of each tick (wake-up latency).
 - ``leakcheck_app``: a poller ``leakcheck`` (2 shards) dispatching to ``noop`` (the in-flight
   hash check of ``bench/dispatch.py``).
+- ``idle_app``: ``wake_stamp(sent)`` records enqueue-to-start after an idle spell; ``hold(s)``
+  (queue ``slow``) records which process started it and when (orphan recovery).
 """
 
 from __future__ import annotations
@@ -130,3 +132,21 @@ async def _leak_noop(ctx: JobContext, item: str) -> None:
 
 
 leakcheck_poller = leakcheck_app.poller("leakcheck", task="noop", shards=2)
+
+
+# -- idle: what an idle fleet costs Redis, and what it gives up (bench/idle.py) ------------
+
+idle_app = App("bench-idle")
+
+
+@idle_app.task
+async def wake_stamp(ctx: JobContext, sent: float) -> None:
+    """Enqueue to start, ms (same host: both ends read this host's clock)."""
+    await ctx.redis.rpush("bench:idle:wake", f"{(time.time() - sent) * 1000:.3f}")
+
+
+@idle_app.task(queue="slow", timeout_s=600)
+async def hold(ctx: JobContext, seconds: float) -> None:
+    """A long job: each start records ``<pid>:<start time>`` (orphan recovery measure)."""
+    await ctx.redis.rpush("bench:idle:hold", f"{os.getpid()}:{time.time():.3f}")
+    await asyncio.sleep(seconds)

@@ -51,6 +51,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "cluster": (["--n", "200", "--rounds", "1"], r"\|"),
     "jobs": (["--jobs", "1000", "--cancels", "1"], r"cancel"),
     "web": (["--smoke"], r"\| api/overview +\|"),
+    "idle": (["--smoke"], r"\| consumer +\| [\d.]+ "),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
 }
 

@@ -100,3 +100,25 @@ async def test_a_client_dates_a_deferred_job_by_the_server_clock(r: Any) -> None
     assert 25_000 < score - server_ms <= 30_000
     assert isinstance(Client(r, keys=KEYS, serialize=lambda x: b"").clock, RedisClock)
     assert isinstance(host_clock(SystemClock()), SystemClock)
+
+
+def test_a_slower_sample_does_not_put_the_clock_back_but_another_server_does() -> None:
+    """A due job seen due stays due (the consumer claims with the clock it woke on); a sample
+    a few ms behind the last reading is round-trip noise, held until the clock catches up."""
+    host = FakeClock()
+    clock = RedisClock(host)
+    clock.observe(SERVER_S * 1000, host.monotonic(), host.monotonic() + 0.001)
+    host.advance(RedisClock.KEEP_S + 1)
+    sent = host.monotonic()
+    host.advance(0.005)  # a 5 ms round trip: this sample says 4 ms earlier than the last one
+    before = clock.time()
+    clock.observe((SERVER_S + RedisClock.KEEP_S + 1) * 1000, sent, host.monotonic())
+    assert host.monotonic() + clock._offset < before  # type: ignore[operator]  # it would
+    assert clock.time() == before  # held, not stepped back
+    host.advance(0.010)
+    assert clock.time() == pytest.approx(SERVER_S + RedisClock.KEEP_S + 1 + 0.010 - 0.0005)
+    # a server whose clock is 5 s behind (a failover): taken
+    host.advance(RedisClock.KEEP_S + 1)
+    sent = host.monotonic()
+    clock.observe((SERVER_S + 2 * RedisClock.KEEP_S - 5) * 1000, sent, host.monotonic())
+    assert clock.time() == pytest.approx(SERVER_S + 2 * RedisClock.KEEP_S - 5 - 0.0005)

@@ -301,7 +301,8 @@ class Loop:
         store = self.client.store
         config.setdefault("queues", tuple(app.queue_names()))
         limits = LimitsHook(store, SystemClock(), slot_lease_s=config.pop("slot_lease_s", 10.0))
-        cfg = ConsumerConfig(**{"poll_delay_s": 0.01, "idle_poll_max_s": 0.02, **config})
+        fast = {"poll_delay_s": 0.01, "idle_poll_max_s": 0.02, "idle_poll_subscribed_s": 0.02}
+        cfg = ConsumerConfig(**{**fast, **config})
         dead = DeadLetters(
             store, SystemClock(), instance_id=instance, max_entries=100, keep_bytes=64
         )
@@ -732,3 +733,60 @@ def test_the_consumer_knows_no_feature_and_stays_in_small_parts() -> None:
                 if name == "worker.consumer" and path.name != "__init__.py":
                     offenders.append(f"{path.name} imports the package")
     assert not offenders, offenders
+
+
+# -- the idle fallback look (issue 21 item 5) -----------------------------------------------------
+
+
+async def test_the_fallback_look_is_rare_while_subscribed_and_at_once_when_the_wake_ups_break(
+    redis_url: str, loops: list[Loop]
+) -> None:
+    """Subscribed, an idle consumer looks at the queue every ``idle_poll_subscribed_s`` (30 s
+    here: enqueues wake it); once the wake subscription breaks it looks at once and then every
+    ``idle_poll_max_s``, so a job nobody announced (a plain arq client) is not left waiting."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(redis_url)
+    app = App("t")
+    ran: list[str] = []
+
+    @app.task
+    async def record(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    lp = Loop(r, app, idle_poll_max_s=0.2, idle_poll_subscribed_s=30.0)
+    loops.append(lp.start())
+    wakeups, fetch = lp.consumer.wakeups, lp.consumer.fetch
+    await eventually(lambda: wakeups.subscribed, what="the wake subscription")
+    await eventually(lambda: fetch.next_delay(0) == 30.0, what="the idle, subscribed delay")
+    await asyncio.sleep(0.3)  # the look the subscription asked for (it may have missed some)
+    # unannounced, as arq's enqueue_job writes it: nothing wakes the consumer
+    plain = Client(r, keys=lp.client.keys, serialize=msgpack_dumps, clock=lp.client.clock)
+    await plain.store.redis.set(
+        K.ARQ_JOB + "plain-1", msgpack_dumps({"t": 1, "f": "record", "a": [], "k": {}, "et": 1})
+    )
+    await plain.store.redis.zadd(lp.client.keys.queue, {"plain-1": 1})
+    await asyncio.sleep(0.5)
+    assert ran == []  # the next look is 30 s away
+    await r.client_kill_filter(_type="pubsub")  # the wake subscription breaks
+    await eventually(lambda: ran == ["plain-1"], within=5, what="the look after the break")
+    await eventually(lambda: wakeups.subscribed, what="subscribed again")
+    await lp.halt()
+    loops.remove(lp)
+    await r.aclose()
+
+
+def test_a_wake_for_a_job_due_a_millisecond_ahead_is_a_timer_not_a_lost_claim() -> None:
+    """``CLAIM`` takes what is due by the consumer's clock: a job announced 1 ms ahead of it,
+    claimed now, would be skipped and then wait for the next fallback look (30 s)."""
+    from worker.clock import FakeClock
+    from worker.consumer.wakeups import Wakeups
+
+    clock = FakeClock()
+    wakeups = Wakeups(None, clock)  # type: ignore[arg-type]  # no Redis: heard() only
+    wakeups.woken = False
+    now = round(clock.time() * 1000)
+    wakeups.heard(now + 1)
+    assert not wakeups.woken and wakeups.next_due == now + 1 and wakeups.event.is_set()
+    wakeups.heard(now)
+    assert wakeups.woken

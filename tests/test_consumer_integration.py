@@ -243,7 +243,8 @@ def test_a_plain_arq_enqueue_is_found_by_the_fallback_look(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    spawn("consumer", name="idle", env={"WORKER_IDLE_POLL_MAX_S": "0.5"})
+    env = {"WORKER_IDLE_POLL_MAX_S": "0.5", "WORKER_IDLE_POLL_SUBSCRIBED_S": "0.5"}
+    spawn("consumer", name="idle", env=env)
     wait_until(lambda: rsync.zcard(K.Keys(prefix).instances) == 1, 30, what="registration")
     time.sleep(1)
     ser, _ = get_serializer("msgpack")

@@ -341,7 +341,7 @@ async def test_hanging_renew_steps_down_by_the_deadline(
     assert a.leader.epoch is None or a.leader.epoch > (first_epoch or 0)
 
 
-async def test_standby_issues_about_one_command_per_poll(
+async def test_standby_issues_one_command_per_holder_ttl_or_per_poll_when_unsubscribed(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rsync.set(KEYS.leader, "99:other", px=60_000)  # someone else leads throughout
@@ -356,24 +356,33 @@ async def test_standby_issues_about_one_command_per_poll(
     monkeypatch.setattr(AsyncConnection, "send_packed_command", counting_send)
     clock = FakeClock()
     b = start("elector", clients(), runs, clock=clock)
-    await eventually(lambda: b.leader.health.iterations >= 3, what="standby polling", clock=clock)
+    await eventually(lambda: b.leader.subscribed, what="the release channel", clock=clock)
+    await eventually(lambda: b.leader.health.iterations >= 2, what="a campaign", clock=clock)
 
     def evalsha_calls() -> int:
         return int(rsync.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
-    window = 2.0  # of fake time
-    sent_before, sha_before, iters_before = sent, evalsha_calls(), b.leader.health.iterations
-    for _ in range(200):
-        await clock.run_for(window / 200, step=window / 200)
-        await asyncio.sleep(0.002)
-    requests = sent - sent_before
-    scripts = evalsha_calls() - sha_before
-    campaigns = b.leader.health.iterations - iters_before
-    expected = window / FAST.poll_interval_s  # ~20 with +-25 % jitter
-    assert expected * 0.7 <= campaigns <= expected * 1.4 + 1, campaigns
+    async def window(seconds: float) -> tuple[int, int, int]:
+        sent_before, sha_before, iters_before = sent, evalsha_calls(), b.leader.health.iterations
+        for _ in range(200):
+            await clock.run_for(seconds / 200, step=seconds / 200)
+            await asyncio.sleep(0.002)
+        campaigns = b.leader.health.iterations - iters_before
+        return campaigns, sent - sent_before, evalsha_calls() - sha_before
+
+    # subscribed: the refused campaign's PTTL (60 s, capped at the lease TTL) is the wait
+    campaigns, requests, scripts = await window(4.0)
+    expected = 4.0 / FAST.ttl_s  # ~4, not 4 / poll_interval = 40
+    assert expected * 0.7 <= campaigns <= expected + 1, campaigns
     # client side, all connections: one request (the acquire script) per campaign
     assert campaigns <= requests <= campaigns + 2, (requests, campaigns)
     assert abs(scripts - campaigns) <= 1, (scripts, campaigns)  # the server saw the same
+    # not subscribed (a release could go unheard): a campaign every poll interval
+    b.leader.subscribed = False
+    campaigns, requests, scripts = await window(2.0)
+    expected = 2.0 / FAST.poll_interval_s  # ~20 with +-25 % jitter
+    assert expected * 0.7 <= campaigns <= expected * 1.4 + 1, campaigns
+    assert campaigns <= requests <= campaigns + 2, (requests, campaigns)
     assert not b.leader.is_leading() and rsync.get(KEYS.leader) == b"99:other"
 
 

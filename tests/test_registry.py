@@ -8,17 +8,18 @@ import json
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import FixedLease
 from worker.app import App
-from worker.clock import FakeClock
+from worker.clock import FakeClock, RedisClock, ms
 from worker.component import Health
 from worker.dead import DeadLetters
 from worker.errors import LeadershipLost
 from worker.health import HealthServer
 from worker.metrics import Metrics
-from worker.registry import Heartbeat, OrphanReaper, WriteWitness
+from worker.registry import CLOCK_SYNC_S, Heartbeat, OrphanReaper, WriteWitness
 from worker.roles import SPECS, plan
 from worker.settings import Settings
 from worker.storage import FencedStore, Store
@@ -94,6 +95,63 @@ async def test_heartbeat_notices_redis_losing_its_data_once_per_loss(r: Any) -> 
     assert a.data_losses == 1  # once per loss
     assert a.health.extra["data_losses"] == 1
     assert a.metrics is not None and a.metrics.data_loss._value.get() == 1
+
+
+async def test_a_steady_heartbeat_is_one_script_of_four_commands(redis_url: str) -> None:
+    """The idle cost (issue 21 item 5): the boot marker is read on the first beat and after
+    the record and the score were both gone (a data loss looks like that), not on every beat."""
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        hb = heartbeat(r, FakeClock(NOW_S))
+        await hb.tick()
+        before = await r.info("commandstats")
+        for _ in range(3):
+            await hb.tick()
+        after = await r.info("commandstats")
+        calls = {
+            k.removeprefix("cmdstat_"): v["calls"] - before.get(k, {"calls": 0})["calls"]
+            for k, v in after.items()
+        }
+        calls = {k: v for k, v in calls.items() if v and k != "info"}
+        assert calls == {"evalsha": 3, "time": 3, "set": 3, "zadd": 3}, calls
+        assert hb.marker is not None and hb.data_losses == 0
+    finally:
+        await r.aclose()
+
+
+async def test_between_clock_syncs_the_heartbeat_scores_with_its_copy_of_the_server_clock(
+    redis_url: str,
+) -> None:
+    """A worker's RedisClock was synced less than a minute ago: the beat sends that clock as
+    its score (three commands), reading ``TIME`` only on the first beat and once a minute."""
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        host = FakeClock(NOW_S)
+        clock = RedisClock(host)
+        hb = heartbeat(r, host)
+        hb.server_clock = clock
+        await hb.tick()  # the first beat reads TIME: the offset, and the clock's sample
+        assert hb.clock_offset is not None and clock.synced
+        before = await r.info("commandstats")
+        host.advance(10)
+        await hb.tick()
+        after = await r.info("commandstats")
+        calls = {
+            k.removeprefix("cmdstat_"): v["calls"] - before.get(k, {"calls": 0})["calls"]
+            for k, v in after.items()
+        }
+        assert {k: v for k, v in calls.items() if v and k != "info"} == {
+            "evalsha": 1, "set": 1, "zadd": 1
+        }  # fmt: skip
+        score = await r.zscore(KEYS.instances, "i-1")
+        assert abs(score - ms(clock.time())) < 5  # the server's clock, as this process has it
+        host.advance(CLOCK_SYNC_S)
+        before = await r.info("commandstats")
+        await hb.tick()  # the copy is a minute old: TIME again
+        after = await r.info("commandstats")
+        assert after["cmdstat_time"]["calls"] == before["cmdstat_time"]["calls"] + 1
+    finally:
+        await r.aclose()
 
 
 # -- orphan reaper --------------------------------------------------------------------------------

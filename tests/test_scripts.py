@@ -107,6 +107,29 @@ async def test_acquire_refuses_held_lock_but_raises_the_epoch_floor(r: Any) -> N
     assert isinstance(refused, Refused) and refused.holder == LockValue.parse(held)
     assert await r.get(KEYS.leader) == held
     assert await r.get(KEYS.leader_epoch) == str(AHEAD).encode()
+    # the answer says when the holder's lock expires unless renewed (a standby waits that long)
+    assert refused.pttl_ms is not None and 0 < refused.pttl_ms <= 5000
+
+
+async def test_a_peek_is_refused_unread_by_a_lock_with_a_ttl_and_acquires_a_free_one(
+    r: Any,
+) -> None:
+    """A subscribed standby's steady look (``peek``): one ``PTTL`` while the lock is held; a
+    free lock, or one without expiry, goes the whole way (acquired, or replaced)."""
+    store = Store(r, KEYS)
+    held = await store.acquire("tokA", 5000)
+    assert isinstance(held, Acquired)
+    before = await snapshot(r)
+    peeked = await store.acquire("tokB", 5000, peek=True)
+    assert isinstance(peeked, Refused) and peeked.holder is None
+    assert peeked.pttl_ms is not None and 0 < peeked.pttl_ms <= 5000
+    assert await snapshot(r) == before
+    await r.delete(KEYS.leader)
+    won = await store.acquire("tokB", 5000, peek=True)
+    assert isinstance(won, Acquired) and won.lock.epoch > held.lock.epoch
+    await r.set(KEYS.leader, "1:old-static")  # no expiry: stale, replaced as without peek
+    replaced = await store.acquire("tokC", 5000, peek=True)
+    assert isinstance(replaced, Acquired) and replaced.replaced == "1:old-static"
 
 
 async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:

@@ -11,6 +11,8 @@ FAST_ENV = {
     "WORKER_LEADER_POLL_INTERVAL_S": "0.25",
     "WORKER_HEARTBEAT_INTERVAL_S": "0.5",
     "WORKER_ORPHAN_STALE_S": "2",
+    # jobs some tests write as a plain arq client does (unannounced) are found within 1 s
+    "WORKER_IDLE_POLL_SUBSCRIBED_S": "1",
     "WORKER_DRAIN_DELAY_S": "0",
     "WORKER_SHUTDOWN_TIMEOUT_S": "10",
     "WORKER_STOP_GRACE_S": "2",

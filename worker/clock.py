@@ -170,6 +170,10 @@ class RedisClock:
     #: current one is younger than ``KEEP_S`` (a slow reply would make the clock later).
     SLOW_FACTOR = 4.0
     KEEP_S = 30.0
+    #: A new sample that puts the clock back by less than this is held until the clock
+    #: catches up (round-trip noise: a due job seen due stays due); a larger step is another
+    #: server's clock (a failover) and is taken.
+    STEP_BACK_S = 1.0
 
     def __init__(self, base: Clock | None = None) -> None:
         self.base: Clock = base or SystemClock()
@@ -177,10 +181,15 @@ class RedisClock:
         self._offset: float | None = None
         self._rtt_s = 0.0
         self._synced_at = float("-inf")  # host monotonic time of the kept sample's reply
+        self._floor = float("-inf")  # the latest time read: the clock does not step back
 
     @property
     def synced(self) -> bool:
         return self._offset is not None
+
+    def sample_age_s(self) -> float:
+        """Seconds since the kept sample's reply (infinite before the first sync)."""
+        return self.base.monotonic() - self._synced_at
 
     @property
     def rtt_s(self) -> float:
@@ -190,7 +199,13 @@ class RedisClock:
     def time(self) -> float:
         if self._offset is None:
             return self.base.time()
-        return self.base.monotonic() + self._offset
+        now = self.base.monotonic() + self._offset
+        if self._floor - self.STEP_BACK_S < now < self._floor:
+            # a new sample with a slower round trip put the clock a few ms back: hold it (the
+            # value read before stays a lower bound of the server's clock, which only went on)
+            return self._floor
+        self._floor = now
+        return now
 
     def monotonic(self) -> float:
         return self.base.monotonic()

@@ -20,9 +20,11 @@ process's own code (jobs, services) reads that host's clock. Ticks, due times an
 on the Redis server's clock, which the same ``TIME`` reply keeps in sync (see
 :class:`~worker.clock.RedisClock`).
 
-The heartbeat also watches the dataset's boot marker: a process that saw one marker and then
-finds another (or none) knows Redis lost its data (a restart without persistence, a failover
-to a replica that missed writes, a FLUSHALL) and says so loudly, once per loss.
+The heartbeat also watches the dataset's boot marker (read in the heartbeat's script whenever
+the record and the score were both gone, so a steady beat pays nothing for it): a process that
+saw one marker and then finds another (or none) knows Redis lost its data (a restart without
+persistence, a failover to a replica that missed writes, a FLUSHALL) and says so loudly, once
+per loss.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ from worker.version import __version__
 from worker.views import ProcessView
 
 log = structlog.get_logger("worker.registry")
+
+#: The orphan reaper looks for stale instances at least this often (the heartbeat interval
+#: when shorter): a dead consumer's jobs are due again within ``orphan_stale_s`` plus this.
+REAP_EVERY_S = 2.0
+#: The heartbeat reads the server's ``TIME`` when the process's copy of the server's clock is
+#: this old (as a :class:`~worker.client.Client` does before a dated write); between, its
+#: score is that copy (drift: ~100 ppm of the host's monotonic clock, a few ms).
+CLOCK_SYNC_S = 60.0
 
 
 @dataclass
@@ -131,22 +141,44 @@ class Heartbeat(LoopComponent):
 
     async def _beat(self) -> None:
         now = ms(self.host.time())
-        await self.check_boot_marker(now)
         record = {**self.static, **self.process.describe(), "heartbeat_ms": now}
         if self.clock_offset is not None:
             record["clock_offset_ms"], record["clock_rtt_ms"] = self.clock_offset
         before, sent = self.host.time(), self.clock.monotonic()
-        # the score is the server's TIME (HEARTBEAT): the reaper judges silence on that clock
-        server_ms = await self.store.heartbeat(self.instance_id, record, ms(self.interval_s * 2.5))
+        # the score is the server's clock (HEARTBEAT): the reaper judges silence on it. Read
+        # with TIME in the script, or, while this process's copy of it was synced within
+        # CLOCK_SYNC_S, that copy (a lower bound: never ahead of the server). The boot marker
+        # comes back when the record and the score were both gone.
+        clock = self.server_clock
+        fresh = (
+            isinstance(clock, RedisClock)
+            and clock.sample_age_s() < CLOCK_SYNC_S
+            and self.clock_offset is not None  # the first beat measures this host's offset
+        )
+        beat = await self.store.heartbeat(
+            self.instance_id,
+            record,
+            ms(self.interval_s * 2.5),
+            ms(clock.time()) if fresh else None,
+            boot=f"{uuid4().hex}:{now}",
+        )
         after, received = self.host.time(), self.clock.monotonic()
-        rtt = (after - before) * 1000
-        self.clock_offset = (round(server_ms - (before + after) * 500, 1), round(rtt, 1))
-        if isinstance(self.server_clock, RedisClock):
-            self.server_clock.observe(server_ms, sent, received)
+        if beat.server_ms is not None:
+            rtt = (after - before) * 1000
+            offset = round(beat.server_ms - (before + after) * 500, 1)
+            self.clock_offset = (offset, round(rtt, 1))
+            if isinstance(clock, RedisClock):
+                clock.observe(beat.server_ms, sent, received)
+        if beat.boot is not None:
+            self._saw_marker(*beat.boot)
 
     async def check_boot_marker(self, now_ms: int) -> bool:
         """Read (or create) the boot marker; ``True`` if it changed since the last look."""
-        marker, created = await self.store.boot_marker(f"{uuid4().hex}:{now_ms}")
+        return self._saw_marker(*await self.store.boot_marker(f"{uuid4().hex}:{now_ms}"))
+
+    def _saw_marker(self, marker: str, created: bool) -> bool:
+        """The boot marker read now; ``True`` (logged, counted) if it is not the one seen
+        before: Redis lost its data."""
         lost = self.marker is not None and marker != self.marker
         self.marker = marker
         if lost:

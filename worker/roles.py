@@ -49,7 +49,7 @@ from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
 from worker.limits import LimitsHook
 from worker.metrics import Metrics
-from worker.registry import Heartbeat, OrphanReaper, WriteWitness
+from worker.registry import REAP_EVERY_S, Heartbeat, OrphanReaper, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Retention, Shards, Store
@@ -190,6 +190,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         concurrency=s.concurrency,
         poll_delay_s=s.poll_delay_s,
         idle_poll_max_s=s.idle_poll_max_s,
+        idle_poll_subscribed_s=s.idle_poll_subscribed_s,
         job_timeout_s=s.job_timeout_s,
         max_tries=s.max_tries,
         keep_result_s=s.keep_result_s,
@@ -322,7 +323,9 @@ def _reaper(w: Wiring, _: Any) -> Component:
         w.fence(),
         w.clock,  # it reads the server's TIME itself: heartbeat scores are on that clock
         stale_s=s.orphan_stale_s,
-        interval_s=s.heartbeat_interval_s,
+        # one look per 2 s at most: the reap bound is the stale age plus this, whatever the
+        # (idle-cheap, long) heartbeat interval
+        interval_s=min(s.heartbeat_interval_s, REAP_EVERY_S),
         metrics=w.metrics,
         queues=w.app.queue_names(),
         witness=w.writes,

@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     sync_threads: int = Field(10, ge=1, le=1000, description="threads for plain def jobs")
     poll_delay_s: float = Field(0.05, gt=0, le=60)
     idle_poll_max_s: float = Field(1.0, gt=0, le=60)
+    idle_poll_subscribed_s: float = Field(
+        30.0, gt=0, le=3600, description="idle fallback look while wake-ups are subscribed"
+    )
     job_timeout_s: float = Field(300.0, gt=0, le=WEEK_S)
     max_tries: int = Field(5, ge=1)
     keep_result_s: float = Field(3600.0, ge=0, le=WEEK_S)
@@ -171,8 +174,8 @@ class Settings(BaseSettings):
     leader_poll_interval_s: float = Field(1.0, gt=0, le=DAY_S)
 
     # -- registry and orphan recovery ---------------------------------------------------------
-    heartbeat_interval_s: float = Field(2.0, gt=0, le=DAY_S)
-    orphan_stale_s: float = Field(10.0, gt=0, le=DAY_S)
+    heartbeat_interval_s: float = Field(10.0, gt=0, le=DAY_S)
+    orphan_stale_s: float = Field(30.0, gt=0, le=DAY_S)
 
     # -- supervision --------------------------------------------------------------------------
     restart_backoff_base_s: float = Field(0.5, gt=0, le=DAY_S)

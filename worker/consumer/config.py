@@ -8,7 +8,8 @@ from worker.storage.jobs import DEFAULT_RETENTION, Retention
 from worker.storage.keys import DEFAULT_QUEUE
 
 SUMMARY_EVERY_S = 60.0
-HEALTH_EVERY_S = 10.0
+#: arq's health-check key is rewritten this often (arq's own Worker: every hour by default).
+HEALTH_EVERY_S = 300.0
 #: arq's retry-counter TTL (88,400 s).
 RETRY_TTL_MS = 88_400_000
 #: Most jobs one claim round takes (the scripts unpack one argument per job).
@@ -24,6 +25,8 @@ class ConsumerConfig:
     concurrency: int = 100
     poll_delay_s: float = 0.05
     idle_poll_max_s: float = 0.5
+    #: the idle fallback look while the wake channel is subscribed (announcements wake it)
+    idle_poll_subscribed_s: float = 30.0
     job_timeout_s: float = 300.0
     max_tries: int = 5
     keep_result_s: float = 3600.0

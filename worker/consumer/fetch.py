@@ -64,11 +64,13 @@ class Fetcher:
 
     def next_delay(self, claimed: int) -> float:
         """``poll_delay_s`` while busy; idle, until the next announced due time, at most
-        ``idle_poll_max_s`` (the fallback for jobs a plain arq client enqueued unannounced)."""
+        ``idle_poll_max_s``, or ``idle_poll_subscribed_s`` while the wake-ups are subscribed
+        (the fallback for jobs a plain arq client enqueued unannounced)."""
         c, w = self.config, self.wakeups
         if claimed or self.running or self.unconfirmed or self.completer.resend:
             return c.poll_delay_s
-        delay = max(c.idle_poll_max_s, c.poll_delay_s)
+        idle = c.idle_poll_subscribed_s if w.subscribed else c.idle_poll_max_s
+        delay = max(idle, c.poll_delay_s)
         if w.next_due is not None:
             delay = min(delay, max(0.0, (w.next_due - ms(self.clock.time())) / 1000))
         return delay

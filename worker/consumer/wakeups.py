@@ -2,7 +2,10 @@
 
 Every enqueue through the framework publishes its due time on ``<prefix>wake``; a listener
 here turns it into "claim now" (:attr:`Wakeups.woken`) or a timer for a deferred job
-(:attr:`Wakeups.next_due`). A lost message costs at most the fallback poll.
+(:attr:`Wakeups.next_due`). A lost message costs at most the fallback poll: short while the
+subscription is down (:attr:`Wakeups.subscribed` false: a look at once when it breaks, and
+every ``idle_poll_max_s``), long while it is up (``idle_poll_subscribed_s``); a look at once
+when it is back, for what was announced meanwhile.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ import asyncio
 
 from worker.clock import Clock, ms
 from worker.storage.sharded import Shards
+
+#: A quiet wake subscription is pinged this often (one command), so a dead one is noticed.
+PING_S = 55.0
 
 
 class Wakeups:
@@ -22,6 +28,8 @@ class Wakeups:
         self.event = asyncio.Event()
         self.woken = True  # claim on the first round
         self.next_due: int | None = None  # a deferred job announced for this time (ms)
+        #: the wake channel is subscribed (pinged when quiet): the fallback poll may be rare
+        self.subscribed = False
 
     def poke(self) -> None:
         """Wake the fetch loop (a run ended: room for another)."""
@@ -42,11 +50,22 @@ class Wakeups:
             clock=self.clock,
             poll_s=1.0,
             retry_s=1.0,
+            ping_s=PING_S,
+            healthy=self.health,
         )
 
+    def health(self, subscribed: bool) -> None:
+        """The subscription came up or broke: look at the queues at once either way (a broken
+        one hears nothing; one back may have missed announcements)."""
+        self.subscribed = subscribed
+        self.event.set()
+
     def heard(self, due_ms: int) -> None:
-        """An enqueue announced a job due at ``due_ms``."""
-        if due_ms <= ms(self.clock.time()) + 1:
+        """An enqueue announced a job due at ``due_ms``: claim now if it is due by this
+        process's clock, else at that time (a claim now would not take it, ``CLAIM`` takes
+        what is due by the same clock, and nothing else would remember it until the next
+        fallback look)."""
+        if due_ms <= ms(self.clock.time()):
             self.woken = True
         elif self.next_due is None or due_ms < self.next_due:
             self.next_due = due_ms

@@ -44,6 +44,9 @@ from worker.storage import Refused, Renewal, Store
 
 log = structlog.get_logger("worker.leader")
 
+#: A quiet subscription to the lease's channels is pinged this often, so a dead one is noticed.
+PING_S = 55.0
+
 
 class LeaderElector(Leadership):
     """Campaigns for, renews and releases the Redis lease.
@@ -65,8 +68,9 @@ class LeaderElector(Leadership):
         instance: str = "",
         handoff_pause_s: float | None = None,
     ) -> None:
+        # a subscribed standby campaigns about once per lease TTL (the lock's PTTL)
         super().__init__(
-            clock, metrics=metrics, sla_s=max(timing.ttl_s, timing.poll_interval_s * 5)
+            clock, metrics=metrics, sla_s=max(timing.ttl_s * 2, timing.poll_interval_s * 5)
         )
         self.store = store
         self.timing = timing
@@ -85,6 +89,13 @@ class LeaderElector(Leadership):
         self._loop: asyncio.AbstractEventLoop | None = None
         #: the lease the loop watchdog gave up while the event loop was blocked
         self._blocked: LockValue | None = None
+        #: the release channel is subscribed: a standby may wait out the holder's PTTL
+        self.subscribed = False
+        #: the refused campaign's answer: the holder's lock expires in this long, seconds
+        self._holder_ttl_s: float | None = None
+        #: the last campaign was refused cleanly: the next may peek (``ElectionOps.acquire``);
+        #: after an error or an unconfirmed lease (the lock may hold our token) it reads all
+        self._may_peek = False
 
     def _fresh(self) -> bool:
         sent = self._last_renew_sent
@@ -102,19 +113,33 @@ class LeaderElector(Leadership):
                         self.health.ok(self.clock.monotonic())
                         await self.clock.wait(stop, min(pause, 1.0))
                         continue
+                    wake.clear()  # a release from now on wakes the next campaign
                     await self._campaign()
                     self.health.ok(self.clock.monotonic())
                     if self._lock is None:
-                        wake.clear()
-                        delay = self.timing.poll_interval_s * random.uniform(0.75, 1.25)
-                        await self.clock.wait((stop, wake), delay)
+                        await self.clock.wait((stop, wake), self._campaign_delay())
                 else:
                     await self._lead(stop)
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
 
+    def _campaign_delay(self) -> float:
+        """Until the next campaign. Subscribed to the release channel, a standby waits out the
+        holder's lock (its PTTL, from the refused campaign: one script call per lease TTL
+        while the holder renews; a release wakes it at once); otherwise, or when the answer
+        gave no PTTL, it polls every ``poll_interval_s`` (±25 %)."""
+        t, ttl = self.timing, self._holder_ttl_s
+        if not self.subscribed or ttl is None:
+            return t.poll_interval_s * random.uniform(0.75, 1.25)
+        # 10 ms after it expires (the PTTL was read before the reply left), jittered by up to
+        # a quarter poll so standbys do not all campaign in the same millisecond
+        return min(ttl, t.ttl_s) + 0.01 + t.poll_interval_s * random.uniform(0.0, 0.25)
+
     async def _campaign(self) -> None:
+        self._holder_ttl_s = None
+        # subscribed, the announcements tell every new epoch: a steady look needs the PTTL only
+        peek, self._may_peek = self._may_peek and self.subscribed, False
         sent = self.clock.monotonic()
         try:
             won = await self.clock.wait_for(
@@ -124,6 +149,7 @@ class LeaderElector(Leadership):
                     floor=self.floor,
                     bound_ms=ms(self.safety_bound_s),
                     instance=self.instance,
+                    peek=peek,
                 ),
                 self.timing.renew_deadline_s,
             )
@@ -133,6 +159,9 @@ class LeaderElector(Leadership):
         if isinstance(won, Refused):
             if won.holder is not None:
                 self.note_epoch(won.holder.epoch)
+            if won.pttl_ms is not None and won.pttl_ms >= 0:
+                self._holder_ttl_s = won.pttl_ms / 1000
+            self._may_peek = True
             return
         if not won.replicated:
             # Taken on the primary, but no replica confirmed it: a failover now could lose the
@@ -258,6 +287,10 @@ class LeaderElector(Leadership):
             if self._lock is not None and other != self._lock:
                 self.lost(f"another process acquired the lease (epoch {other.epoch})")
 
+        def healthy(subscribed: bool) -> None:
+            self.subscribed = subscribed
+            wake.set()  # broken: poll from now; back: a release may have gone unheard
+
         await self.store.listen(
             [keys.leader_channel, announce, handoff],
             heard,
@@ -266,6 +299,8 @@ class LeaderElector(Leadership):
             # shorter than the lease connection's socket timeout (deadline / 2)
             poll_s=min(1.0, self.timing.renew_deadline_s / 4),
             retry_s=self.timing.poll_interval_s,
+            ping_s=PING_S,
+            healthy=healthy,
         )
 
     async def release(self) -> None:

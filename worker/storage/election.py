@@ -67,9 +67,11 @@ class LeaderChange:
 
 @dataclass(frozen=True)
 class Refused:
-    """A lost campaign: the lock another process holds (its epoch raises the caller's floor)."""
+    """A lost campaign: the lock another process holds (its epoch raises the caller's floor)
+    and its remaining TTL, ms (unless renewed, the lock is free then)."""
 
     holder: LockValue | None
+    pttl_ms: int | None = None
 
 
 #: Run by :meth:`ElectionOps.acquire` (below).
@@ -103,21 +105,33 @@ ACQUIRE = """
 -- ARGV[5] -> announce channel
 -- ARGV[6] -> the caller's instance name (for the history)
 -- ARGV[7] -> history entries kept
+-- ARGV[8] -> "1": a subscribed standby's steady look (it knows the holder's epoch from the
+--            announcements): a lock with a TTL refuses it unread, {"", its PTTL, ""}
 -- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
--- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", 0,
--- the holder's lock value} (the caller learns the current epoch; the epoch counter is raised
--- to the caller's floor).
+-- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", the
+-- lock's PTTL in ms, the holder's lock value} (the caller learns the current epoch, and when
+-- to campaign next; the epoch counter is raised to the caller's floor).
+if ARGV[8] == '1' then
+  local left = redis.call('PTTL', KEYS[1])
+  if left > 0 then
+    return {'', left, ''}
+  end
+end
 local current = redis.call('GET', KEYS[1])
 local floor = tonumber(ARGV[3])
-local stale = current and redis.call('PTTL', KEYS[1]) == -1
+local pttl = current and redis.call('PTTL', KEYS[1])
+local stale = pttl == -1
 local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
-local counter = redis.call('GET', KEYS[2])
 if current and not stale and not mine then
-  if tonumber(counter or '0') < floor then
+  -- the holder's epoch came from the counter: only a floor above it needs the counter read
+  -- (a standby's refused campaign, once per lease TTL, stays three commands)
+  if floor > tonumber(string.match(current, '^(%d+):') or '0')
+      and tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
     redis.call('SET', KEYS[2], floor)
   end
-  return {'', 0, current}
+  return {'', pttl, current}
 end
+local counter = redis.call('GET', KEYS[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released', 'released_why')
@@ -309,19 +323,31 @@ class ElectionOps(LeaseOps):
         floor: int = 0,
         bound_ms: int = 0,
         instance: str = "",
+        peek: bool = False,
     ) -> Acquired | Refused:
         """Take the lease with a new epoch above ``floor`` if free, announcing it and noting
         it (by ``instance``) in the history; ``bound_ms`` is a holder's renew deadline + stop
-        grace (see ``election.ACQUIRE``)."""
+        grace (see ``election.ACQUIRE``). ``peek``: a lock with a TTL refuses without being
+        read (one command: a :class:`Refused` without holder), for a standby that learns
+        epochs from the announcements and holds no lost acquisition of its own."""
         k = self.keys
         (value, gap, other), acked = await self._eval(
             self._script(ACQUIRE),
             [k.leader, k.leader_epoch, k.leader_state, k.leader_history, k.leader_handoff],
-            [token, ttl_ms, floor, bound_ms, k.leader_announce, instance, K.HISTORY_KEEP],
+            [
+                token,
+                ttl_ms,
+                floor,
+                bound_ms,
+                k.leader_announce,
+                instance,
+                K.HISTORY_KEEP,
+                "1" if peek else "",
+            ],
         )
         lock = LockValue.parse(value) if value else None
         if lock is None:
-            return Refused(LockValue.parse(other))
+            return Refused(LockValue.parse(other), int(gap))
         return Acquired(lock, int(gap), _s(other), self.replicated(acked))
 
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:

@@ -13,6 +13,15 @@ from worker.storage.fenced import FENCE, TOKEN_FENCE, FencedBase
 
 
 @dataclass(frozen=True)
+class Beat:
+    """A heartbeat's answer: the server's clock (ms; ``None`` when the caller gave the score)
+    and, when the script read it, the boot marker and whether it was created now."""
+
+    server_ms: float | None
+    boot: tuple[str, bool] | None = None
+
+
+@dataclass(frozen=True)
 class Stale:
     instance_id: str
     heartbeat_ms: int
@@ -21,22 +30,39 @@ class Stale:
 #: Run by :meth:`RegistryOps.heartbeat` (below).
 HEARTBEAT = """
 -- Write an instance's record and its heartbeat score, on the server's clock: the orphan
--- reaper and doctor judge silence on that one clock, whatever the hosts' clocks say.
+-- reaper and doctor judge silence on that one clock, whatever the hosts' clocks say. When
+-- both the record and the score were gone (the first beat, a beat after the record expired
+-- and the instance was reaped, or Redis lost its data), also read the dataset's boot marker,
+-- creating it when missing (see BOOT): one script and four commands per beat otherwise.
 -- KEYS[1] -> the instance's record
 -- KEYS[2] -> instances sorted set
+-- KEYS[3] -> boot marker
 -- ARGV[1] -> instance id
 -- ARGV[2] -> record (JSON)
 -- ARGV[3] -> record TTL ms
--- ARGV[4] -> score ms, or "" for the server's clock (tests pass one)
--- Returns: the server's clock {seconds, microseconds} (the caller's clock-offset estimate).
-local t = redis.call('TIME')
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+-- ARGV[4] -> score ms, or "" for the server's clock (read with TIME: a caller whose copy of
+--            the server's clock is fresh passes it instead, one command less)
+-- ARGV[5] -> candidate boot marker "<random id>:<created ms>"
+-- Returns: {seconds, microseconds} of the server's clock when read ("", "" otherwise: the
+-- caller's clock-offset estimate), then the boot marker ("" when not read) and 1 if it was
+-- created now, else 0.
+local t = {'', ''}
 local score = ARGV[4]
 if score == '' then
+  t = redis.call('TIME')
   score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-redis.call('ZADD', KEYS[2], score, ARGV[1])
-return t
+local old = redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3], 'GET')
+local added = redis.call('ZADD', KEYS[2], score, ARGV[1])
+local marker, created = '', 0
+if not old and added == 1 then
+  marker = redis.call('GET', KEYS[3])
+  if not marker then
+    redis.call('SET', KEYS[3], ARGV[5])
+    marker, created = ARGV[5], 1
+  end
+end
+return {t[1], t[2], marker, created}
 """
 
 
@@ -135,17 +161,26 @@ class RegistryOps(StoreBase):
     """The instance registry: heartbeats, records, stale instances."""
 
     async def heartbeat(
-        self, instance_id: str, record: Mapping[str, Any], ttl_ms: int, score_ms: int | None = None
-    ) -> float:
-        """Write the instance's record and heartbeat score (the server's clock unless
-        ``score_ms`` says otherwise, ``registry.HEARTBEAT``); returns the server's clock (``TIME``,
-        in ms) read in the same script, for the clock-offset estimate."""
+        self,
+        instance_id: str,
+        record: Mapping[str, Any],
+        ttl_ms: int,
+        score_ms: int | None = None,
+        *,
+        boot: str = "",
+    ) -> Beat:
+        """Write the instance's record and heartbeat score (the server's clock, read with
+        ``TIME``, unless ``score_ms`` gives it, ``registry.HEARTBEAT``); returns the server's
+        clock read in the same script (for the clock-offset estimate) and, when the record and
+        the score were both gone, the dataset's boot marker (created from ``boot`` if
+        missing)."""
         score = "" if score_ms is None else score_ms
-        sec, usec = await self._script(HEARTBEAT)(
-            keys=[self.keys.instance(instance_id), self.keys.instances],
-            args=[instance_id, json.dumps(record, default=str), ttl_ms, score],
+        sec, usec, marker, created = await self._script(HEARTBEAT)(
+            keys=[self.keys.instance(instance_id), self.keys.instances, self.keys.boot],
+            args=[instance_id, json.dumps(record, default=str), ttl_ms, score, boot],
         )
-        return int(sec) * 1000 + int(usec) / 1000
+        server_ms = int(sec) * 1000 + int(usec) / 1000 if _s(sec) else None
+        return Beat(server_ms, (_s(marker), int(created) == 1) if _s(marker) else None)
 
     async def deregister(self, instance_id: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
