@@ -19,7 +19,7 @@ from worker.dead import DeadLetters
 from worker.errors import LeadershipLost
 from worker.health import HealthServer
 from worker.metrics import Metrics
-from worker.registry import CLOCK_SYNC_S, Heartbeat, OrphanReaper, WriteWitness
+from worker.registry import CLOCK_SYNC_S, RECORD_EVERY_S, Heartbeat, OrphanReaper, WriteWitness
 from worker.roles import SPECS, plan
 from worker.settings import Settings
 from worker.storage import FencedStore, Store
@@ -71,7 +71,7 @@ async def test_heartbeat_writes_an_expiring_record_and_deregisters(r: Any) -> No
     rec = json.loads(await r.get(KEYS.instance("i-1")))
     assert rec["id"] == "i-1" and rec["role"] == "consumer" and rec["in_flight"] == 2
     assert rec["heartbeat_ms"] == NOW_S * 1000
-    assert 0 < await r.pttl(KEYS.instance("i-1")) <= 5000  # 2.5 intervals
+    assert 0 < await r.pttl(KEYS.instance("i-1")) <= ms(RECORD_EVERY_S * 2.5)  # 2.5 records
     # the score is the server's clock, not this host's (years off here)
     server_ms = await Store(r, KEYS).server_time_ms()
     assert abs(await r.zscore(KEYS.instances, "i-1") - server_ms) < 5_000
@@ -133,7 +133,7 @@ async def test_between_clock_syncs_the_heartbeat_scores_with_its_copy_of_the_ser
         await hb.tick()  # the first beat reads TIME: the offset, and the clock's sample
         assert hb.clock_offset is not None and clock.synced
         before = await r.info("commandstats")
-        host.advance(10)
+        host.advance(RECORD_EVERY_S)  # the record is due again: the whole beat, no TIME
         await hb.tick()
         after = await r.info("commandstats")
         calls = {
@@ -150,6 +150,47 @@ async def test_between_clock_syncs_the_heartbeat_scores_with_its_copy_of_the_ser
         await hb.tick()  # the copy is a minute old: TIME again
         after = await r.info("commandstats")
         assert after["cmdstat_time"]["calls"] == before["cmdstat_time"]["calls"] + 1
+    finally:
+        await r.aclose()
+
+
+async def test_between_records_a_beat_moves_the_score_only_and_a_lost_score_brings_the_record(
+    redis_url: str,
+) -> None:
+    """The idle cost (issue 21 item 5) without a longer orphan bound: beats between two writes
+    of the record are one ``ZADD XX`` each; a beat that finds the score gone (the reaper took
+    it, or Redis lost its data) writes the whole record at once, and the data loss is seen."""
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        host = FakeClock(NOW_S)
+        clock = RedisClock(host)
+        hb = heartbeat(r, host)
+        hb.server_clock = clock
+        await hb.tick()  # the first beat: the whole record
+        record_ttl = await r.pttl(KEYS.instance("i-1"))
+        before = await r.info("commandstats")
+        for _ in range(3):
+            host.advance(4)
+            await hb.tick()
+        after = await r.info("commandstats")
+        calls = {
+            k.removeprefix("cmdstat_"): v["calls"] - before.get(k, {"calls": 0})["calls"]
+            for k, v in after.items()
+        }
+        assert {k: v for k, v in calls.items() if v and k != "info"} == {"zadd": 3}, calls
+        score = await r.zscore(KEYS.instances, "i-1")
+        assert abs(score - ms(clock.time())) < 5  # the score moved with each beat
+        assert record_ttl > ms(RECORD_EVERY_S * 2)  # the record outlives two record intervals
+        await r.zrem(KEYS.instances, "i-1")  # reaped while alive
+        host.advance(4)
+        await hb.tick()
+        assert await r.zscore(KEYS.instances, "i-1") is not None
+        assert json.loads(await r.get(KEYS.instance("i-1")))["id"] == "i-1"
+        await r.flushall()  # a restart without persistence: score, record and marker gone
+        host.advance(4)
+        await hb.tick()
+        assert hb.data_losses == 1
+        assert await r.get(KEYS.instance("i-1")) is not None
     finally:
         await r.aclose()
 

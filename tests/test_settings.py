@@ -43,7 +43,7 @@ def test_defaults() -> None:
         s.leader_renew_deadline_s,
         s.leader_poll_interval_s,
     ) == (10.0, 2.0, 6.0, 1.0)
-    assert (s.heartbeat_interval_s, s.orphan_stale_s) == (10.0, 30.0)
+    assert (s.heartbeat_interval_s, s.orphan_stale_s) == (4.0, 10.0)
     assert (s.idle_poll_max_s, s.idle_poll_subscribed_s) == (1.0, 30.0)
     assert s.instance_name == f"{socket.gethostname()}-{os.getpid()}"
 

@@ -1,16 +1,18 @@
 """The instance registry (heartbeats), data-loss detection, and orphan recovery.
 
 Every process registers itself (id, app name, role, name, host, pid, version, components, start
-time, last heartbeat) in a record that expires at about twice the heartbeat interval, and
-deletes it on clean exit. A sorted set of last-heartbeat times outlives the records: the
-leader's :class:`OrphanReaper` looks there for consumers whose heartbeat is stale and makes the
-jobs they held available again (arq alone would wait for its in-progress key to expire, 310 s
-by default). A live peer's jobs are never touched: reaping is guarded by the heartbeat score
-(seed 004 #1). Scores are the Redis server's clock (``TIME`` in the heartbeat's script) and the
-reaper judges them on that clock, so no host's clock moves the verdict (a leader 30 s fast
-judged every live instance stale). Silence is evidence only while Redis accepts this
-process's own writes (:class:`WriteWitness`): under ``maxmemory`` (every heartbeat refused, the
-reaper's script not), a failover or an outage, the reaper reaps nobody.
+time, last heartbeat) in a record that expires at about 2.5 times :data:`RECORD_EVERY_S`, and
+deletes it on clean exit. Between two writes of the record a beat only moves the heartbeat score
+(one ``ZADD XX``: the idle cost of a fleet, issue 21 item 5); a beat that finds the score gone
+(reaped, or Redis lost its data) writes the whole record at once. A sorted set of last-heartbeat
+times outlives the records: the leader's :class:`OrphanReaper` looks there for consumers whose
+heartbeat is stale and makes the jobs they held available again (arq alone would wait for its
+in-progress key to expire, 310 s by default). A live peer's jobs are never touched: reaping is
+guarded by the heartbeat score (seed 004 #1). Scores are the Redis server's clock (``TIME`` in
+the heartbeat's script) and the reaper judges them on that clock, so no host's clock moves the
+verdict (a leader 30 s fast judged every live instance stale). Silence is evidence only while
+Redis accepts this process's own writes (:class:`WriteWitness`): under ``maxmemory`` (every
+heartbeat refused, the reaper's script not), a failover or an outage, the reaper reaps nobody.
 
 Each record also carries this host's clock offset to the Redis server, measured on the previous
 heartbeat: the server's ``TIME`` read in the heartbeat's own transaction minus the midpoint of
@@ -54,6 +56,10 @@ REAP_EVERY_S = 2.0
 #: this old (as a :class:`~worker.client.Client` does before a dated write); between, its
 #: score is that copy (drift: ~100 ppm of the host's monotonic clock, a few ms).
 CLOCK_SYNC_S = 60.0
+#: The whole record (what ``status`` and the console show of an instance) is written at least
+#: this often (every beat when the heartbeat interval is longer); the beats in between only
+#: move the heartbeat score, one command each.
+RECORD_EVERY_S = 20.0
 
 
 @dataclass
@@ -117,6 +123,9 @@ class Heartbeat(LoopComponent):
         self.metrics = metrics
         self.marker: str | None = None
         self.data_losses = 0
+        #: how often the whole record is written; the monotonic time it last was
+        self.record_every_s = max(RECORD_EVERY_S, interval_s)
+        self._recorded_at: float | None = None
         #: (offset of the server's clock to ours, round trip), both ms, from the last heartbeat
         self.clock_offset: tuple[float, float] | None = None
         self.static = {
@@ -140,6 +149,28 @@ class Heartbeat(LoopComponent):
         return self.interval_s
 
     async def _beat(self) -> None:
+        clock = self.server_clock
+        fresh = (
+            isinstance(clock, RedisClock)
+            and clock.sample_age_s() < CLOCK_SYNC_S
+            and self.clock_offset is not None  # the first beat measures this host's offset
+        )
+        mono = self.clock.monotonic()
+        recorded = self._recorded_at
+        # the record is recent: move the score only (the server's clock as this process has
+        # it: a lower bound); the score gone (reaped, a data loss) -> the whole beat below
+        if (
+            fresh
+            and recorded is not None
+            and mono - recorded < self.record_every_s
+            and await self.store.touch_heartbeat(self.instance_id, ms(clock.time()))
+        ):
+            return
+        await self._record(fresh)
+        self._recorded_at = mono
+
+    async def _record(self, fresh: bool) -> None:
+        """The whole beat: the record, the score and (when both were gone) the boot marker."""
         now = ms(self.host.time())
         record = {**self.static, **self.process.describe(), "heartbeat_ms": now}
         if self.clock_offset is not None:
@@ -150,15 +181,10 @@ class Heartbeat(LoopComponent):
         # CLOCK_SYNC_S, that copy (a lower bound: never ahead of the server). The boot marker
         # comes back when the record and the score were both gone.
         clock = self.server_clock
-        fresh = (
-            isinstance(clock, RedisClock)
-            and clock.sample_age_s() < CLOCK_SYNC_S
-            and self.clock_offset is not None  # the first beat measures this host's offset
-        )
         beat = await self.store.heartbeat(
             self.instance_id,
             record,
-            ms(self.interval_s * 2.5),
+            ms(self.record_every_s * 2.5),
             ms(clock.time()) if fresh else None,
             boot=f"{uuid4().hex}:{now}",
         )

@@ -174,8 +174,8 @@ class Settings(BaseSettings):
     leader_poll_interval_s: float = Field(1.0, gt=0, le=DAY_S)
 
     # -- registry and orphan recovery ---------------------------------------------------------
-    heartbeat_interval_s: float = Field(10.0, gt=0, le=DAY_S)
-    orphan_stale_s: float = Field(30.0, gt=0, le=DAY_S)
+    heartbeat_interval_s: float = Field(4.0, gt=0, le=DAY_S)
+    orphan_stale_s: float = Field(10.0, gt=0, le=DAY_S)
 
     # -- supervision --------------------------------------------------------------------------
     restart_backoff_base_s: float = Field(0.5, gt=0, le=DAY_S)

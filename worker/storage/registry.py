@@ -182,6 +182,15 @@ class RegistryOps(StoreBase):
         server_ms = int(sec) * 1000 + int(usec) / 1000 if _s(sec) else None
         return Beat(server_ms, (_s(marker), int(created) == 1) if _s(marker) else None)
 
+    async def touch_heartbeat(self, instance_id: str, score_ms: int) -> bool:
+        """Move a registered instance's heartbeat score to ``score_ms`` (``ZADD XX CH``, one
+        command); ``False`` when it is not registered (reaped, or Redis lost its data): the
+        caller then writes the whole record (:meth:`heartbeat`)."""
+        changed = await self.redis.zadd(
+            self.keys.instances, {instance_id: score_ms}, xx=True, ch=True
+        )
+        return bool(changed)
+
     async def deregister(self, instance_id: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.instance(instance_id), self.keys.holds(instance_id))
