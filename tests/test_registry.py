@@ -40,7 +40,7 @@ class View:
         self.warned: list[str] = []
 
     def describe(self) -> dict[str, Any]:
-        return {"components": ["consumer"], "is_leader": False, "in_flight": 2}
+        return {"components": ["consumer"], "is_leader": False, "in_flight": 2, "ready": self.ready}
 
     def identity(self) -> dict[str, Any]:
         return {"instance_id": "i-1", "role": "consumer"}
@@ -166,7 +166,10 @@ async def test_between_records_a_beat_moves_the_score_only_and_a_lost_score_brin
         clock = RedisClock(host)
         hb = heartbeat(r, host)
         hb.server_clock = clock
-        await hb.tick()  # the first beat: the whole record
+        await hb.tick()  # the first beat: the whole record, TIME read (the host's offset)
+        host.advance(4)
+        await hb.tick()  # the second: the whole record again, now with that offset in it
+        assert json.loads(await r.get(KEYS.instance("i-1")))["clock_offset_ms"] is not None
         record_ttl = await r.pttl(KEYS.instance("i-1"))
         before = await r.info("commandstats")
         for _ in range(3):
@@ -181,6 +184,10 @@ async def test_between_records_a_beat_moves_the_score_only_and_a_lost_score_brin
         score = await r.zscore(KEYS.instances, "i-1")
         assert abs(score - ms(clock.time())) < 5  # the score moved with each beat
         assert record_ttl > ms(RECORD_EVERY_S * 2)  # the record outlives two record intervals
+        hb.process.ready = False  # type: ignore[attr-defined]  # what the record says changed:
+        host.advance(4)
+        await hb.tick()  # ...the whole record at the next beat
+        assert json.loads(await r.get(KEYS.instance("i-1")))["ready"] is False
         await r.zrem(KEYS.instances, "i-1")  # reaped while alive
         host.advance(4)
         await hb.tick()

@@ -35,6 +35,7 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from uuid import uuid4
 
 import structlog
@@ -57,9 +58,16 @@ REAP_EVERY_S = 2.0
 #: score is that copy (drift: ~100 ppm of the host's monotonic clock, a few ms).
 CLOCK_SYNC_S = 60.0
 #: The whole record (what ``status`` and the console show of an instance) is written at least
-#: this often (every beat when the heartbeat interval is longer); the beats in between only
-#: move the heartbeat score, one command each.
+#: this often (every beat when the heartbeat interval is longer), and at the next beat when
+#: what it says changed; the beats in between only move the heartbeat score, one command each.
 RECORD_EVERY_S = 20.0
+#: A host wall clock that moved this much more or less than its monotonic clock since the last
+#: ``TIME`` read jumped: the next beat reads ``TIME`` again (the offset ``doctor`` judges).
+CLOCK_JUMP_S = 0.5
+#: What changes on every beat in a process's description (:meth:`ProcessView.describe`) without
+#: saying anything new: a change in anything else (leadership, readiness, jobs in flight,
+#: components' health) writes the whole record at the next beat.
+VOLATILE = frozenset({"uptime_s", "lease_age_s"})
 
 
 @dataclass
@@ -126,6 +134,10 @@ class Heartbeat(LoopComponent):
         #: how often the whole record is written; the monotonic time it last was
         self.record_every_s = max(RECORD_EVERY_S, interval_s)
         self._recorded_at: float | None = None
+        self._said: dict[str, Any] = {}
+        #: when (monotonic) this heartbeat last read the server's TIME, and the host's wall
+        #: clock minus its monotonic clock then (a jump of the wall clock shows against it)
+        self._timed: tuple[float, float] | None = None
         #: (offset of the server's clock to ours, round trip), both ms, from the last heartbeat
         self.clock_offset: tuple[float, float] | None = None
         self.static = {
@@ -148,31 +160,44 @@ class Heartbeat(LoopComponent):
         self.witness.ok(self.clock.monotonic())
         return self.interval_s
 
+    def _fresh(self, mono: float) -> bool:
+        """Whether the score may be this process's copy of the server's clock (no ``TIME``):
+        the copy was synced within :data:`CLOCK_SYNC_S`, this heartbeat measured the host's
+        offset within it too (the first beat measures it), and the host's wall clock has not
+        jumped since (it moved with the monotonic clock, within :data:`CLOCK_JUMP_S`): a jump
+        is measured at the next beat, so ``doctor`` sees it within one interval."""
+        clock, timed = self.server_clock, self._timed
+        if not isinstance(clock, RedisClock) or clock.sample_age_s() >= CLOCK_SYNC_S:
+            return False
+        if timed is None or mono - timed[0] >= CLOCK_SYNC_S:
+            return False
+        return abs(self.host.time() - mono - timed[1]) < CLOCK_JUMP_S
+
     async def _beat(self) -> None:
         clock = self.server_clock
-        fresh = (
-            isinstance(clock, RedisClock)
-            and clock.sample_age_s() < CLOCK_SYNC_S
-            and self.clock_offset is not None  # the first beat measures this host's offset
-        )
         mono = self.clock.monotonic()
-        recorded = self._recorded_at
-        # the record is recent: move the score only (the server's clock as this process has
-        # it: a lower bound); the score gone (reaped, a data loss) -> the whole beat below
+        fresh = self._fresh(mono)
+        recorded, described = self._recorded_at, self.process.describe()
+        said = {k: v for k, v in described.items() if k not in VOLATILE}
+        said["clock_offset"] = self.clock_offset  # a new measurement is written at once
+        # the record is recent and says what it would say now: move the score only (the
+        # server's clock as this process has it: a lower bound); the score gone (reaped, a
+        # data loss) -> the whole beat below
         if (
             fresh
             and recorded is not None
             and mono - recorded < self.record_every_s
+            and said == self._said
             and await self.store.touch_heartbeat(self.instance_id, ms(clock.time()))
         ):
             return
-        await self._record(fresh)
-        self._recorded_at = mono
+        await self._record(fresh, described)
+        self._recorded_at, self._said = mono, said
 
-    async def _record(self, fresh: bool) -> None:
+    async def _record(self, fresh: bool, described: dict[str, Any]) -> None:
         """The whole beat: the record, the score and (when both were gone) the boot marker."""
         now = ms(self.host.time())
-        record = {**self.static, **self.process.describe(), "heartbeat_ms": now}
+        record = {**self.static, **described, "heartbeat_ms": now}
         if self.clock_offset is not None:
             record["clock_offset_ms"], record["clock_rtt_ms"] = self.clock_offset
         before, sent = self.host.time(), self.clock.monotonic()
@@ -193,6 +218,7 @@ class Heartbeat(LoopComponent):
             rtt = (after - before) * 1000
             offset = round(beat.server_ms - (before + after) * 500, 1)
             self.clock_offset = (offset, round(rtt, 1))
+            self._timed = (received, (before + after) / 2 - (sent + received) / 2)
             if isinstance(clock, RedisClock):
                 clock.observe(beat.server_ms, sent, received)
         if beat.boot is not None:
