@@ -58,7 +58,8 @@ REAP_EVERY_S = 2.0
 #: score is that copy (drift: ~100 ppm of the host's monotonic clock, a few ms).
 CLOCK_SYNC_S = 60.0
 #: The whole record (what ``status`` and the console show of an instance) is written at least
-#: this often (every beat when the heartbeat interval is longer), and at the next beat when
+#: this often (every 5 beats when that is sooner, every beat when one is longer; it expires
+#: after 2.5 such periods: what ``doctor`` reads as gone), and at the next beat when
 #: what it says changed; the beats in between only move the heartbeat score, one command each.
 RECORD_EVERY_S = 20.0
 #: A host wall clock that moved this much more or less than its monotonic clock since the last
@@ -132,7 +133,7 @@ class Heartbeat(LoopComponent):
         self.marker: str | None = None
         self.data_losses = 0
         #: how often the whole record is written; the monotonic time it last was
-        self.record_every_s = max(RECORD_EVERY_S, interval_s)
+        self.record_every_s = max(min(RECORD_EVERY_S, 5 * interval_s), interval_s)
         self._recorded_at: float | None = None
         self._said: dict[str, Any] = {}
         #: when (monotonic) this heartbeat last read the server's TIME, and the host's wall

@@ -108,6 +108,8 @@ class Consumer(Component):
         self._summary_at = clock.monotonic()
         self._summary_totals = dict(self.totals)
         self._health_at = -HEALTH_EVERY_S
+        #: the last "cannot reach Redis" line (monotonic) and the failed rounds since
+        self._warned_at, self._retries = -1.0, 0
         #: Burst mode: set once the queues had nothing due and nothing ran (then it drains).
         self.emptied = asyncio.Event()
 
@@ -147,11 +149,7 @@ class Consumer(Component):
                     # Redis away: running jobs go on (their ends are written later); no new
                     # work; liveness fails once this lasts longer than the SLA.
                     backoff = min(max(backoff * 2, 0.1), 2.0)
-                    log.warning(
-                        "consumer cannot reach Redis; retrying",
-                        error=f"{type(exc).__name__}: {exc}",
-                        retry_in_s=backoff,
-                    )
+                    self._unreachable(exc, backoff)
                     await self.clock.wait(stop, backoff)
                     continue
                 await self.clock.wait((stop, self.wakeups.event), fetch.next_delay(claimed))
@@ -165,6 +163,22 @@ class Consumer(Component):
                 await asyncio.gather(checker, listener, return_exceptions=True)
                 with contextlib.suppress(Exception):
                     await self.store.clear_health(self.instance_id)
+
+    def _unreachable(self, exc: BaseException, backoff: float) -> None:
+        """One warning line per failed round, at most one a second (the retries between are
+        counted in the next line): a lost wake-up subscription makes the consumer look at
+        once, so the first retries come fast."""
+        now = self.clock.monotonic()
+        self._retries += 1
+        if now - self._warned_at < 1.0:
+            return
+        log.warning(
+            "consumer cannot reach Redis; retrying",
+            error=f"{type(exc).__name__}: {exc}",
+            retry_in_s=backoff,
+            retries=self._retries,
+        )
+        self._warned_at, self._retries = now, 0
 
     async def loop_blocked(self, store: Store, lag_s: float) -> None:
         """Called by the loop watchdog, in its thread, while the event loop is blocked: record
