@@ -82,18 +82,7 @@ class FencedBase:
         lock = self.leader.lock
         if lock is None:
             raise LeadershipLost("not leading")
-        try:
-            result, acked = await self.store._eval(
-                self.store._script(text), [self.keys.leader, *keys], [str(lock), *args], probe=True
-            )
-        except ResponseError as exc:
-            if str(exc).startswith(K.FENCE_ERROR):
-                self.leader.lost(f"fenced write refused: {exc}")
-                raise LeadershipLost(str(exc)) from None
-            raise
-        if not self.store.replicated(acked):
-            raise self.store._short("fenced write", acked)
-        return result
+        return await self._eval_fenced(text, [self.keys.leader, *keys], [str(lock), *args])
 
     async def _run_token(self, text: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a script that starts with :data:`TOKEN_FENCE` in this store's queue shard, with
@@ -102,10 +91,14 @@ class FencedBase:
         epoch = self.leader.epoch
         if epoch is None:
             raise LeadershipLost("not leading")
+        return await self._eval_fenced(text, [self.keys.fence, *keys], [epoch, *args])
+
+    async def _eval_fenced(self, text: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a fenced script (its fence key and the caller's lock or token first): a refusal
+        tells the :class:`LeaderView` and raises :class:`LeadershipLost`; with a WAIT policy
+        the write counts only once the replicas confirm it."""
         try:
-            result, acked = await self.store._eval(
-                self.store._script(text), [self.keys.fence, *keys], [epoch, *args], probe=True
-            )
+            result, acked = await self.store._eval(self.store._script(text), keys, args, probe=True)
         except ResponseError as exc:
             if str(exc).startswith(K.FENCE_ERROR):
                 self.leader.lost(f"fenced write refused: {exc}")
