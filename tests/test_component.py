@@ -481,8 +481,52 @@ async def test_supervise_classifies_redis_errors_as_dependency_failures() -> Non
     await asyncio.wait_for(
         supervise(c, asyncio.Event(), backoff=Backoff(base_s=0.001, cap_s=0.001)), timeout=5
     )
-    assert c.health.restarts == 3
-    assert len(c.health.recent_restarts) == 1  # only the ResponseError counts toward a loop
+    # only the ResponseError (a bug) is a restart and counts toward a loop; Redis failing is
+    # waited out (outage retries: unready meanwhile, no restart storm)
+    assert (c.health.restarts, c.health.outage_retries) == (1, 2)
+    assert len(c.health.recent_restarts) == 1
+    assert c.health.snapshot(0.0)["outage_retries"] == 2
     assert dependency_failure(OutOfMemoryError("x")) == "Redis unavailable (OutOfMemoryError)"
     assert dependency_failure(TimeoutError()) == "timed out (TimeoutError)"
     assert dependency_failure(ResponseError("x")) is None
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "MISCONF Valkey is configured to save RDB snapshots, but it's currently unable to persist",
+        "LOADING Redis is loading the dataset in memory",
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        "NOREPLICAS Not enough good replicas to write.",
+        "READONLY You can't write against a read only replica.",
+        "OOM command not allowed when used memory > 'maxmemory'.",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
+        "CLUSTERDOWN The cluster is down",
+        # redis-py's wording for an error inside a MULTI/EXEC pipeline
+        "Command # 1 (SET c 1) of pipeline caused error: MISCONF Errors writing to the AOF file",
+    ],
+)
+def test_every_reply_that_means_writes_refused_for_now_is_a_dependency_failure(
+    reply: str,
+) -> None:
+    """Parsed as redis-py parses a reply (its classes where it has one, a plain
+    ``ResponseError`` otherwise): each is Redis failing, not the component."""
+    from redis._parsers.base import BaseParser
+    from redis.exceptions import ResponseError
+
+    exc = BaseParser.parse_error(reply) if not reply.startswith("Command") else ResponseError(reply)
+    assert dependency_failure(exc) is not None, (type(exc), reply)
+
+
+def test_a_reply_that_means_a_bug_is_not_a_dependency_failure() -> None:
+    from redis.exceptions import NoScriptError, ResponseError
+
+    for exc in (
+        ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        ResponseError("ERR value is not an integer or out of range"),
+        ResponseError("BUSYGROUP Consumer Group name already exists"),
+        ResponseError("ERR Error running script: user_script:3: fenced"),
+        NoScriptError("No matching script."),
+    ):
+        assert dependency_failure(exc) is None, exc

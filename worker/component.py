@@ -10,11 +10,11 @@ with its name and restarted with capped exponential backoff; it never kills the 
 stalls the others. A component that keeps failing is *not live*: liveness fails when it has
 restarted ``CRASH_LOOP_RESTARTS`` times within ``CRASH_LOOP_WINDOW_S`` without completing an
 iteration since, or sat in backoff past its SLA. A failure of Redis itself
-(:data:`DEPENDENCY_ERRORS`: unreachable, timing out, refusing writes at ``maxmemory``, a
-read-only replica mid-failover) is a dependency outage, not a crash: it makes the process
-*unready* until the component completes an iteration again and never fails liveness, since
-restarting does not bring Redis back and would restart every replica at once. A group is a set
-of components started and stopped together.
+(:func:`dependency_failure`: unreachable, timing out, refusing writes at ``maxmemory`` or
+after a failed save (``MISCONF``), a read-only replica mid-failover) is a dependency outage,
+not a crash: it makes the process *unready* until the component completes an iteration again
+and never fails liveness, since restarting does not bring Redis back and would restart every
+replica at once. A group is a set of components started and stopped together.
 
 Progress, not only "process alive" (seed 003): a component with an SLA must report an
 iteration (``Health.ok``) within it; a service reports through ``ctx.alive()``. A component
@@ -35,18 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from redis.exceptions import (
-    ClusterDownError,
-    MasterDownError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.clock import Clock
 from worker.errors import LeadershipLost
+from worker.outage import redis_outage
 
 log = structlog.get_logger("worker.component")
 
@@ -58,27 +50,18 @@ DEFAULT_BACKOFF_SLA_S = 120.0
 #: States in which a component owes no progress (``waiting``: a singleton service waiting for
 #: its lease to settle).
 AT_REST = frozenset({"idle", "stopped", "finished", "fenced", "waiting"})
-#: Redis failing, not the component: unready while it lasts, never a crash loop (module doc).
-#: ``NotReplicated`` (a WAIT policy's replicas did not confirm) is a ``ConnectionError``.
-DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    MasterDownError,
-    ClusterDownError,
-    TryAgainError,
-    TimeoutError,  # a bounded wait on Redis (or on a service's own dependency)
-)
 
 
 def dependency_failure(exc: BaseException) -> str | None:
     """Why ``exc`` makes its component unready rather than crash-looping, or ``None`` when it
-    is the component's own failure."""
-    if not isinstance(exc, DEPENDENCY_ERRORS):
-        return None
-    name = type(exc).__name__
-    return f"timed out ({name})" if type(exc) is TimeoutError else f"Redis unavailable ({name})"
+    is the component's own failure: Redis failing (:func:`worker.outage.redis_outage`:
+    unreachable, failing over, refusing writes for memory, disk or replicas; ``NotReplicated``
+    is a ``ConnectionError``), or a bounded wait running out (``TimeoutError``: on Redis, or on
+    a service's own dependency)."""
+    if isinstance(exc, TimeoutError):
+        return f"timed out ({type(exc).__name__})"
+    kind = redis_outage(exc)
+    return None if kind is None else f"Redis unavailable ({kind})"
 
 
 @dataclass
@@ -89,7 +72,10 @@ class Health:
     sla_s: float | None = None
     state: str = "idle"
     iterations: int = 0
+    #: Restarts after the component's own errors (what ``worker_component_restarts`` counts).
     restarts: int = 0
+    #: Runs again after a Redis outage (:func:`dependency_failure`): waits, not crashes.
+    outage_retries: int = 0
     last_ok: float | None = None  # monotonic
     last_error: str | None = None
     started: float | None = None  # monotonic
@@ -119,12 +105,13 @@ class Health:
 
     def failed(self, now: float, error: str, *, dependency: str | None = None) -> None:
         """Record a failure; a ``dependency`` one (its reason: Redis away or refusing writes)
-        counts toward readiness, not toward a crash loop."""
-        self.restarts += 1
+        counts toward readiness (an outage retry), not toward restarts or a crash loop."""
         self.last_error = error
         if dependency is not None:
+            self.outage_retries += 1
             self.dependency_error = dependency
         else:
+            self.restarts += 1
             self.recent_restarts.append(now)
         if self.failing_since is None:
             self.failing_since = now
@@ -185,6 +172,8 @@ class Health:
         }
         if self.parts:
             out["overdue_parts"] = sorted(n for n, p in list(self.parts.items()) if p.overdue(now))
+        if self.outage_retries:
+            out["outage_retries"] = self.outage_retries
         if self.dependency_error is not None:
             out["dependency_error"] = self.dependency_error
         if self.unready:
@@ -288,6 +277,7 @@ async def supervise(
             except Exception as exc:
                 now = clock.monotonic()
                 dependency = dependency_failure(exc)
+                first_wait = dependency is not None and h.dependency_error is None
                 h.failed(now, f"{type(exc).__name__}: {exc}", dependency=dependency)
                 if now - (h.started or 0) > backoff.reset_after_s:
                     backoff.attempt = 0
@@ -295,16 +285,23 @@ async def supervise(
                 if component.max_backoff_s is not None:
                     delay = min(delay, component.max_backoff_s)
                 h.state = "backoff"
-                log.error(
-                    "component failed; restarting",
-                    error=h.last_error,
-                    restarts=h.restarts,
-                    retry_in_s=round(delay, 2),
-                    # Redis being away is expected in operation; keep those lines short.
-                    exc_info=None if dependency is not None else exc,
-                )
-                if on_restart is not None:
-                    on_restart(component, exc)
+                if dependency is None:
+                    log.error(
+                        "component failed; restarting",
+                        error=h.last_error,
+                        restarts=h.restarts,
+                        retry_in_s=round(delay, 2),
+                        exc_info=exc,
+                    )
+                    if on_restart is not None:
+                        on_restart(component, exc)
+                else:  # Redis failing: expected in operation; one line per outage, no restart
+                    (log.warning if first_wait else log.debug)(
+                        "Redis unavailable; component waits and retries",
+                        error=h.last_error,
+                        retries=h.outage_retries,
+                        retry_in_s=round(delay, 2),
+                    )
                 await clock.wait(stop, delay)
             else:
                 if not stop.is_set():

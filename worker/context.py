@@ -36,6 +36,7 @@ from worker.client import Client
 from worker.clock import Clock, ms
 from worker.duties.poller import BoundPoller
 from worker.errors import LeadershipLost
+from worker.outage import RIDE_OUT_S
 from worker.progress import Progress, checked
 from worker.settings import Settings
 from worker.storage import FencedPipeline, FencedStore, Store
@@ -165,7 +166,10 @@ class Context:
         return await self.client.enqueue_many(jobs, chunk_size=chunk_size)
 
     def poller(self, name: str) -> BoundPoller:
-        return self.client.poller(name)
+        """The shard queues of the app's poller ``name``; its calls ride out a Redis outage
+        (a failover, writes refused for memory or disk) for up to :data:`RIDE_OUT_S`, so a
+        job or a service goes on instead of failing on the framework's own call."""
+        return dataclasses.replace(self.client.poller(name), ride_out_s=RIDE_OUT_S)
 
     async def broadcast(self, topic: str, data: Any = None) -> int | None:
         """See :meth:`worker.client.Client.broadcast`."""

@@ -6,9 +6,10 @@
   a draining pod (seed 004).
 - ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives, while a dependency
   check (``@app.health_check``) fails, and while a component backs off from Redis failing
-  (``component.DEPENDENCY_ERRORS``: unreachable, at ``maxmemory``, failing over): a database
-  or Redis being down makes a process unable to do useful work (readiness), but restarting it
-  does not help and would restart every replica at once (so never liveness).
+  (:func:`worker.outage.redis_outage`: unreachable, failing over, refusing writes at
+  ``maxmemory`` or after a failed save, ``MISCONF``): a database or Redis being down makes a
+  process unable to do useful work (readiness), but restarting it does not help and would
+  restart every replica at once (so never liveness).
 - Stale periodic jobs (a last success older than ``max_staleness``) are *reported* in both
   bodies (``warnings``) and in metrics, but fail neither probe: a user job failing is fixed by
   a human, and a leader that Kubernetes restarts or stops routing to would fix nothing (every

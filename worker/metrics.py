@@ -165,7 +165,7 @@ class Metrics:
     def _process(self, r: CollectorRegistry) -> None:
         self.restarts = Counter(
             "worker_component_restarts",
-            "Component restarts after errors.",
+            "Component restarts after their own errors (Redis failing is not one: worker_ready).",
             ["component"],
             registry=r,
         )

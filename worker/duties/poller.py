@@ -21,9 +21,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from arq.constants import expires_extra_ms
@@ -33,10 +33,13 @@ from worker.component import LoopComponent
 from worker.ids import JobIds
 from worker.jobs import JobHook, Outcome
 from worker.metrics import Metrics
+from worker.outage import RIDE_OUT_S, ride_out
 from worker.serializer import Serialize, job_payload
 from worker.storage import FencedStore, NewJob, Store
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.tracing import Batch, Tracing
+
+T = TypeVar("T")
 
 log = structlog.get_logger("worker.poller")
 
@@ -92,11 +95,18 @@ def due_ms(at: dt.datetime | float | None, delay: float, clock: Clock) -> int:
 
 @dataclass
 class BoundPoller:
-    """A poller's shard queues, bound to a store: add, reschedule, remove items."""
+    """A poller's shard queues, bound to a store: add, reschedule, remove items.
+
+    ``ride_out_s`` > 0 (``ctx.poller(...)``: a call made inside a job or a service): a call
+    that meets a Redis outage (:func:`worker.outage.redis_outage`: a failover, writes refused
+    for memory or disk) is sent again with backoff until Redis takes it, for up to that long,
+    so the job goes on instead of failing on the framework's own call. Each call is safe to
+    send again (a schedule sets the due time; a remove removes)."""
 
     definition: PollerDef
     store: Store
     clock: Clock
+    ride_out_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -113,30 +123,47 @@ class BoundPoller:
         Rescheduling an item already waiting moves it; an item in flight is dispatched again
         only after its current job ends.
         """
-        await on_server_time(self.clock, self.store.server_time_ms)
-        await self.store.schedule_items(
-            {self.shard_key(item): {item: due_ms(at, delay, self.clock)}}
-        )
+
+        async def send() -> None:
+            await on_server_time(self.clock, self.store.server_time_ms)
+            due = due_ms(at, delay, self.clock)
+            await self.store.schedule_items({self.shard_key(item): {item: due}})
+
+        await self._call(send, "poller schedule")
 
     async def schedule_many(
         self, items: Mapping[str, dt.datetime | float] | Iterable[str], *, delay: float = 0.0
     ) -> int:
-        """Schedule many items in one pipelined round trip; returns how many were new."""
-        await on_server_time(self.clock, self.store.server_time_ms)
-        if isinstance(items, Mapping):
-            pairs = [(i, due_ms(at, 0.0, self.clock)) for i, at in items.items()]
-        else:
-            due = due_ms(None, delay, self.clock)
-            pairs = [(i, due) for i in items]
-        grouped: dict[str, dict[str, int]] = {}
-        for item, due in pairs:
-            grouped.setdefault(self.shard_key(item), {})[item] = due
-        return await self.store.schedule_items(grouped)
+        """Schedule many items in one pipelined round trip; returns how many were new (a call
+        sent again after an outage counts only those its last sending added)."""
+        items = items if isinstance(items, Mapping) else list(items)
+
+        async def send() -> int:
+            await on_server_time(self.clock, self.store.server_time_ms)
+            if isinstance(items, Mapping):
+                pairs = [(i, due_ms(at, 0.0, self.clock)) for i, at in items.items()]
+            else:
+                due = due_ms(None, delay, self.clock)
+                pairs = [(i, due) for i in items]
+            grouped: dict[str, dict[str, int]] = {}
+            for item, due in pairs:
+                grouped.setdefault(self.shard_key(item), {})[item] = due
+            return await self.store.schedule_items(grouped)
+
+        return await self._call(send, "poller schedule_many")
 
     async def remove(self, item: str) -> bool:
         """Stop polling ``item``: whether it was waiting or in flight (a job in flight still
         runs; if it fails, the item is not put back)."""
-        return await self.store.unschedule_item(self.shard_key(item), self.name, item)
+        key = self.shard_key(item)
+        return await self._call(
+            lambda: self.store.unschedule_item(key, self.name, item), "poller remove"
+        )
+
+    async def _call(self, send: Callable[[], Awaitable[T]], what: str) -> T:
+        if self.ride_out_s <= 0:
+            return await send()
+        return await ride_out(send, self.clock, f"{what} ({self.name})", bound_s=self.ride_out_s)
 
     async def backlog(self) -> list[dict[str, int]]:
         """Per shard: items waiting and items due now."""
@@ -259,15 +286,22 @@ class PollingScheduler(LoopComponent):
 class InflightHook(JobHook):
     """Consumer hook: settle a poll item once its job ended. Success forgets the item's in-flight
     entry (the task rescheduled it, or it is done); a failure for good puts the item back, due
-    the poller's ``failure_delay_s`` later; a retry leaves it in flight."""
+    the poller's ``failure_delay_s`` later; a retry leaves it in flight. A Redis outage is
+    ridden out (up to ``ride_out_s``); after that the leader's sweep settles the item."""
 
     def __init__(
-        self, store: Store, pollers: Mapping[str, PollerDef], clock: Clock | None = None
+        self,
+        store: Store,
+        pollers: Mapping[str, PollerDef],
+        clock: Clock | None = None,
+        *,
+        ride_out_s: float = RIDE_OUT_S,
     ) -> None:
         self.store = store
         self.ids: JobIds = store.ids
         self.pollers = dict(pollers)
         self.clock: Clock = clock or SystemClock()
+        self.ride_out_s = ride_out_s
 
     def context(self, job_id: str) -> Mapping[str, Any]:
         return {}
@@ -282,12 +316,19 @@ class InflightHook(JobHook):
         item = str(args[0]) if args else parsed[1]
         try:
             if outcome == "success":
-                await self.store.inflight_clear(p.name, item, job_id)
+                await ride_out(
+                    lambda: self.store.inflight_clear(p.name, item, job_id),
+                    self.clock,
+                    "poll item settle",
+                    bound_s=self.ride_out_s,
+                )
                 return
-            shard_key = self.store.keys.poll_shard(p.name, p.shard_of(item))
-            await on_server_time(self.clock, self.store.server_time_ms)
-            due = ms(self.clock.time() + p.failure_delay_s)
-            put = await self.store.poll_requeue(shard_key, p.name, item, job_id, due)
+            put = await ride_out(
+                lambda: self._requeue(p, item, job_id),
+                self.clock,
+                "poll item requeue",
+                bound_s=self.ride_out_s,
+            )
             log.debug(
                 "poll job failed; item due again" if put == 1 else "poll job failed",
                 poller=p.name,
@@ -298,3 +339,10 @@ class InflightHook(JobHook):
             )
         except Exception as exc:  # the leader's sweep settles the item later
             log.warning("could not settle poll item", job_id=job_id, error=str(exc))
+
+    async def _requeue(self, p: PollerDef, item: str, job_id: str) -> int:
+        """Put the item of a job that failed for good back, due ``failure_delay_s`` on."""
+        shard_key = self.store.keys.poll_shard(p.name, p.shard_of(item))
+        await on_server_time(self.clock, self.store.server_time_ms)
+        due = ms(self.clock.time() + p.failure_delay_s)
+        return await self.store.poll_requeue(shard_key, p.name, item, job_id, due)
