@@ -146,18 +146,18 @@ def test_wrong_tokens_are_logged_without_the_token_and_held_off_but_never_the_ri
 
 
 def test_guesses_from_rotating_addresses_share_one_budget(spawn: Spawn) -> None:
-    """Issue 25, item 8: 300 wrong tokens, each from another address of 127.0.0.0/8 (a
-    guesser rotating addresses), while an operator polls with the right token from the
-    address the guesses started from: at most the burst plus one a second are answered 401,
-    the rest 429, and every one of the operator's requests is a 200."""
+    """Issue 25, item 8: 300 wrong tokens, each from another address of 127.0.0.0/8 and with
+    another ``X-Forwarded-For`` (a guesser rotating addresses), while an operator polls with
+    the right token from the address the guesses started from: at most the burst plus one a
+    second are answered 401, the rest 429, and every one of the operator's requests is 200."""
     _, port = _console(spawn, WORKER_WEB_TOKEN=TOKEN)
     right = f"X-Worker-Token: {TOKEN}\r\n".encode()
     codes, operator = [], []
     started = time.monotonic()
     for n in range(300):
         source = f"127.0.{n // 250}.{2 + n % 250}"
-        guess = f"X-Worker-Token: guess-{n:04d}-abcdefghijkl\r\n".encode()
-        codes.append(_http(port, "/api/overview", head=guess, source=source)[0])
+        guess = f"X-Worker-Token: guess-{n:04d}-abcdefghijkl\r\nX-Forwarded-For: 10.0.{n}.1\r\n"
+        codes.append(_http(port, "/api/overview", head=guess.encode(), source=source)[0])
         if n % 30 == 0:
             operator.append(_http(port, "/api/overview", head=right, source="127.0.0.2")[0])
     took = time.monotonic() - started
