@@ -61,6 +61,9 @@ def minimal_acl(prefix: str) -> list[str]:
         "-script|kill",
         "-script|debug",
         "-function",
+        "-client",
+        "+client|setname",
+        "+client|setinfo",
     ]
 
 
@@ -102,6 +105,9 @@ DENIED = [
     ["CLIENT", "LIST"],
     ["CLIENT", "NO-EVICT", "on"],
     ["CLIENT", "UNBLOCK", "1"],
+    ["CLIENT", "TRACKING", "on", "BCAST"],  # every app's changed key names, live
+    ["CLIENT", "REPLY", "OFF"],
+    ["CLIENT", "CACHING", "yes"],
     ["KEYS", "*"],
     ["SCRIPT", "FLUSH"],
     ["SCRIPT", "KILL"],
@@ -144,6 +150,7 @@ ALLOWED = [
     ["DBSIZE"],
     ["WAIT", "0", "1"],
     ["CLIENT", "SETNAME", "w"],
+    ["CLIENT", "SETINFO", "LIB-NAME", "redis-py"],
     ["MULTI"],
 ]
 
@@ -346,6 +353,9 @@ def test_two_apps_under_their_own_users_cannot_touch_each_other(
                 "flush the server": lambda: b.flushall(),
                 "pause every client": lambda: b.client_pause(1000),
                 "flush the script cache": lambda: b.script_flush(),
+                "follow its key names live": lambda: b.execute_command(
+                    "CLIENT", "TRACKING", "on", "BCAST"
+                ),
             }
             allowed = [what for what, attempt in attempts.items() if not _refused(attempt)]
             assert allowed == [], allowed
@@ -362,7 +372,7 @@ def test_two_apps_under_their_own_users_cannot_touch_each_other(
             what=f"shop's jobs with their arguments: {ledger(rsync, shop, 'records')}",
         )
         wait_until(lambda: ledger(rsync, billing, "records") == {"billing-own": 1}, 30)
-        assert rsync.hexists(f"{shop}dead:jobs", "plain-arq-id")
+        wait_until(lambda: rsync.hexists(f"{shop}dead:jobs", "plain-arq-id"), 10)
         assert bill.alive(), bill.log()
         assert "NOPERM" not in bill.log() and "No permissions" not in bill.log()
     finally:

@@ -6,10 +6,12 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
 
+from tests.conftest import client_call, wait_until
 from worker import logs
 from worker.logs import configure_logging
 
@@ -96,3 +98,20 @@ def test_password_argument_outside_a_url(logged: io.StringIO) -> None:
 )
 def test_mask_text(text: str, expected: str) -> None:
     assert logs.mask_text(text) == expected
+
+
+#: What a job's exception text may carry to a terminal: a title (OSC 0), a screen clear, a
+#: clipboard write (OSC 52) and a right-to-left override.
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\x1b]52;c;cHduZWQ=\x07\u202eevil"
+
+
+def test_the_console_format_escapes_a_jobs_traceback(spawn: Any, redis_url: str) -> None:
+    """A real worker logging in the readable format: the failing job's exception text and
+    traceback reach its log with every control character shown as an escape."""
+    proc = spawn("all", name="c1", env={"WORKER_LOG_FORMAT": "console"})
+    client_call(redis_url, spawn.prefix, "enqueue", "fail", HOSTILE)
+    wait_until(lambda: "fails on purpose" in proc.log(), 30, what="the job's failure logged")
+    raw = proc.log_path.read_bytes()
+    assert b"fails on purpose: \\x1b]0;owned\\x07\\x1b[2J" in raw, raw[-3000:]
+    for seq in (b"\x1b]", b"\x1b[2J", b"\x07", "\u202e".encode()):
+        assert seq not in raw, (seq, raw[-3000:])

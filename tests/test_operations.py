@@ -461,3 +461,34 @@ def test_password_never_shown(
     log = leader.log()
     assert len(log.splitlines()) > 5
     assert PASSWORD not in log
+
+
+def test_another_apps_job_is_refused_by_retry_and_cancel(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str, cli: CliRun
+) -> None:
+    """Issue 25, item 8: two apps on one server without ACLs, prefixes A and B. arq's per-job
+    keys (``arq:result:<id>`` …) are server-wide, so B's operator could name A's job: ``worker
+    job ID --retry`` deleted A's result and queued the job in B ("ok"), ``--cancel`` of A's
+    running job answered "asked its consumer to cancel it". Both are refused now, as "no such
+    job in this app", and nothing of A changes."""
+    a = spawn.prefix  # type: ignore[attr-defined]
+    b = f"b{a}"
+    spawn("all", name="a1", env={"WORKER_LOG_LEVEL": "WARNING"})
+    failed = enqueue(redis_url, a, "fail", "x")
+    wait_until(lambda: rsync.exists(f"arq:result:{failed}"), 30, what="A's job failed")
+    running = enqueue(redis_url, a, "slow_job", 4)
+    wait_until(lambda: rsync.hget(f"{a}ledger:slow-started", running), 30, what="A's job runs")
+    result = rsync.dump(f"arq:result:{failed}")
+    env_b = {
+        "WORKER_REDIS_URL": redis_url,
+        "WORKER_KEY_PREFIX": b,
+        "WORKER_APP": "tests.apps.ledger:app",
+    }
+    retry = cli("job", failed, "--retry", env=env_b)
+    cancel = cli("job", running, "--cancel", env=env_b)
+    for out in (retry, cancel):
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "no such job in this app" in out.stdout, out.stdout
+    assert rsync.dump(f"arq:result:{failed}") == result  # A's result untouched
+    assert not rsync.exists(f"{b}queue") and not rsync.exists(f"{b}abort")
+    wait_until(lambda: rsync.hget(f"{a}ledger:slow-done", running), 30, what="A's job ran on")

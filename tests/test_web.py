@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -236,6 +237,26 @@ async def test_dead_letters_page_by_page_and_payloads_as_text(
     raw = await (await http.get("/api/dead/garbage", headers=AUTH)).json()
     assert raw["preview"]["format"] == "raw" and raw["preview"]["text"].startswith("\\xff\\xfe")
     assert (await http.get("/api/dead/nope", headers=AUTH)).status == 404
+
+
+async def test_a_job_of_a_hash_tagged_prefix_opens(redis_url: str) -> None:
+    """Every id of a Cluster or sharded app starts with ``{tag}:``: the page asks for it
+    percent-encoded (``encodeURIComponent``) and the route takes it (issue 25, item 8)."""
+    tagged = await Client.connect(redis_url, key_prefix="{webtag}:", app=ledger)
+    http = await _http(tagged, token=TOKEN)
+    try:
+        jid = await tagged.enqueue("record", "braced", defer_by=600)
+        assert jid is not None and jid.startswith("{webtag}:")
+        ser, _ = get_serializer("msgpack")
+        dead_id = "{webtag}:dead/1"
+        await _dead(tagged, dead_id, job_payload("send", (1,), {}, 0, ser))
+        for path, want in (("jobs", jid), ("dead", dead_id)):
+            resp = await http.get(f"/api/{path}/{quote(want, safe='')}", headers=AUTH)
+            assert resp.status == 200, (path, await resp.text())
+            assert (await resp.json())["job_id"] == want
+    finally:
+        await http.close()
+        await tagged.close()
 
 
 async def test_a_pickled_payload_is_never_unpickled(client: Client) -> None:

@@ -22,6 +22,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -505,3 +506,58 @@ def test_the_jobs_view_lists_details_retries_and_cancels(
     assert page.css("#queues svg.chart text.x") and page.css("#backlog-chart svg")
     page.shot("queues-tasks")
     print(f"cancel from the page: shown cancelled {took:.2f} s after the click")
+
+
+def test_ids_with_braces_open_and_spoofing_characters_show_escaped(
+    spawn: Spawn, rsync: redis_sync.Redis, browser: Any, tmp_path: Path
+) -> None:
+    """Issue 25, item 8: a hash-tagged prefix's job (``{tag}:…``, every job of a Cluster or
+    sharded app) opens in the Jobs view; a job id written with a line break and a right-to-left
+    override (by plain redis-py: enqueue refuses them now) is shown escaped, in the table, the
+    detail and the cancel confirmation, whose text it cannot spoof."""
+    from worker.serializer import get_serializer, job_payload
+
+    prefix = "{b" + uuid.uuid4().hex[:6] + "}:"
+    port = _free_port()
+    web = spawn(
+        "all",
+        name="web",
+        app="tests.apps.ledger:app",
+        command="web",
+        env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port), "WORKER_KEY_PREFIX": prefix},
+    )
+    braced = f"{prefix}braced-1"
+    spoof = f"{prefix}dup\n\nThis only cancels the duplicate test job\u202e"
+    ser, _ = get_serializer("msgpack")
+    due = int(time.time() * 1000) + 600_000
+    for jid in (braced, spoof):
+        rsync.set(f"arq:job:{jid}", job_payload("record", ("x",), {}, due - 600_000, ser))
+        rsync.zadd(f"{prefix}queue", {jid: due})
+    url = f"http://127.0.0.1:{port}/"
+    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
+    page = Page(browser, url, tmp_path / "screens")
+    browser.get(url)
+    page.until(lambda: page.one("#login").is_displayed(), "the sign-in form")
+    page.one("#token").send_keys(TOKEN)
+    page.click("#login-submit")
+    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+    page.tab("jobs")
+    page.click('#job-states button[data-state="scheduled"]')
+    page.until(lambda: len(page.css("#jobs a[data-open-job]")) == 2, "both jobs listed")
+
+    page.click(f'#jobs a[data-open-job="{braced}"]')
+    page.until(lambda: page.text("#job-title") == braced, "the braced job opened")
+    assert page.text('#job-fields dd[data-field="state"]') == "scheduled"
+
+    shown = "This only cancels the duplicate test job"
+    link = page.until(
+        lambda: [a for a in page.css("#jobs a[data-open-job]") if shown in a.text], "the spoof"
+    )[0]
+    assert link.text == f"{prefix}dup\\x0a\\x0a{shown}\\u202e"
+    link.click()
+    page.until(lambda: "\\x0a" in page.text("#job-title"), "the spoofed job opened")
+    page.click("#job-cancel")
+    alert = page.until(page._alert, "the confirmation dialog")
+    assert alert.text == f"Cancel {prefix}dup\\x0a\\x0a{shown}\\u202e?", alert.text
+    alert.dismiss()
+    assert rsync.zscore(f"{prefix}queue", spoof) is not None  # dismissed: nothing done

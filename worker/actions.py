@@ -119,8 +119,10 @@ class Operations:
         result says ``CancelledError``, as arq's for a job aborted before it starts); a running
         one gets an abort request its consumer's claim check acts on within a quarter of its
         doubt window (1.25 s by default), ending as cancelled. Refused for
-        a job that has ended or is unknown."""
+        a job that has ended or is unknown, and for another app's job (``foreign``)."""
         d = await self.detail(job_id)
+        if d is not None and await self._foreign(job_id, d):
+            return await self._record(self._not_ours("cancel", job_id))
         if d is None or d.state not in ("queued", "scheduled", "running"):
             what = "unknown" if d is None else d.state
             return await self._record(
@@ -145,6 +147,31 @@ class Operations:
         state = {1: "cancelled", 2: "cancelling", 0: "ended"}[found]
         return await self._record(
             Outcome("cancel", job_id, ok=found > 0, message=message, details={"state": state})
+        )
+
+    async def _foreign(self, job_id: str, d: jobsview.JobDetail) -> bool:
+        """Whether ``job_id`` is another app's job on the same server, whose per-job keys
+        (``arq:job:<id>`` …) are server-wide, so an operator could name it: its id lies
+        outside the app's prefix (every id the framework makes starts with it), it is in none
+        of the app's queues, its result names none of them, and the app keeps no dead letter
+        or failure record of it."""
+        store = self.client.shards.of(job_id)
+        if job_id.startswith(store.keys.prefix) or d.dead is not None:
+            return False
+        if d.queue in self.app.queue_names():  # in a queue of ours, or its result names one
+            return False
+        return await store.failure(job_id) is None
+
+    def _not_ours(self, action: str, job_id: str) -> Outcome:
+        """The refusal of an action on another app's job: nothing of it is touched."""
+        return Outcome(
+            action,
+            job_id,
+            ok=False,
+            message=f"{job_id}: no such job in this app (its id is outside the key prefix "
+            f"{self.store.keys.prefix!r} and no record of it is in this app's keys); "
+            "nothing done",
+            details={"state": "foreign"},
         )
 
     def _keep(self, task: str | None) -> float:
@@ -173,8 +200,11 @@ class Operations:
         """Run an ended job again under its own id (so a unique key, a tick or a poll item
         keeps its meaning, as ``dead --retry`` does): a dead-lettered job from its dead
         letter, a failed, timed-out or cancelled one from its kept result record (its
-        function and arguments). Refused for a job that is queued, running, done or unknown."""
+        function and arguments). Refused for a job that is queued, running, done or unknown,
+        and for another app's job (``foreign``: arq's per-job keys are server-wide)."""
         d = await self.detail(job_id)
+        if d is not None and await self._foreign(job_id, d):
+            return await self._record(self._not_ours("retry", job_id))
         if d is None or d.state not in ("failed", "timeout", "cancelled", "dead"):
             what = "unknown" if d is None else d.state
             hint = "" if d is None else "; retry re-runs a failed or dead job"

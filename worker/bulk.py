@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.ids import check_id
+
 #: Jobs per round trip of ``enqueue_many`` unless told (bounds the script's run time and the
 #: request's size: ~0.6 ms of server time and ~100 KB for 500 small jobs).
 DEFAULT_CHUNK = 500
@@ -44,6 +46,10 @@ def as_spec(job: JobLike) -> JobSpec:
         raise TypeError(f"enqueue_many takes JobSpec or (function, args[, kwargs]), not {job!r}")
     if spec.unique_key is not None and spec.job_id is not None:
         raise ValueError(f"{spec.function}: give unique_key or job_id, not both")
+    if spec.job_id is not None:
+        check_id(spec.job_id, "job_id")
+    elif spec.unique_key is not None:
+        check_id(spec.unique_key, "unique_key")
     return spec
 
 

@@ -45,6 +45,7 @@ from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import connect_redis, connect_shards
 from worker.duties.poller import BoundPoller, Pollers, due_ms
 from worker.errors import ConfigError, UnknownTask
+from worker.ids import check_id
 from worker.preflight import wait_for_redis
 from worker.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
@@ -258,6 +259,10 @@ class Client:
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
         self.check_function(function)
+        if job_id is not None:
+            check_id(job_id, "job_id")
+        elif unique_key is not None:
+            check_id(unique_key, "unique_key")
         if job_id is not None:
             store, jid = self.shards.of(job_id), job_id
         else:

@@ -30,6 +30,11 @@ class UnknownTask(WorkerError, ValueError):
         self.known = known
 
 
+class InvalidId(WorkerError, ValueError):
+    """An enqueue gave a job id or unique key holding a control, format or separator
+    character (see :func:`worker.ids.check_id`). Nothing was enqueued."""
+
+
 class LeadershipLost(WorkerError):
     """A fenced write was refused: this process no longer holds the leader lock."""
 

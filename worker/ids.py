@@ -7,9 +7,12 @@ may take it apart again (a round-trip test pins each pair).
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 from uuid import uuid4
+
+from worker.errors import InvalidId
 
 #: The kinds of duty an operator pauses and resumes by name.
 DutyKind = Literal["periodic", "poller"]
@@ -29,6 +32,32 @@ def parse_duty(text: str) -> tuple[DutyKind, str] | None:
         if sep and name and kind == known:
             return known, name
     return None
+
+
+#: Unicode categories an id may not hold: controls (Cc: line breaks, escape sequences), format
+#: characters (Cf: bidirectional overrides and isolates U+202A–U+202E, U+2066–U+2069,
+#: zero-width characters), line and paragraph separators (Zl, Zp) and lone surrogates (Cs).
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def check_id(value: str, what: str) -> None:
+    """Raise :class:`~worker.errors.InvalidId` when ``value`` (a job id or unique key, ``what``
+    names it) holds a character of :data:`REFUSED_CATEGORIES`: an id is shown to operators (the
+    console, its confirmation dialogs, the command line), where such a character breaks a line,
+    reorders the text around it or drives the terminal. Costs one C-speed scan for a plain id."""
+    if not isinstance(value, str):
+        raise InvalidId(f"{what} must be a string, not {type(value).__name__}")
+    if value.isprintable():  # no Cc, Cf, Zl, Zp, Cs (nor Zs but the space, nor Cn, Co)
+        return
+    for i, ch in enumerate(value):
+        if unicodedata.category(ch) in REFUSED_CATEGORIES:
+            code = ord(ch)
+            shown = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+            raise InvalidId(
+                f"{what} holds a control, format or separator character ({shown} at {i}): "
+                "line breaks, escape sequences and bidirectional controls are refused in job "
+                "ids and unique keys"
+            )
 
 
 def hash_tag(prefix: str) -> str | None:

@@ -6,6 +6,12 @@ JSON too and carry the component bound in the asyncio task that emitted them.
 Secrets: every string in a line (the event text, values at any depth, exception texts and
 formatted tracebacks) has Redis URL passwords and ``password=`` arguments masked before it
 is rendered, and the rendered line is masked once more as a safety net.
+
+Control characters: a readable (console) line is for a terminal, so every string in it has
+its escape sequences and bidirectional controls shown as visible escapes
+(:func:`worker.terminal.safe`): a job's exception text or traceback cannot retitle or clear
+the terminal, write its clipboard (OSC 52) or reverse the text around it. A JSON line
+escapes them by JSON's own rules.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from worker.redisurl import mask_url
+from worker.terminal import safe
 
 #: A Redis URL inside free text: up to whitespace, a quote, ``<>`` or a JSON escape.
 _URL = re.compile(r"(?i)\b(?:rediss?(?:\+(?:sentinel|cluster))?|unix)://[^\s'\"<>\\]*")
@@ -73,6 +80,15 @@ def mask_secrets(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     return event_dict
 
 
+def escape_controls(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Processor (console format): every string value with its control characters escaped
+    (other values are rendered with ``repr``, which escapes them itself)."""
+    for key, value in event_dict.items():
+        if isinstance(value, str) and not key.startswith("_"):
+            event_dict[key] = safe(value)
+    return event_dict
+
+
 def mask_rendered(_: WrappedLogger, __: str, line: Any) -> Any:
     """Final processor: mask the rendered line once more (values rendered with ``repr``)."""
     return mask_text(line) if isinstance(line, str) else line
@@ -105,6 +121,7 @@ def configure_logging(
     if use_json:
         renderer = structlog.processors.JSONRenderer()
     else:
+        shared.append(escape_controls)  # the line goes to a terminal (its own colours stay)
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
 
     structlog.configure(

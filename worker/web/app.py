@@ -93,7 +93,10 @@ def create_app(
     r.add_get("/static/{name}", _static)
     r.add_get("/api/overview", _overview)
     r.add_get("/api/dead", _dead_page)
-    r.add_get("/api/dead/{job_id}", _dead_detail)
+    # a job id may hold any character: aiohttp's default pattern refuses "{" and "}" (every
+    # id of a hash-tagged prefix, "{shop}:...") and "/", and ".+" a line break; the page
+    # sends the id percent-encoded
+    r.add_get(r"/api/dead/{job_id:[\s\S]+}", _dead_detail)
     r.add_post("/api/dead/requeue", _action(_requeue))
     r.add_post("/api/dead/purge", _action(_purge))
     r.add_post("/api/periodic/trigger", _action(_trigger))
@@ -101,7 +104,7 @@ def create_app(
     r.add_post("/api/resume", _action(_resume))
     r.add_post("/api/leader/handoff", _action(_handoff))
     r.add_get("/api/jobs", _jobs)
-    r.add_get("/api/jobs/{job_id}", _job)
+    r.add_get(r"/api/jobs/{job_id:[\s\S]+}", _job)
     r.add_get("/api/tasks", _tasks)
     r.add_post("/api/jobs/retry", _action(jobs.retry))
     r.add_post("/api/jobs/cancel", _action(jobs.cancel))

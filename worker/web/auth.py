@@ -5,10 +5,16 @@
   browser attach it, so actions are safe from cross-site request forgery without a CSRF token.
   It is compared with :func:`hmac.compare_digest`, as bytes (a header that is not UTF-8 is
   just a wrong token: 401).
-- A wrong token is logged (client address and path, never the token) and counted per client
-  address: after :data:`MAX_FAILURES` within :data:`FAILURE_WINDOW_S` seconds that client gets
-  429 (``Retry-After``) for every API request, right token or not, until the window moves on;
-  guessing is held to that rate.
+- The token is compared first, and a request with the right one is never held off. Wrong
+  tokens draw on one budget for the whole console, whatever address they come from
+  (:class:`Failures`: a burst of :data:`MAX_FAILURES`, then :data:`FAILURES_PER_S` a second):
+  within it a wrong token is a 401 and a log line (client address and path, never the
+  token); beyond it a 429 (``Retry-After``) and one line a minute with the count. Keying on
+  the address held every operator behind one ingress or ``kubectl port-forward`` off with the
+  guesser, and let a guesser rotating addresses through. A 429 still tells a guesser the guess
+  was wrong (the right token would have passed): what makes guessing hopeless is the token
+  (at least 16 characters; a generated one has 256 bits); the budget keeps the log and the
+  work per guess bounded and shows the attempt.
 - Every action (a POST) needs the token, whatever ``WORKER_WEB_AUTH`` says; viewing (the JSON
   API) needs it unless viewing was opened explicitly. The page itself (HTML, script, style)
   holds no data and is served to anyone; it asks for the token.
@@ -24,7 +30,6 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -38,11 +43,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Longest operator name kept (``X-Worker-Operator``).
 MAX_NAME = 64
-#: Wrong tokens one client address may present per :data:`FAILURE_WINDOW_S` seconds.
+#: Wrong tokens answered (401, logged) in a burst, from any address together...
 MAX_FAILURES = 10
-FAILURE_WINDOW_S = 60.0
-#: Client addresses whose failures are remembered (the oldest is forgotten first).
-MAX_CLIENTS = 10_000
+#: ...and per second after it; the rest get 429.
+FAILURES_PER_S = 1.0
+#: Seconds between the lines that count the wrong tokens answered 429.
+HELD_LOG_EVERY_S = 60.0
 
 HEADERS = {
     "Content-Security-Policy": (
@@ -58,39 +64,44 @@ HEADERS = {
 
 
 class Failures:
-    """Wrong tokens per client address over the last :data:`FAILURE_WINDOW_S` seconds."""
+    """The console's budget of wrong tokens, one for every address: a bucket of
+    :data:`MAX_FAILURES` refilled at :data:`FAILURES_PER_S`."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        burst: int = MAX_FAILURES,
+        per_s: float = FAILURES_PER_S,
+    ) -> None:
         self.clock = clock
-        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+        self.burst = burst
+        self.per_s = per_s
+        self._level = float(burst)
+        self._at = clock()
+        #: wrong tokens answered 429 since the last line that counted them
+        self.held = 0
+        self._held_logged = -math.inf
 
-    def _recent(self, client: str) -> deque[float]:
-        times = self._seen.get(client)
-        if times is None:
-            return deque()
-        horizon = self.clock() - FAILURE_WINDOW_S
-        while times and times[0] <= horizon:
-            times.popleft()
-        if not times:
-            del self._seen[client]
-        return times
-
-    def retry_after(self, client: str) -> float | None:
-        """Seconds until ``client`` may try again, or ``None`` if it may now."""
-        times = self._recent(client)
-        if len(times) < MAX_FAILURES:
+    def take(self) -> float | None:
+        """Spend one wrong token: ``None`` when within the budget, else the seconds until the
+        next one would be."""
+        now = self.clock()
+        self._level = min(float(self.burst), self._level + (now - self._at) * self.per_s)
+        self._at = now
+        if self._level >= 1.0:
+            self._level -= 1.0
             return None
-        return max(1.0, times[-MAX_FAILURES] + FAILURE_WINDOW_S - self.clock())
+        self.held += 1
+        return (1.0 - self._level) / self.per_s
 
-    def add(self, client: str) -> int:
-        """Count one wrong token from ``client``; the failures in the window."""
-        times = self._recent(client)
-        times.append(self.clock())
-        self._seen[client] = times
-        self._seen.move_to_end(client)
-        while len(self._seen) > MAX_CLIENTS:
-            self._seen.popitem(last=False)
-        return len(times)
+    def held_line_due(self) -> bool:
+        """Whether to log the count of held-off wrong tokens now (once a
+        :data:`HELD_LOG_EVERY_S`)."""
+        now = self.clock()
+        if now - self._held_logged < HELD_LOG_EVERY_S:
+            return False
+        self._held_logged = now
+        return True
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,9 @@ class Guard:
         action = request.method not in ("GET", "HEAD", "OPTIONS")
         if request.method == "OPTIONS":
             raise _error(web.HTTPMethodNotAllowed, "no cross-origin requests", method="OPTIONS")
-        if action or self.view_needs_token:
-            self._throttle(request)
+        presented = self.presented(request)  # first: the right token is never held off
+        if presented == "wrong" and self.token is not None and (action or self.view_needs_token):
+            self._wrong(request)
         if action:
             if self.token is None:
                 raise _error(
@@ -137,36 +149,38 @@ class Guard:
                 raise _error(web.HTTPForbidden, "cross-origin request refused")
             if request.content_type != "application/json":
                 raise _error(web.HTTPUnsupportedMediaType, "actions take application/json")
-            if not self.valid(request):
+            if presented != "right":
                 raise _error(web.HTTPUnauthorized, "this action needs the console's token")
-        elif self.view_needs_token and not self.valid(request):
+        elif self.view_needs_token and presented != "right":
             raise _error(web.HTTPUnauthorized, "the console needs its token")
 
-    def _throttle(self, request: web.Request) -> None:
-        """429 for a client over its wrong-token budget; counts and logs a wrong token."""
-        client = request.remote or "?"
-        wait = self.failures.retry_after(client)
-        if wait is not None:
-            raise _too_many(wait)
-        if self.token is None or self.presented(request) != "wrong":
+    def _wrong(self, request: web.Request) -> None:
+        """Spend a wrong token: logged within the budget (the caller answers 401), 429 beyond."""
+        wait = self.failures.take()
+        if wait is None:
+            log.warning(
+                "console token refused",
+                client=request.remote or "?",
+                method=request.method,
+                path=request.path,
+            )
             return
-        n = self.failures.add(client)
-        log.warning(
-            "console token refused"
-            if n < MAX_FAILURES
-            else f"console token refused; client held off for {FAILURE_WINDOW_S:.0f} s",
-            client=client,
-            method=request.method,
-            path=request.path,
-            failures=n,
-            window_s=FAILURE_WINDOW_S,
-        )
+        if self.failures.held_line_due():
+            log.warning(
+                "console token refused: more wrong tokens than the console answers "
+                f"({MAX_FAILURES} at once, {FAILURES_PER_S:g} a second, from any address); "
+                "the rest get 429 (the right token still passes)",
+                held=self.failures.held,
+                client=request.remote or "?",
+            )
+            self.failures.held = 0
+        raise _too_many(wait)
 
 
 def _too_many(wait: float) -> web.HTTPTooManyRequests:
-    wait = math.ceil(wait)
+    wait = max(1, math.ceil(wait))
     return web.HTTPTooManyRequests(
-        text=f'{{"error": "too many wrong tokens from this address; retry in {wait:.0f} s"}}',
+        text=f'{{"error": "too many wrong tokens; retry in {wait:.0f} s"}}',
         content_type="application/json",
         headers={"Retry-After": str(wait)},
     )

@@ -27,6 +27,28 @@ const TASKS_EVERY_MS = 10000;
 // -- helpers ------------------------------------------------------------------------------------
 const $ = (id) => document.getElementById(id);
 
+// Controls, format characters (bidirectional overrides and isolates, zero-width ones) and line
+// separators, shown as visible escapes (\x0a, \u202e): text as text is not enough, a right-to-
+// left override still reorders what surrounds it and a line break still breaks a dialog.
+// A job id is shown with every one escaped (idText); other text keeps its tabs and line
+// breaks (visible), as the command line does.
+const CONTROL = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
+const CONTROL_BUT_LINES = /(?![\t\n])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
+
+function escaped(c) {
+  const n = c.codePointAt(0);
+  return n < 0x100 ? "\\x" + n.toString(16).padStart(2, "0")
+    : "\\u" + n.toString(16).padStart(4, "0");
+}
+
+function idText(s) {
+  return String(s).replace(CONTROL, escaped);
+}
+
+function visible(s) {
+  return String(s).replace(CONTROL_BUT_LINES, escaped);
+}
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -34,12 +56,12 @@ function el(tag, attrs, ...children) {
     if (k === "class") node.className = v;
     else if (k.startsWith("data-")) node.setAttribute(k, v);
     else if (k === "onclick") node.addEventListener("click", v);
-    else if (k === "title") node.title = v;
+    else if (k === "title") node.title = visible(v);
     else node.setAttribute(k, v === true ? "" : v);
   }
   for (const c of children) {
     if (c === null || c === undefined) continue;
-    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    node.append(c instanceof Node ? c : document.createTextNode(visible(c)));
   }
   return node;
 }
@@ -91,7 +113,7 @@ function bytes(n) {
 
 function toast(text, ok) {
   const t = $("toast");
-  t.textContent = text;
+  t.textContent = idText(text);  // an answer names job ids
   t.className = ok ? "ok" : "bad";
   t.hidden = false;
   clearTimeout(toast.timer);
@@ -120,7 +142,7 @@ async function call(path, body) {
 }
 
 async function act(path, body, confirmText) {
-  if (confirmText && !window.confirm(confirmText)) return null;
+  if (confirmText && !window.confirm(idText(confirmText))) return null;
   if (!state.token) {
     showLogin("Actions need the console's token.");
     return null;
@@ -189,7 +211,7 @@ async function refresh() {
     if (e instanceof AuthError) {
       showLogin(e.message);
     } else {
-      $("updated").textContent = "not updated: " + e.message;
+      $("updated").textContent = "not updated: " + visible(e.message);
       $("updated").className = "error";
     }
   } finally {
@@ -212,7 +234,7 @@ function render(d) {
 
 function renderCluster(d, now) {
   const c = d.cluster, ld = c.leader;
-  $("leader-name").textContent = ld.held ? (ld.instance || "?") : "none";
+  $("leader-name").textContent = ld.held ? visible(ld.instance || "?") : "none";
   $("leader-detail").textContent = ld.held
     ? "epoch " + ld.epoch + " · lease age " + duration(ld.lease_age_s) +
       " · ttl " + (ld.ttl_remaining_s === null ? "none" : ld.ttl_remaining_s + "s")
@@ -221,7 +243,8 @@ function renderCluster(d, now) {
   $("handoff").disabled = !ld.held;
   const live = c.instances.filter((i) => i.alive);
   $("instances-count").textContent = live.length;
-  $("apps").textContent = Object.entries(c.apps).map(([a, n]) => a + " (" + n + ")").join(", ") ||
+  $("apps").textContent = visible(Object.entries(c.apps).map(([a, n]) => a + " (" + n + ")")
+    .join(", ")) ||
     "no live instances";
   const queued = c.queues.reduce((s, q) => s + q.depth, 0);
   $("queued").textContent = queued;
@@ -455,9 +478,9 @@ async function loadDead() {
   fill("dead", d.items.map((r) => el("tr", { "data-job": r.job_id,
     class: state.detail === r.job_id ? "chosen" : "" },
   el("td", {}, el("input", { type: "checkbox", class: "pick", "data-job": r.job_id,
-    "aria-label": "select " + r.job_id, checked: state.selected.has(r.job_id) }),),
+    "aria-label": "select " + idText(r.job_id), checked: state.selected.has(r.job_id) }),),
   el("td", { class: "job" }, el("a", { href: "#dead", "data-open": r.job_id,
-    onclick: (ev) => { ev.preventDefault(); openDetail(r.job_id); } }, r.job_id)),
+    onclick: (ev) => { ev.preventDefault(); openDetail(r.job_id); } }, idText(r.job_id))),
   el("td", {}, r.task || "?"),
   el("td", { class: "reason" }, r.reason),
   el("td", { class: "num" }, r.tries === null || r.tries === undefined ? "–" : r.tries),
@@ -487,7 +510,7 @@ async function openDetail(jobId) {
     const r = await call("api/dead/" + encodeURIComponent(jobId));
     state.detail = jobId;
     $("dead-detail").hidden = false;
-    $("detail-title").textContent = r.job_id;
+    $("detail-title").textContent = idText(r.job_id);
     const fields = [["task", r.task || "?"], ["reason", r.reason], ["kind", r.kind],
       ["queue", r.queue], ["tries", r.tries], ["size", bytes(r.size)],
       ["sha256", r.sha256], ["instance", r.instance], ["set aside", clock(r.at_ms)]];
@@ -495,7 +518,7 @@ async function openDetail(jobId) {
       [el("dt", {}, k), el("dd", {}, v === null || v === undefined ? "–" : v)]));
     $("detail-format").textContent = "(" + r.preview.format +
       (r.preview.truncated || r.truncated ? ", cut short" : "") + ")";
-    $("detail-payload").textContent = r.preview.text || "(empty)";
+    $("detail-payload").textContent = visible(r.preview.text || "(empty)");
   } catch (e) {
     toast(e.message, false);
   }
@@ -577,7 +600,7 @@ async function loadJobs(more) {
   fill("jobs", j.items.map((r) => el("tr", { "data-job": r.job_id,
     class: (j.detail === r.job_id ? "chosen " : "") + "state-" + r.state },
   el("td", { class: "job" }, el("a", { href: "#jobs", "data-open-job": r.job_id,
-    onclick: (ev) => { ev.preventDefault(); openJob(r.job_id); } }, r.job_id)),
+    onclick: (ev) => { ev.preventDefault(); openJob(r.job_id); } }, idText(r.job_id))),
   el("td", {}, r.task || "?"),
   el("td", {}, r.queue || "–"),
   el("td", { class: "state" }, r.state),
@@ -598,7 +621,7 @@ function whenOf(r, now) {
 function shown(id, text) {
   $(id).hidden = !text;
   $(id + "-title").hidden = !text;
-  $(id).textContent = text || "";
+  $(id).textContent = visible(text || "");
 }
 
 async function openJob(jobId) {
@@ -608,7 +631,7 @@ async function openJob(jobId) {
     state.jobs.detail = jobId;
     state.jobs.detailAt = Date.now();
     $("job-detail").hidden = false;
-    $("job-title").textContent = r.job_id;
+    $("job-title").textContent = idText(r.job_id);
     const fields = [["task", r.task || "?"], ["queue", r.queue], ["state", r.state],
       ["tries", r.tries], ["instance", r.instance],
       ["enqueued", r.enqueued_ms ? clock(r.enqueued_ms) + " (" + ago(r.enqueued_ms, now) + ")" : null],
@@ -625,7 +648,7 @@ async function openJob(jobId) {
     if (!bar.hidden) {
       bar.querySelector(".bar").style.width = Math.round(100 * r.progress) + "%";
       bar.querySelector(".label").textContent = Math.round(100 * r.progress) + " %" +
-        (r.progress_message ? " · " + r.progress_message : "");
+        (r.progress_message ? " · " + visible(r.progress_message) : "");
     }
     const e = r.error;
     shown("job-error", e ? (e.type || "error") + ": " + (e.message || "") +
