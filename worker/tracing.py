@@ -11,9 +11,14 @@ Attributes follow the messaging semantic conventions: ``messaging.system`` = ``a
 job protocol: arq's records and queues), ``messaging.destination.name`` = the queue,
 ``messaging.message.id`` = the job id, ``messaging.operation.type`` = ``send`` / ``create`` /
 ``process``; plus ``worker.task``, ``worker.job_try``, and for duty jobs ``worker.tick`` (ISO)
-and ``worker.leader_epoch``. Batched enqueues (the leader's ticks, a poll dispatch) get one
-``create`` PRODUCER span per job, which is that job's parent, and one ``send`` CLIENT span for
-the script call, linked to each.
+and ``worker.leader_epoch``. A failed run's span carries its error as a log line and a failure
+record do: secrets (Redis URL passwords, ``password=``) masked and the texts capped (the
+message at 2,000 characters, the traceback at 16 KiB: :func:`worker.logs.error_text`,
+:func:`worker.logs.traceback_text`), in the status and in its ``exception`` event.
+
+Batched enqueues (the leader's ticks, a poll dispatch) get one ``create`` PRODUCER span per
+job, which is that job's parent, and one ``send`` CLIENT span for the script call, linked to
+each.
 
 Off (the default), nothing here is imported or called: one ``is None`` check per enqueue and
 the consumer has no tracing hook.
@@ -31,6 +36,7 @@ from arq.worker import Retry, RetryJob
 
 from worker.errors import ConfigError
 from worker.jobs import JobHook, JobOutcome, JobRun
+from worker.logs import error_text, traceback_text
 from worker.settings import OTEL_MISSING
 from worker.version import __version__
 
@@ -245,8 +251,9 @@ class TracingHook(JobHook):
             span.set_attribute("worker.outcome", outcome.status)
             err = outcome.error
             if err is not None and _is_failure(outcome):
-                span.record_exception(err)
-                span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:256]))
+                message, tb = error_text(err), traceback_text(err)
+                span.add_event("exception", exception_attributes(err, message, tb))
+                span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {message}"[:256]))
             if outcome.status == "retry":
                 attrs = attributes(
                     "send", run.job.name, run.job_id, run.queue, job_try=run.job_try + 1
@@ -258,6 +265,20 @@ class TracingHook(JobHook):
         finally:
             span.end()
             t._context.detach(token)
+
+
+def exception_attributes(err: BaseException, message: str, tb: str) -> dict[str, Any]:
+    """The ``exception`` event of a failed run, as the semantic conventions name its fields,
+    with the texts a failure record keeps (secrets masked, capped: :func:`error_text`,
+    :func:`traceback_text`), never the exception's own ``str`` (a 3 MB message would make a
+    6 MB span, and a Redis URL's password would leave the process in it)."""
+    module, name = type(err).__module__, type(err).__qualname__
+    return {
+        "exception.type": f"{module}.{name}" if module and module != "builtins" else name,
+        "exception.message": message,
+        "exception.stacktrace": tb,
+        "exception.escaped": "False",
+    }
 
 
 def _is_failure(outcome: JobOutcome) -> bool:
