@@ -325,3 +325,24 @@ async def test_a_failed_runs_span_holds_the_masked_capped_error(
         "Traceback" in event["exception.stacktrace"]
         and "raise ConnectionError" in (event["exception.stacktrace"])
     )
+
+
+def test_an_enqueue_error_on_its_spans_is_masked_and_capped(spans: InMemorySpanExporter) -> None:
+    """The PRODUCER/CLIENT spans of an enqueue that raised hold the same masked, capped texts
+    (the SDK would record the exception's own ``str`` and traceback)."""
+    tracing = Tracing()
+    leak = "redis://app:hunter2@cache:6379/0 password=hunter2 " + "x" * 3_000_000
+    with pytest.raises(ConnectionError), tracing.send("greet", "j1", "default"):
+        raise ConnectionError(leak)
+    batch = tracing.batch()
+    batch.create("greet", "j2", "default")
+    with pytest.raises(ConnectionError), batch.send():
+        raise ConnectionError(leak)
+    failed = [s for s in spans.get_finished_spans() if s.status.status_code == StatusCode.ERROR]
+    assert len(failed) == 2
+    for span in failed:
+        (event,) = span.events
+        texts = [span.status.description or "", *map(str, (event.attributes or {}).values())]
+        assert not any("hunter2" in t for t in texts), texts
+        assert sum(map(len, texts)) < 40_000
+        assert "redis://app:***@cache" in (event.attributes or {})["exception.message"]
