@@ -251,6 +251,7 @@ async def test_a_page_of_big_jobs_reads_a_few_kib_each(
     sent = await _net_out(r) - before
     assert detail["state"] == state and detail["task"] == "record"
     assert "bytes in all" in detail["args"] and len(detail["args"]) <= 2000, detail["args"]
+    assert detail["args"].startswith("(b'\\x00") and detail["kwargs"].startswith("… (")
     assert sent < 200_000, sent  # a capped head, never the whole 4 MiB
     if state == "done":  # the times and queue read from the record's tail
         assert (detail["started_ms"], detail["finished_ms"]) == (now, now + 5)

@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import pickletools
 import re
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
-from worker.serializer import json_loads, msgpack_loads
+from worker.serializer import Deserialize, json_loads, msgpack_loads
 
 #: Bytes of a record's head read for a listing, and for a job's detail.
 HEAD_BYTES = 4 * 1024
@@ -38,12 +37,6 @@ MAX_ARGS = 64
 MAX_INT = 2**53
 #: Longest string field (task, queue, id) taken from a tail.
 MAX_NAME = 512
-
-Deserialize = Callable[[bytes], dict[str, Any]]
-
-
-class Cut(Exception):
-    """The head ends inside this value."""
 
 
 def read_head(head: bytes, deserialize: Deserialize) -> tuple[dict[str, Any], bool]:

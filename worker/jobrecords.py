@@ -36,6 +36,8 @@ class Decoded:
     error: str | None = None
     #: the record's size when only its head was decoded (the arguments shown are its first)
     cut_bytes: int | None = None
+    #: whether ``kwargs`` are the record's (``False``: the cut came before them)
+    kwargs_read: bool = True
 
 
 def short(text: str, limit: int) -> str:
@@ -71,6 +73,7 @@ def decode_job(
             t if isinstance(t, int) else None,
             et if isinstance(et, int) else None,
             cut_bytes=size if cut else None,
+            kwargs_read=not cut or "k" in data,
         )
     except Exception as exc:
         return Decoded(error=f"job record: {type(exc).__name__}: {short(str(exc), 200)}")
@@ -84,11 +87,16 @@ def args_text(d: Decoded, limit: int) -> str:
     return short(text, limit)
 
 
-def args_repr(d: Decoded, limit: int = REPR_CHARS) -> str:
-    """``repr`` of the arguments for a job's detail (the first ones, when cut)."""
-    if d.cut_bytes is None:
-        return short(repr(d.args), limit)
-    return f"{short(repr(d.args)[:-1], limit - 32)}, … ({d.cut_bytes} bytes in all)"
+def args_repr(d: Decoded, limit: int = REPR_CHARS, *, kwargs: bool = False) -> str:
+    """``repr`` of the arguments (``kwargs``: the keyword arguments) for a job's detail: the
+    first ones when the record was cut, and how long it was."""
+    if d.cut_bytes is None or (kwargs and d.kwargs_read):
+        return short(repr(d.kwargs if kwargs else d.args), limit)
+    cut = f"… ({d.cut_bytes} bytes in all)"
+    if kwargs:
+        return cut
+    head = "".join(f"{a!r}, " for a in d.args)
+    return f"({short(head, limit - 40)}{cut})"
 
 
 def as_ms(value: Any) -> int | None:
@@ -176,7 +184,7 @@ def decode_result(
         "queue": queue_name(r.queue_name, prefix),
         "args": args_text(d, SUMMARY_REPR_CHARS),
         "args_full": args_repr(d),
-        "kwargs_full": short(repr(d.kwargs), REPR_CHARS),
+        "kwargs_full": args_repr(d, kwargs=True),
     }
 
 
@@ -206,7 +214,7 @@ def _cut_result(
         "queue": queue_name(data.get("q"), prefix),
         "args": args_text(d, SUMMARY_REPR_CHARS),
         "args_full": args_repr(d),
-        "kwargs_full": short(repr(d.kwargs), REPR_CHARS),
+        "kwargs_full": args_repr(d, kwargs=True),
     }
 
 

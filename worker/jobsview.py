@@ -391,7 +391,7 @@ async def job_detail(
         progress=fraction(progress),
         progress_message=(progress or {}).get("message"),
         args=args_repr(job) if rec.payload else result.get("args_full"),
-        kwargs=short(repr(job.kwargs), REPR_CHARS) if rec.payload else result.get("kwargs_full"),
+        kwargs=args_repr(job, kwargs=True) if rec.payload else result.get("kwargs_full"),
         result=short(repr(value), REPR_CHARS) if result.get("success") else None,
         error=error,
         dead=letter,
