@@ -12,6 +12,7 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import CliRun, Spawn, client_call, wait_until
+from worker.serializer import job_payload, msgpack_dumps
 from worker.storage import keys as K
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -118,3 +119,35 @@ def test_retry_a_failed_job_and_list_failed_and_done(
         ("retry", False),
         ("retry", True),
     ]
+
+
+def test_jobs_and_job_read_a_few_kib_of_big_payloads(
+    cli: CliRun, rsync: redis_sync.Redis, redis_url: str, key_prefix: str
+) -> None:
+    """50 scheduled jobs of 4 MiB arguments, written with plain redis-py: ``worker jobs`` reads
+    a few KiB of each (4.9 s and 286 MB before: every payload read and decoded whole) and
+    ``worker job ID`` a capped head."""
+    keys, env = K.Keys(key_prefix), _env(redis_url, key_prefix)
+    now = int(rsync.time()[0]) * 1000
+    rsync.set("big-src", job_payload("record", [b"\0" * (4 << 20), "x"], {}, now, msgpack_dumps))
+    ids = [f"{key_prefix}big-{i:02d}" for i in range(50)]
+    for i, j in enumerate(ids):  # the server copies: the test sends 4 MiB once
+        rsync.copy("big-src", K.ARQ_JOB + j)
+        rsync.zadd(keys.queue, {j: now + 600_000 + i})
+
+    def sent() -> int:
+        return int(rsync.info("stats")["total_net_output_bytes"])
+
+    before = sent()
+    listed = _json(cli, env, "jobs", "--state", "scheduled", "--limit", "50")
+    read = sent() - before
+    print(f"worker jobs, 50 scheduled 4 MiB jobs: {read} bytes read")
+    assert read < 1_000_000, read  # 210 MB before
+    assert sorted(j["job_id"] for j in listed["items"]) == ids
+    assert all(j["args"].endswith("(4194342 bytes)") for j in listed["items"]), listed["items"][0]
+
+    before = sent()
+    detail = _json(cli, env, "job", ids[0])
+    read = sent() - before
+    assert read < 200_000, read  # 4 MiB before
+    assert detail["state"] == "scheduled" and "bytes in all" in detail["args"]

@@ -280,3 +280,69 @@ async def test_a_poll_dispatch_is_one_create_span_per_job_linked_from_one_send(
         record = msgpack_loads(await fake_arq.get(f"arq:job:{attrs['messaging.message.id']}"))
         assert f"{c.context.span_id:016x}" in record[KEY]["traceparent"]
         assert record[KEY]["worker.leader_epoch"] == "5"
+
+
+@pytest.mark.slow
+async def test_a_failed_runs_span_holds_the_masked_capped_error(
+    spawn: Spawn, redis_url: str, tmp_path: Path
+) -> None:
+    """A real worker's exported span of a run that raised a Redis URL with its password,
+    ``password=…`` and 3 MB more: the status and the exception event hold the failure
+    record's texts (masked, capped), not the exception's own (a 6 MB span, secrets in it)."""
+    trace_file = tmp_path / "spans.jsonl"
+    env = {"WORKER_TRACING": "otel", "TRACE_FILE": str(trace_file)}
+    worker = spawn("consumer", app="tests.apps.traced:app", env=env)
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    client = await Client.connect(redis_url, key_prefix=prefix)
+    try:
+        jid = await client.enqueue("leaks", 3_000_000)
+        deadline = time.monotonic() + 60
+        span: dict[str, Any] | None = None
+        while span is None and time.monotonic() < deadline:
+            assert worker.alive(), worker.log()[-3000:]
+            span = next(
+                (s for s in read_spans(trace_file) if s["kind"] == "CONSUMER"
+                 and s["attributes"].get("messaging.message.id") == jid),
+                None,
+            )  # fmt: skip
+            await asyncio.sleep(0.2)
+        assert span is not None, worker.log()[-3000:]
+    finally:
+        await client.close()
+        worker.terminate()
+    size = len(json.dumps(span))
+    print(f"the failed run's span: {size} bytes exported")
+    text = json.dumps(span)
+    assert "hunter2" not in text, f"{text.count('hunter2')} secrets in the span"
+    assert size < 40_000, size  # 6 MB before: the message, and again in the stacktrace
+    assert span["status"] == "ERROR"
+    assert span["status_description"].startswith("ConnectionError: cannot reach redis://app:***@")
+    (event,) = span["event_attributes"]
+    assert span["events"] == ["exception"] and event["exception.type"] == "ConnectionError"
+    assert "password=***" in event["exception.message"]
+    assert "[cut: " in event["exception.message"]  # capped, with the length it had
+    assert (
+        "Traceback" in event["exception.stacktrace"]
+        and "raise ConnectionError" in (event["exception.stacktrace"])
+    )
+
+
+def test_an_enqueue_error_on_its_spans_is_masked_and_capped(spans: InMemorySpanExporter) -> None:
+    """The PRODUCER/CLIENT spans of an enqueue that raised hold the same masked, capped texts
+    (the SDK would record the exception's own ``str`` and traceback)."""
+    tracing = Tracing()
+    leak = "redis://app:hunter2@cache:6379/0 password=hunter2 " + "x" * 3_000_000
+    with pytest.raises(ConnectionError), tracing.send("greet", "j1", "default"):
+        raise ConnectionError(leak)
+    batch = tracing.batch()
+    batch.create("greet", "j2", "default")
+    with pytest.raises(ConnectionError), batch.send():
+        raise ConnectionError(leak)
+    failed = [s for s in spans.get_finished_spans() if s.status.status_code == StatusCode.ERROR]
+    assert len(failed) == 2
+    for span in failed:
+        (event,) = span.events
+        texts = [span.status.description or "", *map(str, (event.attributes or {}).values())]
+        assert not any("hunter2" in t for t in texts), texts
+        assert sum(map(len, texts)) < 40_000
+        assert "redis://app:***@cache" in (event.attributes or {})["exception.message"]

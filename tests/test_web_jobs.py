@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
+from arq.jobs import serialize_result
 
 from tests.apps.ledger import app as ledger
 from tests.test_consumer import KEYS, Loop, eventually
 from worker.client import Client
-from worker.serializer import msgpack_dumps
+from worker.serializer import job_payload, msgpack_dumps
 from worker.web import create_app
 
 pytestmark = pytest.mark.timeout(90)
@@ -191,3 +192,67 @@ async def test_scheduled_pages_and_cancel_queued_and_running(
     assert took < 5, took  # the bound is 2 s (claim checks every doubt_s / 4); generous here
     assert await r.hget(f"{KEYS.prefix}ledger:slow-done", slow) is None  # it never finished
     print(f"cancel of a running job: {took:.2f} s")
+
+
+#: The payload of a big job (issue 25 item 5: pages of 50 such jobs read 200 MB before).
+BIG = 4 * 1024 * 1024
+
+
+async def _net_out(r: Any) -> int:
+    """Bytes the server has sent to all its clients so far."""
+    return int((await r.info("stats"))["total_net_output_bytes"])
+
+
+async def _big_jobs(r: Any, n: int, now_ms: int, *, scheduled: bool) -> list[str]:
+    """``n`` jobs of 4 MiB arguments written with plain redis-py (one record ``COPY``'d: the
+    server does the copying), scheduled 10 minutes on, or ended (a result record each)."""
+    src = "big-src"
+    big = [b"\0" * BIG, "tail-arg"]
+    if scheduled:
+        record = job_payload("record", big, {"who": "x"}, now_ms, msgpack_dumps)
+    else:
+        times = (now_ms, True, None, now_ms, now_ms + 5, "ref", KEYS.queue, "")
+        record = serialize_result("record", tuple(big), {}, 1, *times, serializer=msgpack_dumps)
+    await r.set(src, record)
+    ids = [f"{KEYS.prefix}big-{i:02d}" for i in range(n)]
+    async with r.pipeline(transaction=False) as pipe:
+        for i, j in enumerate(ids):
+            if scheduled:
+                pipe.copy(src, f"arq:job:{j}")
+                pipe.zadd(KEYS.queue, {j: now_ms + 600_000 + i})
+            else:
+                pipe.copy(src, f"arq:result:{j}")
+                pipe.zadd(KEYS.done, {j: now_ms + i})
+        pipe.delete(src)
+        await pipe.execute()
+    return ids
+
+
+@pytest.mark.parametrize("state", ["scheduled", "done"])
+async def test_a_page_of_big_jobs_reads_a_few_kib_each(
+    http: TestClient[Any, Any], consumer: Loop, r: Any, state: str
+) -> None:
+    now = round(await consumer.client.store.server_time_ms())
+    ids = await _big_jobs(r, 50, now, scheduled=state == "scheduled")
+    loop = asyncio.get_running_loop()
+    before, start = await _net_out(r), loop.time()
+    page = await _get(http, "/api/jobs", state=state, limit=50)
+    took, sent = loop.time() - start, await _net_out(r) - before
+    print(f"a page of 50 {state} 4 MiB jobs: {sent} bytes read, {took:.3f} s")
+    assert sent < 1_000_000, sent  # 210 MB before: every payload read whole
+    assert took < 0.5, took  # 4-6 s before (2.6-10 s outside), the console's loop blocked
+    assert sorted(j["job_id"] for j in page["items"]) == ids
+    row = page["items"][0]
+    assert row["task"] == "record" and row["state"] == state
+    assert row["args"].startswith("b'\\x00") and row["args"].endswith(" bytes)"), row["args"]
+
+    before = await _net_out(r)
+    detail = await _get(http, f"/api/jobs/{ids[0]}")
+    sent = await _net_out(r) - before
+    assert detail["state"] == state and detail["task"] == "record"
+    assert "bytes in all" in detail["args"] and len(detail["args"]) <= 2000, detail["args"]
+    assert detail["args"].startswith("(b'\\x00") and detail["kwargs"].startswith("… (")
+    assert sent < 200_000, sent  # a capped head, never the whole 4 MiB
+    if state == "done":  # the times and queue read from the record's tail
+        assert (detail["started_ms"], detail["finished_ms"]) == (now, now + 5)
+        assert detail["queue"] == "default"

@@ -7,14 +7,20 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from arq.jobs import deserialize_result
 
+from worker.jobhead import read_head, read_tail
 from worker.serializer import Deserialize
 from worker.storage.inspect_jobs import JobPlace, JobRecord
 from worker.storage.keys import DEFAULT_QUEUE
 
+#: What ``job_detail`` can find a job to be (a listing's states, and the ends).
+DetailState = Literal[
+    "queued", "scheduled", "running", "done", "failed", "timeout", "cancelled", "dead"
+]
+ENDS = ("failed", "timeout", "cancelled", "dead")
 #: Characters kept of an args/kwargs/result repr (detail) and of args in a listing.
 REPR_CHARS = 2000
 SUMMARY_REPR_CHARS = 120
@@ -28,18 +34,35 @@ class Decoded:
     tries: int | None = None
     enqueued_ms: int | None = None
     error: str | None = None
+    #: the record's size when only its head was decoded (the arguments shown are its first)
+    cut_bytes: int | None = None
+    #: whether ``kwargs`` are the record's (``False``: the cut came before them)
+    kwargs_read: bool = True
 
 
 def short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def decode_job(payload: bytes | None, deserialize: Deserialize) -> Decoded:
-    """arq's job record ``{"t", "f", "a", "k", "et"}``; a bad one is reported, never raised."""
+def decode_job(
+    payload: bytes | None,
+    deserialize: Deserialize,
+    *,
+    size: int | None = None,
+    tail: bytes | None = None,
+) -> Decoded:
+    """arq's job record ``{"t", "f", "a", "k", "et"}``; a bad one is reported, never raised.
+    ``payload`` may be the head of a record of ``size`` bytes (``tail``: its last bytes):
+    then only that head is decoded (:mod:`worker.jobhead`)."""
     if payload is None:
         return Decoded()
+    cut = size is not None and size > len(payload)
     try:
-        data = deserialize(payload)
+        if cut:
+            data, _ = read_head(payload, deserialize)
+            data = {**read_tail(tail or b"", deserialize, ("et",)), **data}
+        else:
+            data = deserialize(payload)
         fn = data.get("f")
         args, kwargs = data.get("a") or (), data.get("k") or {}
         et, t = data.get("et"), data.get("t")
@@ -49,6 +72,8 @@ def decode_job(payload: bytes | None, deserialize: Deserialize) -> Decoded:
             kwargs if isinstance(kwargs, dict) else {"?": kwargs},
             t if isinstance(t, int) else None,
             et if isinstance(et, int) else None,
+            cut_bytes=size if cut else None,
+            kwargs_read=not cut or "k" in data,
         )
     except Exception as exc:
         return Decoded(error=f"job record: {type(exc).__name__}: {short(str(exc), 200)}")
@@ -56,7 +81,22 @@ def decode_job(payload: bytes | None, deserialize: Deserialize) -> Decoded:
 
 def args_text(d: Decoded, limit: int) -> str:
     parts = [repr(a) for a in d.args] + [f"{k}={v!r}" for k, v in d.kwargs.items()]
-    return short(", ".join(parts), limit)
+    text = ", ".join(parts)
+    if d.cut_bytes is not None:
+        return short(text, limit - 24) + f"{', ' if parts else ''}… ({d.cut_bytes} bytes)"
+    return short(text, limit)
+
+
+def args_repr(d: Decoded, limit: int = REPR_CHARS, *, kwargs: bool = False) -> str:
+    """``repr`` of the arguments (``kwargs``: the keyword arguments) for a job's detail: the
+    first ones when the record was cut, and how long it was."""
+    if d.cut_bytes is None or (kwargs and d.kwargs_read):
+        return short(repr(d.kwargs if kwargs else d.args), limit)
+    cut = f"… ({d.cut_bytes} bytes in all)"
+    if kwargs:
+        return cut
+    head = "".join(f"{a!r}, " for a in d.args)
+    return f"({short(head, limit - 40)}{cut})"
 
 
 def as_ms(value: Any) -> int | None:
@@ -106,16 +146,28 @@ def error_line(failure: dict[str, Any]) -> str | None:
 
 
 def ended_state(result: dict[str, Any], state: str) -> str:
-    if not result or result.get("success"):
+    if not result or result.get("success") is not False:  # None: a cut record's, not found
         return state
     kind = (error_of(result) or {}).get("type")
     return {"CancelledError": "cancelled", "TimeoutError": "timeout"}.get(str(kind), "failed")
 
 
-def decode_result(raw: bytes | None, deserialize: Deserialize, prefix: str) -> dict[str, Any]:
-    """arq's result record as plain fields (``{}`` when absent; ``undecodable`` when bad)."""
+def decode_result(
+    raw: bytes | None,
+    deserialize: Deserialize,
+    prefix: str,
+    *,
+    size: int | None = None,
+    tail: bytes | None = None,
+) -> dict[str, Any]:
+    """arq's result record as plain fields (``{}`` when absent; ``undecodable`` when bad).
+    ``raw`` may be the head of a record of ``size`` bytes (``tail``: its last bytes): then
+    only the head is decoded, the times, queue and outcome taken from the tail when there
+    (``success`` ``None``: not found)."""
     if raw is None:
         return {}
+    if size is not None and size > len(raw):
+        return _cut_result(raw, deserialize, prefix, size, tail or b"")
     try:
         r = deserialize_result(raw, deserializer=deserialize)
     except Exception as exc:
@@ -131,9 +183,51 @@ def decode_result(raw: bytes | None, deserialize: Deserialize, prefix: str) -> d
         "value": r.result,
         "queue": queue_name(r.queue_name, prefix),
         "args": args_text(d, SUMMARY_REPR_CHARS),
-        "args_full": short(repr(d.args), REPR_CHARS),
-        "kwargs_full": short(repr(d.kwargs), REPR_CHARS),
+        "args_full": args_repr(d),
+        "kwargs_full": args_repr(d, kwargs=True),
     }
+
+
+def _cut_result(
+    head: bytes, deserialize: Deserialize, prefix: str, size: int, tail: bytes
+) -> dict[str, Any]:
+    try:
+        data, _ = read_head(head, deserialize)
+    except Exception as exc:
+        return {"undecodable": f"result record: {type(exc).__name__}: {short(str(exc), 200)}"}
+    data = {**read_tail(tail, deserialize, ("et", "s", "st", "ft", "q")), **data}
+    d = decode_job(head, deserialize, size=size, tail=tail)
+
+    def num(key: str) -> int | None:
+        v = data.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    success = data.get("s")
+    return {
+        "task": d.task,
+        "tries": d.tries,
+        "enqueued_ms": num("et"),
+        "started_ms": num("st"),
+        "finished_ms": num("ft"),
+        "success": success if isinstance(success, bool) else None,
+        "value": data.get("r"),
+        "queue": queue_name(data.get("q"), prefix),
+        "args": args_text(d, SUMMARY_REPR_CHARS),
+        "args_full": args_repr(d),
+        "kwargs_full": args_repr(d, kwargs=True),
+    }
+
+
+def job_of(rec: JobRecord, deserialize: Deserialize) -> Decoded:
+    """:func:`decode_job` of a record as :meth:`Store.job_records` read it (whole or in part)."""
+    return decode_job(rec.payload, deserialize, size=rec.payload_size, tail=rec.payload_tail)
+
+
+def result_of(rec: JobRecord, deserialize: Deserialize, prefix: str) -> dict[str, Any]:
+    """:func:`decode_result` of a record as :meth:`Store.job_records` read it."""
+    return decode_result(
+        rec.result, deserialize, prefix, size=rec.result_size, tail=rec.result_tail
+    )
 
 
 def queue_name(key: Any, prefix: str) -> str | None:
@@ -179,8 +273,8 @@ def detail_state(
     if rec.payload is not None and place.queue is not None:
         return "queued" if (place.score_ms or 0) <= now_ms else "scheduled"
     if result:
-        if result.get("success"):
-            return "done"
+        if result.get("success") or (result.get("success") is None and "task" in result):
+            return "done"  # (a cut record without its outcome: a failure record says more)
         kind = (error_of(result) or {}).get("type")
         if kind == "CancelledError":
             return "cancelled"

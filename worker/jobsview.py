@@ -14,21 +14,24 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar
 
+from worker.jobhead import DETAIL_READ, LISTING_READ
 from worker.jobrecords import (
+    ENDS,
     REPR_CHARS,
     SUMMARY_REPR_CHARS,
+    args_repr,
     args_text,
-    decode_job,
-    decode_result,
     detail_state,
     ended_state,
     error_line,
     error_of,
     fraction,
     instance_of,
+    job_of,
     make_cursor,
     matches,
     parse_cursor,
+    result_of,
     short,
 )
 from worker.serializer import Deserialize, msgpack_loads
@@ -40,11 +43,6 @@ T = TypeVar("T")
 
 State = Literal["queued", "scheduled", "running", "failed", "done"]
 STATES: tuple[State, ...] = ("queued", "scheduled", "running", "failed", "done")
-#: What ``job_detail`` can find a job to be (a listing's states, and the ends).
-DetailState = Literal[
-    "queued", "scheduled", "running", "done", "failed", "timeout", "cancelled", "dead"
-]
-_ENDS = ("failed", "timeout", "cancelled", "dead")
 #: Largest page.
 MAX_LIMIT = 500
 #: A filtered listing reads at most this many times ``limit`` entries per call.
@@ -175,7 +173,7 @@ class _Lister:
 
     def _summary(self, rec: JobRecord, state: str, queue: str | None, **extra: Any) -> bool:
         """Add ``rec`` to the page if it passes the filters; whether it did."""
-        d = decode_job(rec.payload, self.deserialize)
+        d = job_of(rec, self.deserialize)
         if not matches(rec.job_id, d, self.task, self.search):
             return False
         self.items.append(
@@ -206,7 +204,7 @@ class _Lister:
                 return JobPage(self.items, make_cursor(qi, score, skip), self.scanned)
             entries = await shard.queue_entries(name, low=start, high=high, offset=skip, count=want)
             self.scanned += len(entries)
-            records = await shard.job_records([e[0] for e in entries])
+            records = await shard.job_records([e[0] for e in entries], **LISTING_READ)
             for (_, s), rec in zip(entries, records, strict=True):
                 skip = skip + 1 if str(s) == score else 1
                 score = str(s)
@@ -228,7 +226,7 @@ class _Lister:
         page = held[: self.budget]
         self.scanned = len(page)
         ids = [j for j, _ in page]
-        records = await self._each(ids, Store.job_records)
+        records = await self._each(ids, lambda st, part: st.job_records(part, **LISTING_READ))
         where = await self._each(ids, lambda st, part: st.queues_of(part, self.queues))
         progress = await self._each(ids, Store.progress_many)
         last = after
@@ -251,7 +249,9 @@ class _Lister:
         entries = sorted((e for part in every for e in part), key=lambda e: -e[1])[: self.budget]
         self.scanned = len(entries)
         ids = [j for j, _ in entries]
-        records = await self._each(ids, lambda st, part: st.job_records(part, results=True))
+        records = await self._each(
+            ids, lambda st, ps: st.job_records(ps, results=True, **LISTING_READ)
+        )
         failed = state == "failed"
         dead = await self._each(ids, Store.dead_entries) if failed else [None] * len(ids)
         fails = await self._each(ids, Store.failures_many) if failed else [None] * len(ids)
@@ -300,7 +300,7 @@ class _Lister:
         fail: dict[str, Any] | None,
     ) -> JobSummary | None:
         prefix = self.shards.of(job_id).keys.prefix  # its shard's queue keys
-        result = decode_result(rec.result, self.deserialize, prefix)
+        result = result_of(rec, self.deserialize, prefix)
         if state == "done" and not result:
             return None  # its result expired
         if state == "failed" and result.get("success"):
@@ -349,19 +349,19 @@ async def job_detail(
     ``undecodable``, never raised."""
     if now_ms is None:
         now_ms = round(await store.server_time_ms())
-    rec = (await store.job_records([job_id], results=True))[0]
+    rec = (await store.job_records([job_id], results=True, **DETAIL_READ))[0]
     place = await store.job_place(job_id, queues)
     letter = await store.dead_record(job_id) if place.dead_ms is not None else None
     if letter is not None:
         letter.pop("payload_b64", None)
-    job = decode_job(rec.payload, deserialize)
-    result = decode_result(rec.result, deserialize, store.keys.prefix)
+    job = job_of(rec, deserialize)
+    result = result_of(rec, deserialize, store.keys.prefix)
     failure = await store.failure(job_id)
     progress = await store.progress(job_id)
     state = detail_state(rec, place, result, letter, now_ms)
     live = state in ("queued", "scheduled", "running")
     f: dict[str, Any] = failure if failure is not None and not live else {}
-    if f and not result.get("success") and f.get("status") in _ENDS:
+    if f and not result.get("success") and f.get("status") in ENDS:
         state = f["status"]
     if state is None:
         return None
@@ -390,8 +390,8 @@ async def job_detail(
         instance=instance_of(rec.marker) or f.get("instance_name") or f.get("instance"),
         progress=fraction(progress),
         progress_message=(progress or {}).get("message"),
-        args=short(repr(job.args), REPR_CHARS) if rec.payload else result.get("args_full"),
-        kwargs=short(repr(job.kwargs), REPR_CHARS) if rec.payload else result.get("kwargs_full"),
+        args=args_repr(job) if rec.payload else result.get("args_full"),
+        kwargs=args_repr(job, kwargs=True) if rec.payload else result.get("kwargs_full"),
         result=short(repr(value), REPR_CHARS) if result.get("success") else None,
         error=error,
         dead=letter,

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import re
 import sys
+import traceback
 from typing import Any
 
 import structlog
@@ -57,6 +58,35 @@ def mask_text(text: str) -> str:
     if "password=" in text.lower():
         text = _PASSWORD_ARG.sub(r"\1***", text)
     return text
+
+
+#: Longest traceback kept (in a failure record, a trace span and a log line), in UTF-8 bytes:
+#: its head and its tail (where the error was raised) are kept.
+TRACEBACK_BYTES = 16 * 1024
+
+
+def head_tail(text: str, limit: int = TRACEBACK_BYTES) -> str:
+    """``text`` when at most ``limit`` UTF-8 bytes, else its head and tail around a marker
+    saying how much was cut."""
+    raw = text.encode(errors="backslashreplace")
+    if len(raw) <= limit:
+        return text
+    half = (limit - 64) // 2
+    head = raw[:half].decode(errors="ignore")
+    tail = raw[-half:].decode(errors="ignore")
+    return f"{head}\n… [{len(raw) - 2 * half} bytes cut] …\n{tail}"
+
+
+def traceback_text(exc: BaseException) -> str:
+    """``exc``'s formatted traceback, secrets masked, capped (:func:`head_tail`)."""
+    text = "".join(traceback.format_exception(exc))
+    return head_tail(mask_text(text))
+
+
+def error_text(exc: BaseException) -> str:
+    """``exc``'s message, secrets masked, capped (:func:`capped`): what a log line, a failure record
+    and a trace span show of it."""
+    return capped(mask_text(str(exc)))
 
 
 def _mask(value: Any) -> Any:

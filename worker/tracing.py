@@ -11,9 +11,14 @@ Attributes follow the messaging semantic conventions: ``messaging.system`` = ``a
 job protocol: arq's records and queues), ``messaging.destination.name`` = the queue,
 ``messaging.message.id`` = the job id, ``messaging.operation.type`` = ``send`` / ``create`` /
 ``process``; plus ``worker.task``, ``worker.job_try``, and for duty jobs ``worker.tick`` (ISO)
-and ``worker.leader_epoch``. Batched enqueues (the leader's ticks, a poll dispatch) get one
-``create`` PRODUCER span per job, which is that job's parent, and one ``send`` CLIENT span for
-the script call, linked to each.
+and ``worker.leader_epoch``. A failed run's span carries its error as a log line and a failure
+record do: secrets (Redis URL passwords, ``password=``) masked and the texts capped (the
+message at 2,000 characters, the traceback at 16 KiB: :func:`worker.logs.error_text`,
+:func:`worker.logs.traceback_text`), in the status and in its ``exception`` event.
+
+Batched enqueues (the leader's ticks, a poll dispatch) get one ``create`` PRODUCER span per
+job, which is that job's parent, and one ``send`` CLIENT span for the script call, linked to
+each.
 
 Off (the default), nothing here is imported or called: one ``is None`` check per enqueue and
 the consumer has no tracing hook.
@@ -31,6 +36,7 @@ from arq.worker import Retry, RetryJob
 
 from worker.errors import ConfigError
 from worker.jobs import JobHook, JobOutcome, JobRun
+from worker.logs import error_text, traceback_text
 from worker.settings import OTEL_MISSING
 from worker.version import __version__
 
@@ -119,7 +125,12 @@ class Tracing:
 
         name = f"send {queue}"
         attrs = attributes("send", task, job_id, queue)
-        with self.tracer.start_as_current_span(name, kind=SpanKind.PRODUCER, attributes=attrs):
+        with (
+            self.tracer.start_as_current_span(
+                name, kind=SpanKind.PRODUCER, attributes=attrs, **_OWN_ERRORS
+            ) as span,
+            failing(span),
+        ):
             yield {KEY: self._carrier()}
 
     def batch(self) -> Batch:
@@ -178,8 +189,11 @@ class Batch:
         if queue is not None:
             attrs["messaging.destination.name"] = queue
         name = f"send {queue}" if queue else "send"
-        with self.tracing.tracer.start_as_current_span(
-            name, kind=SpanKind.CLIENT, attributes=attrs, links=self.links
+        with (
+            self.tracing.tracer.start_as_current_span(
+                name, kind=SpanKind.CLIENT, attributes=attrs, links=self.links, **_OWN_ERRORS
+            ) as span,
+            failing(span),
         ):
             yield
 
@@ -234,7 +248,7 @@ class TracingHook(JobHook):
         self._open[id(run)] = (span, token)
 
     async def finished(self, run: JobRun, outcome: JobOutcome) -> None:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace import SpanKind
 
         opened = self._open.pop(id(run), None)
         if opened is None:
@@ -245,8 +259,7 @@ class TracingHook(JobHook):
             span.set_attribute("worker.outcome", outcome.status)
             err = outcome.error
             if err is not None and _is_failure(outcome):
-                span.record_exception(err)
-                span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"[:256]))
+                record_error(span, err)
             if outcome.status == "retry":
                 attrs = attributes(
                     "send", run.job.name, run.job_id, run.queue, job_try=run.job_try + 1
@@ -258,6 +271,44 @@ class TracingHook(JobHook):
         finally:
             span.end()
             t._context.detach(token)
+
+
+#: The SDK records an error's own ``str`` and traceback: the spans here record them masked.
+_OWN_ERRORS: dict[str, Any] = {"record_exception": False, "set_status_on_exception": False}
+
+
+def record_error(span: Span, err: BaseException) -> None:
+    """Status ERROR and an ``exception`` event (the semantic conventions' fields) holding the
+    texts a failure record and a log line keep (secrets masked, capped: :func:`error_text`,
+    :func:`traceback_text`), never the exception's own ``str`` (a 3 MB message would make a
+    6 MB span, and a Redis URL's password would leave the process in it)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    if not span.is_recording():
+        return
+    message, tb = error_text(err), traceback_text(err)
+    module, name = type(err).__module__, type(err).__qualname__
+    span.add_event(
+        "exception",
+        {
+            "exception.type": f"{module}.{name}" if module and module != "builtins" else name,
+            "exception.message": message,
+            "exception.stacktrace": tb,
+            "exception.escaped": "False",
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {message}"[:256]))
+
+
+@contextmanager
+def failing(span: Span) -> Iterator[None]:
+    """An error raised in the block is recorded on ``span`` (:func:`record_error`), then
+    raised on."""
+    try:
+        yield
+    except Exception as exc:  # as the SDK: not GeneratorExit, not a cancellation
+        record_error(span, exc)
+        raise
 
 
 def _is_failure(outcome: JobOutcome) -> bool:

@@ -34,7 +34,9 @@ class FileExporter(SpanExporter):
                             "parent_id": f"{parent.span_id:016x}" if parent else None,
                             "attributes": dict(s.attributes or {}),
                             "status": s.status.status_code.name,
+                            "status_description": s.status.description,
                             "events": [e.name for e in s.events],
+                            "event_attributes": [dict(e.attributes or {}) for e in s.events],
                         }
                     )
                     + "\n"
@@ -58,6 +60,14 @@ async def greet(ctx: JobContext, name: str) -> str:
 @app.task
 async def boom(ctx: JobContext) -> None:
     raise ValueError("boom")
+
+
+@app.task
+async def leaks(ctx: JobContext, size: int) -> None:
+    """Fails with what an error can carry: a Redis URL with its password, a ``password=``
+    argument, and ``size`` characters more."""
+    url = "redis://app:hunter2-url-secret@cache.internal:6379/0"
+    raise ConnectionError(f"cannot reach {url} (password=hunter2-arg-secret) " + "x" * size)
 
 
 @app.periodic(every=1)

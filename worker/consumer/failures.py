@@ -1,24 +1,25 @@
 """A failed run's record: the text of its error and traceback (masked, capped: 16 KiB stored,
-8 KiB in a log line) and the JSON FINISH keeps at ``<prefix>failure:<id>`` (``Keys.failure``)."""
+8 KiB in a log line; :func:`worker.logs.error_text` and :func:`worker.logs.traceback_text`,
+which a trace span's error uses too) and the JSON FINISH keeps at ``<prefix>failure:<id>``
+(``Keys.failure``)."""
 
 from __future__ import annotations
 
 import json
-import traceback
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
 
 from worker.consumer.results import ResultFor
-from worker.logs import capped, mask_text
+from worker.logs import TRACEBACK_BYTES as TRACEBACK_BYTES
+from worker.logs import capped, head_tail, mask_text
+from worker.logs import error_text as error_text
+from worker.logs import traceback_text as traceback_text
 from worker.storage import Claimed
 
 log = structlog.get_logger("worker.consumer")
 
-#: Longest traceback kept (in a failure record and in a log line), in UTF-8 bytes: its head
-#: and its tail (where the error was raised) are kept.
-TRACEBACK_BYTES = 16 * 1024
 #: Longest traceback in a log line (UTF-8 bytes, head and tail): a line stays under 16 KiB
 #: with the capped error text beside it.
 LOG_TRACEBACK_BYTES = 8 * 1024
@@ -28,32 +29,9 @@ ARGS_CHARS = 1024
 Status = Literal["failed", "timeout", "cancelled", "dead"]
 
 
-def head_tail(text: str, limit: int = TRACEBACK_BYTES) -> str:
-    """``text`` when at most ``limit`` UTF-8 bytes, else its head and tail around a marker
-    saying how much was cut."""
-    raw = text.encode(errors="backslashreplace")
-    if len(raw) <= limit:
-        return text
-    half = (limit - 64) // 2
-    head = raw[:half].decode(errors="ignore")
-    tail = raw[-half:].decode(errors="ignore")
-    return f"{head}\n… [{len(raw) - 2 * half} bytes cut] …\n{tail}"
-
-
-def traceback_text(exc: BaseException) -> str:
-    """``exc``'s formatted traceback, secrets masked, capped (:func:`head_tail`)."""
-    text = "".join(traceback.format_exception(exc))
-    return head_tail(mask_text(text))
-
-
 def log_traceback(tb: str) -> str:
     """A stored traceback (:func:`traceback_text`) cut again for a log line."""
     return head_tail(tb, LOG_TRACEBACK_BYTES)
-
-
-def error_text(exc: BaseException) -> str:
-    """``exc``'s message, secrets masked, capped (:func:`worker.logs.capped`)."""
-    return capped(mask_text(str(exc)))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,22 @@ class JobRecord:
     marker: str | None
     tries: int | None
     result: bytes | None = None
+    #: read in part (``head_bytes``): each record's whole size and its last bytes (``None``
+    #: when read whole); ``payload`` and ``result`` are then its first bytes
+    payload_size: int | None = None
+    payload_tail: bytes | None = None
+    result_size: int | None = None
+    result_tail: bytes | None = None
+
+    @property
+    def payload_cut(self) -> bool:
+        """Whether ``payload`` is only the head of a longer record."""
+        return self.payload is not None and (self.payload_size or 0) > len(self.payload)
+
+    @property
+    def result_cut(self) -> bool:
+        """Whether ``result`` is only the head of a longer record."""
+        return self.result is not None and (self.result_size or 0) > len(self.result)
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,28 @@ return 1
 """
 
 
+Part = tuple[bytes | None, int | None, bytes | None]
+
+
+def _records(raw: list[Any], kind: int, n: int, head: int | None, tail: int) -> list[Part]:
+    """Each job's record of the ``kind``-th record kind out of a :meth:`job_records` reply:
+    ``(bytes, size, tail)`` (whole: ``(bytes, None, None)``; absent: all ``None``)."""
+    if head is None:
+        return [
+            (bytes(v), None, None) if v is not None else (None, None, None) for v in raw[2 + kind]
+        ]
+    out: list[Part] = []
+    base = 2 + kind * n * 3
+    for i in range(n):
+        first, size, last = raw[base + 3 * i : base + 3 * i + 3]
+        if not size:
+            out.append((None, None, None))  # absent (an empty record is none either)
+            continue
+        cut = int(size) > len(first)
+        out.append((bytes(first), int(size), bytes(last) if cut and tail else None))
+    return out
+
+
 class InspectJobOps(StoreBase):
     """Bounded reads of jobs for the listing and the detail; cancelling a job not started and
     running an ended one again."""
@@ -143,29 +181,50 @@ class InspectJobOps(StoreBase):
         return out
 
     async def job_records(
-        self, job_ids: Sequence[str], *, results: bool = False
+        self,
+        job_ids: Sequence[str],
+        *,
+        results: bool = False,
+        head_bytes: int | None = None,
+        tail_bytes: int = 0,
     ) -> list[JobRecord]:
         """arq's records of ``job_ids`` (payload, claim marker, try counter; ``results``: the
-        result too) in one round trip: one ``MGET`` each."""
+        result too) in one round trip: one ``MGET`` each. ``head_bytes``: read at most that
+        many bytes of each payload and result (``GETRANGE``), with its size (``STRLEN``) and
+        its last ``tail_bytes`` (when longer than the head): a page of 4 MiB jobs costs a
+        few KiB a job, never a whole payload."""
         if not job_ids:
             return []
+        kinds = [K.ARQ_JOB, K.ARQ_RESULT] if results else [K.ARQ_JOB]
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.mget([K.ARQ_JOB + j for j in job_ids])
             pipe.mget([K.ARQ_IN_PROGRESS + j for j in job_ids])
             pipe.mget([K.ARQ_RETRY + j for j in job_ids])
-            if results:
-                pipe.mget([K.ARQ_RESULT + j for j in job_ids])
+            for kind in kinds:
+                if head_bytes is None:
+                    pipe.mget([kind + j for j in job_ids])
+                    continue
+                for j in job_ids:
+                    pipe.getrange(kind + j, 0, head_bytes - 1)
+                    pipe.strlen(kind + j)
+                    pipe.getrange(kind + j, -max(tail_bytes, 1), -1)
             raw = await pipe.execute()
+        per = [_records(raw, k, len(job_ids), head_bytes, tail_bytes) for k in range(len(kinds))]
         found = []
         for i, job_id in enumerate(job_ids):
-            tries = raw[2][i]
+            marker, tries = raw[0][i], raw[1][i]
+            payload, size, tail = per[0][i]
+            result, rsize, rtail = per[1][i] if results else (None, None, None)
             found.append(
                 JobRecord(
                     job_id,
-                    bytes(raw[0][i]) if raw[0][i] is not None else None,
-                    _s(raw[1][i]) if raw[1][i] is not None else None,
+                    payload,
+                    _s(marker) if marker is not None else None,
                     int(tries) if tries is not None and _s(tries).lstrip("-").isdigit() else None,
-                    bytes(raw[3][i]) if results and raw[3][i] is not None else None,
+                    result,
+                    size,
+                    tail,
+                    rsize,
+                    rtail,
                 )
             )
         return found
