@@ -1,4 +1,4 @@
-"""App identity (seed 001's red line: two consumer sets on one queue). Every heartbeat record
+"""App identity (never two consumer sets on one queue). Every heartbeat record
 names its app; a process refuses to start (exit 2, one line) when live instances of another
 app use its key prefix; ``status`` shows the apps."""
 

@@ -1,4 +1,4 @@
-"""The demo does what its docstring and the README claim: seed 002's duties, run for real.
+"""The demo does what its docstring and the README claim: its SIM-card duties, run for real.
 
 The slow test runs ``python -m worker`` with the demo app (an ``all`` process and a
 ``consumer``) against the test server with small ``DEMO_*`` knobs and checks, on the demo's

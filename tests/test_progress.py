@@ -1,4 +1,4 @@
-"""Health means progress (seed 003): service SLAs and ``ctx.alive()``, per-key loops, dependency
+"""Health means progress: service SLAs and ``ctx.alive()``, per-key loops, dependency
 checks (readiness, not liveness), periodic run ends recorded cluster-wide, their freshness on
 the leader, and the heartbeat's clock-offset measurement."""
 

@@ -189,7 +189,7 @@ def test_otel_without_the_api_is_one_line_exit_2(cli: CliRun, tmp_path: Path) ->
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "WORKER_TRACING=otel" in lines[0]
-    assert "pip install 'worker[otel]'" in lines[0] and "Traceback" not in out.stderr
+    assert "pip install 'fenced-worker[otel]'" in lines[0] and "Traceback" not in out.stderr
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:

@@ -2,8 +2,7 @@
 
 ``await ctx.broadcast("pricing", data)`` (or ``client.broadcast``) reaches the
 ``@app.on_broadcast("pricing")`` handlers of every process: drop an in-memory snapshot in
-every replica (seed 004 #6), apply a config change everywhere (seed 002's polling-config
-manager).
+every replica, apply a config change everywhere (a polling-config manager).
 
 Design. Pub/sub alone loses what is published while a subscriber reconnects, so each topic is
 a capped Redis stream ``<prefix>bcast:<topic>`` (``broadcast.BROADCAST``): every message gets the
@@ -35,8 +34,8 @@ The sender's process handles its own broadcasts too, once: it is a replica with 
 A broadcast cannot loop: each message carries its *origin* (the sending instance, for logs)
 and its *chain*, the topics whose handlers caused it. A broadcast sent from inside a handler to
 a topic already in that chain, the handler's own topic included, is refused with a warning,
-so neither a process nor a ping-pong between replicas can re-trigger a topic (seed 004:
-subscribers never re-broadcast). Cascades to other topics (a config change that invalidates a
+so neither a process nor a ping-pong between replicas can re-trigger a topic (subscribers
+never re-broadcast). Cascades to other topics (a config change that invalidates a
 cache) go through. The chain follows a handler's own calls and the tasks it starts, not the
 jobs it enqueues: a handler that enqueues a job which broadcasts the same topic is a loop
 this cannot see (give such a job a ``unique_key``).

@@ -246,7 +246,7 @@ class Client:
 
         ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: enqueueing the same key
         twice while the first job is queued, in flight or its result is kept runs it once
-        (seed 002 §6.2's activation tasks). ``queue``: the queue to wait in; by default the
+        (e.g. a package's activation task). ``queue``: the queue to wait in; by default the
         one the task declares (``@app.task(queue=...)``, when the client knows the app), else
         ``default``.
 

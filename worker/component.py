@@ -5,7 +5,7 @@ and cleans up in ``finally``. Loop components implement ``tick()``: one unit of 
 returns the delay before the next, with the wait interruptible by ``stop``. All waiting goes
 through the component's :class:`~worker.clock.Clock`, so tests drive time.
 
-Supervision (seed 001): each component is its own asyncio task; one that raises is logged
+Supervision: each component is its own asyncio task; one that raises is logged
 with its name and restarted with capped exponential backoff; it never kills the process or
 stalls the others. A component that keeps failing is *not live*: liveness fails when it has
 restarted ``CRASH_LOOP_RESTARTS`` times within ``CRASH_LOOP_WINDOW_S`` without completing an
@@ -16,7 +16,7 @@ not a crash: it makes the process *unready* until the component completes an ite
 and never fails liveness, since restarting does not bring Redis back and would restart every
 replica at once. A group is a set of components started and stopped together.
 
-Progress, not only "process alive" (seed 003): a component with an SLA must report an
+Progress, not only "process alive": a component with an SLA must report an
 iteration (``Health.ok``) within it; a service reports through ``ctx.alive()``. A component
 that supervises loops of its own (a ``per_key`` service: one loop per key) lists their health
 in ``Health.parts``, and is overdue when one of them is. Besides liveness, a component can hold

@@ -4,8 +4,8 @@ Both offer the cross-replica helpers, so users never hand-roll locks:
 
 - ``ctx.enqueue(fn, *args, unique_key=...)`` – enqueue once per key while queued/in flight.
 - ``ctx.enqueue_many([...])`` – many jobs, one round trip per chunk (``Client.enqueue_many``).
-- ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly resets, seed 002 §6.3).
-- ``ctx.once(key, ttl)`` – side-effect dedup (seed 000's reminder ``dedup_key``).
+- ``ctx.mutex(key, ttl)`` – a distributed try-lock (e.g. daily/monthly usage resets).
+- ``ctx.once(key, ttl)`` – side-effect dedup (a reminder's ``dedup_key``).
 - ``ctx.poller(name)`` – schedule items on a poller's shard queues.
 - ``ctx.broadcast(topic, data)`` – every process's ``@app.on_broadcast(topic)`` handlers.
 

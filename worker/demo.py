@@ -1,6 +1,7 @@
-"""The demo app (the embedded default): a small model of seed 002's SIM-card polling system.
+"""The demo app (the embedded default): a small model of a SIM-card polling system.
 
-Seed 002's worker, duty by duty:
+Its worker (one process: a task consumer, a polling-config manager, an initializer, a
+polling scheduler and a cron scheduler), duty by duty:
 
 - **Polling-config manager** (every process): per-card-type poll intervals live in the hash
   ``<prefix>demo:poll-config`` (created with ``DEMO_POLL_EVERY_S`` for every type). Each
@@ -25,9 +26,9 @@ Seed 002's worker, duty by duty:
   ``activate_package`` with a unique key per package); ``daily_usage_reset`` (00:00),
   ``monthly_usage_reset`` (00:00 on the 1st) and ``yearly_usage_reset`` (00:00 on 1 January),
   Asia/Shanghai, each under a cluster-wide mutex and ``ctx.once`` per period, with
-  ``catch_up="latest"``: seed 002's in-memory ``lastDailyReset`` becomes the leader's recorded
-  last tick, and a reset missed during an outage runs once when a leader is back.
-- ``mailbox_idle``, a singleton service, stands in for seed 001's IMAP IDLE listener: a
+  ``catch_up="latest"``: the modelled worker's in-memory ``lastDailyReset`` becomes the
+  leader's recorded last tick, and a reset missed during an outage runs once when a leader is back.
+- ``mailbox_idle``, a singleton service, stands in for an IMAP IDLE mailbox listener: a
   blocking wait run in a thread so it never stalls the event loop.
 - ``demo_report`` (every ``DEMO_REPORT_EVERY_S``, default 10 s) logs ``demo report``.
 
@@ -200,7 +201,7 @@ async def poll_card(ctx: JobContext, card_id: str) -> None:
     await ctx.poller("cards").schedule(card_id, delay=poll_config(ctx).interval(card_type))
 
 
-# -- periodic jobs (seed 002's Asynq scheduler and 10-second checks) --------------------------
+# -- periodic jobs (the modelled worker's Asynq scheduler and 10-second checks) ---------------
 
 
 @app.task
@@ -284,7 +285,7 @@ async def demo_report(ctx: JobContext) -> None:
     )
 
 
-# -- a long-running listener (seed 001's IMAP IDLE) -------------------------------------------
+# -- a long-running listener (an IMAP IDLE mailbox) -------------------------------------------
 
 
 def _idle_blocking(timeout_s: float) -> bool:
@@ -295,7 +296,7 @@ def _idle_blocking(timeout_s: float) -> bool:
 
 @app.service(cardinality="singleton")
 async def mailbox_idle(ctx: Context, stop: asyncio.Event) -> None:
-    """One listener cluster-wide; the blocking call runs in a thread (seed 001 §10)."""
+    """One listener cluster-wide; the blocking call runs in a thread."""
     while not stop.is_set():
         if await asyncio.to_thread(_idle_blocking, 1.0):
             await ctx.redis.hincrby(_key(ctx, "stats"), "mails_seen", 1)

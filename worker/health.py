@@ -2,8 +2,8 @@
 
 - ``/healthz`` is liveness: the event loop answers and every running component completed an
   iteration within its SLA and is not crash-looping ("process alive" is not "work
-  progressing", seed 003). It stays 200 during a graceful shutdown so the kubelet does not kill
-  a draining pod (seed 004).
+  progressing"). It stays 200 during a graceful shutdown so the kubelet does not kill
+  a draining pod.
 - ``/readyz`` is 200 once started and 503 from the moment SIGTERM arrives, while a dependency
   check (``@app.health_check``) fails, and while a component backs off from Redis failing
   (:func:`worker.outage.redis_outage`: unreachable, failing over, refusing writes at

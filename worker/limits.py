@@ -1,7 +1,8 @@
 """Cluster-wide limits on a task: at most N running at once, at most N starting per period.
 
-Seed 003's refresh storm and seed 004's note ("an in-process limiter times N replicas is no
-limit") are the reason: the limits live in Redis, so they hold across every consumer.
+A credential-refresh storm multiplied by the replica count, and "an in-process limiter times
+N replicas is no limit", are the reason: the limits live in Redis, so they hold across every
+consumer.
 
 - ``max_concurrency=N``: a sorted set of slots (job id -> lease expiry). A run takes a slot
   before it starts and gives it back when it ends; the consumer renews its slots while the

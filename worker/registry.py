@@ -3,12 +3,12 @@
 Every process registers itself (id, app name, role, name, host, pid, version, components, start
 time, last heartbeat) in a record that expires at about 2.5 times :data:`RECORD_EVERY_S`, and
 deletes it on clean exit. Between two writes of the record a beat only moves the heartbeat score
-(one ``ZADD XX``: the idle cost of a fleet, issue 21 item 5); a beat that finds the score gone
+(one ``ZADD XX``: the idle cost of a fleet); a beat that finds the score gone
 (reaped, or Redis lost its data) writes the whole record at once. A sorted set of last-heartbeat
 times outlives the records: the leader's :class:`OrphanReaper` looks there for consumers whose
 heartbeat is stale and makes the jobs they held available again (arq alone would wait for its
 in-progress key to expire, 310 s by default). A live peer's jobs are never touched: reaping is
-guarded by the heartbeat score (seed 004 #1). Scores are the Redis server's clock (``TIME`` in
+guarded by the heartbeat score. Scores are the Redis server's clock (``TIME`` in
 the heartbeat's script) and the reaper judges them on that clock, so no host's clock moves the
 verdict (a leader 30 s fast judged every live instance stale). Silence is evidence only while
 Redis accepts this process's own writes (:class:`WriteWitness`): under ``maxmemory`` (every

@@ -55,7 +55,7 @@ SHUTDOWN_INFRA_STOP_S = 2.0
 SHUTDOWN_DEREGISTER_S = 2.0  # each of the two deregistrations
 #: ``WORKER_TRACING=otel`` without the OpenTelemetry API installed.
 OTEL_MISSING = (
-    "WORKER_TRACING=otel needs the OpenTelemetry API: pip install 'worker[otel]' "
+    "WORKER_TRACING=otel needs the OpenTelemetry API: pip install 'fenced-worker[otel]' "
     "(or set WORKER_TRACING=off)"
 )
 SAFE_NAME = re.compile(r"[A-Za-z0-9._:-]+")

@@ -61,7 +61,7 @@ async def poll_card(ctx: JobContext, card_id: str) -> None:
 
 @app.periodic(every=5, catch_up="latest")  # once per tick cluster-wide, however many replicas
 async def expire_orders(ctx: JobContext) -> None:
-    """What seed 000's lifespan cron did in every ``uvicorn`` worker: now once per tick."""
+    """What a lifespan cron did in every ``uvicorn`` worker: now once per tick."""
     assert ctx.tick is not None
     tick_ms = str(int(ctx.tick.timestamp() * 1000))
     await ctx.redis.hincrby(_key(ctx, "expire-ticks"), tick_ms, 1)  # a tick run twice shows 2

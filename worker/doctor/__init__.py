@@ -1,7 +1,7 @@
 """``python -m worker doctor``: the N-replica acceptance checklist, run against a live cluster.
 
 It reads Redis only (plus the app, for the jobs and pollers it declares) and judges what a
-correct deployment at N replicas must look like (seed 004): exactly one leader with a sane
+correct deployment at N replicas must look like: exactly one leader with a sane
 epoch, a Redis that never evicts, every registered instance heartbeating, one app version, clocks
 that agree, periodic jobs on schedule and succeeding, pollers and the queue keeping up, no dead
 letters, no holds sets nobody owns. Each check answers ✓ (ok), ! (warning: shown, does not fail)

@@ -1,6 +1,6 @@
 """``per_key`` services: a long-running loop per key, each key in exactly one process at a time.
 
-Seed 001's mailboxes are the model: one IMAP IDLE loop per mailbox, spread across replicas,
+Mailboxes are the model: one IMAP IDLE loop per mailbox, spread across replicas,
 never two loops on the same mailbox. Every process that runs the service
 
 1. announces itself in the service's member set (refreshed each round, stale members drop out),

@@ -1,13 +1,13 @@
 """Periodic jobs, whole: their definition, the leader's tick enqueuer and ``ctx.tick``.
 
-No "last run" lives in memory (seed 002's ``lastDailyReset``): the last enqueued tick of each
+No "last run" lives in memory (a ``lastDailyReset`` variable): the last enqueued tick of each
 job is in Redis, so a new leader knows exactly which ticks nobody enqueued and catches them up
 per the job's policy. Ticks are enqueued by a fenced script as jobs with deterministic ids
 ``<prefix>periodic:<name>:<tick ms>``: two leaders overlapping for a moment, or a paused leader
 waking up, cannot enqueue a tick twice. A consumer running a tick learns its instant from the
 job id (:class:`TickHook`), so ``ctx.tick`` is the scheduled time, not the run time.
 
-Health means progress (seed 003): the same hook records how each run ended, cluster-wide, in
+Health means progress: the same hook records how each run ended, cluster-wide, in
 one Redis hash (``<prefix>periodic:runs``: the most recent success and failure with time, tick,
 instance and error class, and since when the job has failed without a success), one script
 call per run's end. ``status`` shows it; the leader's enqueuer exports the age of each job's

@@ -1,4 +1,4 @@
-"""Long-running services (e.g. an IMAP IDLE listener, seed 001): definition and component.
+"""Long-running services (e.g. an IMAP IDLE mailbox listener): definition and component.
 
 ``singleton`` services run in the leader's group (one cluster-wide); ``per_process`` ones run
 in every process; ``per_key`` ones run once per key cluster-wide (see :mod:`worker.duties.keyed`).
@@ -6,7 +6,7 @@ The function gets ``(ctx, stop)`` (``per_key``: ``(ctx, stop, key)``) and must r
 after ``stop`` is set; blocking calls belong in ``asyncio.to_thread`` so they never freeze the
 loop.
 
-Progress (seed 003): a service declared with ``sla_s`` must report progress within that many
+Health is progress: a service declared with ``sla_s`` must report progress within that many
 seconds, or ``/healthz`` fails on the process running it. It reports by calling
 ``ctx.alive()`` (each loop gets a context bound to its own health: the service's, or for
 ``per_key`` the key loop's), or, written as an async generator, by yielding::
