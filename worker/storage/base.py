@@ -16,7 +16,6 @@ replication is one ordered stream and a replica that has the probe has everythin
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Self
@@ -28,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker import budget as B
 from worker import malformed as M
 from worker.errors import NotReplicated
 from worker.ids import JobIds
@@ -50,12 +50,13 @@ def _score(key: str, member: Any, value: Any) -> int | None:
 
 
 def _object(key: str, raw: Any) -> dict[str, Any] | None:
-    """A JSON object record, ``None`` when absent; one that is not a JSON object (written by
-    someone else) is logged once and reads as absent."""
+    """A JSON object record, ``None`` when absent; one that is not a JSON object within the
+    decode budget (:func:`worker.budget.json_record`: written by someone else, nested too deep,
+    ``NaN``, a huge number) is logged once and reads as absent."""
     if not raw:
         return None
     try:
-        value = json.loads(raw)
+        value = B.json_record(raw)
     except ValueError as exc:
         M.skip("JSON object", key, key, f"{type(exc).__name__}: {exc}")
         return None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker import budget as B
+from worker import malformed as M
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
 
@@ -58,8 +59,9 @@ class OperatorOps(StoreBase):
         out: dict[str, dict[str, Any]] = {}
         for name, raw in (await self.redis.hgetall(self.keys.apps)).items():
             try:
-                data = json.loads(raw)
-            except ValueError:
+                data = B.json_record(raw)
+            except ValueError as exc:
+                M.skip("app manifest", self.keys.apps, _s(name), str(exc))
                 continue
             if isinstance(data, dict):
                 out[_s(name)] = data
@@ -114,7 +116,7 @@ class OperatorOps(StoreBase):
         for i, q in enumerate(queues):
             fields: dict[str, int] = {}
             for part in raw[i * len(hours) : (i + 1) * len(hours)]:
-                fields.update({_s(k): int(v) for k, v in part.items()})
+                fields.update({_s(k): M.count(v) or 0 for k, v in part.items()})
             out[q] = [
                 (m * 60_000, fields.get(f"{m}:done", 0), fields.get(f"{m}:failed", 0))
                 for m in range(last - minutes + 1, last + 1)
@@ -144,8 +146,11 @@ class OperatorOps(StoreBase):
                 when, _, rest = _s(k).partition(":")
                 task, _, kind = rest.rpartition(":")
                 if task in known and (when in slots or when.isdigit()):
-                    with contextlib.suppress(ValueError):
-                        counts[(when, task, kind)] = int(v)
+                    n = M.count(v)
+                    if n is None:
+                        M.skip("task counter", "tstats", _s(k), f"value {_s(v)[:40]}")
+                        continue
+                    counts[(when, task, kind)] = n
         out: dict[str, TaskStats] = {}
         for task in tasks:
             series = [
@@ -182,8 +187,9 @@ class OperatorOps(StoreBase):
         out = []
         for raw in await self.redis.lrange(self.keys.audit, 0, limit - 1):
             try:
-                entry = json.loads(raw)
-            except ValueError:
+                entry = B.json_record(raw)
+            except ValueError as exc:
+                M.skip("audit entry", self.keys.audit, _s(raw)[:80], str(exc))
                 continue
             if isinstance(entry, dict):
                 out.append(entry)
