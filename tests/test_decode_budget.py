@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
@@ -156,6 +157,7 @@ def write_hostile_records(r: redis_sync.Redis, prefix: str) -> dict[str, str]:
         "out-of-range time": f"{prefix}t-big",
         "text time": f"{prefix}t-text",
         "argument nested 1000 deep": f"{prefix}a-deep",
+        "NaN result": f"{prefix}r-nan",
     }
     r.set(keys.failure(jobs["nested failure"]), deep)
     r.set(
@@ -173,6 +175,10 @@ def write_hostile_records(r: redis_sync.Redis, prefix: str) -> dict[str, str]:
     for what, et in (("nested progress", now), ("out-of-range time", 10**19), ("text time", "x")):
         put_job(r, prefix, jobs[what], msgpack.packb({**record, "et": et}), later)
     put_job(r, prefix, jobs["argument nested 1000 deep"], deep_msgpack(1000), later)
+    result = {"t": 1, "f": "slow_job", "a": [], "k": {}, "et": now, "s": True, "r": float("nan"),
+              "st": now, "ft": now, "q": keys.queue, "id": jobs["NaN result"]}  # fmt: skip
+    r.set(K.ARQ_RESULT + jobs["NaN result"], msgpack.packb(result), px=600_000)
+    r.zadd(keys.done, {jobs["NaN result"]: now})
     return jobs
 
 
@@ -181,13 +187,16 @@ def test_hostile_records_of_every_kind_leave_every_process_and_view_working(
 ) -> None:
     """Written with plain redis-py: a 200 KB nested instance record, a nested and a text-timed
     ``periodic:runs`` field, nested failure / dead-letter / progress / audit records, ``NaN``
-    and ``Infinity`` in a failure record, job records whose enqueue time is out of range or
-    text, a 400-digit ``tstats`` count, a job argument nested 1,000 deep. A new worker starts
-    and leads, its periodic component never restarts, and every console view and CLI command
-    below answers (200 and standard JSON; exit 0, no traceback).
+    and ``Infinity`` in a failure record, a result of ``NaN``, job records whose enqueue time
+    is out of range or text, a 400-digit ``tstats`` count, a job argument nested 1,000 deep.
+    A new worker starts and leads, its periodic component never restarts, and every console
+    view and CLI command below answers (200 or 404, standard JSON; exit 0 or 1, no traceback).
 
-    Before: the new worker exited at start-up (RecursionError), and the views and commands
-    failed one by one (503s, ``NaN`` in the API's JSON, OverflowError in ``worker jobs``)."""
+    Before (6767e85): the new worker exited at start-up (RecursionError); without the instance
+    record, the periodic component never ticked; without that too, 10 of 14 console views
+    answered 503 (RecursionError; OverflowError for /api/tasks) and 7 of 13 CLI commands
+    failed (RecursionError; ``worker job`` of the out-of-range time: ValueError); the console's
+    API emits only standard JSON (a failure record or a result holding ``NaN``)."""
     prefix = spawn.prefix  # type: ignore[attr-defined]
     jobs = write_hostile_records(rsync, prefix)
     port, web_port = free_port(), free_port()
@@ -231,10 +240,12 @@ def test_hostile_records_of_every_kind_leave_every_process_and_view_working(
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
            "WORKER_APP": "tests.apps.ledger:app"}  # fmt: skip
     commands = [("status", "--json"), ("doctor",), ("dead",)]
-    commands += [("jobs", "--state", s) for s in ("failed", "scheduled", "queued")]
-    commands += [("job", j) for j in jobs.values()]
-    for args in commands:
-        out = cli(*args, env=env)
+    commands += [("jobs", "--state", s) for s in ("failed", "scheduled")]
+    kinds = ("nested failure", "nested progress", "out-of-range time", "argument nested 1000 deep")
+    commands += [("job", jobs[k]) for k in kinds]
+    with ThreadPoolExecutor(4) as pool:  # each command is a process of its own
+        outs = list(pool.map(lambda args: cli(*args, env=env), commands))
+    for args, out in zip(commands, outs, strict=True):
         if "Traceback" in out.stdout + out.stderr or out.returncode not in (0, 1):
             problems.append(f"worker {' '.join(args)}: exit {out.returncode} {out.stderr[-300:]}")
     assert proc.alive() and web.alive(), proc.log()[-3000:] + web.log()[-3000:]
