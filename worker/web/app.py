@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import ipaddress
 import json
-import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -183,7 +182,7 @@ async def _dead_detail(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(
             text='{"error": "no such dead letter"}', content_type="application/json"
         )
-    return web.json_response(detail, dumps=standard_json)
+    return web.json_response(detail, dumps=api.standard_json)
 
 
 async def _jobs(request: web.Request) -> web.Response:
@@ -194,34 +193,15 @@ async def _job(request: web.Request) -> web.Response:
     detail = await _guarded(jobs.job_info(request.app[STATE], request.match_info["job_id"]))
     if detail is None:
         raise web.HTTPNotFound(text='{"error": "no such job"}', content_type="application/json")
-    return web.json_response(detail, dumps=standard_json)
+    return web.json_response(detail, dumps=api.standard_json)
 
 
 async def _tasks(request: web.Request) -> web.Response:
     return await _json(jobs.tasks(request.app[STATE]))
 
 
-def standard_json(value: Any) -> str:
-    """``value`` as standard JSON, what a browser parses: a float that is not finite (a task
-    that returned ``nan``) becomes ``null``, never ``NaN``."""
-    try:
-        return json.dumps(value, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(value), allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 async def _json(read: Awaitable[Any]) -> web.Response:
-    return web.json_response(await _guarded(read), dumps=standard_json)
+    return web.json_response(await _guarded(read), dumps=api.standard_json)
 
 
 async def _guarded(read: Awaitable[Any]) -> Any:
@@ -265,7 +245,7 @@ def _action(run: Action) -> Handler:
             state.client, state.app, actor, serializer=jobs.serializer(state.serializer)
         )
         outcome = await _guarded(run(ops, body))
-        return web.json_response(outcome.to_json(), dumps=standard_json)
+        return web.json_response(outcome.to_json(), dumps=api.standard_json)
 
     return handler
 
