@@ -31,12 +31,25 @@ BCAST_APP = "tests.apps.bcast:app"
 
 
 def strict_json(text: str) -> Any:
-    """``text`` as standard JSON (``NaN``/``Infinity`` are not)."""
+    """``text`` as standard JSON (``NaN``/``Infinity`` are not), every ``*_ms`` field in it a
+    time a browser can show (``new Date(ms)`` is valid up to 8.64e15) or null."""
 
     def refuse(name: str) -> Any:
         raise AssertionError(f"non-standard JSON constant {name}")
 
-    return json.loads(text, parse_constant=refuse)
+    def times(value: Any) -> None:
+        if isinstance(value, list):
+            for v in value:
+                times(v)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if k.endswith("_ms") and v is not None and not (0 <= v <= 8.64e15):
+                    raise AssertionError(f"{k}: {v!r} is not a time")
+                times(v)
+
+    doc = json.loads(text, parse_constant=refuse)
+    times(doc)
+    return doc
 
 
 def put_job(r: redis_sync.Redis, prefix: str, job_id: str, raw: bytes, due_ms: int) -> None:
@@ -158,7 +171,20 @@ def write_hostile_records(r: redis_sync.Redis, prefix: str) -> dict[str, str]:
         "text time": f"{prefix}t-text",
         "argument nested 1000 deep": f"{prefix}a-deep",
         "NaN result": f"{prefix}r-nan",
+        "huge numbers in a failure": f"{prefix}f-huge",
+        "huge numbers in a dead letter": f"{prefix}d-huge",
+        "huge numbers in a progress": f"{prefix}p-huge",
     }
+    huge = '{"at_ms": 1e300, "tries": -1e300, "fraction": 1e300, "error_type": 5, "reason": []}'
+    r.set(keys.instance("huge"), huge.replace("at_ms", "heartbeat_ms"), px=600_000)
+    r.zadd(keys.instances, {"huge": now})
+    r.set(keys.failure(jobs["huge numbers in a failure"]), huge)
+    r.zadd(keys.failures, {jobs["huge numbers in a failure"]: now})
+    r.hset(keys.dead_jobs, jobs["huge numbers in a dead letter"], huge)
+    r.hset(keys.dead_index, jobs["huge numbers in a dead letter"], huge)
+    r.zadd(keys.dead, {jobs["huge numbers in a dead letter"]: now})
+    r.set(keys.progress(jobs["huge numbers in a progress"]), huge)
+    r.lpush(keys.audit, huge)
     r.set(keys.failure(jobs["nested failure"]), deep)
     r.set(
         keys.failure(jobs["NaN failure"]),
@@ -172,7 +198,9 @@ def write_hostile_records(r: redis_sync.Redis, prefix: str) -> dict[str, str]:
     r.lpush(keys.audit, deep)
     r.hset(keys.task_stats(now // 3_600_000), f"{now // 60_000}:slow_job:d", "9" * 400)
     record = {"t": None, "f": "slow_job", "a": [1], "k": {}}
-    for what, et in (("nested progress", now), ("out-of-range time", 10**19), ("text time", "x")):
+    times = [("nested progress", now), ("huge numbers in a progress", now)]
+    times += [("out-of-range time", 10**19), ("text time", "x")]
+    for what, et in times:
         put_job(r, prefix, jobs[what], msgpack.packb({**record, "et": et}), later)
     put_job(r, prefix, jobs["argument nested 1000 deep"], deep_msgpack(1000), later)
     result = {"t": 1, "f": "slow_job", "a": [], "k": {}, "et": now, "s": True, "r": float("nan"),
@@ -239,9 +267,10 @@ def test_hostile_records_of_every_kind_leave_every_process_and_view_working(
             problems.append(f"{path}: {code} {body[:200]}")
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
            "WORKER_APP": "tests.apps.ledger:app"}  # fmt: skip
-    commands = [("status", "--json"), ("doctor",), ("dead",)]
+    commands = [("status", "--json"), ("status",), ("doctor",), ("dead",)]
     commands += [("jobs", "--state", s) for s in ("failed", "scheduled")]
     kinds = ("nested failure", "nested progress", "out-of-range time", "argument nested 1000 deep")
+    kinds += ("huge numbers in a progress", "huge numbers in a failure")
     commands += [("job", jobs[k]) for k in kinds]
     with ThreadPoolExecutor(4) as pool:  # each command is a process of its own
         outs = list(pool.map(lambda args: cli(*args, env=env), commands))
@@ -252,3 +281,8 @@ def test_hostile_records_of_every_kind_leave_every_process_and_view_working(
     assert http_get(port, "/healthz")[0] == 200
     assert component_restarts(port, "periodic") == 0, proc.log()[-3000:]
     assert not problems, "\n".join(problems)
+    keys = K.Keys(prefix)
+    runs = [f"{keys.periodic_runs} tick:{kind}" for kind in ("success", "failure")]
+    for bad in (keys.instance("evil"), keys.instance("huge"), *runs):
+        assert len(skipped(proc, bad)) == 1, (bad, proc.log()[-3000:])  # logged once
+    assert 'worker_malformed_entries_total{kind="JSON object"}' in http_get(port, "/metrics")[1]

@@ -52,7 +52,8 @@ def _score(key: str, member: Any, value: Any) -> int | None:
 def _object(key: str, raw: Any) -> dict[str, Any] | None:
     """A JSON object record, ``None`` when absent; one that is not a JSON object within the
     decode budget (:func:`worker.budget.json_record`: written by someone else, nested too deep,
-    ``NaN``, a huge number) is logged once and reads as absent."""
+    ``NaN``, a huge number), or whose ``*_ms`` field is not a time in range, is logged once and
+    reads as absent."""
     if not raw:
         return None
     try:
@@ -63,7 +64,22 @@ def _object(key: str, raw: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         M.skip("JSON object", key, key, f"a JSON {type(value).__name__}, not an object")
         return None
+    bad = next((k for k, v in value.items() if k.endswith("_ms") and not _ms_field(v)), None)
+    if bad is not None:
+        M.skip("JSON object", key, key, f"field {bad!r} is not a time in ms within range")
+        return None
     return value
+
+
+def _ms_field(value: Any) -> bool:
+    """Whether a record's ``*_ms`` field can be read as a time or a span in ms: a number no
+    further from 0 than year 9999 (or ``null``, or a structure read elsewhere), never text or
+    ``1e300``."""
+    if isinstance(value, bool | str):
+        return False
+    if isinstance(value, int | float):
+        return -M.MAX_TIME_MS <= value <= M.MAX_TIME_MS
+    return True
 
 
 class StoreBase:

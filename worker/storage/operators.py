@@ -11,7 +11,7 @@ from typing import Any
 from worker import budget as B
 from worker import malformed as M
 from worker.storage import keys as K
-from worker.storage.base import StoreBase, _s, _score
+from worker.storage.base import StoreBase, _object, _s, _score
 
 
 @dataclass(frozen=True)
@@ -186,11 +186,7 @@ class OperatorOps(StoreBase):
         """The most recent operator actions, newest first."""
         out = []
         for raw in await self.redis.lrange(self.keys.audit, 0, limit - 1):
-            try:
-                entry = B.json_record(raw)
-            except ValueError as exc:
-                M.skip("audit entry", self.keys.audit, _s(raw)[:80], str(exc))
-                continue
-            if isinstance(entry, dict):
+            entry = _object(self.keys.audit, raw)
+            if entry is not None:
                 out.append(entry)
         return out
