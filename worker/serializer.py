@@ -69,7 +69,7 @@ def msgpack_dumps(data: dict[str, Any]) -> bytes:
 def msgpack_loads(raw: bytes) -> dict[str, Any]:
     """A msgpack record within the decode budget (:mod:`worker.budget`; over it:
     :class:`~worker.budget.OverBudget`, the decode stopped there)."""
-    if B.within_by_length(raw):  # the ordinary payload: one C pass, nothing else
+    if len(raw) <= B.MAX_DEPTH or B.within_by_length(raw):  # the ordinary payload
         value = msgpack.unpackb(raw, raw=False, ext_hook=_msgpack_ext, strict_map_key=False)
     else:
         value = _msgpack_counted(raw)
