@@ -32,7 +32,7 @@ BCAST_APP = "tests.apps.bcast:app"
 
 def strict_json(text: str) -> Any:
     """``text`` as standard JSON (``NaN``/``Infinity`` are not), every ``*_ms`` field in it a
-    time a browser can show (``new Date(ms)`` is valid up to 8.64e15) or null."""
+    time a browser can show (``new Date(ms)`` is valid within ±8.64e15) or null."""
 
     def refuse(name: str) -> Any:
         raise AssertionError(f"non-standard JSON constant {name}")
@@ -43,7 +43,7 @@ def strict_json(text: str) -> Any:
                 times(v)
         elif isinstance(value, dict):
             for k, v in value.items():
-                if k.endswith("_ms") and v is not None and not (0 <= v <= 8.64e15):
+                if k.endswith("_ms") and v is not None and not (-8.64e15 <= v <= 8.64e15):
                     raise AssertionError(f"{k}: {v!r} is not a time")
                 times(v)
 
