@@ -141,14 +141,14 @@ class OperatorOps(StoreBase):
         slots = {f"s{s}" for s in range(first // K.TASK_SLOT_MIN, last // K.TASK_SLOT_MIN + 1)}
         known = set(tasks)
         counts: dict[tuple[str, str, str], int] = {}
-        for part in raw:
+        for h, part in zip(hours, raw, strict=True):
             for k, v in part.items():
                 when, _, rest = _s(k).partition(":")
                 task, _, kind = rest.rpartition(":")
                 if task in known and (when in slots or when.isdigit()):
                     n = M.count(v)
                     if n is None:
-                        M.skip("task counter", "tstats", _s(k), f"value {_s(v)[:40]}")
+                        M.skip("counter", self.keys.task_stats(h), _s(k), f"value {_s(v)[:40]}")
                         continue
                     counts[(when, task, kind)] = n
         out: dict[str, TaskStats] = {}
