@@ -95,8 +95,11 @@ def test_six_jobs_of_4_million_empty_lists_are_dead_lettered_without_the_memory(
         if all(rsync.hexists(keys.dead_jobs, j) for j in ids):
             break
         time.sleep(0.05)
-    hwm = rss_mb(proc.pid)[1]
+    hwm = rss_mb(proc.pid)[1] if proc.alive() else 0.0
     reasons = [json.loads(rsync.hget(keys.dead_jobs, j) or "{}").get("reason") for j in ids]
+    lease = "kept" if rsync.get(keys.leader) == lock else "changed"
+    print(f"RSS {baseline:.0f} -> peak {peak:.0f}, VmHWM {hwm:.0f} MB; /healthz {set(health)}; "
+          f"lease {lease}; reasons {set(reasons)}")  # fmt: skip
     assert proc.alive(), proc.log()[-3000:]
     assert all(r and "budget" in r for r in reasons), reasons
     assert max(peak, hwm) - baseline < 100, (baseline, peak, hwm)
