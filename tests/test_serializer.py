@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from arq.jobs import deserialize_job, deserialize_result, serialize_job, serialize_result
 
+from worker.budget import MAX_DEPTH, OverBudget, json_record
 from worker.serializer import (
     PickleWarning,
     get_serializer,
@@ -154,3 +155,72 @@ def test_job_payload_matches_arq_layout(name: Any, job_try: int | None) -> None:
 
 def test_job_payload_accepts_list_args() -> None:
     assert msgpack_loads(job_payload("f", [1, 2], {}, ET, msgpack_dumps))["a"] == [1, 2]
+
+
+# -- decode budgets (issue 25, item 2) -------------------------------------------------------
+
+
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [[[] for _ in range(4_000_000)]],  # 4 MB: one list of 4 million empty lists
+        [[[[] for _ in range(2_000)] for _ in range(2_000)]],  # no list over the element cap
+        [[-20] * 1_500_000],  # 1.5 million elements that are objects of their own
+    ],
+    ids=["4M-empty-lists", "2000x2000", "1.5M-ints"],
+)
+def test_a_payload_over_the_decode_budget_is_refused_part_way(args: list[Any]) -> None:
+    raw = job_payload("f", args, {}, ET, msgpack_dumps)
+    with pytest.raises(OverBudget, match="more than"):
+        msgpack_loads(raw)
+
+
+@pytest.mark.parametrize("name", ["msgpack", "json"])
+def test_nesting_deeper_than_the_budget_is_refused_and_within_it_decodes(name: Any) -> None:
+    ser, de = get_serializer(name)
+    assert de(job_payload("f", [_nested(MAX_DEPTH - 2)], {}, ET, ser))["f"] == "f"
+    deep = job_payload("f", [_nested(MAX_DEPTH)], {}, ET, ser)
+    with pytest.raises(OverBudget, match="nested deeper"):
+        de(deep)
+    if name == "json":  # deeper than Python recurses: still OverBudget, never RecursionError
+        with pytest.raises(OverBudget):
+            de(b'{"f": "f", "a": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+
+
+def test_bytes_that_look_like_containers_do_not_count_as_containers() -> None:
+    blob = bytes(range(256)) * 8_000  # 2 MB, 14% of its bytes are msgpack container headers
+    words = ["привет мир"] * 1_000  # UTF-8 continuation bytes are fixmap/fixarray bytes too
+    for args in ([blob], [words], [blob[:60_000]]):
+        assert msgpack_loads(job_payload("f", args, {}, ET, msgpack_dumps))["a"] == args
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"a": NaN}',
+        '{"a": -Infinity}',
+        '{"a": 1e400}',
+        '{"a": ' + "9" * 400 + "}",
+        "[" * 100_000 + "]" * 100_000,
+        '{"a": "' + "x" * (3 * 1024 * 1024) + '"}',
+    ],
+    ids=["nan", "infinity", "overflow", "400-digits", "deep", "3MB"],
+)
+def test_a_json_record_that_a_reader_cannot_use_is_a_value_error(raw: str) -> None:
+    with pytest.raises(ValueError):
+        json_record(raw)
+
+
+def test_a_json_record_within_its_budget_reads_as_json() -> None:
+    assert json_record('{"at_ms": 1700000000000, "x": [1.5, -2, "t"], "n": null}') == {
+        "at_ms": 1700000000000,
+        "x": [1.5, -2, "t"],
+        "n": None,
+    }

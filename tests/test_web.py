@@ -348,16 +348,21 @@ async def test_handoff_needs_a_leader_and_a_standby(
 
 
 def test_a_preview_is_rendered_only_up_to_its_cut() -> None:
-    """A payload nested 500 deep (~60 MB of indented JSON in full) previews in a few KB; raw
-    bytes say when they were cut, even when escaping makes them longer."""
+    """A payload nested 190 deep (~20 MB of indented JSON in full) previews in a few KB (one
+    nested 500 deep is over the decode budget: shown as bytes); raw bytes say when they were
+    cut, even when escaping makes them longer."""
     from worker.web.api import preview
 
     inner: Any = [7] * 30_000
-    for _ in range(500):
+    for depth in range(500):
         inner = [inner]
+        if depth == 190:
+            within = inner
     ser, _ = get_serializer("msgpack")
-    shown = preview(job_payload("deep", (inner,), {}, 0, ser), "msgpack", limit=1000)
+    shown = preview(job_payload("deep", (within,), {}, 0, ser), "msgpack", limit=1000)
     assert shown["format"] == "msgpack" and shown["truncated"] and len(shown["text"]) == 1000
+    deep = preview(job_payload("deep", (inner,), {}, 0, ser), "msgpack", limit=1000)
+    assert deep["format"] == "raw" and deep["truncated"] and len(deep["text"]) == 1000
     raw = preview(b"\xff" * 600, "msgpack", limit=1000)  # 2,400 characters escaped
     assert raw["format"] == "raw" and raw["truncated"] and len(raw["text"]) == 1000
     assert preview(b"\xff\xfe", "msgpack")["truncated"] is False

@@ -67,6 +67,8 @@ log = structlog.get_logger("worker.broadcast")
 NAME = "broadcast"
 #: Messages kept per topic: a process away for more messages than this misses the oldest.
 HISTORY = 100
+#: Largest broadcast payload by default (``WORKER_MAX_BROADCAST_BYTES``).
+MAX_BYTES = 1024 * 1024
 #: Messages read per topic per round trip.
 READ_COUNT = 100
 #: How long one read waits for a message (ms); also how soon the listener notices ``stop``.
@@ -127,6 +129,10 @@ _handling: contextvars.ContextVar[Message | None] = contextvars.ContextVar(
 )
 
 
+class BroadcastTooLarge(ValueError):
+    """A broadcast whose payload is over ``WORKER_MAX_BROADCAST_BYTES``: refused at publish."""
+
+
 async def publish(
     store: Store,
     serialize: Serialize,
@@ -135,9 +141,11 @@ async def publish(
     *,
     origin: str,
     history: int = HISTORY,
+    max_bytes: int = MAX_BYTES,
 ) -> int | None:
     """Send ``data`` to ``topic``'s handlers in every process: the message's sequence number,
-    or ``None`` when refused because it would loop (see the module docstring)."""
+    or ``None`` when refused because it would loop (see the module docstring);
+    :class:`BroadcastTooLarge` when it serializes to more than ``max_bytes``."""
     check_topic(topic)
     parent = _handling.get()
     chain = () if parent is None else (*parent.chain, parent.topic)
@@ -149,6 +157,12 @@ async def publish(
         )
         return None
     payload = serialize({"data": data})
+    if len(payload) > max_bytes:
+        raise BroadcastTooLarge(
+            f"broadcast to {topic!r}: {len(payload)} bytes serialized, more than "
+            f"WORKER_MAX_BROADCAST_BYTES ({max_bytes}); send a reference (a key, a URL), "
+            "not the data"
+        )
     _, seq = await store.broadcast(topic, payload, origin=origin, chain=chain, history=history)
     return seq
 
@@ -180,9 +194,12 @@ class BroadcastListener(Component):
         clock: Clock,
         *,
         metrics: Metrics | None = None,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         super().__init__(NAME, clock, sla_s=60.0)
         self.context = context
+        #: a received payload longer than this is skipped (``WORKER_MAX_BROADCAST_BYTES``)
+        self.max_bytes = max_bytes
         self.store = store
         self.deserialize = deserialize
         self.metrics = metrics
@@ -273,8 +290,13 @@ class BroadcastListener(Component):
         without a sequence number (not written by :func:`publish`) is skipped, logged once."""
         topic = self.topic_of[entry.key]
         self.cursors[entry.key] = entry.entry_id
-        if entry.seq is None:
-            malformed.skip("broadcast", entry.key, entry.entry_id, "its seq is not a number")
+        if entry.seq is None or len(entry.payload) > self.max_bytes:
+            why = (
+                "its seq is not a number"
+                if entry.seq is None
+                else f"{len(entry.payload)} bytes, over WORKER_MAX_BROADCAST_BYTES"
+            )
+            malformed.skip("broadcast", entry.key, entry.entry_id, why)
             self._count(topic, "malformed")
             return
         recent = self.recent.setdefault(entry.key, {})

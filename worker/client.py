@@ -39,6 +39,7 @@ from arq.constants import expires_extra_ms
 from arq.jobs import Job
 from redis.asyncio import Redis
 
+from worker.broadcast import MAX_BYTES as MAX_BROADCAST_BYTES
 from worker.broadcast import publish
 from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
 from worker.clock import Clock, RedisClock, ms, on_server_time
@@ -105,8 +106,11 @@ class Client:
         replication: Replication | None = None,
         tracing: Tracing | None = None,
         shards: Shards | None = None,
+        max_broadcast_bytes: int = MAX_BROADCAST_BYTES,
     ) -> None:
         self.redis = redis
+        #: Largest broadcast this client sends (``WORKER_MAX_BROADCAST_BYTES``).
+        self.max_broadcast_bytes = max_broadcast_bytes
         #: Spans per enqueue when ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`).
         self.tracing = tracing
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
@@ -217,6 +221,7 @@ class Client:
             replication=replication,
             tracing=tracer,
             shards=Shards(open_shards(redis, keys, replication, n, clients)),
+            max_broadcast_bytes=settings.max_broadcast_bytes,
         )
 
     @classmethod
@@ -434,8 +439,16 @@ class Client:
         handlers of every live process, whatever its role, this one included; a process that
         is reconnecting catches up (see :mod:`worker.broadcast`). Returns the message's
         sequence number in its topic, or ``None`` when refused because it was sent from a
-        handler it would trigger again (a loop)."""
-        return await publish(self.store, self._serialize, topic, data, origin=self.origin)
+        handler it would trigger again (a loop). :class:`~worker.broadcast.BroadcastTooLarge`
+        when ``data`` serializes to more than ``WORKER_MAX_BROADCAST_BYTES``."""
+        return await publish(
+            self.store,
+            self._serialize,
+            topic,
+            data,
+            origin=self.origin,
+            max_bytes=self.max_broadcast_bytes,
+        )
 
     def poller(self, name: str) -> BoundPoller:
         """The shard queues of the app's poller ``name``."""

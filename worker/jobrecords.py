@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from arq.jobs import deserialize_result
 
+from worker import malformed as M
 from worker.jobhead import read_head, read_tail
 from worker.serializer import Deserialize
 from worker.storage.inspect_jobs import JobPlace, JobRecord
@@ -71,7 +72,7 @@ def decode_job(
             tuple(args) if isinstance(args, list | tuple) else (args,),
             kwargs if isinstance(kwargs, dict) else {"?": kwargs},
             t if isinstance(t, int) else None,
-            et if isinstance(et, int) else None,
+            as_ms(et),
             cut_bytes=size if cut else None,
             kwargs_read=not cut or "k" in data,
         )
@@ -100,9 +101,16 @@ def args_repr(d: Decoded, limit: int = REPR_CHARS, *, kwargs: bool = False) -> s
 
 
 def as_ms(value: Any) -> int | None:
+    """A time read from a job's records as ms, ``None`` unless in range (0 to year 9999:
+    a time out of range or not a number is shown as unknown, never raised)."""
     if isinstance(value, dt.datetime):
-        return round(value.timestamp() * 1000)
-    return value if isinstance(value, int) else None
+        try:
+            value = round(value.timestamp() * 1000)
+        except (OverflowError, ValueError, OSError):
+            return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= M.MAX_TIME_MS else None
 
 
 def matches(job_id: str, d: Decoded, task: str | None, search: str | None) -> bool:

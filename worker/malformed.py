@@ -50,3 +50,17 @@ def time_ms(value: object) -> int | None:
     if not 0 <= number <= MAX_TIME_MS:  # also False for nan
         return None
     return int(number)
+
+
+#: The largest counter read from Redis taken as a number (what a browser's JSON keeps exact).
+MAX_COUNT = 2**53 - 1
+
+
+def count(value: object) -> int | None:
+    """``value`` (bytes or text) as a counter when it is a whole number between 0 and
+    :data:`MAX_COUNT` (a 400-digit count, ``-1``, ``1.5``, text are not), else ``None``."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    if not text.isascii() or not text.isdigit() or len(text) > 16:
+        return None
+    number = int(text)
+    return number if number <= MAX_COUNT else None

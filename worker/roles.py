@@ -249,6 +249,7 @@ def _broadcast(w: Wiring, _: Any) -> Component:
         w.serializer[1],
         w.clock,
         metrics=w.metrics,
+        max_bytes=w.settings.max_broadcast_bytes,
     )
 
 

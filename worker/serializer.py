@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import msgpack
 
+from worker import budget as B
+
 SerializerName = Literal["msgpack", "json", "pickle"]
 Serialize = Callable[[dict[str, Any]], bytes]
 Deserialize = Callable[[bytes], dict[str, Any]]
@@ -65,9 +67,43 @@ def msgpack_dumps(data: dict[str, Any]) -> bytes:
 
 
 def msgpack_loads(raw: bytes) -> dict[str, Any]:
-    value = msgpack.unpackb(raw, raw=False, ext_hook=_msgpack_ext, strict_map_key=False)
+    """A msgpack record within the decode budget (:mod:`worker.budget`; over it:
+    :class:`~worker.budget.OverBudget`, the decode stopped there)."""
+    if len(raw) <= B.MAX_DEPTH or B.within_by_length(raw):  # the ordinary payload
+        value = msgpack.unpackb(raw, raw=False, ext_hook=_msgpack_ext, strict_map_key=False)
+    else:
+        value = _msgpack_counted(raw)
     if not isinstance(value, dict):
         raise ValueError("job payload is not a map")
+    return value
+
+
+def _msgpack_counted(raw: bytes) -> Any:
+    """A payload with many lists and maps (its depth walked), or one too long to be within the
+    container and element budgets by its length (decoded with counting hooks, which stop the
+    decode at the budget; the depth walked when it holds more than :data:`MAX_DEPTH`)."""
+    if len(raw) <= B.COUNT_FROM:
+        value = msgpack.unpackb(raw, raw=False, ext_hook=_msgpack_ext, strict_map_key=False)
+    else:
+        count = B.Counter()
+        try:
+            value = msgpack.unpackb(
+                raw,
+                raw=False,
+                ext_hook=_msgpack_ext,
+                strict_map_key=False,
+                list_hook=count,
+                object_hook=count,
+                max_array_len=B.MAX_ELEMENTS,
+                max_map_len=B.MAX_ELEMENTS,
+            )
+        except ValueError as exc:
+            if "exceeds max_" in str(exc):  # one list or map longer than the element budget
+                raise B.OverBudget(f"more than {B.MAX_ELEMENTS} elements in one list") from None
+            raise
+        if count.containers <= B.MAX_DEPTH:
+            return value
+    B.check_depth(value)
     return value
 
 
@@ -82,7 +118,8 @@ def json_dumps(data: dict[str, Any]) -> bytes:
 
 
 def json_loads(raw: bytes) -> dict[str, Any]:
-    value = json.loads(raw)
+    """A JSON record within the decode budget (:func:`worker.budget.json_loads`)."""
+    value = B.json_loads(raw)
     if not isinstance(value, dict):
         raise ValueError("job payload is not an object")
     return value

@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     keep_result_s: float = Field(3600.0, ge=0, le=WEEK_S)
     serializer: Literal["msgpack", "json", "pickle"] = "msgpack"
     max_payload_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+    #: Largest broadcast payload: refused at publish (one clear error), skipped when received
+    #: (a broadcast reaches every process of every role and stays in the topic's history).
+    max_broadcast_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     queues: str = Field("", pattern=r"^[A-Za-z0-9_.-]*(,[A-Za-z0-9_.-]+)*$")
 
     job_hook_timeout_s: float = Field(5.0, gt=0, le=DAY_S)

@@ -99,7 +99,10 @@ async def _act(settings: Settings, args: argparse.Namespace) -> int:
 def _time(value: int | None) -> str:
     if value is None:
         return "-"
-    return dt.datetime.fromtimestamp(value / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return dt.datetime.fromtimestamp(int(value) / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"  # not a time in range (a record written by someone else)
 
 
 def render(d: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.budget import OverBudget
 from worker.serializer import Deserialize
 from worker.storage import FOREIGN, Claimed
 from worker.storage.keys import Keys
@@ -96,6 +97,9 @@ def decode_record(
         raise BadJob("the job's try counter is not a number", "malformed")
     try:
         record = deserialize(c.payload)
+    except OverBudget as exc:
+        why = f"payload over the decode budget: {exc} (not decoded further)"
+        raise BadJob(why, "oversized") from None
     except Exception as exc:
         raise BadJob(f"malformed payload: {type(exc).__name__}", "malformed") from None
     return record, validate(record)

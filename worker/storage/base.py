@@ -16,7 +16,6 @@ replication is one ordered stream and a replica that has the probe has everythin
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Self
@@ -28,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker import budget as B
 from worker import malformed as M
 from worker.errors import NotReplicated
 from worker.ids import JobIds
@@ -50,19 +50,36 @@ def _score(key: str, member: Any, value: Any) -> int | None:
 
 
 def _object(key: str, raw: Any) -> dict[str, Any] | None:
-    """A JSON object record, ``None`` when absent; one that is not a JSON object (written by
-    someone else) is logged once and reads as absent."""
+    """A JSON object record, ``None`` when absent; one that is not a JSON object within the
+    decode budget (:func:`worker.budget.json_record`: written by someone else, nested too deep,
+    ``NaN``, a huge number), or whose ``*_ms`` field is not a time in range, is logged once and
+    reads as absent."""
     if not raw:
         return None
     try:
-        value = json.loads(raw)
+        value = B.json_record(raw)
     except ValueError as exc:
         M.skip("JSON object", key, key, f"{type(exc).__name__}: {exc}")
         return None
     if not isinstance(value, dict):
         M.skip("JSON object", key, key, f"a JSON {type(value).__name__}, not an object")
         return None
+    bad = next((k for k, v in value.items() if k.endswith("_ms") and not _ms_field(v)), None)
+    if bad is not None:
+        M.skip("JSON object", key, key, f"field {bad!r} is not a time in ms within range")
+        return None
     return value
+
+
+def _ms_field(value: Any) -> bool:
+    """Whether a record's ``*_ms`` field can be read as a time or a span in ms: a number no
+    further from 0 than year 9999 (or ``null``, or a structure read elsewhere), never text or
+    ``1e300``."""
+    if isinstance(value, bool | str):
+        return False
+    if isinstance(value, int | float):
+        return -M.MAX_TIME_MS <= value <= M.MAX_TIME_MS
+    return True
 
 
 class StoreBase:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker import budget as B
+from worker import malformed as M
 from worker.storage import keys as K
-from worker.storage.base import StoreBase, _s, _score
+from worker.storage.base import StoreBase, _object, _s, _score
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,9 @@ class OperatorOps(StoreBase):
         out: dict[str, dict[str, Any]] = {}
         for name, raw in (await self.redis.hgetall(self.keys.apps)).items():
             try:
-                data = json.loads(raw)
-            except ValueError:
+                data = B.json_record(raw)
+            except ValueError as exc:
+                M.skip("app manifest", self.keys.apps, _s(name), str(exc))
                 continue
             if isinstance(data, dict):
                 out[_s(name)] = data
@@ -114,7 +116,7 @@ class OperatorOps(StoreBase):
         for i, q in enumerate(queues):
             fields: dict[str, int] = {}
             for part in raw[i * len(hours) : (i + 1) * len(hours)]:
-                fields.update({_s(k): int(v) for k, v in part.items()})
+                fields.update({_s(k): M.count(v) or 0 for k, v in part.items()})
             out[q] = [
                 (m * 60_000, fields.get(f"{m}:done", 0), fields.get(f"{m}:failed", 0))
                 for m in range(last - minutes + 1, last + 1)
@@ -139,13 +141,16 @@ class OperatorOps(StoreBase):
         slots = {f"s{s}" for s in range(first // K.TASK_SLOT_MIN, last // K.TASK_SLOT_MIN + 1)}
         known = set(tasks)
         counts: dict[tuple[str, str, str], int] = {}
-        for part in raw:
+        for h, part in zip(hours, raw, strict=True):
             for k, v in part.items():
                 when, _, rest = _s(k).partition(":")
                 task, _, kind = rest.rpartition(":")
                 if task in known and (when in slots or when.isdigit()):
-                    with contextlib.suppress(ValueError):
-                        counts[(when, task, kind)] = int(v)
+                    n = M.count(v)
+                    if n is None:
+                        M.skip("counter", self.keys.task_stats(h), _s(k), f"value {_s(v)[:40]}")
+                        continue
+                    counts[(when, task, kind)] = n
         out: dict[str, TaskStats] = {}
         for task in tasks:
             series = [
@@ -181,10 +186,7 @@ class OperatorOps(StoreBase):
         """The most recent operator actions, newest first."""
         out = []
         for raw in await self.redis.lrange(self.keys.audit, 0, limit - 1):
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
+            entry = _object(self.keys.audit, raw)
+            if entry is not None:
                 out.append(entry)
         return out

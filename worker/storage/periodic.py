@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from worker import budget as B
 from worker import malformed as M
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s
@@ -195,16 +196,32 @@ class PeriodicOps(StoreBase):
         fields: dict[str, dict[str, Any]] = {}
         for key, value in raw.items():
             name, _, kind = key.rpartition(":")
-            try:
-                fields.setdefault(name, {})[kind] = (
-                    int(value) if kind == "failing_since" else json.loads(value)
-                )
-            except ValueError:
-                continue  # a foreign or damaged field: ignore it
+            read = M.time_ms(value) if kind == "failing_since" else _run_record(value)
+            if read is None:
+                M.skip("periodic run", self.keys.periodic_runs, key, "not a time or a JSON object")
+                continue  # a foreign or damaged field: skipped
+            fields.setdefault(name, {})[kind] = read
         return {
             name: PeriodicRuns(f.get("success"), f.get("failure"), f.get("failing_since"))
             for name, f in fields.items()
         }
+
+
+def _run_record(raw: str) -> dict[str, Any] | None:
+    """A ``periodic:runs`` record (``{at_ms, tick_ms, instance[, error]}``) within the decode
+    budget, its ``at_ms`` a time in range; ``None`` for anything else."""
+    try:
+        record = B.json_record(raw)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    if "at_ms" in record:
+        at = M.time_ms(record["at_ms"])
+        if at is None:
+            return None
+        record["at_ms"] = at
+    return record
 
 
 class FencedPeriodicOps(FencedBase):

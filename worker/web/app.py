@@ -185,7 +185,7 @@ async def _dead_detail(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(
             text='{"error": "no such dead letter"}', content_type="application/json"
         )
-    return web.json_response(detail)
+    return web.json_response(detail, dumps=api.standard_json)
 
 
 async def _jobs(request: web.Request) -> web.Response:
@@ -196,7 +196,7 @@ async def _job(request: web.Request) -> web.Response:
     detail = await _guarded(jobs.job_info(request.app[STATE], request.match_info["job_id"]))
     if detail is None:
         raise web.HTTPNotFound(text='{"error": "no such job"}', content_type="application/json")
-    return web.json_response(detail)
+    return web.json_response(detail, dumps=api.standard_json)
 
 
 async def _tasks(request: web.Request) -> web.Response:
@@ -204,7 +204,7 @@ async def _tasks(request: web.Request) -> web.Response:
 
 
 async def _json(read: Awaitable[Any]) -> web.Response:
-    return web.json_response(await _guarded(read))
+    return web.json_response(await _guarded(read), dumps=api.standard_json)
 
 
 async def _guarded(read: Awaitable[Any]) -> Any:
@@ -248,7 +248,7 @@ def _action(run: Action) -> Handler:
             state.client, state.app, actor, serializer=jobs.serializer(state.serializer)
         )
         outcome = await _guarded(run(ops, body))
-        return web.json_response(outcome.to_json())
+        return web.json_response(outcome.to_json(), dumps=api.standard_json)
 
     return handler
 
