@@ -7,6 +7,7 @@ agree, because unit tests of the components run on fakeredis while production ru
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,8 +30,9 @@ KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
 MINE = "7:mine"
 T = 1_700_000_000_000  # a realistic epoch-ms value (exercises integer formatting in Lua)
-#: An epoch counter ahead of any server clock in ms (year 2255): the next epoch is exactly +1.
-AHEAD = 9_000_000_000_000
+#: An epoch counter ahead of the server's clock in ms (by an hour: within the day an epoch may
+#: run ahead, see ``election.EPOCH_OF``): the next epoch is exactly +1.
+AHEAD = (int(time.time()) + 3600) * 1000
 JOB_TTL = 60_000
 
 
