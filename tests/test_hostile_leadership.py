@@ -170,3 +170,24 @@ def test_a_shard_fence_above_every_epoch_is_reported_and_never_makes_leadership_
            "WORKER_APP": "tests.apps.ledger:app", "WORKER_QUEUE_SHARDS": "3"}  # fmt: skip
     out = cli("doctor", "--json", env=env)
     assert "shards" in json.loads(out.stdout)["failed"], out.stdout
+
+
+def test_a_lock_deleted_again_and_again_cannot_make_leadership_flap(
+    spawn: Spawn, rsync: redis_sync.Redis
+) -> None:
+    """Campaigns back off after a leadership shorter than a lease TTL (0.5 s, doubling): a
+    neighbour deleting the lock every 20 ms for 6 s costs a few acquisitions, not one per
+    renew interval (about 12 before)."""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    leader = spawn("leader", name="leader")
+    wait_until(lambda: lock(rsync, prefix), what="the lease")
+    wait_until(lambda: renewed_ms(rsync, prefix), what="a renew")
+    before = len(events(leader, "leadership acquired"))
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        rsync.delete(f"{prefix}leader")
+        time.sleep(0.02)
+    acquired = len(events(leader, "leadership acquired")) - before
+    assert 1 <= acquired <= 6, acquired
+    assert events(leader, "campaigning again after a short leadership"), leader.log()
+    wait_until(lambda: lock(rsync, prefix), what="it leads again once left alone")
