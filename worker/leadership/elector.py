@@ -142,6 +142,8 @@ class LeaderElector(Leadership):
                 else:
                     started = self.clock.monotonic()
                     await self._lead(stop)
+                    if stop.is_set():
+                        break
                     if self.clock.monotonic() - started < self.timing.ttl_s:
                         self._flaps = min(self._flaps + 1, 16)
                         pause = self._backoff()
