@@ -345,15 +345,12 @@ class LeaderElector(Leadership):
         )
 
     async def _listen(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
-        """Pub/sub, hints only: a message never steps down, hands over or raises the floor by
-        itself (anyone who can ``PUBLISH``, and every app with the same channel names, can
-        send one). A release wakes the campaign loop. An announcement other than this
-        leader's own lock, or a handoff request, makes the leader renew at once: the renew
-        compares its lock and reads the handoff key (a write the app's ACL protects), so a
-        step-down or a handoff follows only from what its own database holds. A standby
-        that hears an announcement reads the holder's lock at its next campaign (its epoch
-        raises the floor from there). Lost messages only cost time: polling and renewing
-        find the same facts."""
+        """Pub/sub, hints only (anyone who can ``PUBLISH`` can send one): a release wakes the
+        campaign loop; an announcement other than this leader's lock, or a handoff request,
+        makes it renew at once, and only what the renew reads (its lock, the handoff key the
+        app's ACL protects) steps it down or hands over; a standby that hears an announcement
+        reads the holder's lock (and raises its floor) at its next campaign. Lost messages
+        only cost time: polling and renewing find the same facts."""
         keys = self.store.keys
         announce, handoff = keys.leader_announce, keys.leader_handoff_channel
 
