@@ -122,6 +122,50 @@ async def test_no_leader_fails(r: Any) -> None:
     assert report.to_json()["failed"] == ["leader"]
 
 
+async def test_no_leader_says_for_how_long_and_how_many_candidates_fail(r: Any) -> None:
+    app = make_app()
+    await seed_healthy(r, app)
+    await r.delete(KEYS.leader)
+    await r.hset(KEYS.leader_state, "renewed_ms", NOW - 42_000)
+    check = (await diagnose(r, app)).check("leader")
+    assert check.status == "fail" and "no leader for 42.0s" in check.summary
+    assert "1 live candidates cannot acquire it" in check.summary
+    assert check.data["candidates"] == ["leader-1"]
+    await r.hset(KEYS.leader_state, "renewed_ms", "1e+400")  # unreadable: no duration, no crash
+    check = (await diagnose(r, app)).check("leader")
+    assert check.status == "fail" and "no leader:" in check.summary
+
+
+@pytest.mark.parametrize("counter", ["1e+20", "99999999999999999999", "100000000000000"])
+async def test_a_malformed_epoch_counter_fails_epochs_without_a_crash(r: Any, counter: str) -> None:
+    app = make_app()
+    await seed_healthy(r, app)
+    await r.set(KEYS.leader_epoch, counter)
+    check = (await diagnose(r, app)).check("epochs")
+    assert check.status == "fail" and "not an epoch the framework issues" in check.summary
+
+
+async def test_neighbours_fail_when_the_prefix_is_listened_on_from_another_database(
+    r: Any,
+) -> None:
+    app = make_app()
+    await seed_healthy(r, app)
+    assert (await diagnose(r, app)).check("neighbours").status == "ok"
+    ours, theirs, other = r.pubsub(), r.pubsub(), r.pubsub()
+    try:
+        await ours.subscribe(KEYS.leader_channel, KEYS.wake)  # this app: no neighbour
+        await other.subscribe("t:wakeful", "tx:wake@db2")  # another prefix: no neighbour
+        assert (await diagnose(r, app)).check("neighbours").status == "ok"
+        await theirs.subscribe("t:leader:released@db2")  # the same prefix in database 2
+        check = (await diagnose(r, app)).check("neighbours")
+        assert check.status == "fail" and check.details == ["listening on t:leader:released@db2"]
+    finally:
+        for p in (ours, theirs, other):
+            await p.aclose()
+    snap = dataclasses.replace(await doctor.gather(r, KEYS, app, now_ms=NOW), neighbours=None)
+    assert doctor.judge(snap, app, LIMITS).check("neighbours").status == "warn"
+
+
 async def test_a_lock_nobody_reports_and_two_claimants_fail(r: Any) -> None:
     app = make_app()
     await seed_healthy(r, app)

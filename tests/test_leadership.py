@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
+import structlog
 from redis.asyncio.connection import Connection as AsyncConnection
 
 from worker.clock import Clock, FakeClock, SystemClock
@@ -24,6 +25,7 @@ from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
+from worker.metrics import Metrics
 from worker.storage import Acquired, Store
 from worker.storage import keys as K
 
@@ -407,9 +409,11 @@ def test_lock_value_round_trip() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-async def test_another_acquisition_makes_the_leader_step_down_at_once(
+async def test_another_acquisition_makes_the_leader_look_and_step_down_at_once(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis
 ) -> None:
+    """The announcement is a hint: the leader renews at once, and the renew (its own database)
+    proves the lease gone."""
     clock = FakeClock()  # never advanced below: a renew can not be what noticed
     slow = LeaderTiming(ttl_s=10, renew_interval_s=2, renew_deadline_s=6, poll_interval_s=5)
     a = start("elector", clients(), runs, clock=clock, timing=slow)
@@ -423,11 +427,9 @@ async def test_another_acquisition_makes_the_leader_step_down_at_once(
     assert isinstance(other, Acquired)
     await eventually(lambda: a.probe.count("stop") == 1, within=3, what="a steps down")
     assert not a.leader.is_leading()
-    assert (
-        a.leader.health.extra["last_loss"]
-        == f"another process acquired the lease (epoch {other.lock.epoch})"
-    )
-    assert a.leader.floor == other.lock.epoch  # the announcement also raised its epoch floor
+    assert a.leader.health.extra["last_loss"] == "lease is no longer ours"
+    # its next campaign read the holder's lock: that raised its floor, not the announcement
+    await eventually(lambda: a.leader.floor == other.lock.epoch, 3, "the floor", clock=clock)
     assert rsync.get(KEYS.leader) == str(other.lock).encode()
 
 
@@ -525,3 +527,26 @@ async def test_a_planned_handoff_moves_the_lease_to_a_standby(
     assert rsync.exists(KEYS.leader_handoff) == 0
     await asyncio.sleep(a.leader.handoff_pause_s + 3 * FAST.poll_interval_s)  # type: ignore[attr-defined]
     assert b.leader.is_leading() and not a.leader.is_leading()  # a campaigns again, and loses
+
+
+async def test_a_candidate_whose_campaigns_fail_tells_how_long_there_is_no_leader() -> None:
+    """``worker_leaderless_seconds`` and one error line once no valid leader was found for
+    longer than the lease TTL (before: campaigns failed silently forever)."""
+
+    class Broken:
+        keys = KEYS
+
+        async def acquire(self, *args: Any, **kwargs: Any) -> Any:
+            raise ConnectionError("ERR value is not an integer or out of range")
+
+    clock, metrics = FakeClock(), Metrics()
+    timing = LeaderTiming(ttl_s=3, renew_interval_s=0.5, renew_deadline_s=1.5)
+    elector = LeaderElector(Broken(), timing, clock, metrics=metrics)  # type: ignore[arg-type]
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(10):
+            await elector._campaign()
+            clock.advance(0.5)
+    gauge = metrics.registry.get_sample_value("worker_leaderless_seconds")
+    assert gauge is not None and gauge >= 3.0
+    told = [e for e in logs if e["event"].startswith("no leader for longer than the lease TTL")]
+    assert len(told) == 1 and "not an integer" in told[0]["error"]

@@ -7,6 +7,7 @@ agree, because unit tests of the components run on fakeredis while production ru
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,8 +30,9 @@ KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
 MINE = "7:mine"
 T = 1_700_000_000_000  # a realistic epoch-ms value (exercises integer formatting in Lua)
-#: An epoch counter ahead of any server clock in ms (year 2255): the next epoch is exactly +1.
-AHEAD = 9_000_000_000_000
+#: An epoch counter ahead of the server's clock in ms (by an hour: within the day an epoch may
+#: run ahead, see ``election.EPOCH_OF``): the next epoch is exactly +1.
+AHEAD = (int(time.time()) + 3600) * 1000
 JOB_TTL = 60_000
 
 
@@ -130,6 +132,49 @@ async def test_a_peek_is_refused_unread_by_a_lock_with_a_ttl_and_acquires_a_free
     await r.set(KEYS.leader, "1:old-static")  # no expiry: stale, replaced as without peek
     replaced = await store.acquire("tokC", 5000, peek=True)
     assert isinstance(replaced, Acquired) and replaced.replaced == "1:old-static"
+
+
+@pytest.mark.parametrize(
+    "counter", [b"1e+20", b"99999999999999999999", b"100000000000000", b"-5", b"12.5", b"x"]
+)
+async def test_a_malformed_epoch_counter_is_repaired_by_the_next_acquisition(
+    r: Any, counter: bytes
+) -> None:
+    """Not an integer below 2^53 at most a day ahead of the clock: the epoch is issued from
+    the clock (and a valid floor), the counter overwritten, the answer names it; every epoch
+    is written as a plain integer (``string.format('%d')``, never ``1e+14``)."""
+    store = Store(r, KEYS)
+    await r.set(KEYS.leader_epoch, counter)
+    now = await store.server_time_ms()
+    won = await store.acquire("tokA", 5000, floor=int(now) + 60_000)  # a valid floor counts
+    assert isinstance(won, Acquired) and won.malformed == ("counter",)
+    assert won.lock.epoch == int(now) + 60_001
+    assert await r.get(KEYS.leader_epoch) == str(won.lock.epoch).encode()
+    assert await r.get(KEYS.leader) == f"{won.lock.epoch}:tokA".encode()
+    assert (await r.hget(KEYS.leader_state, "epoch")).isdigit()
+    (entry,) = await store.leader_history()
+    assert entry.epoch == won.lock.epoch
+
+
+async def test_a_floor_far_ahead_of_the_clock_is_ignored_and_named(r: Any) -> None:
+    store = Store(r, KEYS)
+    held = await store.acquire("tokA", 5000)
+    assert isinstance(held, Acquired) and held.malformed == ()
+    before = await snapshot(r)
+    refused = await store.acquire("tokB", 5000, floor=10**14)  # refused: counter untouched
+    assert isinstance(refused, Refused) and refused.malformed == ("floor",)
+    assert await snapshot(r) == before
+    await r.delete(KEYS.leader)
+    won = await store.acquire("tokB", 5000, floor=2**53 + 1)
+    assert isinstance(won, Acquired) and won.malformed == ("floor",)
+    assert held.lock.epoch < won.lock.epoch <= await store.server_time_ms() + 1
+
+
+async def test_handoff_ignores_a_lock_that_is_not_one_the_framework_writes(r: Any) -> None:
+    store = Store(r, KEYS)
+    await r.set(KEYS.leader, "99999999999999999999:forged", px=5000)
+    assert await store.request_handoff(1000) is None
+    assert await r.get(KEYS.leader_handoff) is None
 
 
 async def test_acquire_goes_above_the_floor_after_data_loss(r: Any) -> None:

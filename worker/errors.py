@@ -39,6 +39,17 @@ class LeadershipLost(WorkerError):
     """A fenced write was refused: this process no longer holds the leader lock."""
 
 
+class ShardFenced(LeadershipLost):
+    """A queue shard's fence refused the lease epoch (``fenced.TOKEN_FENCE``): a newer leader
+    raised it, or someone wrote a fence above every epoch. Whoever writes to the shard checks
+    the lease at home to tell which (``OrphanReaper``): the lease is not lost by this alone."""
+
+    def __init__(self, message: str, fence: str) -> None:
+        super().__init__(message)
+        #: the fence as the shard holds it
+        self.fence = fence
+
+
 class NotReplicated(WorkerError, RedisConnectionError):
     """A write reached the primary, but fewer replicas than ``WORKER_REDIS_WAIT_REPLICAS``
     confirmed it within ``WORKER_REDIS_WAIT_TIMEOUT_S``: a primary failover may still lose it.

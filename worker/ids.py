@@ -70,6 +70,30 @@ def hash_tag(prefix: str) -> str | None:
     return None
 
 
+#: Every epoch is below this (Lua numbers are doubles: integers are exact only below 2^53); an
+#: epoch read from Redis or a channel at or above it is malformed.
+EPOCH_LIMIT = 2**53
+#: How far ahead of the Redis server's clock (ms) an epoch may be: epochs start at the clock and
+#: grow by one per leadership, so one a day ahead was never issued (``election.ACQUIRE``).
+EPOCH_AHEAD_MS = 86_400_000
+
+
+def parse_epoch(raw: str | bytes | None) -> int | None:
+    """An epoch as the framework writes it: ASCII digits only, no sign, no exponent, below
+    :data:`EPOCH_LIMIT`; ``None`` for anything else (``1e+14``, ``-1``, ``١٢``, 20 digits)."""
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not raw or len(raw) > 16 or not (raw.isascii() and raw.isdigit()):
+        return None
+    epoch = int(raw)
+    return epoch if epoch < EPOCH_LIMIT else None
+
+
 @dataclass(frozen=True, order=True)
 class LockValue:
     """The leader lock's value ``<epoch>:<token>``: the epoch orders leaderships, the random
@@ -83,14 +107,22 @@ class LockValue:
 
     @classmethod
     def parse(cls, raw: str | bytes | None) -> LockValue | None:
-        """The lock value in ``raw``, or ``None`` for an absent or unreadable one."""
+        """The lock value in ``raw``, or ``None`` for an absent or unreadable one: the epoch is
+        parsed strictly (:func:`parse_epoch`), the token is printable ASCII of at most 128."""
         if raw is None:
             return None
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        epoch, sep, token = text.partition(":")
-        if not sep or not token or not epoch.isdigit():
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("ascii")
+            except UnicodeDecodeError:
+                return None
+        head, sep, token = raw.partition(":")
+        epoch = parse_epoch(head)
+        if not sep or epoch is None or not 0 < len(token) <= 128 or not token.isprintable():
             return None
-        return cls(int(epoch), token)
+        if not token.isascii():
+            return None
+        return cls(epoch, token)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,18 @@ class Metrics:
         self.leader_epoch = Gauge(
             "worker_leader_epoch", "Epoch of the lease held (0 when not leading).", registry=r
         )
+        self.leaderless = Gauge(
+            "worker_leaderless_seconds",
+            "How long this leader candidate has found no valid leader (its campaigns failing), "
+            "seconds; 0 while one leads. Above the lease TTL: nobody can lead.",
+            registry=r,
+        )
+        self.shard_fenced = Gauge(
+            "worker_queue_shards_fenced",
+            "Queue shards the leader skips: their fence is above its epoch though it holds the "
+            "lease (a fence written by hand or by another program; doctor names them).",
+            registry=r,
+        )
         self.leader_transitions = Counter(
             "worker_leader_transitions",
             "Leadership acquisitions and losses.",

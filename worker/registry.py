@@ -22,11 +22,9 @@ process's own code (jobs, services) reads that host's clock. Ticks, due times an
 on the Redis server's clock, which the same ``TIME`` reply keeps in sync (see
 :class:`~worker.clock.RedisClock`).
 
-The heartbeat also watches the dataset's boot marker (read in the heartbeat's script whenever
-the record and the score were both gone, so a steady beat pays nothing for it): a process that
-saw one marker and then finds another (or none) knows Redis lost its data (a restart without
-persistence, a failover to a replica that missed writes, a FLUSHALL) and says so loudly, once
-per loss.
+The heartbeat also watches the dataset's boot marker (read when the record and the score were
+both gone, so a steady beat pays nothing for it): a process that saw one marker and then finds
+another (or none) knows Redis lost its data and says so loudly, once per loss.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ import structlog
 
 from worker.clock import Clock, RedisClock, host_clock, ms
 from worker.component import LoopComponent
+from worker.errors import LeadershipLost, ShardFenced
 from worker.metrics import Metrics
 from worker.storage import FencedStore, Store
 from worker.storage.keys import DEFAULT_QUEUE
@@ -295,12 +294,51 @@ class OrphanReaper(LoopComponent):
         self.witness = witness
         #: the queue shards other than home (``WORKER_QUEUE_SHARDS``), fenced by token
         self.shards = list(shards)
+        #: shards whose fence is above this leadership's epoch though the lease is ours
+        self._fenced_out: set[str] = set()
 
     async def setup(self) -> None:
         self._reachable_since = self.clock.monotonic()
         self._last_tick = None
-        for shard in self.shards:  # a new leader's first act in each shard: raise its fence
-            await shard.raise_fence()
+        self._fenced_out.clear()
+        await self._raise_fences(self.shards)
+
+    async def _raise_fences(self, shards: Sequence[FencedStore]) -> None:
+        """Raise each shard's fence to the lease epoch (a new leader's first act in a shard;
+        retried at every tick for a shard fenced out, so deleting the bad fence heals it)."""
+        for shard in shards:
+            try:
+                await shard.raise_fence()
+            except ShardFenced as exc:
+                await self._fenced(shard, exc)
+            else:
+                if shard.keys.prefix in self._fenced_out:
+                    self._fenced_out.discard(shard.keys.prefix)
+                    log.info("queue shard no longer fenced out", shard=shard.keys.prefix)
+        if self.metrics is not None:
+            self.metrics.shard_fenced.set(len(self._fenced_out))
+
+    async def _fenced(self, shard: FencedStore, exc: ShardFenced) -> None:
+        """A shard refused this leadership's epoch. The lease gone at home too: a newer leader
+        raised the fence, step down. The lease still ours: someone else wrote it; stepping
+        down would only make leadership flap, so the shard is skipped (logged, counted in
+        ``worker_queue_shards_fenced``, named by ``doctor``) until the fence is deleted."""
+        lock = self.store.leader.lock
+        held, _ = await self.store.store.read_lock()
+        if lock is None or held != lock:
+            self.store.leader.lost(f"fenced write refused: {exc}")
+            raise LeadershipLost(str(exc)) from None
+        prefix = shard.keys.prefix
+        if prefix not in self._fenced_out:
+            self._fenced_out.add(prefix)
+            log.error(
+                "queue shard fenced above this leadership; skipped",
+                hint="the lease is ours at home: someone else wrote the fence; delete it "
+                "(worker doctor names it)",
+                shard=prefix,
+                fence=exc.fence,
+                epoch=lock.epoch,
+            )
 
     def _writable_for(self, now: float) -> float | None:
         """Seconds this process has had Redis reachable and taking its writes (``None``: its
@@ -319,6 +357,8 @@ class OrphanReaper(LoopComponent):
             # This process was frozen, or its Redis calls hung (a failover): the others may
             # have been cut off just as long. Silence counts only from now.
             self._reachable_since = now
+        if self._fenced_out:
+            await self._raise_fences([s for s in self.shards if s.keys.prefix in self._fenced_out])
         server_ms = round(await self.store.store.server_time_ms())
         stale_instances = await self.store.store.stale_instances(server_ms - ms(self.stale_s))
         self._last_tick = self.clock.monotonic()
@@ -342,7 +382,12 @@ class OrphanReaper(LoopComponent):
             if released is None:
                 continue  # it heartbeated meanwhile
             for shard in self.shards:  # judged dead and forgotten at home: its shard claims
-                released += await shard.reap_shard(stale.instance_id, server_ms, self.queues)
+                if shard.keys.prefix in self._fenced_out:
+                    continue
+                try:
+                    released += await shard.reap_shard(stale.instance_id, server_ms, self.queues)
+                except ShardFenced as exc:
+                    await self._fenced(shard, exc)
             if self.metrics is not None:
                 self.metrics.orphans.inc(released)
             log.warning(

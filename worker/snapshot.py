@@ -83,6 +83,8 @@ class ShardState:
     node: str | None
     queues: list[QueueState]
     dead_letters: int
+    #: the shard's fence as written (``None``: none; home has none), see ``fenced.TOKEN_FENCE``
+    fence: str | None = None
 
     @property
     def depth(self) -> int:
@@ -118,7 +120,8 @@ class ClusterSnapshot:
     #: per_key service name -> (member processes, key -> owner instance id)
     per_key: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
     # -- what only the doctor's checks read (``checks=True``) --
-    epoch_counter: int | None = None
+    #: the counter, or its text when it is not an epoch (written by someone else)
+    epoch_counter: int | str | None = None
     lease_state: dict[str, str] = field(default_factory=dict)
     holds: dict[str, int] = field(default_factory=dict)
     #: replicas attached to the primary (``INFO replication``; ``None``: not readable)
@@ -127,6 +130,9 @@ class ClusterSnapshot:
     shards: list[ShardState] = field(default_factory=list)
     #: the primaries of the Redis Cluster (``CLUSTER SLOTS``; 0: not a cluster), read with shards
     cluster_masters: int = 0
+    #: channels of this prefix listened on from another database of the server (``None``:
+    #: not readable), see ``SubscriptionOps.neighbour_channels``
+    neighbours: list[str] | None = field(default_factory=list)
 
     @property
     def live(self) -> list[Instance]:
@@ -196,10 +202,12 @@ async def read(
         snap.epoch_counter, snap.lease_state = await store.lease_counters()
         snap.holds = await store.holds_sets()
         snap.attached_replicas = await read_attached(store.redis)
+        snap.neighbours = await store.neighbour_channels()
     if per_shard:
         owners = await read_slot_owners(store.redis)
         snap.cluster_masters = len({addr for _, _, addr in owners})
-        snap.shards = _shards(shards, per_shard, owners)
+        fences = [None, *[await s.read_fence() for s in shards[1:]]]
+        snap.shards = _shards(shards, per_shard, owners, fences)
     return snap
 
 
@@ -237,12 +245,14 @@ def _shards(
     stores: Sequence[Store],
     per_shard: list[tuple[list[QueueState], int]],
     owners: list[tuple[int, int, str]],
+    fences: Sequence[str | None] = (),
 ) -> list[ShardState]:
     out = []
     for i, (store, (queues, dead)) in enumerate(zip(stores, per_shard, strict=True)):
         slot = slot_of_prefix(store.keys.prefix)
         node = next((addr for lo, hi, addr in owners if lo <= slot <= hi), None)
-        out.append(ShardState(i, store.keys.prefix, slot, node, queues, dead))
+        fence = fences[i] if i < len(fences) else None
+        out.append(ShardState(i, store.keys.prefix, slot, node, queues, dead, fence))
     return out
 
 

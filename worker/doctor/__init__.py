@@ -31,6 +31,7 @@ from worker.app import App
 from worker.doctor.instances import (
     check_clock_skew,
     check_heartbeats,
+    check_neighbours,
     check_orphaned_holds,
     check_readiness,
     check_versions,
@@ -114,6 +115,7 @@ CHECKS: Sequence[Callable[[Snapshot, App, Limits], Check]] = (
     check_durability,
     check_heartbeats,
     check_versions,
+    check_neighbours,
     check_clock_skew,
     check_readiness,
     check_periodic_schedule,

@@ -174,3 +174,27 @@ def check_orphaned_holds(snap: ClusterSnapshot, app: App, limits: Limits) -> Che
         "ok",
         f"{num(len(snap.holds), 'holds set')}, all of registered instances",
     )
+
+
+def check_neighbours(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+    """No process of another database of this server uses this key prefix: Pub/Sub is
+    server-wide, so channel names carry the database (``@db<n>``, none in database 0); a
+    channel of this prefix with another database's name means another app (or this one,
+    misconfigured) runs there with the same prefix. Give each app its own prefix."""
+    found = snap.neighbours
+    data = {"channels": found}
+    if found is None:
+        return Check("neighbours", "warn", "cannot read PUBSUB CHANNELS (ACL?)", data=data)
+    if not found:
+        return Check(
+            "neighbours", "ok", f"no other database of this server uses {snap.prefix!r}", data=data
+        )
+    return Check(
+        "neighbours",
+        "fail",
+        f"processes in another database of this server use the key prefix {snap.prefix!r}: "
+        "another app (or this one, misconfigured). A database separates keys, not Pub/Sub or "
+        "the server's memory and CPU: give each app its own WORKER_KEY_PREFIX",
+        [f"listening on {c}" for c in found],
+        data,
+    )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker import malformed as M
 from worker.app import App
 from worker.doctor.verdict import Check, Limits
 from worker.durability import describe
+from worker.ids import EPOCH_AHEAD_MS
 from worker.preflight import ALLOW_EVICTION, NOEVICTION
 from worker.snapshot import ClusterSnapshot, Instance
 
@@ -15,19 +17,41 @@ def leading(snap: ClusterSnapshot) -> list[Instance]:
     return [i for i in snap.live if (i.record or {}).get("is_leader")]
 
 
+#: Roles that campaign for the lease.
+CANDIDATES = ("leader", "all")
+
+
+def _renewed_ms(snap: ClusterSnapshot) -> int | None:
+    """The server time of the last acquire or renew (``None``: none, or unreadable)."""
+    return M.time_ms(snap.lease_state.get("renewed_ms") or "x")
+
+
 def check_leader(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     """Exactly one leader: the lock is held, with a TTL, by the one live instance that reports
-    leading with its epoch."""
+    leading with its epoch. Without one: how long since the last lease was renewed, and how
+    many candidates are live (live candidates and no leader for longer than a lease TTL:
+    their campaigns fail, see their logs and ``worker_leaderless_seconds``)."""
     lock, pttl = snap.lock, snap.lock_pttl_ms
     claimants = leading(snap)
     names = ", ".join(f"{i.name} (epoch {(i.record or {}).get('epoch')})" for i in claimants)
     if lock is None:
+        candidates = [i for i in snap.live if (i.record or {}).get("role") in CANDIDATES]
+        renewed = _renewed_ms(snap)
+        since = "" if renewed is None else f" for {(snap.now_ms - renewed) / 1000:.1f}s"
+        why = "no leader/all process running, or none can campaign"
+        if candidates:
+            why = f"{len(candidates)} live candidates cannot acquire it: see their logs"
+        held = " (it holds a value the framework never writes)" if pttl != -2 else ""
         return Check(
             "leader",
             "fail",
-            f"no leader: nobody holds {snap.prefix}leader (no leader/all process running, or "
-            "none can campaign); periodic ticks, pollers and singleton services are stopped",
+            f"no leader{since}: nobody holds {snap.prefix}leader{held} ({why}); periodic "
+            "ticks, pollers and singleton services are stopped",
             [f"instances still reporting leadership: {names}"] if claimants else [],
+            {
+                "candidates": [i.name for i in candidates],
+                "leaderless_ms": renewed and (snap.now_ms - renewed),
+            },
         )
     data: dict[str, Any] = {"epoch": lock.epoch, "ttl_s": round(pttl / 1000, 1)}
     if pttl == -1:
@@ -61,8 +85,8 @@ def check_leader(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     rec = holder.record or {}
     age = rec.get("lease_age_s")
     lease_age = None if age is None else round(float(age) + holder.age_s(snap.now_ms), 1)
-    renewed = snap.lease_state.get("renewed_ms")
-    since_renew = None if not renewed else round((snap.now_ms - int(renewed)) / 1000, 1)
+    renewed = _renewed_ms(snap)
+    since_renew = None if renewed is None else round((snap.now_ms - renewed) / 1000, 1)
     data.update(instance=holder.name, lease_age_s=lease_age, renewed_s_ago=since_renew)
     return Check(
         "leader",
@@ -78,6 +102,16 @@ def check_epochs(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     reports the lock's epoch."""
     lock, counter = snap.lock, snap.epoch_counter
     data: dict[str, Any] = {"lock": lock.epoch if lock else None, "counter": counter}
+    if isinstance(counter, str) or (counter or 0) > snap.now_ms + EPOCH_AHEAD_MS:
+        return Check(
+            "epochs",
+            "fail",
+            f"the epoch counter {snap.prefix}leader:epoch holds {counter!r}: not an epoch the "
+            "framework issues (an integer below 2^53, at most a day ahead of the server's "
+            "clock); written by hand or another program? The next acquisition repairs it "
+            "(docs/fencing.md)",
+            data=data,
+        )
     if lock is None:
         return Check("epochs", "ok", f"no lease held; epoch counter {counter}", data=data)
     if counter is None or lock.epoch > counter:

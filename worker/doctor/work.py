@@ -6,6 +6,7 @@ from __future__ import annotations
 from worker.app import App
 from worker.doctor.verdict import Check, Limits, ago, iso, num
 from worker.duties.periodic import freshness
+from worker.ids import parse_epoch
 from worker.snapshot import ClusterSnapshot
 
 
@@ -151,6 +152,17 @@ def check_shards(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     """Queue shards (``WORKER_QUEUE_SHARDS`` > 1) are served by distinct cluster primaries:
     two shards on one primary share its CPU (a failure if the cluster has a primary to spare,
     a warning if it has fewer primaries than shards, or is no cluster at all)."""
+    fenced = _fenced_out(snap)
+    if fenced:
+        return Check(
+            "shards",
+            "fail",
+            f"{num(len(fenced), 'queue shard')} fenced against the leader: writes of the "
+            "leader there (reaping a dead consumer's claims) are refused and skipped. Nothing "
+            "the framework writes does this: delete the fence key (the leader writes it again)",
+            fenced,
+            {"fenced": fenced},
+        )
     n = len(snap.shards)
     by_node: dict[str, list[int]] = {}
     for sh in snap.shards:
@@ -190,3 +202,20 @@ def check_shards(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
         details,
         data,
     )
+
+
+def _fenced_out(snap: ClusterSnapshot) -> list[str]:
+    """Queue shards whose fence is not an epoch, or is above the lease's epoch."""
+    out = []
+    epoch = snap.lock.epoch if snap.lock is not None else None
+    for sh in snap.shards[1:]:
+        if sh.fence is None:
+            continue
+        fence = parse_epoch(sh.fence)
+        if fence is None:
+            out.append(f"shard {sh.index}: {sh.prefix}fence holds {sh.fence!r}, not an epoch")
+        elif epoch is not None and fence > epoch:
+            out.append(
+                f"shard {sh.index}: {sh.prefix}fence {fence} is above the lease's epoch {epoch}"
+            )
+    return out

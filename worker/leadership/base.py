@@ -17,7 +17,7 @@ import structlog
 
 from worker.clock import Clock
 from worker.component import Component
-from worker.ids import LockValue
+from worker.ids import EPOCH_LIMIT, LockValue
 from worker.metrics import Metrics
 
 log = structlog.get_logger("worker.leader")
@@ -113,8 +113,17 @@ class Leadership(Component):
         return self.is_leading() and not stop.is_set()
 
     def note_epoch(self, epoch: int) -> None:
-        """Remember an epoch seen anywhere (announcements, the lock)."""
-        self.floor = max(self.floor, epoch)
+        """Remember an epoch read from this process's own database (the lock, a refused
+        campaign's holder), never one heard on a channel. Out of range (``< 0`` or ``>=
+        2^53``): ignored. The script the floor goes to (``election.ACQUIRE``) also checks it
+        against the server's clock and names a floor it ignores (:meth:`floor_refused`)."""
+        if 0 <= epoch < EPOCH_LIMIT:
+            self.floor = max(self.floor, epoch)
+
+    def floor_refused(self, known: int = 0) -> None:
+        """The lease script ignored this process's floor (far ahead of the server's clock:
+        not an epoch it issued): forget it, keep ``known`` (an epoch just read and checked)."""
+        self.floor = max(0, min(known, EPOCH_LIMIT - 1))
 
     # -- introspection ------------------------------------------------------------------------
     def lease_age(self) -> float | None:

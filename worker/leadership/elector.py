@@ -7,15 +7,21 @@ when
 
 - the renew deadline passes, measured on the monotonic clock from when the last *successful*
   renew was sent (so a renew that lands late cannot stretch the lease in our mind),
-- a renew answers "not yours", or
+- a renew answers "not yours" (a message on a channel is only a hint to renew at once: see
+  :meth:`LeaderElector._listen`), or
 - any fenced write is refused (:meth:`Leadership.lost`, called by the fenced store), or
 - the event loop stays blocked past the renew deadline (:mod:`worker.watchdog`): from its
   thread, the watchdog drops the lock (not a clean release: the next holder's services still
   wait out this holder's safety bound), so a standby takes over before the lease expires, and
   the elector steps down as soon as the loop runs again, or
-- an operator requests a planned handoff (``python -m worker handoff``, the console): the
-  leader stops its singletons, releases the lease (standbys campaign at once) and stays a
-  standby for ``handoff_pause_s`` so another candidate takes over.
+- an operator requests a planned handoff (``python -m worker handoff``, the console: a write
+  of the handoff key, which the app's ACL protects, read by the renew): the leader stops its
+  singletons, releases the lease (standbys campaign at once) and stays a standby for
+  ``handoff_pause_s`` so another candidate takes over.
+
+Campaigns back off: a leadership that ends within a lease TTL of its start makes the next
+campaign wait (``0.5 s`` doubling up to the TTL), so no record in Redis, no message and no
+setting can make leadership change hands more than a few times a second.
 
 With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``) an acquisition or a renew counts only once
 the replicas confirmed it: a lease the primary granted but no replica has is never acted on,
@@ -36,16 +42,24 @@ from uuid import uuid4
 
 import structlog
 
+from worker import malformed as M
 from worker.clock import Clock, ms
 from worker.ids import LockValue
 from worker.leadership.base import Leadership, LeaderTiming
 from worker.metrics import Metrics
-from worker.storage import Refused, Renewal, Store
+from worker.storage import Acquired, Refused, Renewal, Store
 
 log = structlog.get_logger("worker.leader")
 
 #: A quiet subscription to the lease's channels is pinged this often, so a dead one is noticed.
 PING_S = 55.0
+#: A message on a lease channel makes the leader renew at once (the renew reads the lock and
+#: the handoff request), but not more often than this, seconds: a flood of messages costs at
+#: most this many renews a second.
+LOOK_MIN_S = 0.2
+#: The first pause after a leadership that ended within a lease TTL of its start, seconds;
+#: doubled at each further short one, up to the lease TTL (:meth:`LeaderElector._backoff`).
+FLAP_PAUSE_S = 0.5
 
 
 class LeaderElector(Leadership):
@@ -80,8 +94,15 @@ class LeaderElector(Leadership):
         #: after handing the lease over, campaign again only after this long (default: the
         #: lease TTL), so a standby takes over; with none, this process leads again then
         self.handoff_pause_s = timing.ttl_s if handoff_pause_s is None else handoff_pause_s
-        self._handoff = asyncio.Event()
+        #: a message on a lease channel: renew now (a hint; the renew finds the facts)
+        self._look = asyncio.Event()
+        self._looked_at = float("-inf")
         self._quiet_until = float("-inf")
+        #: short leaderships in a row (ended within a lease TTL): the next campaign waits
+        self._flaps = 0
+        #: since when (monotonic) this candidate has seen no valid leader, ``None``: it has
+        self._leaderless_since: float | None = None
+        self._leaderless_told = False
         self._last_renew_sent: float | None = None
         #: Renew deadline + stop grace: how long a holder may believe it leads, and keep its
         #: singletons running, after its last successful renew.
@@ -119,7 +140,17 @@ class LeaderElector(Leadership):
                     if self._lock is None:
                         await self.clock.wait((stop, wake), self._campaign_delay())
                 else:
+                    started = self.clock.monotonic()
                     await self._lead(stop)
+                    if stop.is_set():
+                        break
+                    if self.clock.monotonic() - started < self.timing.ttl_s:
+                        self._flaps = min(self._flaps + 1, 16)
+                        pause = self._backoff()
+                        log.info("campaigning again after a short leadership", wait_s=pause)
+                        self._quiet_until = max(self._quiet_until, self.clock.monotonic() + pause)
+                    else:
+                        self._flaps = 0
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
@@ -155,8 +186,22 @@ class LeaderElector(Leadership):
             )
         except Exception as exc:  # connection trouble: stay a standby, try again later
             log.warning("leader campaign failed", error=f"{type(exc).__name__}: {exc}")
+            self._leaderless(f"{type(exc).__name__}: {exc}")
             return
+        known = won.holder.epoch if isinstance(won, Refused) and won.holder else 0
+        if isinstance(won, Acquired):
+            known = won.lock.epoch
+        for what in won.malformed:  # logged once per value, counted; the lease goes on
+            if what == "floor":
+                M.skip("epoch floor", "(this process)", self.floor, "far ahead of the clock")
+                self.floor_refused(known)
+            else:
+                M.skip("epoch counter", self.store.keys.leader_epoch, known, "repaired")
         if isinstance(won, Refused):
+            if won.holder is not None or (won.pttl_ms is not None and won.pttl_ms > 0):
+                self._leaderless(None)  # a lock with a TTL is there: someone leads
+            else:
+                self._leaderless("the lock is not one the framework writes")
             if won.holder is not None:
                 self.note_epoch(won.holder.epoch)
             if won.pttl_ms is not None and won.pttl_ms >= 0:
@@ -180,25 +225,61 @@ class LeaderElector(Leadership):
                 replaced=won.replaced,
             )
         self._last_renew_sent = sent
-        self._handoff.clear()
+        self._look.clear()
+        self._leaderless(None)
         self._elected(won.lock, won.gap_ms / 1000)
+
+    def _leaderless(self, why: str | None) -> None:
+        """Track how long this candidate has found no valid leader (``why``: the campaign's
+        failure; ``None``: a leader is there). Past the lease TTL: logged once, and the
+        ``worker_leaderless_seconds`` gauge tells it."""
+        now = self.clock.monotonic()
+        if why is None:
+            self._leaderless_since, self._leaderless_told = None, False
+            if self.metrics is not None:
+                self.metrics.leaderless.set(0)
+            return
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        for_s = now - self._leaderless_since
+        if self.metrics is not None:
+            self.metrics.leaderless.set(round(for_s, 3))
+        if for_s > self.timing.ttl_s and not self._leaderless_told:
+            self._leaderless_told = True
+            log.error(
+                "no leader for longer than the lease TTL while this candidate campaigns",
+                for_s=round(for_s, 1),
+                error=why,
+            )
+
+    def _backoff(self) -> float:
+        """After a leadership that ended within a lease TTL of its start: how long to wait
+        before campaigning again (0 after a longer one)."""
+        if not self._flaps:
+            return 0.0
+        return min(self.timing.ttl_s, FLAP_PAUSE_S * float(2 ** (self._flaps - 1)))
 
     async def _lead(self, stop: asyncio.Event) -> None:
         """Renew until stopped, lost, or past the deadline."""
         t = self.timing
         while self._lock is not None and not stop.is_set():
             await self.clock.wait(
-                (stop, self._lost, self._handoff), t.renew_interval_s * random.uniform(0.8, 1.0)
+                (stop, self._lost, self._look), t.renew_interval_s * random.uniform(0.8, 1.0)
             )
             if stop.is_set():
                 return  # shutdown releases after stopping the singletons
             if self._lost.is_set():
                 await self._step_down(self._lost_reason or "fenced write refused")
                 return
-            if self._handoff.is_set():
-                await self._hand_over()
-                return
             assert self._last_renew_sent is not None
+            if self._look.is_set():  # a hint: renew now (not more often than LOOK_MIN_S)
+                self._look.clear()
+                since = self.clock.monotonic() - self._looked_at
+                if since < LOOK_MIN_S and await self.clock.wait(
+                    (stop, self._lost), LOOK_MIN_S - since
+                ):
+                    continue
+                self._looked_at = self.clock.monotonic()
             sent = self.clock.monotonic()
             remaining = t.renew_deadline_s - (sent - self._last_renew_sent)
             if remaining <= 0:
@@ -226,7 +307,6 @@ class LeaderElector(Leadership):
     async def _hand_over(self) -> None:
         """A planned handoff: stop the singletons, release the lease (clean: the next holder
         need not wait, see ``election.ACQUIRE``) and stay a standby for ``handoff_pause_s``."""
-        self._handoff.clear()
         lock = await self._step_down("handoff requested", planned=True)
         if lock is None:
             return
@@ -265,27 +345,30 @@ class LeaderElector(Leadership):
         )
 
     async def _listen(self, wake: asyncio.Event, stop: asyncio.Event) -> None:
-        """Pub/sub: a release wakes the campaign loop; an acquisition by anyone else makes a
-        leader step down at once (its lock is gone) and raises everyone's epoch floor. Lost
-        messages only cost time: polling and renewing find the same facts."""
+        """Pub/sub, hints only (anyone who can ``PUBLISH`` can send one): a release wakes the
+        campaign loop; an announcement other than this leader's lock, or a handoff request,
+        makes it renew at once, and only what the renew reads (its lock, the handoff key the
+        app's ACL protects) steps it down or hands over; a standby that hears an announcement
+        reads the holder's lock (and raises its floor) at its next campaign. Lost messages
+        only cost time: polling and renewing find the same facts."""
         keys = self.store.keys
         announce, handoff = keys.leader_announce, keys.leader_handoff_channel
 
         def heard(channel: str, data: bytes) -> None:
+            if channel == announce:
+                if LockValue.parse(data) is None:
+                    M.skip("leader announcement", announce, data[:64], "not <epoch>:<token>")
+                lock = self._lock
+                if lock is None:
+                    self._may_peek = False
+                elif data != str(lock).encode():
+                    self._look.set()
+                return
             if channel == handoff:
-                epoch = self.epoch
-                if epoch is not None and data == str(epoch).encode():
-                    self._handoff.set()  # the renew would tell too, a bit later
+                if self._lock is not None:
+                    self._look.set()
                 return
-            if channel != announce:
-                wake.set()
-                return
-            other = LockValue.parse(data)
-            if other is None:
-                return
-            self.note_epoch(other.epoch)
-            if self._lock is not None and other != self._lock:
-                self.lost(f"another process acquired the lease (epoch {other.epoch})")
+            wake.set()
 
         def healthy(subscribed: bool) -> None:
             self.subscribed = subscribed

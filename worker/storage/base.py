@@ -82,12 +82,24 @@ def _ms_field(value: Any) -> bool:
     return True
 
 
+def database_of(redis: Redis) -> int:
+    """The database number ``redis`` selects (0 for a Redis Cluster, which has no other)."""
+    pool = getattr(redis, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    db = kwargs.get("db", 0) if isinstance(kwargs, dict) else 0
+    try:
+        return int(db or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 class StoreBase:
     """The shared core of :class:`~worker.storage.Store` (see module docstring)."""
 
     def __init__(self, redis: Redis, keys: K.Keys, replication: Replication | None = None) -> None:
         self.redis = redis
-        self.keys = keys
+        #: channel names scoped by the connection's database (:func:`keys.channel_scope`)
+        self.keys = keys.scoped(K.channel_scope(database_of(redis)))
         #: the WAIT policy of durable writes (no WAIT when it asks for 0 replicas)
         self.replication = replication or Replication()
         self.ids = JobIds(keys.prefix)

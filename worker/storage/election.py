@@ -6,10 +6,17 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from worker import malformed as M
-from worker.ids import LockValue
+from worker.ids import EPOCH_AHEAD_MS, EPOCH_LIMIT, LockValue, parse_epoch
 from worker.storage import keys as K
 from worker.storage.base import _s
 from worker.storage.leases import LeaseOps
+
+
+def _text(value: object, limit: int = 200) -> str:
+    """A value read from Redis as text, for a log line or a view: never raises, at most
+    ``limit`` characters."""
+    raw = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return raw[:limit]
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,9 @@ class Acquired:
     #: confirmed by the replicas the WAIT policy requires (a lease that is not may be lost
     #: with the primary: its holder must not act on it).
     replicated: bool = True
+    #: what the script found malformed and did not use (``counter``: repaired; ``floor``:
+    #: the caller's, ignored); see ``election.ACQUIRE``
+    malformed: tuple[str, ...] = ()
 
 
 class Renewal(IntEnum):
@@ -72,17 +82,48 @@ class Refused:
 
     holder: LockValue | None
     pttl_ms: int | None = None
+    #: the caller's floor, when the script found it malformed and ignored it
+    malformed: tuple[str, ...] = ()
 
+
+#: Lua: ``epoch_of(text, now)``, an epoch read from Redis or given by a caller, validated as
+#: :func:`worker.ids.parse_epoch` does and at most :data:`worker.ids.EPOCH_AHEAD_MS` ahead of
+#: the server's clock ``now`` (ms): its number, or ``nil`` for anything else (``1e+14``, a
+#: 20-digit number, one a year ahead). Epochs are written with ``string.format('%d', n)``,
+#: never with ``..`` (which writes a double of 15 digits or more as ``1e+14``).
+EPOCH_OF = f"""
+local function epoch_of(v, now)
+  if type(v) ~= 'string' or #v > 16 or not string.match(v, '^%d+$') then
+    return nil
+  end
+  local n = tonumber(v)
+  if n >= {EPOCH_LIMIT} or n > now + {EPOCH_AHEAD_MS} then
+    return nil
+  end
+  return n
+end
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
 
 #: Run by :meth:`ElectionOps.acquire` (below).
-ACQUIRE = """
+ACQUIRE = (
+    EPOCH_OF
+    + """
 -- Acquire the leader lease if nobody holds it; a new epoch for every acquisition: the fencing
 -- token of that leadership, max(counter + 1, the caller's floor + 1, the server's clock in ms).
 -- Strictly increasing within a dataset; after any data loss (restart from an old snapshot, a
 -- failover to a lagging replica, FLUSHALL) at least the clock, hence above every epoch issued
 -- before it, as long as the clock does not go back and leaderships never came faster than one
 -- per millisecond (the counter then never runs ahead of the clock). Epochs stay far below 2^53
--- (Lua numbers are doubles): ms since 1970 plus one per leadership. A lock
+-- (Lua numbers are doubles): ms since 1970 plus one per leadership.
+-- The counter and the floor are input: each must be an integer below 2^53 and at most a day
+-- ahead of the server's clock (epoch_of). A malformed counter (not an integer, huge, far in
+-- the future: written by hand or by another program) is repaired: the epoch is issued from
+-- max(clock, valid floor + 1) and the counter overwritten; a malformed floor is ignored. Both
+-- are named in the answer (the caller logs and counts them). A lock
 -- holding the caller's own token is an acquisition whose reply the caller never got (client
 -- timeout): it is replaced by a fresh one, so the caller's deadline is measured from this call.
 -- A lock without expiry (left by an old static leader) is stale and replaced too.
@@ -105,39 +146,59 @@ ACQUIRE = """
 -- ARGV[5] -> announce channel
 -- ARGV[6] -> the caller's instance name (for the history)
 -- ARGV[7] -> history entries kept
--- ARGV[8] -> "1": a subscribed standby's steady look (it knows the holder's epoch from the
---            announcements): a lock with a TTL refuses it unread, {"", its PTTL, ""}
+-- ARGV[8] -> "1": a subscribed standby's steady look: a lock with a TTL refuses it unread,
+--            {"", its PTTL, ""}
 -- Returns: {lock value "<epoch>:<token>", gap in ms before singleton services may start,
--- the stale lock value it replaced or ""}; or, when another process holds the lock, {"", the
--- lock's PTTL in ms, the holder's lock value} (the caller learns the current epoch, and when
--- to campaign next; the epoch counter is raised to the caller's floor).
+-- the stale lock value it replaced or "", what was malformed ("counter", "floor", comma
+-- separated, or "")}; or, when another process holds the lock, {"", the lock's PTTL in ms,
+-- the holder's lock value, what was malformed} (the caller learns the current epoch, and when
+-- to campaign next; the epoch counter is raised to the caller's valid floor).
 if ARGV[8] == '1' then
   local left = redis.call('PTTL', KEYS[1])
   if left > 0 then
-    return {'', left, ''}
+    return {'', left, '', ''}
   end
 end
 local current = redis.call('GET', KEYS[1])
-local floor = tonumber(ARGV[3])
 local pttl = current and redis.call('PTTL', KEYS[1])
 local stale = pttl == -1
 local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
 if current and not stale and not mine then
   -- the holder's epoch came from the counter: only a floor above it needs the counter read
   -- (a standby's refused campaign, once per lease TTL, stays three commands)
-  if floor > tonumber(string.match(current, '^(%d+):') or '0')
-      and tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
-    redis.call('SET', KEYS[2], floor)
+  local held = string.match(current, '^(%d+):') or '0'
+  if #ARGV[3] > #held or (#ARGV[3] == #held and ARGV[3] > held) then
+    local floor = epoch_of(ARGV[3], server_ms())
+    if not floor then
+      return {'', pttl, current, 'floor'}
+    end
+    local counter = redis.call('GET', KEYS[2])
+    if not (counter and string.match(counter, '^%d+$') and tonumber(counter) >= floor) then
+      redis.call('SET', KEYS[2], string.format('%d', floor))
+    end
   end
-  return {'', pttl, current}
+  return {'', pttl, current, ''}
 end
-local counter = redis.call('GET', KEYS[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local raw = redis.call('GET', KEYS[2])
+local now = server_ms()
+local bad = {}
+local floor = 0
+if ARGV[3] ~= '0' then
+  floor = epoch_of(ARGV[3], now)
+  if not floor then
+    floor = 0
+    table.insert(bad, 'floor')
+  end
+end
+local counter = raw and epoch_of(raw, now)
+if raw and not counter then
+  table.insert(bad, 'counter')
+end
 local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released', 'released_why')
 local bound = tonumber(ARGV[4])
 local gap = bound
 local why = 'first'
+local renewed = prev[2] and epoch_of(prev[2], now)
 if stale then
   gap = bound
   why = 'replaced'
@@ -151,9 +212,10 @@ elseif prev[1] and prev[3] == prev[1] then
     why = 'after handoff'
   end
 elseif prev[2] then
-  gap = math.max(0, tonumber(prev[2]) + bound - now)
+  -- an unreadable renew time: wait the whole bound
+  gap = renewed and math.max(0, renewed + bound - now) or bound
   why = 'after expiry'
-elseif counter then
+elseif raw then
   why = 'after expiry'
 elseif floor > 0 then
   why = 'data loss'
@@ -161,23 +223,19 @@ end
 if why == 'first' and redis.call('LLEN', KEYS[4]) == 0 then
   gap = 0  -- a fresh cluster: no epoch, no lease state, no history; nobody can hold a lease
 end
-local epoch = redis.call('INCR', KEYS[2])
-if epoch < math.max(floor + 1, now) then
-  epoch = math.max(floor + 1, now)
-  redis.call('SET', KEYS[2], epoch)
-end
+local epoch = string.format('%d', math.max((counter or 0) + 1, floor + 1, now))
+local at = string.format('%d', now)
+redis.call('SET', KEYS[2], epoch)
 local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', now, 'released', '', 'released_why', '')
+redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', at, 'released', '', 'released_why', '')
 redis.call('DEL', KEYS[5])
-redis.call('LPUSH', KEYS[4], epoch .. '|' .. now .. '|' .. why .. '|' .. ARGV[6])
+redis.call('LPUSH', KEYS[4], epoch .. '|' .. at .. '|' .. why .. '|' .. ARGV[6])
 redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[7]) - 1)
 redis.call('PUBLISH', ARGV[5], value)
-if stale then
-  return {value, gap, current}
-end
-return {value, gap, ''}
+return {value, gap, stale and current or '', table.concat(bad, ',')}
 """
+)
 
 
 #: Run by :meth:`ElectionOps.renew_lock` (below).
@@ -197,7 +255,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('HSET', KEYS[2], 'renewed_ms', now)
+  redis.call('HSET', KEYS[2], 'renewed_ms', string.format('%d', now))
   if redis.call('GET', KEYS[3]) == ARGV[3] then
     return 2
   end
@@ -225,7 +283,7 @@ RELEASE = """
 -- Returns: 1 if released, 0 if the lock was not the caller's.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   redis.call('DEL', KEYS[1], KEYS[4])
   redis.call('HSET', KEYS[2], 'released', ARGV[3], 'released_why', ARGV[4])
   redis.call('LPUSH', KEYS[3], ARGV[3] .. '|' .. now .. '|' .. ARGV[4] .. '|' .. ARGV[5])
@@ -238,7 +296,7 @@ return 0
 
 
 #: Run by :meth:`ElectionOps.request_handoff` (below).
-HANDOFF = """
+HANDOFF = f"""
 -- Ask the current leader to hand the lease over (an operator's planned handoff): record the
 -- request for the current epoch and publish it; the leader of that epoch releases the lease
 -- (RELEASE, reason "handoff") and stays a standby for a while. The request expires unseen
@@ -247,13 +305,14 @@ HANDOFF = """
 -- KEYS[2] -> handoff request
 -- ARGV[1] -> how long the request stands, ms
 -- ARGV[2] -> handoff channel
--- Returns: the epoch the request targets, or 0 when nobody holds the lease.
+-- Returns: the epoch the request targets, or 0 when nobody holds the lease (or its value is
+-- not a lock value the framework writes).
 local current = redis.call('GET', KEYS[1])
 if not current then
   return 0
 end
 local epoch = string.match(current, '^(%d+):')
-if not epoch then
+if not epoch or #epoch > 16 or tonumber(epoch) >= {EPOCH_LIMIT} then
   return 0
 end
 redis.call('SET', KEYS[2], epoch, 'PX', ARGV[1])
@@ -263,27 +322,29 @@ return tonumber(epoch)
 
 
 #: Run by :meth:`ElectionOps.claim_static` (below).
-CLAIM_STATIC = """
+CLAIM_STATIC = (
+    EPOCH_OF
+    + """
 -- Always-leader mode (single node, tests): take the lock unconditionally so fenced scripts
 -- work unchanged. It expires like any lease (the static leader renews it with RENEW), so a
 -- killed static leader cannot block a later election. The epoch is made as ACQUIRE makes it
--- (counter + 1, at least the server's clock in ms: never back, not even after a data loss).
+-- (counter + 1, at least the server's clock in ms: never back, not even after a data loss; a
+-- malformed counter is repaired as ACQUIRE repairs it).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> epoch counter
 -- ARGV[1] -> random token
 -- ARGV[2] -> lease TTL in ms
 -- Returns: the lock value "<epoch>:<token>".
-local epoch = redis.call('INCR', KEYS[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if epoch < now then
-  epoch = now
-  redis.call('SET', KEYS[2], epoch)
-end
+local raw = redis.call('GET', KEYS[2])
+local now = server_ms()
+local counter = raw and epoch_of(raw, now)
+local epoch = string.format('%d', math.max((counter or 0) + 1, now))
+redis.call('SET', KEYS[2], epoch)
 local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 return value
 """
+)
 
 
 #: Run by :meth:`ElectionOps.boot_marker` (below).
@@ -331,7 +392,7 @@ class ElectionOps(LeaseOps):
         read (one command: a :class:`Refused` without holder), for a standby that learns
         epochs from the announcements and holds no lost acquisition of its own."""
         k = self.keys
-        (value, gap, other), acked = await self._eval(
+        (value, gap, other, bad), acked = await self._eval(
             self._script(ACQUIRE),
             [k.leader, k.leader_epoch, k.leader_state, k.leader_history, k.leader_handoff],
             [
@@ -345,10 +406,14 @@ class ElectionOps(LeaseOps):
                 "1" if peek else "",
             ],
         )
+        malformed = tuple(_text(bad).split(",")) if bad else ()
         lock = LockValue.parse(value) if value else None
         if lock is None:
-            return Refused(LockValue.parse(other), int(gap))
-        return Acquired(lock, int(gap), _s(other), self.replicated(acked))
+            holder = LockValue.parse(other) if other else None
+            if other and holder is None:
+                M.skip("leader lock", k.leader, _text(other), "not <epoch>:<token>")
+            return Refused(holder, int(gap), malformed)
+        return Acquired(lock, int(gap), _text(other), self.replicated(acked), malformed)
 
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:
         """Replace the lease's TTL if it is still ``lock`` (and record when, server time);
@@ -419,7 +484,15 @@ class ElectionOps(LeaseOps):
             pipe.get(self.keys.leader)
             pipe.pttl(self.keys.leader)
             raw, pttl = await pipe.execute()
-        return LockValue.parse(raw), int(pttl)
+        lock = LockValue.parse(raw)
+        if raw is not None and lock is None:
+            M.skip("leader lock", self.keys.leader, _text(raw), "not <epoch>:<token>")
+        return lock, int(pttl)
+
+    async def read_fence(self) -> str | None:
+        """This queue shard's fence as written (``keys.fence``; at most 40 characters)."""
+        raw = await self.redis.get(self.keys.fence)
+        return None if raw is None else _text(raw, 40)
 
     async def boot_marker(self, candidate: str) -> tuple[str, bool]:
         """The dataset's boot marker, created from ``candidate`` if missing: ``(marker,
@@ -432,13 +505,16 @@ class ElectionOps(LeaseOps):
         sec, usec = await self._script(TIME)(keys=[self.keys.leader])
         return int(sec) * 1000 + int(usec) / 1000
 
-    async def lease_counters(self) -> tuple[int | None, dict[str, str]]:
-        """The epoch counter and the lease state hash (``epoch``, ``renewed_ms``, ``released``)."""
+    async def lease_counters(self) -> tuple[int | str | None, dict[str, str]]:
+        """The epoch counter (its text, at most 40 characters, when it is not an epoch the
+        framework writes: :func:`worker.ids.parse_epoch`) and the lease state hash
+        (``epoch``, ``renewed_ms``, ``released``)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.leader_epoch)
             pipe.hgetall(self.keys.leader_state)
             counter, state = await pipe.execute()
+        epoch = parse_epoch(counter)
         return (
-            int(counter) if counter is not None else None,
-            {_s(k): _s(v) for k, v in state.items()},
+            epoch if epoch is not None or counter is None else _text(counter, 40),
+            {_text(k): _text(v) for k, v in list(state.items())[:20]},
         )

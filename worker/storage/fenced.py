@@ -16,8 +16,9 @@ from typing import Any
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError, WatchError
 
-from worker.errors import LeadershipLost
-from worker.ids import LockValue
+from worker import malformed as M
+from worker.errors import LeadershipLost, ShardFenced
+from worker.ids import LockValue, parse_epoch
 from worker.storage import keys as K
 from worker.storage.base import StoreBase
 from worker.views import LeaderView
@@ -34,14 +35,20 @@ end
 #: where the lease is out of reach (another hash slot): a fencing token. KEYS[1] is the
 #: shard's fence (``<shard prefix>fence``: the highest token a leader wrote there with),
 #: ARGV[1] the writer's token (its lease epoch, strictly greater for every new leadership).
-#: A token below the fence is refused; a higher one raises it, in the same atomic step.
+#: A token below the fence is refused; a higher one raises it, in the same atomic step. A fence
+#: that is not an epoch (not an integer of at most 16 digits: written by someone else) fences
+#: nothing and is overwritten (``raw`` keeps what it held).
 TOKEN_FENCE = """
-local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
+local raw = redis.call('GET', KEYS[1])
+local fence = 0
+if raw and #raw <= 16 and string.match(raw, '^%d+$') then
+  fence = tonumber(raw)
+end
 local token = tonumber(ARGV[1])
 if token == nil or token < fence then
-  return redis.error_reply('FENCED token ' .. ARGV[1] .. ' is below the shard fence ' .. fence)
+  return redis.error_reply('FENCED token ' .. ARGV[1] .. ' is below the shard fence ' .. raw)
 end
-if token > fence then
+if token > fence or raw ~= ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1])
 end
 """
@@ -53,11 +60,11 @@ RAISE_FENCE = (
 -- then on, writes of any older leadership into the shard are refused.
 -- KEYS[1] -> the shard's fence
 -- ARGV[1] -> the caller's token (its lease epoch)
--- Returns: the fence now (the caller's token)
+-- Returns: {the fence now (the caller's token), what the fence held before ("" if nothing)}
 """
     + TOKEN_FENCE
     + """
-return tonumber(redis.call('GET', KEYS[1]))
+return {ARGV[1], raw or ''}
 """
 )
 
@@ -86,20 +93,27 @@ class FencedBase:
 
     async def _run_token(self, text: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a script that starts with :data:`TOKEN_FENCE` in this store's queue shard, with
-        the lease epoch as the token: a refusal (a newer leader raised the fence) tells the
-        :class:`LeaderView` and raises :class:`LeadershipLost`, as :meth:`_run` does."""
+        the lease epoch as the token. A refusal raises :class:`ShardFenced` *without* telling
+        the :class:`LeaderView`: a fence above the epoch proves a newer leader only if the
+        lease at home is gone too (the caller checks, ``OrphanReaper``), else someone wrote
+        it."""
         epoch = self.leader.epoch
         if epoch is None:
             raise LeadershipLost("not leading")
-        return await self._eval_fenced(text, [self.keys.fence, *keys], [epoch, *args])
+        return await self._eval_fenced(text, [self.keys.fence, *keys], [epoch, *args], shard=True)
 
-    async def _eval_fenced(self, text: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _eval_fenced(
+        self, text: str, keys: Sequence[str], args: Sequence[Any], *, shard: bool = False
+    ) -> Any:
         """Run a fenced script (its fence key and the caller's lock or token first): a refusal
-        tells the :class:`LeaderView` and raises :class:`LeadershipLost`; with a WAIT policy
-        the write counts only once the replicas confirm it."""
+        tells the :class:`LeaderView` and raises :class:`LeadershipLost` (a shard's token
+        fence: :class:`ShardFenced`, see :meth:`_run_token`); with a WAIT policy the write
+        counts only once the replicas confirm it."""
         try:
             result, acked = await self.store._eval(self.store._script(text), keys, args, probe=True)
         except ResponseError as exc:
+            if shard and str(exc).startswith(K.FENCE_ERROR):
+                raise ShardFenced(str(exc), str(exc).rpartition(" ")[2][:40]) from None
             if str(exc).startswith(K.FENCE_ERROR):
                 self.leader.lost(f"fenced write refused: {exc}")
                 raise LeadershipLost(str(exc)) from None
@@ -110,8 +124,14 @@ class FencedBase:
 
     async def raise_fence(self) -> int:
         """Raise this queue shard's fence to the lease epoch (see :data:`RAISE_FENCE`): a new
-        leader's first act in a shard. :class:`LeadershipLost` if a newer one already did."""
-        return int(await self._run_token(RAISE_FENCE, [], []))
+        leader's first act in a shard. :class:`ShardFenced` if the fence is above the epoch
+        (a newer leader raised it, or someone else wrote it). A fence that was not an epoch is
+        overwritten, logged once and counted (:mod:`worker.malformed`)."""
+        now, before = await self._run_token(RAISE_FENCE, [], [])
+        text = before.decode(errors="replace") if isinstance(before, bytes) else str(before)
+        if text and parse_epoch(text) is None:
+            M.skip("shard fence", self.keys.fence, text[:64], "not an epoch; overwritten")
+        return int(now)
 
     def pipeline(self) -> FencedPipeline:
         """A redis-py transaction pipeline whose ``execute()`` commits only while the lease is

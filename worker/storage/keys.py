@@ -61,11 +61,26 @@ TASK_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_0
 TASK_SLOT_MIN = 10
 
 
+def channel_scope(db: int) -> str:
+    """What the framework's pub/sub channel names end with for an app in database ``db``:
+    nothing in database 0 (a Redis Cluster has only that one), ``@db<n>`` in any other.
+    Pub/Sub is server-wide, not per database: two apps with one key prefix in two databases
+    of one server would otherwise hear each other's messages."""
+    return f"@db{db}" if db else ""
+
+
 @dataclass(frozen=True)
 class Keys:
     """Key names under one prefix. Pure functions of their arguments; no Redis access."""
 
     prefix: str = "worker:"
+    #: appended to every pub/sub channel name (:func:`channel_scope`; set by the store from
+    #: its connection's database); key names never carry it
+    scope: str = ""
+
+    def scoped(self, scope: str) -> Keys:
+        """The same key names, with channel names scoped by ``scope``."""
+        return self if scope == self.scope else Keys(self.prefix, scope)
 
     # -- queues (arq's sorted sets of job ids scored by due time in ms) ------------------------
     @property
@@ -91,13 +106,13 @@ class Keys:
     @property
     def leader_channel(self) -> str:
         """Pub/sub channel a releasing leader publishes on so standbys campaign at once."""
-        return f"{self.prefix}leader:released"
+        return f"{self.prefix}leader:released{self.scope}"
 
     @property
     def leader_announce(self) -> str:
-        """Pub/sub channel every acquisition is announced on (``<epoch>:<token>``): a leader
-        hearing another value steps down at once instead of at its next renew."""
-        return f"{self.prefix}leader:acquired"
+        """Pub/sub channel every acquisition is announced on (``<epoch>:<token>``): a hint; a
+        leader hearing another value renews at once (the renew reads the lock)."""
+        return f"{self.prefix}leader:acquired{self.scope}"
 
     @property
     def leader_state(self) -> str:
@@ -116,14 +131,16 @@ class Keys:
     @property
     def leader_handoff(self) -> str:
         """A planned handoff request: value = the epoch it targets, short PX. The leader of that
-        epoch sees it on its next renew (or at once, on :attr:`leader_handoff_channel`),
-        releases the lease and stays a standby for a while, so another candidate takes over."""
+        epoch sees it on its next renew (at once when :attr:`leader_handoff_channel` wakes
+        it: only this key, a write the app's ACL protects, hands the lease over), releases
+        the lease and stays a standby for a while, so another candidate takes over."""
         return f"{self.prefix}leader:handoff"
 
     @property
     def leader_handoff_channel(self) -> str:
-        """Pub/sub channel a handoff request is published on (the targeted epoch)."""
-        return f"{self.prefix}leader:handoff-requested"
+        """Pub/sub channel a handoff request is published on (the targeted epoch): a hint to
+        renew now, never a request by itself."""
+        return f"{self.prefix}leader:handoff-requested{self.scope}"
 
     @property
     def boot(self) -> str:
@@ -162,7 +179,7 @@ class Keys:
     def wake(self) -> str:
         """Pub/sub channel every enqueue publishes the earliest due time (ms) on, so idle
         consumers claim at once instead of at their next poll."""
-        return f"{self.prefix}wake"
+        return f"{self.prefix}wake{self.scope}"
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property

@@ -72,6 +72,30 @@ class SubscriptionOps(StoreBase):
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 
+    async def neighbour_channels(self) -> list[str] | None:
+        """The framework's channels of this key prefix that processes of *another* database of
+        this server listen on (``PUBSUB CHANNELS``; Pub/Sub is server-wide): another app, or
+        this one misconfigured, uses the prefix there. ``None`` when it cannot be read (an
+        ACL without ``PUBSUB``); always empty on a Redis Cluster (one database)."""
+        if not hasattr(self.redis, "connection_pool"):
+            return []
+        prefix = "".join("\\" + c if c in "*?[]\\" else c for c in self.keys.prefix)
+        try:
+            found = await self.redis.pubsub_channels(f"{prefix}leader:released*")
+            found += await self.redis.pubsub_channels(f"{prefix}wake*")
+        except Exception:
+            return None
+        ours = {self.keys.leader_channel, self.keys.wake}
+        bases = (f"{self.keys.prefix}leader:released", f"{self.keys.prefix}wake")
+        out = set()
+        for raw in found[:1000]:
+            name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            for base in bases:
+                tail = name[len(base) :] if name.startswith(base) else None
+                if name not in ours and tail is not None and (tail == "" or _db_scope(tail)):
+                    out.add(name)
+        return sorted(out)
+
     @staticmethod
     async def _receive(
         pubsub: PubSub,
@@ -97,3 +121,8 @@ class SubscriptionOps(StoreBase):
                 continue
             data = msg.get("data")
             handle(_s(msg.get("channel")), data if isinstance(data, bytes) else str(data).encode())
+
+
+def _db_scope(tail: str) -> bool:
+    """``tail`` is a channel scope :func:`keys.channel_scope` makes (``@db<n>``)."""
+    return tail.startswith("@db") and tail[3:].isascii() and tail[3:].isdigit()
