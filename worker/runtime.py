@@ -158,6 +158,7 @@ class Runtime:
             shards=shards,
             origin=self.instance_id,
             tracing=tracing_for(s.tracing),
+            max_payload_bytes=s.max_payload_bytes,
         )
         backoff = roles.restart_backoff(s)
 

@@ -70,3 +70,19 @@ async def deaf(ctx: JobContext, seconds: float) -> str:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(0.05)
     return await _finished(ctx)
+
+
+@app.task
+async def enqueues_big(ctx: JobContext, size: int) -> str:
+    """``ctx.enqueue`` of a job carrying ``size`` bytes: what happened, as text."""
+    try:
+        jid = await ctx.enqueue("take", blob=b"x" * size)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return f"enqueued {jid}"
+
+
+@app.task
+async def take(ctx: JobContext, *args: object, **kwargs: object) -> str:
+    """Takes any arguments and returns."""
+    return "taken"
