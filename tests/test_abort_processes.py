@@ -50,7 +50,7 @@ def test_an_abort_holds_against_a_task_that_catches_the_cancellation(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("consumer", name="c1", app=APP)
-    seconds = {"in_redis": 8, "sleeper": 8, "deaf": 4}  # each outlasts the abort
+    seconds = {"in_redis": 10, "sleeper": 10, "deaf": 6}  # each outlasts the abort
     jobs = {t: client_call(redis_url, prefix, "enqueue", t, s) for t, s in seconds.items()}
     for jid in jobs.values():
         wait_until(lambda j=jid: any(k.startswith(j) for k in _started(rsync, prefix)), 30,
@@ -74,9 +74,9 @@ def test_a_job_aborted_before_it_runs_never_starts(
     async def enqueue_and_abort() -> list[str]:
         client = await Client.connect(redis_url, key_prefix=prefix)
         try:
-            ids: list[Any] = [await client.enqueue("sleeper", 3, defer_by=1.0) for _ in range(5)]
+            ids: list[Any] = [await client.enqueue("sleeper", 3, defer_by=3.0) for _ in range(5)]
             for jid in ids:
-                await client.abort(jid)  # about to run: due within a second
+                await client.abort(jid)  # about to run: due within 3 s
             return ids
         finally:
             await client.close()

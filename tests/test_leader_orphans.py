@@ -90,7 +90,7 @@ def test_a_killed_leaders_own_job_runs_elsewhere_within_the_bound(
     wait_until(lambda: rsync.hget(started, f"{jid}:{leader.pid}"), 30, what="the job on l1")
     standby = spawn("all", name="l2", app=app, env=TIMES)
     wait_until(lambda: _id(rsync, prefix, "l2"), 30, what="l2's heartbeat")
-    time.sleep(1.0)  # l2's heartbeat writes accepted for a while: its evidence of a live Redis
+    time.sleep(2.0)  # l2's heartbeat writes accepted for a while: its evidence of a live Redis
     leader.kill()
     killed = time.monotonic()
     wait_until(lambda: rsync.hget(started, f"{jid}:{standby.pid}"), BOUND_S + 20,
