@@ -12,7 +12,7 @@ from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
 from worker.duties.poller import BoundPoller
-from worker.errors import ConfigError, InvalidId, LeadershipLost, UnknownTask
+from worker.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
 from worker.jobs import JobOutcome
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
@@ -29,6 +29,7 @@ __all__ = [
     "JobOutcome",
     "JobSpec",
     "LeadershipLost",
+    "PayloadTooLarge",
     "Settings",
     "SyncClient",
     "UnknownTask",

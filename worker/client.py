@@ -45,7 +45,7 @@ from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
 from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.connection import connect_redis, connect_shards
 from worker.duties.poller import BoundPoller, Pollers, due_ms
-from worker.errors import ConfigError, UnknownTask
+from worker.errors import ConfigError, PayloadTooLarge, UnknownTask
 from worker.ids import check_id
 from worker.preflight import wait_for_redis
 from worker.redisurl import RedisTarget, Replication, parse_redis_url
@@ -60,6 +60,9 @@ from worker.storage.store import open_shards
 from worker.tracing import Batch, Tracing, tracing_for
 
 __all__ = ["Client", "arq_options", "connect_redis"]
+
+#: ``WORKER_MAX_PAYLOAD_BYTES``' default: the largest job record a consumer reads.
+DEFAULT_MAX_PAYLOAD_BYTES: int = Settings.model_fields["max_payload_bytes"].default
 
 
 @runtime_checkable
@@ -107,10 +110,14 @@ class Client:
         tracing: Tracing | None = None,
         shards: Shards | None = None,
         max_broadcast_bytes: int = MAX_BROADCAST_BYTES,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.redis = redis
         #: Largest broadcast this client sends (``WORKER_MAX_BROADCAST_BYTES``).
         self.max_broadcast_bytes = max_broadcast_bytes
+        #: ``WORKER_MAX_PAYLOAD_BYTES``: a larger job is refused (:class:`PayloadTooLarge`),
+        #: as every consumer would dead-letter it ``oversized``
+        self.max_payload_bytes = max_payload_bytes
         #: Spans per enqueue when ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`).
         self.tracing = tracing
         #: Who sends this client's broadcasts: a worker's instance id, else a random client id.
@@ -137,6 +144,7 @@ class Client:
         wait_timeout_s: float = 0.5,
         tracing: Literal["off", "otel"] = "off",
         queue_shards: int = 1,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> Client:
         """Connect to ``url`` with the same settings the workers use (prefix, serializer).
         ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
@@ -145,7 +153,8 @@ class Client:
         ``WORKER_REDIS_WAIT_REPLICAS=auto``: with Sentinel or Cluster the attached ones, up to
         1, else 0). ``tracing="otel"``: a PRODUCER span per enqueue, as
         ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`). ``queue_shards``: the workers'
-        ``WORKER_QUEUE_SHARDS``."""
+        ``WORKER_QUEUE_SHARDS``. ``max_payload_bytes``: the workers'
+        ``WORKER_MAX_PAYLOAD_BYTES`` (a larger job is refused: :class:`PayloadTooLarge`)."""
         tracer = tracing_for(tracing)
         target = parse_redis_url(url) if isinstance(url, str) else url
         adaptive = wait_replicas is None
@@ -177,6 +186,7 @@ class Client:
             replication=replication,
             tracing=tracer,
             shards=Shards(stores),
+            max_payload_bytes=max_payload_bytes,
         )
 
     @classmethod
@@ -184,7 +194,8 @@ class Client:
         cls, settings: Settings, *, app: Pollers | None = None, clock: Clock | None = None
     ) -> Client:
         """Connect with the workers' settings: the Redis URL (``WORKER_REDIS_URL`` or
-        ``WORKER_REDIS_URL_FILE``), ``WORKER_KEY_PREFIX`` and ``WORKER_SERIALIZER``. Waits up
+        ``WORKER_REDIS_URL_FILE``), ``WORKER_KEY_PREFIX``, ``WORKER_SERIALIZER`` and
+        ``WORKER_MAX_PAYLOAD_BYTES``. Waits up
         to ``WORKER_REDIS_CONNECT_TIMEOUT_S`` for Redis; :class:`ConfigError` (one line) when
         the URL is missing or Redis does not answer."""
         target = settings.redis_target()
@@ -222,6 +233,7 @@ class Client:
             tracing=tracer,
             shards=Shards(open_shards(redis, keys, replication, n, clients)),
             max_broadcast_bytes=settings.max_broadcast_bytes,
+            max_payload_bytes=settings.max_payload_bytes,
         )
 
     @classmethod
@@ -298,6 +310,7 @@ class Client:
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
         payload = job_payload(function, args, kwargs, now, self._serialize, extra=extra)
+        self._sized(function, payload)
         ttl = self._expires_ms + max(0, score - now)
         ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
@@ -357,6 +370,7 @@ class Client:
             score = now + ms(s.defer_by) if score is None else score
             extra = spans.create(s.function, jid, queue) if spans is not None else None
             payload = job_payload(s.function, s.args, s.kwargs, now, self._serialize, extra=extra)
+            self._sized(s.function, payload)
             ttl = self._expires_ms + max(0, score - now)
             batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl)))
         return batch
@@ -377,6 +391,12 @@ class Client:
             for i, ok in zip(idx, oks, strict=True):
                 out[i] = batch[i][1].job.job_id if ok else None
         return out
+
+    def _sized(self, function: str, payload: bytes) -> None:
+        """:class:`PayloadTooLarge` (one line) when ``payload`` is larger than the consumers
+        read (``WORKER_MAX_PAYLOAD_BYTES``)."""
+        if len(payload) > self.max_payload_bytes:
+            raise PayloadTooLarge(function, len(payload), self.max_payload_bytes)
 
     def queue_for(self, function: str) -> str:
         """The queue ``function``'s jobs wait in unless told: the one the task declares when

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -355,3 +356,42 @@ def embedded_socket(url: str | None) -> Path | None:
     if path.name == SOCKET_NAME and path.parent.name.startswith(DIR_PREFIX):
         return path
     return None
+
+
+class Stranded(logging.Filter):
+    """Keeps a worker on an embedded server quiet once that server is gone: a log handler
+    filter that, at the first warning or error while ``socket_file`` no longer exists (the
+    server went away with the worker that started it: every job and component of this process
+    is about to fail on connection errors, a line each, and a traceback per job), calls
+    ``on_gone`` and from then on drops every line but the one said through :meth:`saying`.
+    Costs one ``stat`` per warning or error line, nothing per info line."""
+
+    def __init__(self, socket_file: Path, on_gone: Callable[[], object]) -> None:
+        super().__init__()
+        self.socket_file = socket_file
+        self.on_gone = on_gone
+        self.gone = False
+        self._saying: int | None = None  # the thread saying the one line
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.gone:
+            return record.thread == self._saying
+        if record.levelno < logging.WARNING or self.socket_file.exists():
+            return True
+        self.gone = True
+        self.on_gone()
+        return False
+
+    def install(self) -> None:
+        """On every handler of the root logger (where every line of the process goes)."""
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self)
+
+    @contextlib.contextmanager
+    def saying(self) -> Iterator[None]:
+        """Silence everything else; what this thread logs meanwhile is printed."""
+        self.gone, self._saying = True, threading.get_ident()
+        try:
+            yield
+        finally:
+            self._saying = None

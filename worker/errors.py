@@ -35,6 +35,22 @@ class InvalidId(WorkerError, ValueError):
     character (see :func:`worker.ids.check_id`). Nothing was enqueued."""
 
 
+class PayloadTooLarge(WorkerError, ValueError):
+    """An enqueue whose job record is larger than ``WORKER_MAX_PAYLOAD_BYTES``: every consumer
+    would set it aside (dead letter ``oversized``) at its first claim, so it is refused here and
+    nothing was enqueued."""
+
+    def __init__(self, function: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"job {function!r} not enqueued: its payload is {size} bytes, over "
+            f"WORKER_MAX_PAYLOAD_BYTES ({limit}); no consumer would run it (pass large data by "
+            "reference, or raise the limit on the workers and the client alike)"
+        )
+        self.function = function
+        self.size = size
+        self.limit = limit
+
+
 class LeadershipLost(WorkerError):
     """A fenced write was refused: this process no longer holds the leader lock."""
 

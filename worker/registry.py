@@ -29,6 +29,7 @@ another (or none) knows Redis lost its data and says so loudly, once per loss.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Sequence
@@ -258,12 +259,14 @@ class OrphanReaper(LoopComponent):
 
     Staleness is judged on the Redis server's clock (the heartbeat scores are its ``TIME``).
     Silence is judged only while this process itself could write to Redis: for ``settle_s``
-    after the reaper (re)starts, after a gap in its own ticks (it was frozen, or its calls hung
-    through a failover), and after this process's own heartbeat last failed or stalled (the
-    ``witness``: Redis at ``maxmemory`` refuses every heartbeat but still runs the reaper's
-    script), it reaps nobody. An outage, a full Redis or a primary failover stops every
-    heartbeat at once; reaping then would hand the jobs of live consumers (whose finishes are
-    on their way) to others: a second run.
+    after a gap in its own ticks (it was frozen, or its calls hung through a failover), after
+    this process's own heartbeat last failed or stalled (the ``witness``: Redis at
+    ``maxmemory`` refuses every heartbeat but still runs the reaper's script) or, without a
+    witness, after the reaper (re)starts, it reaps nobody. An outage, a full Redis or a primary
+    failover stops every heartbeat at once; reaping then would hand the jobs of live consumers
+    (whose finishes are on their way) to others: a second run. A witness's unbroken run may
+    predate the reaper's start: a standby elected because the leader died reaps the dead
+    leader's jobs as soon as its heartbeat is stale, as any dead consumer's.
     """
 
     def __init__(
@@ -298,7 +301,12 @@ class OrphanReaper(LoopComponent):
         self._fenced_out: set[str] = set()
 
     async def setup(self) -> None:
-        self._reachable_since = self.clock.monotonic()
+        # With a witness, silence is judged from the unbroken run of this process's own
+        # accepted heartbeat writes, which started before it led: a standby elected when the
+        # leader died reaps the dead leader's jobs at once, within the same bound as any dead
+        # consumer's (the lease's TTL is within it), not a settle time after its election.
+        # Without one, from this start.
+        self._reachable_since = -math.inf if self.witness else self.clock.monotonic()
         self._last_tick = None
         self._fenced_out.clear()
         await self._raise_fences(self.shards)

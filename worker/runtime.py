@@ -14,7 +14,6 @@ Redis. A second signal exits at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 from pathlib import Path
@@ -31,7 +30,7 @@ from worker.clock import Clock, RedisClock, ms, on_server_time
 from worker.component import Component, Group
 from worker.connection import connect_redis
 from worker.consumer import Consumer
-from worker.embedded import embedded_socket
+from worker.embedded import Stranded, embedded_socket
 from worker.metrics import Metrics
 from worker.preflight import (
     check_app_identity,
@@ -159,6 +158,7 @@ class Runtime:
             origin=self.instance_id,
             tracing=tracing_for(s.tracing),
             max_broadcast_bytes=s.max_broadcast_bytes,
+            max_payload_bytes=s.max_payload_bytes,
         )
         backoff = roles.restart_backoff(s)
 
@@ -280,22 +280,27 @@ class Runtime:
         """Wait for a stop request; ``True`` (after one error line) if, first, the embedded
         server named by ``WORKER_REDIS_URL`` went away with the worker that started it (its
         socket file is gone): its data went with it, so nothing is left to drain or release,
-        and retrying would only repeat connection errors. Any other Redis is waited for."""
+        and retrying would only repeat connection errors. The first warning or error logged
+        once the socket is gone says so at once (:class:`~worker.embedded.Stranded`): that
+        line and everything after it is dropped but the one. Any other Redis is waited for."""
         socket_file = embedded_socket(self.settings.redis_url)
         if socket_file is None:
             await self._stop.wait()
             return False
+        loop, gone = asyncio.get_running_loop(), asyncio.Event()
+        quiet = Stranded(socket_file, lambda: loop.call_soon_threadsafe(gone.set))
+        quiet.install()
         while not self._stop.is_set():
-            if not socket_file.exists():
-                log.error(
-                    "the embedded Redis this worker used is gone (its socket was removed when "
-                    "the worker that started it stopped); exiting: start a new --role all, or "
-                    "point WORKER_REDIS_URL at a lasting Redis",
-                    redis=mask_url(self.redis_url),
-                )
+            if gone.is_set() or not socket_file.exists():
+                with quiet.saying():
+                    log.error(
+                        "the embedded Redis this worker used is gone (its socket was removed "
+                        "when the worker that started it stopped); exiting: start a new --role "
+                        "all, or point WORKER_REDIS_URL at a lasting Redis",
+                        redis=mask_url(self.redis_url),
+                    )
                 return True
-            with contextlib.suppress(TimeoutError):
-                await self.clock.wait_for(self._stop.wait(), 1.0)
+            await self.clock.wait((self._stop, gone), 1.0)
         return False
 
     def _announce(self) -> None:

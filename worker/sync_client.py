@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from arq.jobs import JobResult, JobStatus
 
 from worker.bulk import DEFAULT_CHUNK, JobLike
-from worker.client import Client
+from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
 from worker.duties.poller import Pollers
 from worker.redisurl import RedisTarget
 from worker.serializer import SerializerName
@@ -93,6 +93,7 @@ class SyncClient:
         serializer: SerializerName = "msgpack",
         wait_replicas: int | None = None,
         wait_timeout_s: float = 0.5,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> SyncClient:
         """:meth:`Client.connect` (the settings one by one)."""
         return cls(
@@ -103,6 +104,7 @@ class SyncClient:
                 serializer=serializer,
                 wait_replicas=wait_replicas,
                 wait_timeout_s=wait_timeout_s,
+                max_payload_bytes=max_payload_bytes,
             )
         )
 

@@ -56,11 +56,13 @@ class Harness:
         self.serialize, self.deserialize = get_serializer("msgpack")
         self._own_redis = redis is None
         self.redis: ArqRedis = redis if redis is not None else _fake_redis()
+        settings = settings or Settings.model_construct(key_prefix=key_prefix)
         self.client = Client(
-            self.redis, keys=self.keys, serialize=self.serialize, app=app, clock=self.clock
-        )
+            self.redis, keys=self.keys, serialize=self.serialize, app=app, clock=self.clock,
+            max_payload_bytes=settings.max_payload_bytes,
+        )  # fmt: skip
         self.context = Context(
-            settings or Settings.model_construct(key_prefix=key_prefix),
+            settings,
             self.redis,
             self.client,
             self.clock,

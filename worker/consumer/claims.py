@@ -33,7 +33,10 @@ class Run:
     job_id: str
     token: str
     task: asyncio.Task[None] | None = None
+    #: its abort was requested: it stays so until the run has ended (it ends cancelled)
     aborted: bool = False
+    #: its task is inside the job's function (the only place an abort cancels it)
+    calling: bool = False
     started: float = field(default=0.0)
     ended: bool = False  # its end is recorded (or queued to be): no claim to check any more
     function: str = ""  # the app's task it runs, once known (counted per task when it ends)
@@ -89,8 +92,7 @@ class Claims:
                 and token != self.running[job_id].token
             }
             self.guard.checked(sent, lost)
-            if aborts:  # `job ID --cancel`, Client.abort: seen within one check interval
-                await self._abort(aborts)
+            self._abort(aborts)  # `job ID --cancel`, Client.abort: within one check interval
             for job_id in lost:
                 run = self.running.get(job_id)
                 if run is not None and run.task is not None:
@@ -116,14 +118,19 @@ class Claims:
 
     async def abort_requested(self) -> None:
         """Cancel the runs of ours whose abort was requested (``Client.abort``)."""
-        await self._abort(await self.store.abort_requests(list(self.running)))
+        self._abort(await self.store.abort_requests(list(self.running)))
 
-    async def _abort(self, job_ids: Sequence[str]) -> None:
-        mine = [j for j in job_ids if j in self.running and not self.running[j].ended]
-        for job_id in mine:
-            run = self.running[job_id]
-            run.aborted = True
-            log.info("abort requested; cancelling the run", job_id=job_id)
-            if run.task is not None:
-                run.task.cancel()
-        await self.store.aborts_handled(mine)
+    def _abort(self, job_ids: Sequence[str]) -> None:
+        """An abort stays in force until the run has ended: the request stays in Redis until
+        the run's ``FINISH`` (which removes it with the end), a run marked aborted never starts
+        its function and never ends as a success, and a run whose task caught the
+        ``CancelledError`` and went on is cancelled again at every check until it ends."""
+        for job_id in job_ids:
+            run = self.running.get(job_id)
+            if run is None or run.ended:
+                continue
+            if not run.aborted:
+                run.aborted = True
+                log.info("abort requested; cancelling the run", job_id=job_id)
+            if run.calling and run.task is not None:
+                run.task.cancel()  # only inside the function: the bookkeeping is never cut

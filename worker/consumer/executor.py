@@ -34,8 +34,8 @@ from worker.consumer.failures import (
     log_traceback,
     traceback_text,
 )
-from worker.consumer.guard import ClaimGuard
-from worker.consumer.results import JobFailed, ResultFor
+from worker.consumer.guard import ClaimGuard, uncancel
+from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, overriding, status_of
@@ -140,27 +140,33 @@ class Executor:
         scope = asyncio.timeout(timeout)
         try:
             async with scope:
-                result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
-        except (Retry, RetryJob) as exc:
-            outcome, error = "retry", exc
-            defer_ms = exc.defer_score if isinstance(exc, Retry) else None
-            if defer_ms is None and job.retry_delay is not None:
-                defer_ms = ms(job.retry_delay(job_try))
-            score = ms(self.clock.time()) + defer_ms if defer_ms else c.score_ms
-            self._end(c, run, "retry", score_ms=score)
-            self.totals["retried"] += 1
+                if run.aborted:  # claimed with its abort pending (or asked meanwhile): not run
+                    raise asyncio.CancelledError("aborted before it started")
+                run.calling = True
+                try:
+                    result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
+                finally:
+                    run.calling = False
+            if run.aborted:  # it caught the cancellation and went on: the abort still holds
+                raise asyncio.CancelledError("aborted")
         except asyncio.CancelledError as exc:
             error = exc
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # handled here: the run ends normally
+            uncancel()  # handled here: the run ends normally
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
-        except Exception as exc:
+        except Exception as exc:  # arq's Retry and RetryJob included
             error = exc
-            status: Status = "timeout" if scope.expired() else "failed"
-            outcome = await self._failed(
-                c, run, job, exc, result_for, start_ms, keep, max_tries, status
-            )
+            if run.aborted:  # however it ended, it ends aborted
+                outcome = self._cancelled(c, run, result_for, start_ms, keep)
+            elif isinstance(exc, (Retry, RetryJob)):  # run again, deferred as asked
+                now_ms = ms(self.clock.time())
+                self._end(c, run, "retry", score_ms=retry_score(exc, job, job_try, now_ms, c))
+                outcome = "retry"
+                self.totals["retried"] += 1
+            else:
+                status: Status = "timeout" if scope.expired() else "failed"
+                outcome = await self._failed(
+                    c, run, job, exc, result_for, start_ms, keep, max_tries, status
+                )
         else:
             data = self._result(result_for, True, result, start_ms) if keep > 0 else None
             self._end(c, run, "done", data, ms(keep))
@@ -266,16 +272,9 @@ class Executor:
         return ctx
 
     def _end(
-        self,
-        c: Claimed,
-        run: Run,
-        kind: str,
-        data: bytes | None = None,
-        keep_ms: int = 0,
-        *,
-        score_ms: int | None = None,
-        failure: bytes | None = None,
-    ) -> None:
+        self, c: Claimed, run: Run, kind: str, data: bytes | None = None, keep_ms: int = 0,
+        *, score_ms: int | None = None, failure: bytes | None = None,
+    ) -> None:  # fmt: skip
         failure_ttl = max(keep_ms, self.config.retention.failures_ms)
         run_ms = max(round((self.clock.monotonic() - run.started) * 1000), 0)  # per-task counts
         finish = Finish(
@@ -294,8 +293,9 @@ class Executor:
     def _cancelled(
         self, c: Claimed, run: Run, result_for: ResultFor, start_ms: int, keep: float
     ) -> Outcome:
-        """A run cancelled: its claim was taken over, it was aborted, or the shutdown timeout
-        cut it (it runs again)."""
+        """A run cancelled: its claim was taken over (nothing written; an abort request stays
+        for the new owner), it was aborted (however it ended: a failed result and a cancelled
+        record; that ``FINISH`` removes the request), or the shutdown timeout cut it."""
         if c.job_id in self.guard.lost:
             self.guard.lost.discard(c.job_id)  # another consumer runs it now: nothing to write
             self.totals["lost"] += 1

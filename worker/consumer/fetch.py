@@ -183,6 +183,9 @@ class Fetcher:
         for job in jobs:
             run = self.running[job.job_id] = Run(job.job_id, token, started=self.clock.monotonic())
             run.ended = job.size == FOREIGN  # never claimed: no claim to check (another slot)
+            if job.aborted:  # its abort was pending at the claim (e.g. taken over): never run
+                run.aborted = True
+                log.info("abort requested; the job is not run", job_id=job.job_id)
             run.task = asyncio.create_task(self._run(job, run), name=f"job:{job.job_id}")
 
     async def _run(self, claimed: Claimed, run: Run) -> None:

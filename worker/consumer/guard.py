@@ -57,6 +57,14 @@ class ClaimGuard:
         return _Guarded(coro, job_id, self)
 
 
+def uncancel() -> None:
+    """Withdraw every cancellation request of the current task (an abort may cancel a run more
+    than once): the run handled it and ends normally."""
+    task = asyncio.current_task()
+    while task is not None and task.uncancel():
+        pass
+
+
 async def _await(aw: Awaitable[Any]) -> Any:
     return await aw
 

@@ -7,8 +7,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from arq.jobs import serialize_result
+from arq.worker import Retry, RetryJob
 
+from worker.clock import ms
+from worker.jobs import JobDef
 from worker.serializer import Serialize
+from worker.storage import Claimed
+
+
+def retry_score(exc: Retry | RetryJob, job: JobDef, job_try: int, now_ms: int, c: Claimed) -> int:
+    """When a run that raised arq's ``Retry`` (or ``RetryJob``) runs again: after the delay it
+    asked for, else the task's ``retry_delay``, else at its original score."""
+    defer_ms = exc.defer_score if isinstance(exc, Retry) else None
+    if defer_ms is None and job.retry_delay is not None:
+        defer_ms = ms(job.retry_delay(job_try))
+    return now_ms + defer_ms if defer_ms else c.score_ms
 
 
 class JobFailed(Exception):

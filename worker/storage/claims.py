@@ -31,6 +31,8 @@ class Claimed:
     payload: bytes | None
     size: int
     queue: str = K.DEFAULT_QUEUE
+    #: an abort request was pending for it when it was claimed: it must not run
+    aborted: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,11 @@ CLAIM = """
 -- Returns: {pending abort requests, stale markers taken over or cut down, then per claimed
 -- job: id, score, try (-1: the counter is unusable), payload (a string) or its size (a number:
 -- 0 missing, -1 wrong type, -2 an id outside the app's hash slot or ACL key patterns, taken
--- off the queue and never touched, else too big), the index of its queue in KEYS}
+-- off the queue and never touched, else too big), the index of its queue in KEYS, 1 when an
+-- abort request for it is pending (it must not run; ZSCORE only while the set is not empty)
+-- else 0}
 local out = {redis.call('ZCARD', KEYS[2]), 0}
+local asked = out[1] > 0
 local claimed = {}
 local left = tonumber(ARGV[2])
 local max = tonumber(ARGV[6])
@@ -139,6 +144,7 @@ local function foreign(q, id, score)
   out[#out + 1] = -1
   out[#out + 1] = -2
   out[#out + 1] = q
+  out[#out + 1] = 0
 end
 local function denied(err)
   local text = type(err) == 'table' and tostring(err.err) or tostring(err)
@@ -213,6 +219,7 @@ for q = 3, #KEYS do
         out[#out + 1] = try
         out[#out + 1] = payload
         out[#out + 1] = q
+        out[#out + 1] = (asked and redis.call('ZSCORE', KEYS[2], id)) and 1 or 0
       end
     end
     if #parked > 0 then
@@ -288,7 +295,7 @@ class ClaimOps(StoreBase):
             ],
         )
         jobs = []
-        for i in range(2, len(raw), 5):
+        for i in range(2, len(raw), 6):
             data = raw[i + 3]
             payload: bytes | None
             if isinstance(data, bytes):
@@ -300,7 +307,8 @@ class ClaimOps(StoreBase):
             size = len(payload) if payload is not None else int(data)
             queue = queues[int(raw[i + 4]) - 3]
             score = _score(self.keys.queue_of(queue), raw[i], raw[i + 1]) or 0  # -inf: due
-            jobs.append(Claimed(_s(raw[i]), score, int(raw[i + 2]), payload, size, queue))
+            aborted = bool(int(raw[i + 5]))
+            jobs.append(Claimed(_s(raw[i]), score, int(raw[i + 2]), payload, size, queue, aborted))
         return Claims(jobs, int(raw[0]), self.replicated(acked), stale=int(raw[1]))
 
     async def confirm_claims(self, job_ids: Sequence[str]) -> tuple[list[str | None], bool]:
@@ -347,7 +355,3 @@ class ClaimOps(StoreBase):
             [None if v is None else _s(v) for v in tokens],
             [j for j, s in zip(job_ids, scores, strict=True) if s is not None],
         )
-
-    async def aborts_handled(self, job_ids: Sequence[str]) -> None:
-        if job_ids:
-            await self.redis.zrem(self.keys.abort, *job_ids)

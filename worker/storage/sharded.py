@@ -153,12 +153,6 @@ class Shards:
         outs = await asyncio.gather(*(s.abort_requests(ids) for s, ids in self.group(job_ids)))
         return [j for out in outs for j in out]
 
-    async def aborts_handled(self, job_ids: Sequence[str]) -> None:
-        if self.n == 1:
-            await self.home.aborts_handled(job_ids)
-            return
-        await asyncio.gather(*(s.aborts_handled(ids) for s, ids in self.group(job_ids)))
-
     async def release_own(
         self,
         instance_id: str,
