@@ -13,7 +13,8 @@ import redis as redis_sync
 
 from tests.conftest import FixedLease, Spawn, client_call, wait_until
 from worker.clock import FakeClock
-from worker.registry import OrphanReaper, WriteWitness
+from worker.reaper import OrphanReaper
+from worker.registry import WriteWitness
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 

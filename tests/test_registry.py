@@ -19,7 +19,8 @@ from worker.dead import DeadLetters
 from worker.errors import LeadershipLost
 from worker.health import HealthServer
 from worker.metrics import Metrics
-from worker.registry import CLOCK_SYNC_S, RECORD_EVERY_S, Heartbeat, OrphanReaper, WriteWitness
+from worker.reaper import OrphanReaper
+from worker.registry import CLOCK_SYNC_S, RECORD_EVERY_S, Heartbeat, WriteWitness
 from worker.roles import SPECS, plan
 from worker.settings import Settings
 from worker.storage import FencedStore, Store

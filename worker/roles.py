@@ -49,7 +49,8 @@ from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
 from worker.limits import LimitsHook
 from worker.metrics import Metrics
-from worker.registry import REAP_EVERY_S, Heartbeat, OrphanReaper, WriteWitness
+from worker.reaper import REAP_EVERY_S, OrphanReaper
+from worker.registry import Heartbeat, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Retention, Shards, Store
