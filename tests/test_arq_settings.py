@@ -30,6 +30,7 @@ from tests.timings import FAST_ENV
 from worker import App, ConfigError, JobOutcome, from_arq
 from worker.arqcompat import arq_environ, redis_url
 from worker.ids import JobIds
+from worker.manifest import describe, manifest
 from worker.testing import Harness
 
 SPEC = "tests.apps.arq_demo:WorkerSettings"
@@ -144,6 +145,17 @@ def test_cron_fields_become_a_schedule_with_seconds() -> None:
         app.periodics["cron._noop"].schedule.describe()
         == "cron '0 3 * * 0,1' second 0 Europe/Paris"
     )
+
+
+def test_the_manifest_keeps_the_seconds() -> None:
+    """``status`` and ``doctor`` read the schedule from the manifest in Redis."""
+    from tests.apps.arq_demo import WorkerSettings
+
+    app = from_arq(WorkerSettings)
+    described = describe(manifest(app, written_ms=0)).app
+    schedule = described.periodics["cron.heartbeat"].schedule
+    assert schedule.describe() == "cron '* * * * *' second * UTC"
+    assert schedule.next(10_000) == 11_000
 
 
 def test_settings_become_worker_settings() -> None:
