@@ -15,6 +15,7 @@ import datetime as dt
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -104,6 +105,62 @@ async def test_arq_demo_runs_unchanged_on_three_processes(
     assert seconds == list(range(seconds[0], seconds[-1] + 1, 1000)), seconds  # none missing
     sessions = {k.decode(): int(v) for k, v in rsync.hgetall("arqdemo:sessions").items()}
     assert sessions == {"opened": 3, "closed": 3}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_side_by_side_with_an_arq_worker(
+    redis_url: str, rsync: redis_sync.Redis, tmp_path: Path
+) -> None:
+    """The rollout's first step (docs/moving-from-arq.md): arq's own Worker, with its cron
+    job, and a framework consumer on one queue: every job runs once, every arq cron tick too
+    (the consumer runs the ``cron:heartbeat`` jobs arq's worker enqueues)."""
+    from arq.worker import Worker
+
+    from tests.apps.arq_demo import WorkerSettings
+
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
+        **FAST_ENV,
+        "WORKER_REDIS_URL": redis_url,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+    args = ["--role", "consumer", "--arq-settings", SPEC, "--instance-name", "new"]
+    ours = WorkerProc(args, env, tmp_path / "new.log", "new")
+    settings = {k: v for k, v in vars(WorkerSettings).items() if not k.startswith("_")}
+    arq_worker = Worker(
+        **settings, redis_settings=RedisSettings.from_dsn(redis_url), handle_signals=False,
+        poll_delay=0.2,
+    )  # fmt: skip
+    running = asyncio.create_task(arq_worker.async_run())
+    pool = await create_pool(RedisSettings.from_dsn(redis_url))
+    try:
+        deadline = time.monotonic() + 20
+        while int(rsync.hget("arqdemo:sessions", "opened") or 0) < 2:  # both started
+            assert time.monotonic() < deadline and ours.alive(), ours.log()[-2000:]
+            await asyncio.sleep(0.1)
+        urls = [f"https://example.com/side/{i}" for i in range(40)]
+        jobs = [await pool.enqueue_job("download_content", u) for u in urls]
+        results = [await j.result(timeout=15, poll_delay=0.1) for j in jobs if j is not None]
+        assert len(results) == len(urls)
+        while len(rsync.hkeys("arqdemo:ticks")) < 4:  # arq's cron, ticking
+            assert time.monotonic() < deadline + 10, ours.log()[-2000:]
+            await asyncio.sleep(0.2)
+    finally:
+        with warnings.catch_warnings():  # arq 0.26-0.28 call redis-py's deprecated close()
+            warnings.simplefilter("ignore", DeprecationWarning)
+            await arq_worker.close()
+        running.cancel()
+        await pool.aclose()
+        ours.terminate()
+        ours.close()
+    downloads = {k.decode(): int(v) for k, v in rsync.hgetall("arqdemo:downloads").items()}
+    assert downloads == dict.fromkeys(urls, 1)
+    ticks = {k.decode(): int(v) for k, v in rsync.hgetall("arqdemo:ticks").items()}
+    assert set(ticks.values()) == {1} and all(k.startswith("cron:heartbeat:") for k in ticks)
+    by_arq = arq_worker.jobs_complete
+    assert 0 < by_arq < len(urls) + len(ticks), (by_arq, len(urls), len(ticks))  # both ran some
 
 
 # -- the mapping -------------------------------------------------------------------------------
