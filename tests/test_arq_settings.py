@@ -265,7 +265,6 @@ def test_a_named_arq_queue_is_a_queue_of_the_prefix() -> None:
         ("keep_result_forever", True),
         ("retry_jobs", False),
         ("expires_extra_ms", 1000),
-        ("not_an_option", 1),
         ("queue_name", "jobs"),
     ],
 )
@@ -275,6 +274,19 @@ def test_unsupported_options_are_refused_naming_them(option: str, value: Any) ->
         from_arq(s)
         arq_environ(s)
     assert "\n" not in str(caught.value)
+
+
+def test_what_arq_ignores_is_ignored() -> None:
+    """arq's Worker reads the class's own attributes that are Worker options, nothing else."""
+
+    class Base:
+        allow_abort_jobs = True  # inherited: arq does not read it
+
+    class S(Base):
+        functions = [_noop]  # noqa: RUF012
+        helper_constant = 3  # not a Worker option
+
+    assert from_arq(S).tasks.keys() == {"_noop"}
 
 
 def test_unsupported_cron_options_are_refused() -> None:

@@ -70,10 +70,12 @@ _WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 def options(settings: object) -> dict[str, Any]:
-    """The options of an arq settings class (or dict), as arq's ``Worker`` would get them."""
-    if isinstance(settings, Mapping):
-        return dict(settings)
-    return {k: getattr(settings, k) for k in dir(settings) if not k.startswith("_")}
+    """The options of an arq settings class (or dict), as arq's ``Worker`` gets them: the
+    class's own attributes (not inherited ones) that are ``Worker`` options; arq ignores any
+    other, and so does this."""
+    d = settings if isinstance(settings, Mapping) else vars(settings)
+    known = {*TO_SETTINGS, *TO_APP, *IGNORED, *REFUSED}
+    return {k: v for k, v in d.items() if k in known}
 
 
 def load_class(spec: str) -> object:
@@ -118,12 +120,9 @@ def check(opts: Mapping[str, Any]) -> None:
     for name, value in opts.items():
         if name in TO_SETTINGS or name in TO_APP or name in IGNORED:
             continue
-        if name in REFUSED:
-            default, why = REFUSED[name]
-            if value != default:
-                raise ConfigError(f"arq setting {name}={value!r} is not supported: {why}")
-            continue
-        raise ConfigError(f"arq setting {name!r} is not an arq Worker option this framework knows")
+        default, why = REFUSED[name]
+        if value != default:
+            raise ConfigError(f"arq setting {name}={value!r} is not supported: {why}")
 
 
 def from_arq(settings: object, *, name: str = "arq") -> App:
