@@ -252,6 +252,7 @@ def test_a_named_arq_queue_is_a_queue_of_the_prefix() -> None:
         queue_name = "arq:queue:emails"
 
     assert arq_environ(S)["WORKER_KEY_PREFIX"] == "arq:"
+    assert arq_environ(S)["WORKER_CONCURRENCY"] == "10"  # arq's default max_jobs
     app = from_arq(S)
     assert app.queue_names() == ["emails"] and app.tasks["_noop"].queue == "emails"
 
@@ -341,6 +342,23 @@ def test_the_cli_refuses_in_one_line(cli: CliRun, tmp_path: Path) -> None:
     assert out.stderr.strip().count("\n") == 0 and "allow_abort_jobs" in out.stderr, out.stderr
     ok = cli("plan", "--arq-settings", SPEC)
     assert ok.returncode == 0 and f"app: {SPEC}" in ok.stdout and "periodic" in ok.stdout, ok
+
+
+def test_the_class_gives_defaults_and_the_environment_wins(
+    cli: CliRun, tmp_path: Path, redis_url: str
+) -> None:
+    (tmp_path / "shoparq.py").write_text(
+        "from arq.connections import RedisSettings\n"
+        "async def f(ctx): ...\n"
+        "class WorkerSettings:\n    functions = [f]\n    queue_name = 'shop:queue'\n"
+        "    redis_settings = RedisSettings(host='127.0.0.1', port=1)\n"
+    )
+    path = {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    spec = "shoparq:WorkerSettings"
+    refused = cli("status", "--arq-settings", spec, env=path)
+    assert refused.returncode == 2 and "127.0.0.1:1" in refused.stderr, refused  # the class's
+    ok = cli("status", "--arq-settings", spec, env={**path, "WORKER_REDIS_URL": redis_url})
+    assert ok.returncode == 0 and "key prefix 'shop:'" in ok.stdout + ok.stderr, ok
 
 
 def test_the_moving_from_arq_example_runs() -> None:

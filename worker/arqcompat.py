@@ -174,13 +174,14 @@ def queue_of(queue_name: str) -> tuple[str, str]:
 def arq_environ(settings: object) -> dict[str, str]:
     """The ``WORKER_*`` settings an arq settings class implies (``queue_name`` → the key
     prefix, ``redis_settings`` → the URL, ``max_jobs`` → concurrency, ``job_timeout``,
-    ``keep_result``, ``max_tries``; arq's pickle serializer). Used as defaults: a variable
-    already set wins."""
+    ``keep_result``, ``max_tries``; arq's pickle serializer, and arq's ``max_jobs`` of 10 when
+    the class sets none). Used as defaults: a variable already set wins."""
     opts = options(settings)
     check(opts)
     env = {
         "WORKER_KEY_PREFIX": queue_of(opts.get("queue_name") or _ARQ_DEFAULT_QUEUE)[0],
         "WORKER_SERIALIZER": "pickle",
+        "WORKER_CONCURRENCY": "10",  # arq's max_jobs default (the framework's is 100)
     }
     if opts.get("redis_settings") is not None:
         env["WORKER_REDIS_URL"] = redis_url(opts["redis_settings"])
