@@ -3,11 +3,15 @@
 Public API::
 
     from worker import App, Client, Context, JobContext, JobOutcome, SyncClient
+
+An arq app moves in unchanged: ``worker.from_arq(WorkerSettings)`` is its :class:`App`, and
+``python -m worker --arq-settings module:WorkerSettings`` runs it (docs/moving-from-arq.md).
 """
 
 from __future__ import annotations
 
 from worker.app import App, load_app
+from worker.arqcompat import from_arq
 from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
@@ -34,6 +38,7 @@ __all__ = [
     "SyncClient",
     "UnknownTask",
     "__version__",
+    "from_arq",
     "load_app",
     "load_settings",
 ]

@@ -21,8 +21,8 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from worker import local
-from worker.app import App, load_app
+from worker import arqcompat, local
+from worker.app import App
 from worker.connection import connect_shards
 from worker.errors import ConfigError
 from worker.manifest import Described, describe
@@ -122,7 +122,7 @@ async def resolve_app(settings: Settings, store: Store) -> App:
     """The app to describe (see the module docstring); notes on stderr say which and why."""
     live = await store.live_apps()
     if "app" in settings.model_fields_set:  # --app, WORKER_APP or the config file named it
-        app = load_app(settings.app)
+        app = arqcompat.load(settings.app)
         if live and app.name not in live:
             note(
                 f"warning: --app {settings.app} is app {app.name!r}, but the live instances on "

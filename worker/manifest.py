@@ -135,7 +135,8 @@ def _schedule(schedule: Schedule) -> dict[str, Any]:
     if isinstance(schedule, Every):
         return {"every_ms": schedule.period_ms, "offset_ms": schedule.offset_ms}
     if isinstance(schedule, Cron):
-        return {"cron": schedule.expr, "tz": schedule.tz_name}
+        seconds = {} if schedule.seconds is None else {"seconds": schedule.seconds}
+        return {"cron": schedule.expr, "tz": schedule.tz_name, **seconds}
     return {"describe": schedule.describe()}
 
 
@@ -143,7 +144,10 @@ def _parse_schedule(data: dict[str, Any]) -> Schedule:
     if "every_ms" in data:
         return Every(int(data["every_ms"]), int(data.get("offset_ms", 0)))
     if "cron" in data:
-        return Cron(str(data["cron"]), str(data["tz"]))
+        seconds = data.get("seconds")
+        return Cron(
+            str(data["cron"]), str(data["tz"]), seconds=None if seconds is None else str(seconds)
+        )
     raise ValueError(f"unknown schedule {data!r}")
 
 

@@ -63,7 +63,12 @@ class Every:
 class Cron:
     """A five-field cron expression evaluated in a time zone (DST-aware, via croniter)."""
 
-    def __init__(self, expr: str, tz: str = "UTC") -> None:
+    def __init__(self, expr: str, tz: str = "UTC", *, seconds: str | None = None) -> None:
+        """``seconds``: a cron field for the second (``"0,30"``, ``"*/10"``; default the
+        minute's first second), for schedules finer than a minute (arq's ``cron(second=…)``,
+        :mod:`worker.arqcompat`)."""
+        if seconds is not None and not croniter.is_valid(f"{expr} {seconds}"):
+            raise ConfigError(f"periodic seconds={seconds!r}: not a valid cron seconds field")
         if not croniter.is_valid(expr) or len(expr.split()) != 5:
             raise ConfigError(
                 f"periodic cron={expr!r}: not a valid 5-field cron expression "
@@ -75,6 +80,8 @@ class Cron:
             raise ConfigError(f"periodic tz={tz!r}: unknown time zone") from None
         self.expr = expr
         self.tz_name = tz
+        self.seconds = seconds
+        self._croniter = expr if seconds is None else f"{expr} {seconds}"
         # Like cron(8): a job at a fixed hour and minute runs once when a DST fall-back repeats
         # its wall-clock time; one with a wildcard minute or hour keeps running in real time.
         minute, hour = expr.split()[:2]
@@ -92,14 +99,14 @@ class Cron:
 
     def latest(self, until_ms: int) -> int:
         # croniter's get_prev is strict: step 1 ms past `until` so a tick exactly on it counts.
-        it = croniter(self.expr, self._at(until_ms + 1))
+        it = croniter(self._croniter, self._at(until_ms + 1))
         t = int(it.get_prev(float) * 1000)
         while self._repeat(t):
             t = int(it.get_prev(float) * 1000)
         return t
 
     def next(self, after_ms: int) -> int:
-        it = croniter(self.expr, self._at(after_ms))
+        it = croniter(self._croniter, self._at(after_ms))
         t = int(it.get_next(float) * 1000)
         while self._repeat(t):
             t = int(it.get_next(float) * 1000)
@@ -108,7 +115,7 @@ class Cron:
     def ticks(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
         if limit <= 0 or until_ms <= after_ms:
             return []
-        it = croniter(self.expr, self._at(until_ms + 1))
+        it = croniter(self._croniter, self._at(until_ms + 1))
         out: list[int] = []
         while len(out) < limit:
             t = int(it.get_prev(float) * 1000)
@@ -120,7 +127,8 @@ class Cron:
         return out
 
     def describe(self) -> str:
-        return f"cron {self.expr!r} {self.tz_name}"
+        at = "" if self.seconds is None else f" second {self.seconds}"
+        return f"cron {self.expr!r}{at} {self.tz_name}"
 
 
 def make_schedule(

@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build().parse_args(with_command(sys.argv[1:] if argv is None else argv, [*COMMANDS]))
     _warn_secret_in_argv(args.redis_url)
     try:
+        _arq_settings(args)
         settings = load_settings(
             role=getattr(args, "role", None),
             instance_name=getattr(args, "instance_name", None),
@@ -66,6 +67,25 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise  # run prints nothing on stdout: this is a real error
         _stdout_closed()
     raise SystemExit(code)
+
+
+def _arq_settings(args: argparse.Namespace) -> None:
+    """``--arq-settings module:WorkerSettings``: the class is the app, and the settings it
+    implies (queue, Redis, limits; :func:`worker.arqcompat.arq_environ`) are defaults in the
+    environment (so the processes of ``--processes N`` get them too): a ``WORKER_*`` variable
+    or a flag already given wins."""
+    spec = getattr(args, "arq_settings", None)
+    if not spec:
+        return
+    if args.app:
+        raise ConfigError("--arq-settings names the app: drop --app (WORKER_APP)")
+    from worker.arqcompat import arq_environ, load_class
+
+    for name, value in arq_environ(load_class(spec)).items():
+        if name == "WORKER_REDIS_URL" and (args.redis_url or os.environ.get(f"{name}_FILE")):
+            continue
+        os.environ.setdefault(name, value)
+    os.environ["WORKER_APP"] = args.app = spec
 
 
 def _import_from_cwd() -> None:

@@ -28,6 +28,12 @@ def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
         "--app", default=default, help="package.module:attribute of the App (env WORKER_APP)"
     )
     p.add_argument(
+        "--arq-settings",
+        default=default,
+        help="package.module:WorkerSettings of an arq app, run unchanged (instead of --app; "
+        "docs/moving-from-arq.md)",
+    )
+    p.add_argument(
         "--redis-url",
         default=default,
         help="redis://, rediss://, unix://, redis+sentinel://h1:26379,h2:26379/<name>/<db> or "
@@ -218,9 +224,9 @@ def _action_commands(command: AddCommand) -> None:
 #: Options that take a value (to find the command in ``worker --app X status`` and to see
 #: that ``worker --role all`` names none).
 _VALUE_OPTIONS = {
-    "--app", "--redis-url", "--role", "--instance-name", "--processes", "--health-port",
-    "--instance", "--page", "--retry", "--host", "--port", "--state", "--queue", "--task",
-    "--search", "--limit", "--cursor",
+    "--app", "--arq-settings", "--redis-url", "--role", "--instance-name", "--processes",
+    "--health-port", "--instance", "--page", "--retry", "--host", "--port", "--state", "--queue",
+    "--task", "--search", "--limit", "--cursor",
 }  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from worker.app import load_app
+from worker import arqcompat
 from worker.cli.common import admin_target, run_async, setup_logging
 from worker.errors import ConfigError
 from worker.settings import Settings, likely_typos
@@ -24,7 +24,7 @@ def cmd_plan(settings: Settings, _: argparse.Namespace) -> int:
     """Print which components the role enables and disables; no Redis needed."""
     from worker.roles import plan
 
-    app = load_app(settings.app)
+    app = arqcompat.load(settings.app)
     p = plan(settings.role, app, settings)
     say(f"instance: {settings.instance_name}")
     say(f"app: {settings.app}")
@@ -42,7 +42,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     setup_logging(settings)
     for warning in likely_typos():
         log.warning(warning)
-    app = load_app(settings.app)
+    app = arqcompat.load(settings.app)
     embedded, announced = None, None
     url = settings.redis_url
     if url is None:
