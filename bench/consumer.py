@@ -9,11 +9,16 @@ with arq's own defaults (max_jobs 10, poll_delay 0.5 s, pickle), tuned arq (max_
 poll_delay 0.05 s) and tuned arq on uvloop (to separate the loop from the rest). arq's logger
 is left unconfigured (no per-job lines), which favours the baseline.
 
-Each run: fresh keyspace, start the worker and wait until it polls, pre-fill N jobs due at a
-moment T0 a little ahead (so start-up and filling are not timed), then time T0 -> queue empty
-(arq removes a job from the queue when it finishes). Commands per job come from commandstats
-between T0 and the end (the harness's own ZCARD polls subtracted); CPU per job from the
-worker process (psutil) and the server (INFO cpu). Rounds are interleaved, order rotating.
+Each run: fresh keyspace, start the worker and wait until it polls (ours: until every consumer
+process is subscribed to the wake channel), pre-fill N jobs due at a moment T0 a little ahead
+(so start-up and filling are not timed) and, for ours, announce T0 on the wake channel once (one
+``PUBLISH`` of the due time, what ``enqueue_many`` sends for a batch due at one moment: without
+it the fill is a plain arq client's, unannounced, and an idle consumer with no leader finds it
+at its 30 s fallback look, which the bench would time instead of the consumer; the consumer
+sets a timer and claims at T0, as every build since the wake channel did), then time T0 ->
+queue empty (arq removes a job from the queue when it finishes). Commands per job come from
+commandstats between T0 and the end (the harness's own ZCARD polls subtracted); CPU per job from
+the worker process (psutil) and the server (INFO cpu). Rounds are interleaved, order rotating.
 
     python bench/consumer.py            # 20k jobs (arq defaults: 4k), 3 rounds (~4 min)
     python bench/consumer.py --quick    # 4k jobs (arq defaults: 1k), 2 rounds
@@ -175,6 +180,23 @@ def health_key_exists(r: redis_sync.Redis, kind: str, processes: int = 1) -> boo
     return bool(r.exists(f"{ARQ_QUEUE}:health-check"))
 
 
+def wake_channel() -> str:
+    from worker.storage.keys import Keys
+
+    return Keys(PREFIX).wake
+
+
+def subscribed(r: redis_sync.Redis, processes: int) -> bool:
+    """Every consumer process listens on the wake channel (an announcement before would be
+    lost)."""
+    return int(r.pubsub_numsub(wake_channel())[0][1]) >= processes
+
+
+def announce(r: redis_sync.Redis, due_ms: int) -> None:
+    """The batch's due time on the wake channel, as the framework's enqueue publishes it."""
+    r.publish(wake_channel(), str(due_ms))
+
+
 def fill(
     r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.0, traced: bool = False
 ) -> None:
@@ -211,10 +233,14 @@ def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int)
     proc = start_worker(name, spec, url, logdir, rnd)
     try:
         wait_until(lambda: health_key_exists(r, kind, processes), 30, f"{name} to start polling")
+        if kind == "ours":
+            wait_until(lambda: subscribed(r, processes), 30, f"{name} to subscribe to wake-ups")
         time.sleep(0.5)
         t0_wall = time.time() + 1.0 + n / 10_000  # filling must finish before T0 (loaded box)
         due_ms = int(t0_wall * 1000)
         fill(r, kind, n, due_ms, spec.cpu_ms, spec.tracing)
+        if kind == "ours":
+            announce(r, due_ms)
         if time.time() >= t0_wall:
             raise RuntimeError("filling took longer than the lead time; raise it")
         ps = psutil.Process(proc.pid)  # CPU of its children too (--processes N)

@@ -9,6 +9,7 @@ One cluster for the module (its start is the cost).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from tests.conftest import FixedLease, Spawn, wait_until
+from tests.timings import FAST_ENV
 from tests.topology import Cluster
 from worker.client import Client
 from worker.errors import LeadershipLost, ShardFenced
@@ -177,3 +179,38 @@ def test_a_dead_consumers_claims_in_every_shard_are_reaped_under_the_fence(
     assert {k.decode() for k in home.hkeys(done)} == set(ids)
     assert {int(v) for v in home.hvals(started)} == {2}  # killed once, run again once
     home.close()
+
+
+def test_jobs_written_unannounced_in_every_shard_start_within_a_second_on_an_idle_fleet(
+    spawn: Spawn, cluster: Cluster, key_prefix: str
+) -> None:
+    """What a plain arq client writes (the record, a ``ZADD``, no wake-up) in each shard's
+    queue: the leader's look covers every shard (one ``ZRANGE`` each) and announces it."""
+    from worker.serializer import get_serializer, job_payload
+    from worker.storage import keys as K
+
+    prefixes = shard_prefixes(key_prefix, N)
+    nodes = [node_of(cluster, p) for p in prefixes]
+    defaults: dict[str, str | None] = {
+        k: None for k in FAST_ENV if k.endswith("_S") and k != "WORKER_DRAIN_DELAY_S"
+    }
+    env = {**defaults, "WORKER_QUEUE_SHARDS": str(N)}
+    spawn("all", name="a1", app="tests.apps.idle:app", env=env)
+    spawn("consumer", name="c1", app="tests.apps.idle:app", env=env)
+    wait_until(lambda: nodes[0].exists(f"{key_prefix}leader"), 60, what="a leader")
+    time.sleep(3.0)  # idle: the consumers' own next look is 30 s away
+    ser, _ = get_serializer("msgpack")
+    for i in range(2 * N):
+        shard = i % N
+        job_id = f"{prefixes[shard]}plain-{i}"
+        sent = time.time()
+        payload = job_payload("stamp", (sent,), {}, int(sent * 1000), ser)
+        nodes[shard].set(K.ARQ_JOB + job_id, payload, px=60_000)
+        nodes[shard].zadd(Keys(prefixes[shard]).queue, {job_id: int(sent * 1000)})
+        time.sleep(0.3)
+    key = f"{key_prefix}idle:starts"
+    wait_until(lambda: nodes[0].llen(key) >= 2 * N, 10, what="every shard's job started")
+    waited = sorted(float(x) for x in nodes[0].lrange(key, 0, -1))
+    assert waited[-1] <= 1.5, waited
+    for n in nodes:
+        n.close()

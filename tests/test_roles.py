@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SINGLETONS = {
     "leader-election", "initializer:seed", "poller:items", "periodic", "orphan-reaper",
-    "queue-metrics",
+    "queue-metrics", "unannounced-jobs",
 }  # fmt: skip
 EVERYWHERE = {"consumer", "heartbeat"}
 

@@ -56,6 +56,8 @@ from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Retention, Shards, Store
 from worker.sync import SyncThreads, SyncThreadsHook
 from worker.tracing import Tracing
+from worker.unannounced import NAME as UNANNOUNCED_NAME
+from worker.unannounced import UnannouncedJobs
 from worker.views import ProcessView
 from worker.watchdog import NAME as WATCHDOG_NAME
 from worker.watchdog import LoopWatchdog, blocked_threshold_s
@@ -342,6 +344,15 @@ def _backlog(w: Wiring, _: Any) -> Component:
     )
 
 
+def _unannounced(w: Wiring, _: Any) -> Component:
+    return UnannouncedJobs(
+        w.client.shards.stores,
+        w.app.queue_names(),
+        w.clock,
+        interval_s=w.settings.unannounced_look_s,
+    )
+
+
 def _singleton_service(w: Wiring, sv: ServiceDef) -> Component:
     return Service(sv, w.context, w.clock, leader=w.leadership)
 
@@ -381,6 +392,12 @@ SPECS: tuple[Spec, ...] = (
     Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),
     Spec(LEADERS, "singletons", one("orphan-reaper"), _reaper),
     Spec(LEADERS, "singletons", one(BACKLOG_NAME), _backlog),
+    Spec(
+        LEADERS,
+        "singletons",
+        one(UNANNOUNCED_NAME, lambda a, s: s.unannounced_look_s > 0),
+        _unannounced,
+    ),
     Spec(
         LEADERS,
         "singletons",

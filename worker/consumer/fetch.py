@@ -65,7 +65,7 @@ class Fetcher:
     def next_delay(self, claimed: int) -> float:
         """``poll_delay_s`` while busy; idle, until the next announced due time, at most
         ``idle_poll_max_s``, or ``idle_poll_subscribed_s`` while the wake-ups are subscribed
-        (the fallback for jobs a plain arq client enqueued unannounced)."""
+        (the fallback for jobs nobody announced while no leader announces them)."""
         c, w = self.config, self.wakeups
         if claimed or self.running or self.unconfirmed or self.completer.resend:
             return c.poll_delay_s

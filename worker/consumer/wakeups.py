@@ -4,7 +4,8 @@ Every enqueue through the framework publishes its due time on ``<prefix>wake``; 
 here turns it into "claim now" (:attr:`Wakeups.woken`) or a timer for a deferred job
 (:attr:`Wakeups.next_due`). A lost message costs at most the fallback poll: short while the
 subscription is down (:attr:`Wakeups.subscribed` false: a look at once when it breaks, and
-every ``idle_poll_max_s``), long while it is up (``idle_poll_subscribed_s``); a look at once
+every ``idle_poll_max_s``), long while it is up (``idle_poll_subscribed_s``: a job nobody
+announced is announced by the leader, :mod:`worker.unannounced`); a look at once
 when it is back, for what was announced meanwhile.
 """
 

@@ -1,4 +1,6 @@
-"""The batched unique enqueue: many arq jobs written in one script call (``enqueue_many``)."""
+"""The batched unique enqueue: many arq jobs written in one script call (``enqueue_many``),
+and the announcement on the wake channel for jobs a producer wrote without one (a plain arq
+client: the record and a ``ZADD``)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.storage import keys as K
-from worker.storage.base import StoreBase
+from worker.storage.base import StoreBase, _s, _score
 from worker.storage.jobs import NewJob
 
 #: Run by :meth:`EnqueueOps.enqueue_batch` (below).
@@ -74,3 +76,22 @@ class EnqueueOps(StoreBase):
         elif not self.replicated(acked):
             raise self._short("enqueue", acked)
         return written
+
+    async def heads(self, queues: Sequence[str]) -> list[tuple[str, int] | None]:
+        """Per queue its first job, ``(id, score ms)``, ``None`` when empty (or only never-due
+        entries): one ``ZRANGE`` per queue in one round trip (claimed jobs are parked at
+        their claim's expiry, so a head due long ago is one nobody took)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.zrange(self.keys.queue_of(q), 0, 0, withscores=True)
+            raw = await pipe.execute()
+        out: list[tuple[str, int] | None] = []
+        for q, head in zip(queues, raw, strict=True):
+            score = _score(self.keys.queue_of(q), head[0][0], head[0][1]) if head else None
+            out.append((_s(head[0][0]), score) if head and score is not None else None)
+        return out
+
+    async def announce(self, due_ms: int) -> None:
+        """Publish ``due_ms`` on this shard's wake channel, as an enqueue does: idle
+        consumers claim at once."""
+        await self.redis.publish(self.keys.wake, str(due_ms))
