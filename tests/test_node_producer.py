@@ -23,6 +23,8 @@ import redis as redis_sync
 
 from tests.conftest import Spawn, wait_until
 from tests.docpages import ROOT, page, section
+from worker.consumer.envelope import validate
+from worker.serializer import json_loads
 from worker.storage.keys import Keys
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,6 +64,27 @@ def test_the_protocol_page_shows_the_producer_the_test_runs() -> None:
     script = (NODE_DIR / "producer.js").read_text()
     lua = re.search(r"```lua\n(.*?)```", text, re.S)
     assert lua is not None and lua.group(1).strip() in script
+
+
+def test_the_pages_json_record_is_one_a_consumer_accepts() -> None:
+    text = section("protocol", "The job record")
+    example = re.search(r"`(\{\"t\":.*?\})`", text)
+    assert example is not None
+    record = json_loads(example.group(1).encode())
+    assert validate(record) == ("note", ("plain",), {}, None, 1764640800000)
+
+
+def test_the_pages_plain_commands_are_the_ones_the_producer_sends_in_that_order() -> None:
+    block = re.search(
+        r"```\n(TIME.*?)```", section("protocol", "Enqueueing: what a producer must do"), re.S
+    )
+    assert block is not None
+    verbs = [line.split()[0].lower() for line in block.group(1).splitlines() if line.strip()]
+    assert verbs == ["time", "multi", "set", "zadd", "publish", "exec"]
+    assert " NX\n" in block.group(1) and "PX <86400000 + delay ms>" in block.group(1)
+    script = (NODE_DIR / "producer.js").read_text()
+    at = [script.index(f".{verb}(") for verb in verbs]
+    assert at == sorted(at), at
 
 
 def test_a_node_producer_following_the_page_enqueues_jobs_a_worker_runs_once(
