@@ -95,6 +95,11 @@ def test_a_node_producer_following_the_page_enqueues_jobs_a_worker_runs_once(
     rsync.execute_command("ACL", "SETUSER", "producer", "reset", *producer_acl(prefix))
     parts = urlsplit(redis_url)
     as_producer = urlunsplit(parts._replace(netloc=f"producer:pw-producer@{parts.netloc}"))
+    producer = redis_sync.Redis.from_url(as_producer)
+    for key in (f"arq:job:other:{prefix}x", f"arq:in-progress:{prefix}x", f"{prefix}leader"):
+        with pytest.raises(redis_sync.exceptions.NoPermissionError):
+            producer.set(key, "x")  # the page's rules: the app's job records and queues only
+    producer.close()
     spawn("all", name="a1", app=APP)
     wait_until(lambda: rsync.exists(f"{prefix}leader"), 30, what="a leader")
 
