@@ -6,10 +6,15 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from worker import malformed as M
+from worker import resharding
 from worker.ids import LockValue
 from worker.storage import keys as K
 from worker.storage.base import _s
 from worker.storage.leases import LeaseOps
+
+#: How long a renew waits out ``TRYAGAIN`` (a resharding of the app's slot) before it renews
+#: the lock alone.
+RENEW_PATIENCE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,24 @@ return 0
 """
 
 
+#: Run by :meth:`ElectionOps.renew_lock` (below) while the app's hash slot is being migrated.
+RENEW_LOCK = """
+-- Renew the leader lease by its lock alone: RENEW while a Redis Cluster resharding moves the
+-- app's hash slot, which refuses a script over several keys (TRYAGAIN) until it has ended but
+-- carries a single-key one through to whichever node holds the key (ASK). Not recorded in the
+-- lease state, and no handoff answer: the next RENEW after the migration does both.
+-- KEYS[1] -> leader lock
+-- ARGV[1] -> lock value held by the caller
+-- ARGV[2] -> lease TTL in ms
+-- Returns: 1 if renewed, 0 if the lock is not (or no longer) the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 #: Run by :meth:`ElectionOps.release_lock` (below).
 RELEASE = """
 -- Release the lease if it is the caller's, record the clean release (the next holder need not
@@ -353,12 +376,20 @@ class ElectionOps(LeaseOps):
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:
         """Replace the lease's TTL if it is still ``lock`` (and record when, server time);
         :attr:`Renewal.HANDOFF` when an operator asked this epoch to hand over.
-        :class:`NotReplicated` when renewed but not confirmed (a failed renew, not a lost lease)."""
-        done, acked = await self._eval(
-            self._script(RENEW),
-            [self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
-            [str(lock), ttl_ms, lock.epoch],
-        )
+        :class:`NotReplicated` when renewed but not confirmed (a failed renew, not a lost lease).
+        While a resharding moves the app's hash slot (``RENEW`` refused, ``TRYAGAIN``, for
+        :data:`RENEW_PATIENCE_S`), the lock alone is renewed (``RENEW_LOCK``)."""
+        try:
+            with resharding.patience(RENEW_PATIENCE_S):
+                done, acked = await self._eval(
+                    self._script(RENEW),
+                    [self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
+                    [str(lock), ttl_ms, lock.epoch],
+                )
+        except resharding.SlotMigrating:  # the lock alone can be renewed (RENEW_LOCK)
+            done, acked = await self._eval(
+                self._script(RENEW_LOCK), [self.keys.leader], [str(lock), ttl_ms]
+            )
         renewal = Renewal(int(done))
         if renewal and not self.replicated(acked):
             raise self._short("lease renew", acked)
