@@ -174,22 +174,27 @@ class Heartbeat(LoopComponent):
             return False
         return abs(self.host.time() - mono - timed[1]) < CLOCK_JUMP_S
 
-    async def _beat(self) -> None:
+    def _score_ms(self) -> int:
+        """The heartbeat score from this process's copy of the server's clock: its upper
+        bound (:meth:`RedisClock.latest`), so a beat never looks older than it is."""
         clock = self.server_clock
+        return ms(clock.latest() if isinstance(clock, RedisClock) else clock.time())
+
+    async def _beat(self) -> None:
         mono = self.clock.monotonic()
         fresh = self._fresh(mono)
         recorded, described = self._recorded_at, self.process.describe()
         said = {k: v for k, v in described.items() if k not in VOLATILE}
         said["clock_offset"] = self.clock_offset  # a new measurement is written at once
         # the record is recent and says what it would say now: move the score only (the
-        # server's clock as this process has it: a lower bound); the score gone (reaped, a
+        # server's clock as this process has it: its upper bound); the score gone (reaped, a
         # data loss) -> the whole beat below
         if (
             fresh
             and recorded is not None
             and mono - recorded < self.record_every_s
             and said == self._said
-            and await self.store.touch_heartbeat(self.instance_id, ms(clock.time()))
+            and await self.store.touch_heartbeat(self.instance_id, self._score_ms())
         ):
             return
         await self._record(fresh, described)
@@ -204,14 +209,15 @@ class Heartbeat(LoopComponent):
         before, sent = self.host.time(), self.clock.monotonic()
         # the score is the server's clock (HEARTBEAT): the reaper judges silence on it. Read
         # with TIME in the script, or, while this process's copy of it was synced within
-        # CLOCK_SYNC_S, that copy (a lower bound: never ahead of the server). The boot marker
+        # CLOCK_SYNC_S, that copy's upper bound (never behind the server: a late reply must
+        # not make a live process look silent). The boot marker
         # comes back when the record and the score were both gone.
         clock = self.server_clock
         beat = await self.store.heartbeat(
             self.instance_id,
             record,
             ms(self.record_every_s * 2.5),
-            ms(clock.time()) if fresh else None,
+            self._score_ms() if fresh else None,
             boot=f"{uuid4().hex}:{now}",
         )
         after, received = self.host.time(), self.clock.monotonic()
