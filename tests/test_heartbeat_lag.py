@@ -80,7 +80,13 @@ class SlowReplies(threading.Thread):
             with contextlib.suppress(Exception):
                 dst.close()
 
-        await asyncio.gather(forward(reader, up_w, False), forward(up_r, writer, True))
+        try:
+            await asyncio.gather(forward(reader, up_w, False), forward(up_r, writer, True))
+        finally:  # the server must not keep this client's connections (named after it)
+            for w in (up_w, writer):
+                w.close()
+                with contextlib.suppress(Exception):
+                    await w.wait_closed()
 
     @staticmethod
     def _write(dst: asyncio.StreamWriter, chunk: bytes) -> None:

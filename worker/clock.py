@@ -207,13 +207,6 @@ class RedisClock:
         self._floor = now
         return now
 
-    def latest(self) -> float:
-        """An upper bound of the server's clock: :meth:`time` plus the kept sample's round trip
-        (``TIME`` was read at most that long before its reply arrived). What a liveness score
-        must be: a lower bound makes a live process look older than it is by up to the round
-        trip, seconds for a process starved of CPU, and the orphan reaper judges it dead."""
-        return self.time() + self._rtt_s
-
     def monotonic(self) -> float:
         return self.base.monotonic()
 
