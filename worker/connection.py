@@ -189,7 +189,9 @@ class _SlotConnection(Connection):
         except ResponseError as exc:
             sent = self._unread.popleft() if self._unread and timeout is None else None
             return await self.slot_pool.explain(self, exc, sent, disable_decoding)
-        if self._unread and timeout is None:  # a pub/sub read with a timeout answers no command
+        if timeout is not None:  # a pub/sub read: no command of it is ever sent again
+            self._unread.clear()
+        elif self._unread:
             self._unread.popleft()
         return reply
 
