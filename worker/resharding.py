@@ -26,7 +26,7 @@ the reply as if nothing had happened:
 
 A command inside ``MULTI``/``EXEC`` is not sent again alone (the transaction fails, and the
 caller retries it whole). A command sent on a side connection is not covered by a ``WAIT``
-on the connection that got the redirection (docs/guarantees.md, failure table).
+on the connection that got the redirection (docs/deployment.md, failure table).
 """
 
 from __future__ import annotations
