@@ -30,6 +30,7 @@ from tests.conftest import Spawn, wait_until
 from tests.realredis import RealRedis
 from tests.topology import Cluster
 from worker.client import Client
+from worker.storage.shards import shard_prefixes
 
 pytestmark = pytest.mark.slow
 
@@ -90,22 +91,51 @@ class Enqueuer(threading.Thread):
 def test_migrating_the_home_slot_costs_no_leadership_change_no_tick_and_no_restart(
     spawn: Spawn, cluster: Cluster, real_redis: RealRedis, key_prefix: str, redis_url: str
 ) -> None:
+    migrate_under_work(spawn, cluster, real_redis, key_prefix, redis_url, shards=1)
+
+
+def test_migrating_a_queue_shards_slot_costs_no_job_and_no_restart(
+    spawn: Spawn, cluster: Cluster, real_redis: RealRedis, key_prefix: str, redis_url: str
+) -> None:
+    """``WORKER_QUEUE_SHARDS=2``: the second shard's slot (its queue, the jobs enqueued
+    there) is the one migrated; each shard has a connection pool of its own."""
+    migrate_under_work(spawn, cluster, real_redis, key_prefix, redis_url, shards=2)
+
+
+def migrate_under_work(
+    spawn: Spawn,
+    cluster: Cluster,
+    real_redis: RealRedis,
+    key_prefix: str,
+    redis_url: str,
+    *,
+    shards: int,
+) -> None:
+    """The scenario of the module docstring; with ``shards`` > 1 the last shard's slot is
+    the one migrated (the home slot otherwise)."""
     ledger = redis_sync.Redis.from_url(real_redis.url, decode_responses=True)
     lk = f"{key_prefix}ledger:"
-    env = {"FAILOVER_LEDGER_URL": real_redis.url, "FAILOVER_INIT_ITEMS": "0"}
+    env = {
+        "FAILOVER_LEDGER_URL": real_redis.url,
+        "FAILOVER_INIT_ITEMS": "0",
+        "WORKER_QUEUE_SHARDS": str(shards),
+    }
     procs = [spawn("all", name=f"all-{i}", app="tests.apps.failover:app", env=env) for i in (1, 2)]
     wait_until(lambda: ledger.hlen(f"{lk}ticks") >= 3, timeout=60, what="three ticks")
     enq = Enqueuer(redis_url, key_prefix)
     enq.start()
     time.sleep(1.0)
 
-    slot = key_slot(f"{key_prefix}queue".encode())
+    moved = shard_prefixes(key_prefix, shards)[-1]
+    slot = key_slot(f"{moved}queue".encode())
     source = cluster.owner(slot)
     target = next(n for n in cluster.masters if n is not source)
-    with source.client(decode_responses=True) as c:
+    home = cluster.owner(key_slot(f"{key_prefix}queue".encode()))
+    with home.client(decode_responses=True) as c:
         lock_before = c.get(f"{key_prefix}leader")
+    with source.client(decode_responses=True) as c:
         keys = int(c.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
-    batch = max(1, min(10, keys // 20))
+    batch = max(1, min(10, keys // 20))  # ~20 batches: the slot stays split for seconds
     pause = MIGRATION_S / math.ceil(keys / batch)
     began = time.time()
     batches = cluster.migrate_slot(slot, target, batch=batch, pause_s=pause)
@@ -124,7 +154,7 @@ def test_migrating_the_home_slot_costs_no_leadership_change_no_tick_and_no_resta
     )
     time.sleep(2.5)  # ticks in flight run
     settled_ms = int(time.time() * 1000) - 2000
-    with target.client(decode_responses=True) as c:
+    with cluster.owner(key_slot(f"{key_prefix}queue".encode())).client(decode_responses=True) as c:
         lock_after = c.get(f"{key_prefix}leader")
     events = [e for p in procs for e in p.events()]  # before they stop (and hand over)
     for p in procs:
