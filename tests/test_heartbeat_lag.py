@@ -1,19 +1,20 @@
 """A live consumer whose replies come back late is not judged dead.
 
-The heartbeat's score is this process's copy of the Redis server's clock (no ``TIME`` per
-beat): the server's ``TIME`` from the last sample plus the seconds since its reply arrived. A
+The heartbeat's score was a time the process dated itself (its copy of the Redis server's
+clock: the server's ``TIME`` from the last sample plus the seconds since its reply arrived). A
 reply read late (a starved process on a loaded machine, a slow link) makes that copy late by
-as much, and every score it writes looks that much older than the beat it is. The leader's
-orphan reaper judges silence on the server's own clock, so with a copy late by ~1 s and
-``WORKER_ORPHAN_STALE_S`` 2 s it reaped a consumer that was beating every ~1.5 s (silent
-2.1-2.5 s by its scores); a job it was running is handed to another: run twice. That is how
-``tests/test_failover.py``'s Cluster run put 14-27 poll items twice on a machine at load 15
-(a consumer "silent for 2.0 s" reaped twice within 1.2 s, right after it had logged).
+as much, and any wait between dating the score and the write landing (a starved process, a
+connection still being made to a new primary) adds to it: every score looked that much older
+than the beat it was. The leader's orphan reaper judges silence on the server's own clock, so
+with replies ~1 s late and ``WORKER_ORPHAN_STALE_S`` 2 s it reaped a consumer that was beating
+every ~1.5 s (silent 2.1-2.3 s by its scores); a job it was running is handed to another: run
+twice. That is how ``tests/test_failover.py``'s Cluster run put poll items twice on a machine
+at load 15 (a live consumer reaped twice within 1.2 s, "silent for" 2.0-2.4 s).
 
 Here one consumer's connection goes through a proxy that holds every reply ~1 s (requests go
-through at once: its writes land on time); a slow job runs on it. Its heartbeat score must
-never be older than its beat: the copy plus the kept sample's round trip (the server's clock
-can be no later than that).
+through at once: its writes land on time); a slow job runs on it. Its heartbeat score is the
+server's ``TIME`` where the write lands (``registry.TOUCH``, ``registry.HEARTBEAT``): never
+older than the beat.
 """
 
 from __future__ import annotations
