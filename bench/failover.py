@@ -14,11 +14,16 @@ is never faulted.
 workers' default. ``--replicas 1 --never-back --wait-replicas auto``: the most common topology
 (1 primary + 1 replica), the primary killed once after a poll dispatch batch and never brought
 back (a fresh topology per run); ``--wait-replicas 1`` there shows the strict policy's outage.
+``--cpu-hogs 6 --topology cluster --wait-replicas auto``: the same on a loaded machine (busy
+loops beside it), where a live consumer whose replies came back late was once reaped (its
+heartbeat scored with a late copy of the server's clock) and poll items ran twice.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ from bench._common import loadavg, machine, median, print_machine, table
 from tests.failover_scenario import Outcome, Scenario
 from tests.realredis import RealRedis
 from tests.topology import Cluster, SentinelSet
+from worker.embedded import death_signal_hook
 
 
 def main() -> None:
@@ -50,6 +56,13 @@ def main() -> None:
         type=int,
         default=1000,
         help="Sentinel down-after / cluster node timeout (1000)",
+    )
+    ap.add_argument(
+        "--cpu-hogs",
+        type=int,
+        default=0,
+        help="busy-loop processes beside the run (a loaded machine: 6 on 2 cores put the load "
+        "at ~15, where the Cluster run once put poll items twice; 0)",
     )
     ap.add_argument("--verbose", action="store_true", help="print each step")
     ap.add_argument("--smoke", action="store_true",
@@ -82,6 +95,10 @@ def main() -> None:
         outcomes.append(o)
         print(f"run {i + 1}: {o.summary()} (load {loadavg()})", flush=True)
 
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=death_signal_hook())
+        for _ in range(args.cpu_hogs)
+    ]
     try:
         print_machine(machine())
         print(f"{args.runs} runs on {args.topology} ({args.replicas} replica(s)), "
@@ -96,6 +113,9 @@ def main() -> None:
                 for i in range(args.runs):
                     one_run(s, i)
     finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
         ledger.close()
     report(outcomes, args.topology)
 

@@ -533,3 +533,29 @@ class Cluster:
             return node if node is not old and node.role() == "master" else None
 
         return wait_for(promoted, timeout, f"slot {self.slot} to fail over")  # type: ignore[no-any-return]
+
+    # -- resharding -----------------------------------------------------------------------------
+    def migrate_slot(self, slot: int, to: Node, *, batch: int = 10, pause_s: float = 0.0) -> int:
+        """Move ``slot`` to ``to`` as ``valkey-cli --cluster reshard`` does: ``SETSLOT
+        IMPORTING`` on the target, ``MIGRATING`` on the source, ``MIGRATE`` of ``batch`` keys at
+        a time (``pause_s`` between batches), then ``SETSLOT NODE`` on both and every other
+        primary. Returns how many batches it took."""
+        source = self.owner(slot)
+        assert source is not to, "the slot is already there"
+        with source.client() as src, to.client() as dst:
+            src_id = src.execute_command("CLUSTER", "MYID")
+            dst_id = dst.execute_command("CLUSTER", "MYID")
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            batches = 0
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                src.execute_command("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", *keys)
+                batches += 1
+                time.sleep(pause_s)
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        for node in self.masters:
+            if node not in (source, to) and node.running:
+                with node.client() as c:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        return batches

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import time
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from worker import resharding
 from worker.redisurl import DISCOVERY_TIMEOUT_S, RedisTarget, parse_redis_url
 
 __all__ = ["SlotPool", "connect_redis", "connect_shards"]
@@ -126,17 +128,48 @@ class _SentinelPool(SentinelConnectionPool):
 
 class _SlotConnection(Connection):
     """A connection to whichever cluster primary serves the pool's hash slot, asked anew on
-    every (re)connect; a ``MOVED`` for that slot drops it so the next connect asks again."""
+    every (re)connect. It remembers the commands whose replies it has not read yet, so that
+    one redirected by a migration of the slot (``ASK``, ``TRYAGAIN``, ``MOVED``) is sent again
+    in place (:mod:`worker.resharding`); after a ``MOVED`` it reconnects at its next use."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.slot_pool: SlotPool = kwargs.pop("slot_pool")
         super().__init__(**kwargs)
+        #: (command, inside MULTI) per reply not read yet
+        self._unread: deque[tuple[tuple[Any, ...], bool]] = deque()
+        self._multi = False
+        self._moved = False
 
     async def connect(self) -> None:
         if self.is_connected:
             return
         self.host, self.port = await self.slot_pool.owner()
-        await super().connect()  # type: ignore[no-untyped-call]
+        pending, self._unread = self._unread, deque()  # the handshake's replies are its own
+        try:
+            await super().connect()  # type: ignore[no-untyped-call]
+        finally:
+            self._unread = pending
+
+    async def disconnect(self, nowait: bool = False) -> None:
+        self._unread.clear()
+        self._multi = self._moved = False
+        await super().disconnect(nowait)
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        name = str(args[0]).upper() if args else ""
+        if name == "MULTI":
+            self._multi = True
+        self._unread.append((args, self._multi))
+        if name in ("EXEC", "DISCARD"):
+            self._multi = False
+        return super().pack_command(*args)
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self._moved:  # the slot has a new owner: connect to it
+            pending = self._unread
+            await self.disconnect()
+            self._unread = pending
+        await super().send_packed_command(command, check_health)
 
     async def read_response(
         self,
@@ -147,14 +180,20 @@ class _SlotConnection(Connection):
         push_request: bool | None = False,
     ) -> Any:
         try:
-            return await super().read_response(
+            reply = await super().read_response(
                 disable_decoding=disable_decoding,
                 timeout=timeout,
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
         except ResponseError as exc:
-            raise await self.slot_pool.explain(self, exc) from None
+            sent = self._unread.popleft() if self._unread and timeout is None else None
+            return await self.slot_pool.explain(self, exc, sent, disable_decoding)
+        if timeout is not None:  # a pub/sub read: no command of it is ever sent again
+            self._unread.clear()
+        elif self._unread:
+            self._unread.popleft()
+        return reply
 
 
 class _SlotSSLConnection(_SlotConnection, SSLConnection):
@@ -181,6 +220,7 @@ class SlotPool(ConnectionPool):
         self.known: list[tuple[str, int]] = list(self.seeds)
         self.seed_kwargs = seed_kwargs
         self.address: tuple[str, int] | None = None
+        self.detour = resharding.Detour(slot, self.connection_kwargs, ssl)
 
     async def owner(self) -> tuple[str, int]:
         """The address of the primary serving :attr:`slot`, asked of the nodes in turn."""
@@ -219,24 +259,41 @@ class SlotPool(ConnectionPool):
                     found = address
         return found
 
-    async def explain(self, conn: Connection, exc: ResponseError) -> Exception:
-        """Turn a cluster redirection into what it means for this pool's callers."""
+    async def _now(self) -> tuple[str, int]:
+        return self.address or await self.owner()
+
+    async def explain(
+        self,
+        conn: _SlotConnection,
+        exc: ResponseError,
+        sent: tuple[tuple[Any, ...], bool] | None,
+        raw: bool,
+    ) -> Any:
+        """The reply of a command the server answered with ``exc``: a redirection about this
+        pool's slot sends the command again (:class:`worker.resharding.Detour`) unless it was
+        inside a transaction; anything else is raised as it came."""
         text = str(exc)
+        kind = resharding.redirection(text, self.slot)
+        if kind == "MOVED":
+            self.address = None  # the next connection asks who serves the slot now
+            conn._moved = True
+        if kind is not None and sent is not None and not sent[1]:
+            return await self.detour.resend(text, sent[0], self._now, asked=str(conn.host), raw=raw)
         head = text.split(" ", 1)[0]
-        if head in ("MOVED", "ASK"):
-            parts = text.split()
-            slot = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
-            if slot == self.slot:
-                await conn.disconnect()
-                return RedisConnectionError(f"the app's hash slot moved ({text}); reconnecting")
-            return ResponseError(
+        if head in ("MOVED", "ASK") and kind is None:
+            raise ResponseError(
                 f"{text}: a key outside the app's hash slot {self.slot}; in Redis Cluster every "
                 "key must carry the hash tag of WORKER_KEY_PREFIX"
             )
-        if head in ("CLUSTERDOWN", "TRYAGAIN"):
+        if kind in ("MOVED", "ASK", "TRYAGAIN") or head == "CLUSTERDOWN":
             await conn.disconnect()
-            return RedisConnectionError(text)
-        return exc
+            raise RedisConnectionError(text)
+        raise exc
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:
+            await self.detour.close()
 
 
 def connect_redis(

@@ -46,9 +46,10 @@ from worker.views import ProcessView
 
 log = structlog.get_logger("worker.registry")
 
-#: The heartbeat reads the server's ``TIME`` when the process's copy of the server's clock is
-#: this old (as a :class:`~worker.client.Client` does before a dated write); between, its
-#: score is that copy (drift: ~100 ppm of the host's monotonic clock, a few ms).
+#: The heartbeat writes its whole record (whose reply carries the server's ``TIME``: a new
+#: sample of the process's copy of the server's clock, and of the host's offset) when the copy
+#: is this old; between, a beat only moves its score (to the server's ``TIME`` where the write
+#: lands, ``registry.TOUCH``).
 CLOCK_SYNC_S = 60.0
 #: The whole record (what ``status`` and the console show of an instance) is written at least
 #: this often (every 5 beats when that is sooner, every beat when one is longer; it expires
@@ -155,11 +156,12 @@ class Heartbeat(LoopComponent):
         return self.interval_s
 
     def _fresh(self, mono: float) -> bool:
-        """Whether the score may be this process's copy of the server's clock (no ``TIME``):
-        the copy was synced within :data:`CLOCK_SYNC_S`, this heartbeat measured the host's
-        offset within it too (the first beat measures it), and the host's wall clock has not
-        jumped since (it moved with the monotonic clock, within :data:`CLOCK_JUMP_S`): a jump
-        is measured at the next beat, so ``doctor`` sees it within one interval."""
+        """Whether a beat may move the score only (``TOUCH``, no new clock sample): this
+        process's copy of the server's clock was synced within :data:`CLOCK_SYNC_S`, this
+        heartbeat measured the host's offset within it too (the first beat measures it), and
+        the host's wall clock has not jumped since (it moved with the monotonic clock, within
+        :data:`CLOCK_JUMP_S`): a jump is measured at the next beat, so ``doctor`` sees it
+        within one interval."""
         clock, timed = self.server_clock, self._timed
         if not isinstance(clock, RedisClock) or clock.sample_age_s() >= CLOCK_SYNC_S:
             return False
@@ -168,47 +170,50 @@ class Heartbeat(LoopComponent):
         return abs(self.host.time() - mono - timed[1]) < CLOCK_JUMP_S
 
     async def _beat(self) -> None:
-        clock = self.server_clock
         mono = self.clock.monotonic()
         fresh = self._fresh(mono)
         recorded, described = self._recorded_at, self.process.describe()
         said = {k: v for k, v in described.items() if k not in VOLATILE}
         said["clock_offset"] = self.clock_offset  # a new measurement is written at once
-        # the record is recent and says what it would say now: move the score only (the
-        # server's clock as this process has it: a lower bound); the score gone (reaped, a
-        # data loss) -> the whole beat below
+        # the record is recent and says what it would say now: move the score only (to the
+        # server's clock where the write lands); the score gone (reaped, a data loss) -> the
+        # whole beat below
         if (
             fresh
             and recorded is not None
             and mono - recorded < self.record_every_s
             and said == self._said
-            and await self.store.touch_heartbeat(self.instance_id, ms(clock.time()))
+            and await self.store.touch_heartbeat(self.instance_id)
         ):
             return
-        await self._record(fresh, described)
+        await self._record(described, measure=not fresh)
         self._recorded_at, self._said = mono, said
 
-    async def _record(self, fresh: bool, described: dict[str, Any]) -> None:
-        """The whole beat: the record, the score and (when both were gone) the boot marker."""
+    async def _record(self, described: dict[str, Any], *, measure: bool) -> None:
+        """The whole beat: the record, the score and (when both were gone) the boot marker;
+        ``measure``: the ``TIME`` it read is a new sample of the host's offset and of the
+        process's copy of the server's clock (otherwise the record would say something new at
+        every beat, and every beat would be a whole one)."""
         now = ms(self.host.time())
         record = {**self.static, **described, "heartbeat_ms": now}
         if self.clock_offset is not None:
             record["clock_offset_ms"], record["clock_rtt_ms"] = self.clock_offset
         before, sent = self.host.time(), self.clock.monotonic()
         # the score is the server's clock (HEARTBEAT): the reaper judges silence on it. Read
-        # with TIME in the script, or, while this process's copy of it was synced within
-        # CLOCK_SYNC_S, that copy (a lower bound: never ahead of the server). The boot marker
+        # with TIME in the script where the write lands: a score dated here would be as old
+        # as the wait before it reached the server (a starved process, a connection still
+        # being made), and a live process would look silent that long. The boot marker
         # comes back when the record and the score were both gone.
         clock = self.server_clock
         beat = await self.store.heartbeat(
             self.instance_id,
             record,
             ms(self.record_every_s * 2.5),
-            ms(clock.time()) if fresh else None,
+            None,
             boot=f"{uuid4().hex}:{now}",
         )
         after, received = self.host.time(), self.clock.monotonic()
-        if beat.server_ms is not None:
+        if beat.server_ms is not None and measure:
             rtt = (after - before) * 1000
             offset = round(beat.server_ms - (before + after) * 500, 1)
             self.clock_offset = (offset, round(rtt, 1))

@@ -29,6 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker import budget as B
 from worker import malformed as M
+from worker import resharding
 from worker.errors import NotReplicated
 from worker.ids import JobIds
 from worker.redisurl import Replication
@@ -111,6 +112,7 @@ class StoreBase:
         script = self._scripts.get(text)
         if script is None:
             script = self._scripts[text] = self.redis.register_script(text)
+            resharding.remember_script(script.sha, text)
         return script
 
     # -- durable writes (WAIT) ----------------------------------------------------------------

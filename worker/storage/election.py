@@ -6,10 +6,14 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from worker import malformed as M
+from worker import resharding
 from worker.ids import EPOCH_AHEAD_MS, EPOCH_LIMIT, LockValue, parse_epoch
 from worker.storage import keys as K
-from worker.storage.base import _s
 from worker.storage.leases import LeaseOps
+
+#: How long a renew waits out ``TRYAGAIN`` (a resharding of the app's slot) before it renews
+#: the lock alone.
+RENEW_PATIENCE_S = 0.1
 
 
 def _text(value: object, limit: int = 200) -> str:
@@ -265,6 +269,24 @@ return 0
 """
 
 
+#: Run by :meth:`ElectionOps.renew_lock` (below) while the app's hash slot is being migrated.
+RENEW_LOCK = """
+-- Renew the leader lease by its lock alone: RENEW while a Redis Cluster resharding moves the
+-- app's hash slot, which refuses a script over several keys (TRYAGAIN) until it has ended but
+-- carries a single-key one through to whichever node holds the key (ASK). Not recorded in the
+-- lease state, and no handoff answer: the next RENEW after the migration does both.
+-- KEYS[1] -> leader lock
+-- ARGV[1] -> lock value held by the caller
+-- ARGV[2] -> lease TTL in ms
+-- Returns: 1 if renewed, 0 if the lock is not (or no longer) the caller's.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 #: Run by :meth:`ElectionOps.release_lock` (below).
 RELEASE = """
 -- Release the lease if it is the caller's, record the clean release (the next holder need not
@@ -347,34 +369,8 @@ return value
 )
 
 
-#: Run by :meth:`ElectionOps.boot_marker` (below).
-BOOT = """
--- The dataset's boot marker: read it, or create it when missing (a fresh or emptied Redis).
--- KEYS[1] -> boot marker
--- ARGV[1] -> candidate marker "<random id>:<created ms>"
--- Returns: {marker, 1 if created now else 0}.
-local v = redis.call('GET', KEYS[1])
-if v then
-  return {v, 0}
-end
-redis.call('SET', KEYS[1], ARGV[1])
-return {ARGV[1], 1}
-"""
-
-
-#: Run by :meth:`ElectionOps.server_time_ms` (below).
-TIME = """
--- The server's clock, read where the app's keys live (a Redis Cluster routes the call by
--- KEYS[1] to the node serving the app's slot, the node whose clock the lease scripts read;
--- a plain TIME would go to whichever node the client picked).
--- KEYS[1] -> any key of the app (the leader lock)
--- Returns: {seconds, microseconds}
-return redis.call('TIME')
-"""
-
-
 class ElectionOps(LeaseOps):
-    """The leader lease: campaigns, renewals, releases, handoffs, history, boot marker."""
+    """The leader lease: campaigns, renewals, releases, handoffs, history."""
 
     async def acquire(
         self,
@@ -418,12 +414,20 @@ class ElectionOps(LeaseOps):
     async def renew_lock(self, lock: LockValue, ttl_ms: int) -> Renewal:
         """Replace the lease's TTL if it is still ``lock`` (and record when, server time);
         :attr:`Renewal.HANDOFF` when an operator asked this epoch to hand over.
-        :class:`NotReplicated` when renewed but not confirmed (a failed renew, not a lost lease)."""
-        done, acked = await self._eval(
-            self._script(RENEW),
-            [self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
-            [str(lock), ttl_ms, lock.epoch],
-        )
+        :class:`NotReplicated` when renewed but not confirmed (a failed renew, not a lost lease).
+        While a resharding moves the app's hash slot (``RENEW`` refused, ``TRYAGAIN``, for
+        :data:`RENEW_PATIENCE_S`), the lock alone is renewed (``RENEW_LOCK``)."""
+        try:
+            with resharding.patience(RENEW_PATIENCE_S):
+                done, acked = await self._eval(
+                    self._script(RENEW),
+                    [self.keys.leader, self.keys.leader_state, self.keys.leader_handoff],
+                    [str(lock), ttl_ms, lock.epoch],
+                )
+        except resharding.SlotMigrating:  # the lock alone can be renewed (RENEW_LOCK)
+            done, acked = await self._eval(
+                self._script(RENEW_LOCK), [self.keys.leader], [str(lock), ttl_ms]
+            )
         renewal = Renewal(int(done))
         if renewal and not self.replicated(acked):
             raise self._short("lease renew", acked)
@@ -493,17 +497,6 @@ class ElectionOps(LeaseOps):
         """This queue shard's fence as written (``keys.fence``; at most 40 characters)."""
         raw = await self.redis.get(self.keys.fence)
         return None if raw is None else _text(raw, 40)
-
-    async def boot_marker(self, candidate: str) -> tuple[str, bool]:
-        """The dataset's boot marker, created from ``candidate`` if missing: ``(marker,
-        created)``. A process that saw another marker before knows Redis lost its data."""
-        marker, created = await self._script(BOOT)(keys=[self.keys.boot], args=[candidate])
-        return _s(marker), int(created) == 1
-
-    async def server_time_ms(self) -> float:
-        """The server's clock (``TIME``, on the node of the app's keys) in ms."""
-        sec, usec = await self._script(TIME)(keys=[self.keys.leader])
-        return int(sec) * 1000 + int(usec) / 1000
 
     async def lease_counters(self) -> tuple[int | str | None, dict[str, str]]:
         """The epoch counter (its text, at most 40 characters, when it is not an epoch the

@@ -66,6 +66,21 @@ return {t[1], t[2], marker, created}
 """
 
 
+#: Run by :meth:`RegistryOps.touch_heartbeat` (below).
+TOUCH = """
+-- Move a registered instance's heartbeat score to the server's clock as the write lands
+-- (ZADD XX CH). A score dated by the caller is as old as the wait before it reached the server
+-- (a starved process, a connection still being made to a new primary): a live instance would
+-- look silent that long, and be reaped.
+-- KEYS[1] -> instances sorted set
+-- ARGV[1] -> instance id
+-- Returns: 1 if moved, 0 when the instance is not registered (reaped, or Redis lost its data).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[1])
+"""
+
+
 #: Run by :meth:`FencedRegistryOps.reap` (below).
 REAP = (
     """
@@ -182,14 +197,12 @@ class RegistryOps(StoreBase):
         server_ms = int(sec) * 1000 + int(usec) / 1000 if _s(sec) else None
         return Beat(server_ms, (_s(marker), int(created) == 1) if _s(marker) else None)
 
-    async def touch_heartbeat(self, instance_id: str, score_ms: int) -> bool:
-        """Move a registered instance's heartbeat score to ``score_ms`` (``ZADD XX CH``, one
-        command); ``False`` when it is not registered (reaped, or Redis lost its data): the
-        caller then writes the whole record (:meth:`heartbeat`)."""
-        changed = await self.redis.zadd(
-            self.keys.instances, {instance_id: score_ms}, xx=True, ch=True
-        )
-        return bool(changed)
+    async def touch_heartbeat(self, instance_id: str) -> bool:
+        """Move a registered instance's heartbeat score to the server's clock now
+        (``registry.TOUCH``, one round trip); ``False`` when it is not registered (reaped, or
+        Redis lost its data): the caller then writes the whole record (:meth:`heartbeat`)."""
+        changed = await self._script(TOUCH)(keys=[self.keys.instances], args=[instance_id])
+        return bool(int(changed))
 
     async def deregister(self, instance_id: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 from worker.redisurl import Replication
 from worker.storage.broadcast import BroadcastOps
 from worker.storage.claims import ClaimOps
+from worker.storage.dataset import DatasetOps
 from worker.storage.dead import DeadOps
 from worker.storage.election import ElectionOps
 from worker.storage.enqueue import EnqueueOps
@@ -29,6 +30,7 @@ from worker.storage.subscriptions import SubscriptionOps
 
 class Store(
     ElectionOps,
+    DatasetOps,
     ClaimOps,
     JobOps,
     EnqueueOps,
