@@ -74,10 +74,18 @@ TOUCH = """
 -- look silent that long, and be reaped.
 -- KEYS[1] -> instances sorted set
 -- ARGV[1] -> instance id
--- Returns: 1 if moved, 0 when the instance is not registered (reaped, or Redis lost its data).
+-- Returns: 1 if registered (its score now the server's clock), 0 when it is not (reaped, or
+-- Redis lost its data). CH counts 0 for a score already at this millisecond (two beats in one
+-- ms): only then is the member looked up.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[1])
+if redis.call('ZADD', KEYS[1], 'XX', 'CH', now, ARGV[1]) == 1 then
+  return 1
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return 1
+end
+return 0
 """
 
 
