@@ -78,16 +78,20 @@ EPOCH_LIMIT = 2**53
 EPOCH_AHEAD_MS = 86_400_000
 
 
+def _ascii(raw: str | bytes | None) -> str | None:
+    """``raw`` as text: bytes decoded as ASCII (``None`` when they are not), text as it is."""
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    return raw
+
+
 def parse_epoch(raw: str | bytes | None) -> int | None:
     """An epoch as the framework writes it: ASCII digits only, no sign, no exponent, below
     :data:`EPOCH_LIMIT`; ``None`` for anything else (``1e+14``, ``-1``, ``١٢``, 20 digits)."""
-    if raw is None:
-        return None
-    if isinstance(raw, bytes):
-        try:
-            raw = raw.decode("ascii")
-        except UnicodeDecodeError:
-            return None
+    raw = _ascii(raw)
     if not raw or len(raw) > 16 or not (raw.isascii() and raw.isdigit()):
         return None
     epoch = int(raw)
@@ -109,13 +113,9 @@ class LockValue:
     def parse(cls, raw: str | bytes | None) -> LockValue | None:
         """The lock value in ``raw``, or ``None`` for an absent or unreadable one: the epoch is
         parsed strictly (:func:`parse_epoch`), the token is printable ASCII of at most 128."""
+        raw = _ascii(raw)
         if raw is None:
             return None
-        if isinstance(raw, bytes):
-            try:
-                raw = raw.decode("ascii")
-            except UnicodeDecodeError:
-                return None
         head, sep, token = raw.partition(":")
         epoch = parse_epoch(head)
         if not sep or epoch is None or not 0 < len(token) <= 128 or not token.isprintable():
