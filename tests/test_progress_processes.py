@@ -183,7 +183,7 @@ def test_doctor_on_a_real_cluster(
     def leaderless() -> str | None:
         code, text = doctor(cli, cenv)
         # first "held, but nobody reports leading"; then, once it expired, "no leader"
-        return text if code == 1 and "✗ leader             no leader:" in text else None
+        return text if code == 1 and "✗ leader             no leader" in text else None
 
     text = wait_until(leaderless, 20, interval=0.5, what="no leader reported")
     assert "leader" in failed_lines(text)
