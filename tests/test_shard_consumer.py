@@ -15,6 +15,7 @@ from worker.app import App
 from worker.client import Client
 from worker.clock import SystemClock
 from worker.consumer import Consumer, ConsumerConfig
+from worker.consumer.claims import Claims
 from worker.context import Context, JobContext
 from worker.dead import DeadLetters
 from worker.embedded import free_port
@@ -194,3 +195,53 @@ async def test_a_shard_out_of_reach_does_not_stop_the_others(r: Any) -> None:
         await asyncio.wait_for(task, 30)
         await gone.aclose()
     assert sorted(done) == [f"j{i}" for i in range(6)]
+
+
+async def test_a_lost_claim_reply_on_a_shard_out_of_reach_is_given_back_once_it_answers(
+    r: Any,
+) -> None:
+    """A claim on shard 2 ran (and was replicated) but its reply was lost as that shard's master
+    died: the next round gives back what we hold unknowingly on every shard. Shard 2 failing
+    over does not answer then: the consumer stays in doubt and asks again, so the parked jobs
+    come back once it answers (before, the doubt ended with the shards that answered, and the
+    jobs stayed parked until their markers expired: 11 acknowledged jobs never ran in the
+    shard-failover test)."""
+    app = App("doubt")
+
+    @app.task
+    async def note(ctx: JobContext, key: str) -> None:
+        return None
+
+    client, _ = sharded(r, 3, app)
+    shards = client.shards
+    for i in range(6):
+        assert await client.enqueue("note", f"j{i}")
+    far = shards.stores[2]
+    lost = await far.claim(
+        "i-1", "i-1/7", now_ms=await server_now(r), limit=5, in_progress_ttl_ms=300_000,
+        holds_ttl_ms=300_000, max_payload=1 << 20, retry_ttl_ms=60_000, queues=("default",),
+    )  # fmt: skip
+    assert lost.jobs, "shard 2 had jobs to claim"
+    parked = {c.job_id for c in lost.jobs}
+    claims = Claims(shards, SystemClock(), [], instance_id="i-1", doubt_s=1.0, queues=("default",))
+    claims.in_doubt = True
+    real = far.release_own
+
+    async def failing_over(*args: Any, **kwargs: Any) -> int:
+        raise aioredis.ConnectionError("shard 2's master is failing over")
+
+    far.release_own = failing_over  # type: ignore[method-assign]
+    await claims.release_unknown(())
+    assert claims.in_doubt  # shard 2 did not answer: still in doubt
+    now = await server_now(r)
+    assert all(s > now for s in [await r.zscore(far.keys.queue, j) for j in parked])  # parked
+    far.release_own = real  # type: ignore[method-assign]
+    await claims.release_unknown(())
+    assert not claims.in_doubt
+    now = await server_now(r)
+    assert all(s <= now for s in [await r.zscore(far.keys.queue, j) for j in parked])  # due
+
+
+async def server_now(r: Any) -> int:
+    sec, usec = await r.time()
+    return int(sec) * 1000 + int(usec) // 1000

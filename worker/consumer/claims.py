@@ -106,10 +106,11 @@ class Claims:
         reply was lost); the runs we know (running, held, ending: ``known`` besides the
         running ones) keep their claims."""
         keep = {*self.running, *known}
-        released = await self.store.release_own(
+        released, complete = await self.store.release_own(
             self.instance_id, sorted(keep), ms(self.clock.time()), self.queues
         )
-        self.in_doubt = False
+        # a shard out of reach (failing over) may hold the lost claim: ask again next round
+        self.in_doubt = not complete
         if released:
             log.warning(
                 "gave back jobs claimed in a round trip whose reply was lost; they run again",

@@ -159,13 +159,15 @@ class Shards:
         known: Iterable[str],
         now_ms: int,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
-    ) -> int:
-        """:meth:`Store.release_own` on every shard (a lost claim reply may be any shard's).
-        A shard that cannot be reached (its master failing over) is skipped: the jobs held
-        there come back when their markers expire; only when no shard answers does it raise."""
+    ) -> tuple[int, bool]:
+        """:meth:`Store.release_own` on every shard (a lost claim reply may be any shard's):
+        ``(released, complete)``. A shard that cannot be reached (its master failing over) is
+        skipped and ``complete`` is false: the caller stays in doubt and asks again (the lost
+        reply may be that very shard's, its jobs parked until their markers expire otherwise);
+        only when no shard answers does it raise."""
         keep = list(known)
         if self.n == 1:
-            return await self.home.release_own(instance_id, keep, now_ms, queues)
+            return await self.home.release_own(instance_id, keep, now_ms, queues), True
         outs = await asyncio.gather(
             *(s.release_own(instance_id, keep, now_ms, queues) for s in self.stores),
             return_exceptions=True,
@@ -173,4 +175,4 @@ class Shards:
         done = [o for o in outs if isinstance(o, int)]
         if not done:
             raise next(o for o in outs if isinstance(o, BaseException))
-        return sum(done)
+        return sum(done), len(done) == len(outs)
