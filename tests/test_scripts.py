@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from worker.ids import JobIds, LockValue
@@ -1057,6 +1059,34 @@ async def test_claim_reads_past_at_most_claim_skips_held_jobs(r: Any) -> None:
     assert (await _claim(store)).jobs == []  # CLAIM_SKIPS held: the round ends there
     await r.delete(K.ARQ_IN_PROGRESS + "h0000")
     assert [j.job_id for j in (await _claim(store)).jobs] == ["h0000", "free"]
+
+
+async def test_claim_takes_ids_outside_the_users_key_patterns_off_the_queue(
+    redis_url: str,
+) -> None:
+    """CLAIM_FOREIGN's ``denied``: on the real server only (fakeredis refuses the whole call
+    where the server refuses the one command inside it)."""
+    admin = aioredis.Redis.from_url(redis_url)
+    user = f"claim{uuid.uuid4().hex[:6]}"
+    patterns = ["~t:*", "~arq:job:t:*", "~arq:in-progress:t:*", "~arq:retry:t:*"]
+    await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", *patterns, "+@all")
+    limited = aioredis.Redis.from_url(redis_url.replace("://", f"://{user}:pw@"))
+    try:
+        await admin.zadd(KEYS.queue, {"other": T - 20, "t:mine": T - 10})
+        await admin.set(K.ARQ_JOB + "other", b"p")
+        await admin.set(K.ARQ_JOB + "t:mine", b"p")
+        got = await _claim(Store(limited, KEYS))
+        assert [(j.job_id, j.size) for j in got.jobs] == [
+            ("other", claims_lua.FOREIGN),
+            ("t:mine", 1),
+        ]
+        assert await admin.zrange(KEYS.queue, 0, -1) == [b"t:mine"]
+        assert await admin.get(K.ARQ_JOB + "other") == b"p"  # never touched
+        assert await admin.exists(K.ARQ_IN_PROGRESS + "other", K.ARQ_RETRY + "other") == 0
+    finally:
+        await limited.aclose()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
 
 
 @pytest.mark.parametrize(
