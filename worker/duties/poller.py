@@ -31,7 +31,7 @@ from arq.constants import expires_extra_ms
 from worker.clock import Clock, SystemClock, ms, on_server_time
 from worker.component import LoopComponent
 from worker.ids import JobIds
-from worker.jobs import JobHook, Outcome
+from worker.jobs import JobDef, JobHook, Outcome
 from worker.metrics import Metrics
 from worker.outage import RIDE_OUT_S, ride_out
 from worker.serializer import Serialize, job_payload
@@ -303,8 +303,8 @@ class InflightHook(JobHook):
         self.clock: Clock = clock or SystemClock()
         self.ride_out_s = ride_out_s
 
-    def context(self, job_id: str) -> Mapping[str, Any]:
-        return {}
+    def concerns(self, job: JobDef) -> bool:
+        return any(p.task == job.name for p in self.pollers.values())  # a poll item's task
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         if outcome == "retry":
