@@ -16,21 +16,21 @@ from arq.jobs import deserialize_result
 
 from worker.app import App
 from worker.client import Client
-from worker.clock import SystemClock
 from worker.consumer.claims import Claims, Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import ConsumerConfig
+from worker.consumer.dead import DeadLetters
 from worker.consumer.executor import Executor
 from worker.consumer.fetch import Fetcher
+from worker.consumer.limits import LimitsHook
 from worker.consumer.wakeups import Wakeups
 from worker.context import Context, JobContext
-from worker.dead import DeadLetters
+from worker.core.clock import SystemClock
+from worker.core.jobdefs import JobHook
+from worker.core.metrics import Metrics
+from worker.core.serializer import job_payload, msgpack_dumps, msgpack_loads
 from worker.duties.periodic import TickHook
 from worker.duties.poller import InflightHook
-from worker.jobs import JobHook
-from worker.limits import LimitsHook
-from worker.metrics import Metrics
-from worker.serializer import job_payload, msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import Claimed, Finish, Store
 from worker.storage import keys as K

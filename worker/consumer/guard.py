@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Coroutine, Generator
 from types import CoroutineType
 from typing import Any
 
-from worker.clock import Clock
+from worker.core.clock import Clock
 
 
 class ClaimGuard:

@@ -18,7 +18,7 @@ _PACKER = HiredisRespSerializer() if HIREDIS_AVAILABLE else None
 
 class Packing(AbstractConnection):
     """A connection whose commands hiredis packs (:data:`_PACKER`; redis-py's own packer
-    without hiredis). Every pool :func:`worker.connection.connect_redis` makes uses it; the
+    without hiredis). Every pool :func:`worker.storage.connection.connect_redis` makes uses it; the
     encoding is redis-py's default (UTF-8, strict), which hiredis applies to text too."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
