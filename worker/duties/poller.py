@@ -30,7 +30,7 @@ from worker.core.clock import Clock, SystemClock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.dutykinds import Kind, RowContext, Snapshot, lag, table
 from worker.core.ids import JobIds
-from worker.core.jobdefs import JobHook, Outcome
+from worker.core.jobdefs import JobDef, JobHook, Outcome
 from worker.core.metrics import Metrics
 from worker.core.outage import RIDE_OUT_S, ride_out
 from worker.core.serializer import Serialize, job_payload
@@ -182,8 +182,8 @@ class InflightHook(JobHook):
         self.clock: Clock = clock or SystemClock()
         self.ride_out_s = ride_out_s
 
-    def context(self, job_id: str) -> Mapping[str, Any]:
-        return {}
+    def concerns(self, job: JobDef) -> bool:
+        return any(p.task == job.name for p in self.pollers.values())  # a poll item's task
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         if outcome == "retry":

@@ -20,7 +20,7 @@ class NewJob:
     score_ms: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per run: not frozen, whose __init__ costs 3x
 class Finish:
     """How one run ended: ``done`` (succeeded) or ``failed`` (will not run again), ``result``
     kept for ``result_ttl_ms`` if any; or ``retry`` / ``defer`` (at ``score_ms`` if given,
