@@ -32,7 +32,7 @@ def leading(port: int) -> bool:
 
 
 def ledger(rsync: redis_sync.Redis, prefix: str, tag: str) -> dict[int, int]:
-    raw = rsync.hgetall(f"{prefix}ledger:sched:{tag}")
+    raw: dict[bytes, bytes] = rsync.hgetall(f"{prefix}ledger:sched:{tag}")  # type: ignore[assignment]
     return {int(k): int(v) for k, v in raw.items()}
 
 

@@ -12,4 +12,5 @@ app = App("sched")
 @app.task
 async def stamp(ctx: JobContext, tag: str) -> None:
     tick = ctx.job_id.rpartition(":")[2]
-    await ctx.redis.hincrby(f"{ctx.context.keys.prefix}ledger:sched:{tag}", tick, 1)
+    key = f"{ctx.context.keys.prefix}ledger:sched:{tag}"
+    await ctx.redis.hincrby(key, tick, 1)  # type: ignore[misc]
