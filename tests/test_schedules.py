@@ -20,6 +20,7 @@ from worker.duties.schedules import ScheduleEnqueuer
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 from worker.storage.schedules import DueScheduleTicks
+from worker.sync_client import SyncClient
 
 PREFIX = "s:"
 KEYS = K.Keys(PREFIX)
@@ -289,3 +290,13 @@ async def test_dst_days_tick_once_per_day_at_the_tenants_hour(
     clock = FakeClock(start / 1000)
     await run(await enqueuer(fake_arq, clock), clock, 3 * 86400, step=300)
     assert [int(j.rpartition(":")[2]) for j in await queued(fake_arq)] == expected
+
+
+def test_the_sync_client_has_the_same_schedules(redis_url: str) -> None:
+    with SyncClient.connect(redis_url, key_prefix=PREFIX, app=app) as client:
+        spec = client.schedules.upsert("acme", "report", "acme", cron="0 7 * * *", fmt="csv")
+        assert spec.version > 0 and client.schedules.get("acme") == spec
+        assert client.schedules.list() == [spec]
+        with pytest.raises(UnknownTask):
+            client.schedules.upsert("x", "nope", every=60)
+        assert client.schedules.remove("acme") and client.schedules.list() == []
