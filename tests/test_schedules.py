@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
 from arq.jobs import deserialize_job
 
-from tests.conftest import FixedLease
+from tests.conftest import CliRun, FixedLease
 from worker import App
 from worker.client import Client
 from worker.core import malformed as M
@@ -300,3 +301,27 @@ def test_the_sync_client_has_the_same_schedules(redis_url: str) -> None:
         with pytest.raises(UnknownTask):
             client.schedules.upsert("x", "nope", every=60)
         assert client.schedules.remove("acme") and client.schedules.list() == []
+
+
+def test_the_cli_adds_shows_lists_backfills_and_removes(cli: CliRun, redis_url: str) -> None:
+    env = {
+        "WORKER_REDIS_URL": redis_url,
+        "WORKER_KEY_PREFIX": "cs:",
+        "WORKER_APP": "tests.apps.sched:app",
+    }
+    add = cli("schedule", "add", "acme", "stamp", "--cron", "0 7 * * *", "--tz", "Europe/Paris",
+              "--args", '["acme"]', "--overlap", "skip", env=env)  # fmt: skip
+    assert add.returncode == 0 and "stamp(\"acme\") cron '0 7 * * *' Europe/Paris" in add.stdout
+    bad = cli("schedule", "add", "x", "nope", "--every", "60", env=env)
+    assert bad.returncode == 2 and "unknown task 'nope'" in bad.stderr, bad.stderr
+    (listed,) = json.loads(cli("schedule", "list", "--json", env=env).stdout)
+    assert listed["name"] == "acme" and listed["args"] == ["acme"] and listed["overlap"] == "skip"
+    shown = json.loads(cli("schedule", "show", "acme", "--json", env=env).stdout)
+    assert shown["tz"] == "Europe/Paris" and shown["overlaps_skipped"] == 0
+    fill = ["schedule", "backfill", "acme", "--from", "2024-03-01", "--to", "2024-03-04T23:00"]
+    first = cli(*fill, env=env)
+    assert first.returncode == 0 and "4 ticks in the range, 4 enqueued" in first.stdout, first
+    assert "4 ticks in the range, 0 enqueued" in cli(*fill, env=env).stdout  # each once
+    assert cli("schedule", "rm", "acme", env=env).returncode == 0
+    assert cli("schedule", "rm", "acme", env=env).returncode == 1
+    assert cli("schedule", "show", "acme", env=env).returncode == 1
