@@ -11,6 +11,7 @@ import pytest
 from arq.jobs import deserialize_job
 
 from tests.conftest import CliRun, FixedLease
+from tests.docpages import python_block
 from worker import App
 from worker.client import Client
 from worker.core import malformed as M
@@ -325,3 +326,44 @@ def test_the_cli_adds_shows_lists_backfills_and_removes(cli: CliRun, redis_url: 
     assert cli("schedule", "rm", "acme", env=env).returncode == 0
     assert cli("schedule", "rm", "acme", env=env).returncode == 1
     assert cli("schedule", "show", "acme", env=env).returncode == 1
+
+
+async def test_the_docs_example_reports_each_tenant_at_its_own_hour(fake_arq: Any) -> None:
+    code = python_block("schedules", "Schedules at run time")
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/schedules.md", "exec"), scope)
+    docs_app = scope["app"]
+    start = utc_ms(2024, 3, 30, 0)  # Paris springs forward on the 31st
+    client = Client(
+        fake_arq, keys=KEYS, serialize=msgpack_dumps, app=docs_app, clock=FakeClock(start / 1000)
+    )
+    await scope["tenant_saved"](client, "acme", "Europe/Paris")
+    await scope["tenant_saved"](client, "zeta", "Asia/Tokyo", hour=6)
+    clock = FakeClock(start / 1000)
+    fenced = FencedStore(Store(fake_arq, KEYS), FixedLease(LOCK))
+    await fake_arq.set(KEYS.leader, LOCK)
+    queues = {t: docs_app.queue_of(t) for t in docs_app.tasks}
+    e = ScheduleEnqueuer(queues, fenced.store, fenced, msgpack_dumps, clock)
+    ran: dict[str, Any] = {}
+
+    async def consume(seconds: float) -> None:  # a consumer runs each job: its run ends
+        for _ in range(round(seconds / 600)):
+            await e.tick()
+            for key in await fake_arq.keys("arq:job:*"):
+                ran[key.decode().rpartition(":schedule:")[2]] = await fake_arq.get(key)
+                await fake_arq.delete(key)
+            clock.advance(600)
+
+    await consume(2 * 86400)
+    await scope["tenant_deleted"](client, "zeta")
+    await consume(86400)
+    ticks = sorted(n.replace(":", "@") for n in ran)
+    assert ticks == sorted([
+        f"report-acme@{utc_ms(2024, 3, 30, 6)}",  # 07:00 CET
+        f"report-acme@{utc_ms(2024, 3, 31, 5)}",  # 07:00 CEST
+        f"report-acme@{utc_ms(2024, 4, 1, 5)}",
+        f"report-zeta@{utc_ms(2024, 3, 30, 21)}",  # 06:00 JST on the 31st
+        f"report-zeta@{utc_ms(2024, 3, 31, 21)}",  # then removed
+    ])  # fmt: skip
+    job = deserialize_job(ran[f"report-acme:{utc_ms(2024, 3, 30, 6)}"], deserializer=msgpack_loads)
+    assert (job.function, list(job.args), job.kwargs) == ("tenant_report", ["acme"], {"fmt": "csv"})
