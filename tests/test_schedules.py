@@ -367,3 +367,12 @@ async def test_the_docs_example_reports_each_tenant_at_its_own_hour(fake_arq: An
     ])  # fmt: skip
     job = deserialize_job(ran[f"report-acme:{utc_ms(2024, 3, 30, 6)}"], deserializer=msgpack_loads)
     assert (job.function, list(job.args), job.kwargs) == ("tenant_report", ["acme"], {"fmt": "csv"})
+
+
+@pytest.mark.parametrize("last", [b"1e300", b"soon", b"-5"])
+async def test_a_malformed_last_tick_does_not_stop_a_schedule(r: Any, last: bytes) -> None:
+    await client_of(r).schedules.upsert("acme", "report", "acme", every=60)
+    await r.hset(KEYS.schedule_state, "acme", last)
+    clock = FakeClock(T0 / 1000 + 1)
+    await run(await enqueuer(r, clock), clock, 180)
+    assert len(await queued(r)) >= 2

@@ -33,6 +33,8 @@ from worker.storage.schedules import DueScheduleTicks, ScheduleOutcome
 log = structlog.get_logger("worker.schedules")
 
 NAME = "schedules"
+#: Schedules per tick script call (many due at one instant: several calls).
+BATCH = 500
 
 
 class ScheduleEnqueuer(LoopComponent):
@@ -62,6 +64,7 @@ class ScheduleEnqueuer(LoopComponent):
         self.specs: dict[str, ScheduleSpec] = {}
         self._gen = -2  # never a counter's value: read at the first loop
         self._last: dict[str, int] = {}
+        self._next: dict[str, int] = {}  # name -> its next tick after the recorded last one
         self._read_at = float("-inf")
 
     async def setup(self) -> None:
@@ -78,6 +81,7 @@ class ScheduleEnqueuer(LoopComponent):
         if stale_state:
             self._last = await store.schedule_state()
             self._read_at = self.clock.monotonic()
+            self._next.clear()
 
     def _known(self, spec: ScheduleSpec) -> bool:
         if spec.task in self.tasks:
@@ -90,19 +94,19 @@ class ScheduleEnqueuer(LoopComponent):
         now_ms = ms(self.clock.time())
         due = []
         for spec in self.specs.values():
+            if self._next.get(spec.name, -1) > now_ms:
+                continue  # nothing due yet (known without asking the schedule)
             ticks, advance_to = plan_ticks(spec, self._last.get(spec.name), now_ms)
             if spec.overlap == "skip":
                 ticks = ticks[-1:]  # a catch-up of several would overlap itself
             if ticks or advance_to > self._last.get(spec.name, -1):
                 due.append(self._due(spec, ticks, advance_to, now_ms))
-        if due and await self._enqueue(due):
-            return 0.001  # something changed under the plan: read again and plan anew now
-        if not self.specs:
-            return MAX_SLEEP_S
-        last = self._last
-        next_due = min(
-            s.schedule.next(max(now_ms, last.get(s.name, -1))) for s in self.specs.values()
-        )
+            else:
+                self._next[spec.name] = spec.schedule.next(max(advance_to, now_ms))
+        for i in range(0, len(due), BATCH):
+            if await self._enqueue(due[i : i + BATCH]):
+                return 0.001  # something changed under the plan: read again, plan anew now
+        next_due = min(self._next.values(), default=now_ms + ms(MAX_SLEEP_S))
         # wake 1 ms after the instant; at least every MAX_SLEEP_S to see changes
         return max(0.001, min(MAX_SLEEP_S, (next_due + 1 - ms(self.clock.time())) / 1000))
 
@@ -132,6 +136,7 @@ class ScheduleEnqueuer(LoopComponent):
                 replan = True
                 continue
             self._last[d.name] = max(d.advance_to, self._last.get(d.name, -1))
+            self._next[d.name] = self.specs[d.name].schedule.next(self._last[d.name])
             self._record(d, out)
         if replan:
             self._gen, self._read_at = -2, float("-inf")
@@ -168,6 +173,8 @@ async def backfill(client: Client, name: str, from_ms: int, to_ms: int) -> tuple
     done = 0
     for t in ticks:
         job_id = client.store.ids.schedule(name, t)
-        if await client.enqueue(spec.task, *spec.args, job_id=job_id, **spec.kwargs):
+        # not enqueue(): a schedule's kwargs may be named like enqueue's own options
+        put = (spec.task, spec.args, spec.kwargs, job_id, client.queue_for(spec.task), 0.0, None)
+        if await client._put(client.store, *put):
             done += 1
     return done, len(ticks)

@@ -114,6 +114,9 @@ while i <= #ARGV do
   local skip_overlap, n = ARGV[i + 5] == '1', tonumber(ARGV[i + 6])
   local enqueued, dup, skipped, overlapped, stale, behind = 0, 0, 0, 0, 0, 0
   local last = tonumber(redis.call('HGET', KEYS[3], name) or '-1') or -1
+  if last < 0 or last > 253402300799999 then
+    last = -1  -- not a time (written by someone else): as if none was recorded
+  end
   local todo = n
   if redis.call('HGET', KEYS[2], name) ~= version then
     stale, todo = 1, 0
