@@ -376,3 +376,19 @@ async def test_a_malformed_last_tick_does_not_stop_a_schedule(r: Any, last: byte
     clock = FakeClock(T0 / 1000 + 1)
     await run(await enqueuer(r, clock), clock, 180)
     assert len(await queued(r)) >= 2
+
+
+async def test_status_and_the_console_list_them_beside_code_schedules(fake_arq: Any) -> None:
+    from worker.ops import status
+
+    await client_of(fake_arq).schedules.upsert("acme", "report", "acme", every=60, overlap="skip")
+    clock = FakeClock(T0 / 1000 + 1)
+    e = await enqueuer(fake_arq, clock)
+    await run(e, clock, 180)  # the first run never ends: 2 ticks skipped
+    doc = await status.collect(fake_arq, KEYS, app, clock)
+    (row,) = doc["schedules"]
+    assert row["name"] == "acme" and row["task"] == "report" and row["overlaps_skipped"] == 2
+    assert row["last_tick_ms"] == T0 + 3 * MIN and row["next_tick_ms"] == T0 + 4 * MIN
+    assert [p["name"] for p in doc["periodic"]] == ["code_tick"]  # the code schedule beside
+    line = next(x for x in status.render(doc).splitlines() if x.startswith("acme "))
+    assert line.split()[:4] == ["acme", "report", "every", "60s"] and line.split()[-1] == "2"

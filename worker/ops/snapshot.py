@@ -22,6 +22,7 @@ from typing import Any
 from worker.app import App
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.ids import LockValue
+from worker.core.schedule_spec import ScheduleSpec
 from worker.storage import PeriodicRuns, Store
 from worker.storage.server import read_attached, read_eviction_policy, read_slot_owners
 from worker.storage.shards import slot_of_prefix
@@ -115,6 +116,10 @@ class ClusterSnapshot:
     #: periodic job name -> the newest tick enqueued as a job (absent: none ever was;
     #: ``periodic_last`` is where planning resumes, a slot skipped included)
     periodic_enqueued: dict[str, int] = field(default_factory=dict)
+    #: run-time schedules (``client.schedules``), their newest planned tick and overlap skips
+    schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
+    schedule_last: dict[str, int] = field(default_factory=dict)
+    schedule_overlaps: dict[str, int] = field(default_factory=dict)
     #: initializer name -> its state hash
     initializers: dict[str, dict[str, str]] = field(default_factory=dict)
     #: per_key service name -> (member processes, key -> owner instance id)
@@ -185,6 +190,9 @@ async def read(
         periodic_last=await store.periodic_last(),
         periodic_runs=await store.periodic_runs(),
         periodic_enqueued=await store.periodic_enqueued(),
+        schedules=await store.schedules_read(),
+        schedule_last=await store.schedule_state(),
+        schedule_overlaps=await store.schedule_overlaps(),
         queues=queues,
         pollers={
             p.name: await _poller(store, p.name, p.shards, now_ms) for p in app.pollers.values()

@@ -18,7 +18,7 @@ from worker.app import App
 from worker.core.clock import Clock
 from worker.core.ids import duty
 from worker.duties.periodic import PeriodicDef, freshness
-from worker.ops import snapshot
+from worker.ops import schedules_view, snapshot
 from worker.ops.snapshot import ClusterSnapshot
 from worker.runtime.preflight import NOEVICTION, eviction_verdict
 from worker.storage import keys as K
@@ -80,6 +80,7 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
         "queue": {k: queues[0][k] for k in ("name", "depth", "due")},
         "queues": queues,
         "periodic": [_periodic(snap, pd) for pd in app.periodics.values()],
+        "schedules": schedules_view.rows(snap),
         "pollers": [_poller(snap, p.name, p.task) for p in app.pollers.values()],
         "initializers": [_initializer(snap, i.name, i.version) for i in app.initializers.values()],
         "per_key_services": [
@@ -283,6 +284,7 @@ def render(status: dict[str, Any]) -> str:
     )
     out += _shard_table(status)
     out += _periodic_table(status)
+    out += schedules_view.table(status, _table)
     if status["pollers"]:
         out += [
             "",
