@@ -69,19 +69,23 @@ class ScheduleEnqueuer(LoopComponent):
 
     async def setup(self) -> None:
         self._gen, self._read_at = -2, float("-inf")  # a new term: read everything again
+        self.specs, self._next = {}, {}
 
     async def _refresh(self) -> None:
         store = self.store
         gen = await store.schedules_gen()
         stale_state = self.clock.monotonic() - self._read_at >= self.REFRESH_S
         if gen != self._gen or gen < 0:
-            specs = await store.schedules_read()
+            old, specs = self.specs, await store.schedules_read(self.specs)
             self.specs = {n: s for n, s in specs.items() if self._known(s)}
+            for name in [n for n in self._next if _changed(n, old, self.specs)]:
+                del self._next[name]  # removed or changed: plan it again
             self._gen, stale_state = gen, True
         if stale_state:
-            self._last = await store.schedule_state()
-            self._read_at = self.clock.monotonic()
-            self._next.clear()
+            last = await store.schedule_state()
+            for name in [n for n in self._next if last.get(n) != self._last.get(n)]:
+                del self._next[name]  # recorded elsewhere meanwhile: plan it again
+            self._last, self._read_at = last, self.clock.monotonic()
 
     def _known(self, spec: ScheduleSpec) -> bool:
         if spec.task in self.tasks:
@@ -155,6 +159,10 @@ class ScheduleEnqueuer(LoopComponent):
             log.info("tick skipped: previous run not ended", schedule=d.name)
         if late:
             log.info("missed ticks caught up", schedule=d.name, caught_up=late)
+
+
+def _changed(name: str, old: Mapping[str, ScheduleSpec], new: Mapping[str, ScheduleSpec]) -> bool:
+    return name not in old or name not in new or old[name].version != new[name].version
 
 
 async def backfill(client: Client, name: str, from_ms: int, to_ms: int) -> tuple[int, int]:

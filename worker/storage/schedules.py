@@ -12,7 +12,7 @@ on its old definition.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -197,23 +197,46 @@ class ScheduleOps(StoreBase):
         keys += [k.schedule_state, k.schedule_enqueued, k.schedule_overlaps]
         return int(await self._script(REMOVE)(keys=keys, args=[name])) == 1
 
-    async def schedules_read(self) -> dict[str, S.ScheduleSpec]:
+    async def schedules_read(
+        self, known: Mapping[str, S.ScheduleSpec] | None = None
+    ) -> dict[str, S.ScheduleSpec]:
         """Every stored schedule, each checked (:func:`worker.core.schedule_spec.decode`); a
-        malformed one is skipped, logged once and counted (:mod:`worker.core.malformed`)."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.keys.schedules)
-            pipe.hgetall(self.keys.schedule_versions)
-            defs, versions = await pipe.execute()
+        malformed one is skipped, logged once and counted (:mod:`worker.core.malformed`).
+
+        With ``known`` (what the caller read before), only the definitions whose version
+        moved are read and decoded again (the leader's re-read after a change costs the
+        versions hash and the changed records, not every record)."""
+        if known is None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self.keys.schedules)
+                pipe.hgetall(self.keys.schedule_versions)
+                defs, versions = await pipe.execute()
+        else:
+            versions = await self.redis.hgetall(self.keys.schedule_versions)
+            stale = [n for n, v in versions.items() if _unchanged(known, n, v) is None]
+            defs = {}
+            for i in range(0, len(stale), 1000):
+                chunk = stale[i : i + 1000]
+                got = await self.redis.hmget(self.keys.schedules, chunk)
+                defs.update({n: raw for n, raw in zip(chunk, got, strict=True) if raw is not None})
         out: dict[str, S.ScheduleSpec] = {}
-        for raw_name, raw in defs.items():
-            name = _s(raw_name)
-            version = M.count(versions.get(raw_name, b""))
+        for raw_name, raw_version in versions.items():
+            same = _unchanged(known, raw_name, raw_version) if known is not None else None
+            if same is not None:
+                out[same.name] = same
+                continue
+            raw = defs.get(raw_name)
+            if raw is None:
+                continue  # removed meanwhile, or a version without a definition
+            name, version = _s(raw_name), M.count(raw_version)
             try:
                 if version is None:
-                    raise ValueError("no version")
+                    raise ValueError("its version is not a count")
                 out[name] = S.decode(name, raw, version)
             except ValueError as exc:
                 M.skip("schedule", self.keys.schedules, name[:100], str(exc))
+        for raw_name in defs.keys() - versions.keys():
+            M.skip("schedule", self.keys.schedules, _s(raw_name)[:100], "no version")
         return out
 
     async def schedule_state(self) -> dict[str, int]:
@@ -236,6 +259,14 @@ class ScheduleOps(StoreBase):
             else:
                 out[_s(k)] = at
         return out
+
+
+def _unchanged(
+    known: Mapping[str, S.ScheduleSpec], raw_name: bytes, raw_version: bytes
+) -> S.ScheduleSpec | None:
+    """The known schedule of ``raw_name`` when its stored version is the known one."""
+    spec = known.get(_s(raw_name))
+    return spec if spec is not None and M.count(raw_version) == spec.version else None
 
 
 class FencedScheduleOps(FencedBase):
