@@ -392,3 +392,27 @@ async def test_status_and_the_console_list_them_beside_code_schedules(fake_arq: 
     assert [p["name"] for p in doc["periodic"]] == ["code_tick"]  # the code schedule beside
     line = next(x for x in status.render(doc).splitlines() if x.startswith("acme "))
     assert line.split()[:4] == ["acme", "report", "every", "60s"] and line.split()[-1] == "2"
+
+
+async def test_after_a_change_the_leader_reads_only_the_changed_definitions(r: Any) -> None:
+    schedules = client_of(r).schedules
+    for n in range(3):
+        await schedules.upsert(f"s{n}", "report", str(n), every=60)
+    clock = FakeClock(T0 / 1000 + 1)
+    e = await enqueuer(r, clock)
+    await e.tick()
+    calls: list[int] = []
+    hmget = r.hmget
+
+    async def counting(key: str, names: list[Any]) -> Any:
+        calls.append(len(names))
+        return await hmget(key, names)
+
+    r.hmget = counting
+    await schedules.upsert("s1", "report", "one", every=120)
+    clock.advance(1)
+    await e.tick()
+    assert calls == [1] and e.specs["s1"].args == ("one",) and len(e.specs) == 3
+    clock.advance(1)
+    await e.tick()  # nothing changed: not even the versions are read
+    assert calls == [1]
