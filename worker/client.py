@@ -55,6 +55,7 @@ from worker.storage import keys as K
 from worker.storage.connection import connect_redis, connect_shards
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.storage.ready import wait_for_redis
+from worker.storage.schedules import Schedules
 from worker.storage.sharded import Shards
 from worker.storage.shards import shard_prefixes
 from worker.storage.store import open_shards
@@ -476,6 +477,18 @@ class Client:
         if self.app is None:
             raise RuntimeError("Client was created without app=...; pollers need the app")
         return BoundPoller(self.app.pollers[name], self.store, self.clock)
+
+    @property
+    def schedules(self) -> Schedules:
+        """Run-time schedules of the app's tasks (:class:`~worker.storage.schedules.Schedules`)."""
+        return Schedules(self.store, self._schedulable)
+
+    def _schedulable(self, task: str) -> None:
+        tasks = getattr(self.app, "tasks", None)
+        if not isinstance(tasks, dict):
+            raise ConfigError("schedules need the app: make the client with app=...")
+        if task not in tasks:
+            raise UnknownTask(task, getattr(self.app, "name", "app"), sorted(tasks))
 
 
 async def _close_all(clients: Sequence[Redis]) -> None:

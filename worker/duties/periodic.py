@@ -36,6 +36,7 @@ from worker.core.ids import JobIds
 from worker.core.jobdefs import JobDef, JobHook, Outcome, TaskFn
 from worker.core.metrics import Metrics
 from worker.core.schedule import Schedule
+from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import Serialize, job_payload
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 from worker.storage.keys import DEFAULT_QUEUE
@@ -147,7 +148,9 @@ def freshness(job: PeriodicDef, runs: PeriodicRuns | None, now_ms: int) -> Fresh
     return Freshness(age, failing, limit is not None and ref is not None and ref > limit)
 
 
-def plan_ticks(job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list[int], int]:
+def plan_ticks(
+    job: PeriodicDef | ScheduleSpec, last_ms: int | None, now_ms: int
+) -> tuple[list[int], int]:
     """Which ticks to enqueue now, and the tick to record as last (pure; no Redis).
 
     Returns ``(ticks, advance_to)``: ``ticks`` ascending; ``advance_to`` is the newest due

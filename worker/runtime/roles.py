@@ -46,6 +46,8 @@ from worker.duties.periodic import PeriodicEnqueuer, TickHook
 from worker.duties.poller import InflightHook, PollingScheduler
 from worker.duties.reaper import REAP_EVERY_S, OrphanReaper
 from worker.duties.registry import Heartbeat, WriteWitness
+from worker.duties.schedules import NAME as SCHEDULES_NAME
+from worker.duties.schedules import ScheduleEnqueuer
 from worker.duties.services import Service, ServiceDef
 from worker.duties.unannounced import NAME as UNANNOUNCED_NAME
 from worker.duties.unannounced import UnannouncedJobs
@@ -322,6 +324,12 @@ def _periodic(w: Wiring, _: Any) -> Component:
     )
 
 
+def _schedules(w: Wiring, _: Any) -> Component:
+    queues = {task: w.app.queue_of(task) for task in w.app.tasks}
+    fenced = w.fence()
+    return ScheduleEnqueuer(queues, fenced.store, fenced, w.serializer[0], w.clock, w.metrics)
+
+
 def _reaper(w: Wiring, _: Any) -> Component:
     s = w.settings
     return OrphanReaper(
@@ -391,6 +399,7 @@ SPECS: tuple[Spec, ...] = (
         _poller,
     ),
     Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),
+    Spec(LEADERS, "singletons", one(SCHEDULES_NAME, lambda a, s: bool(a.tasks)), _schedules),
     Spec(LEADERS, "singletons", one("orphan-reaper"), _reaper),
     Spec(LEADERS, "singletons", one(BACKLOG_NAME), _backlog),
     Spec(

@@ -203,6 +203,40 @@ class Keys:
         the first failure since the last success."""
         return f"{self.prefix}periodic:runs"
 
+    # -- run-time schedules (client.schedules) -----------------------------------------------
+    @property
+    def schedules(self) -> str:
+        """Hash: schedule name -> its definition (JSON, see :mod:`worker.core.schedule_spec`)."""
+        return f"{self.prefix}schedules"
+
+    @property
+    def schedule_versions(self) -> str:
+        """Hash: schedule name -> the version of its definition (the :attr:`schedules_gen`
+        value of its last upsert); the tick script enqueues only for a matching version."""
+        return f"{self.prefix}schedules:version"
+
+    @property
+    def schedules_gen(self) -> str:
+        """Counter raised by every upsert and removal: the leader re-reads the schedules only
+        when it moved."""
+        return f"{self.prefix}schedules:gen"
+
+    @property
+    def schedule_state(self) -> str:
+        """Hash: schedule name -> newest tick planned (ms), as :attr:`periodic_state`."""
+        return f"{self.prefix}schedules:last"
+
+    @property
+    def schedule_enqueued(self) -> str:
+        """Hash: schedule name -> job id of its newest enqueued tick (``overlap="skip"`` looks
+        whether that job has ended)."""
+        return f"{self.prefix}schedules:enqueued"
+
+    @property
+    def schedule_overlaps(self) -> str:
+        """Hash: schedule name -> ticks skipped because the previous run had not ended."""
+        return f"{self.prefix}schedules:overlaps"
+
     # -- pollers ------------------------------------------------------------------------------
     def poll_shard(self, poller: str, shard: int) -> str:
         """Sorted set of items due for polling, scored by due time (epoch ms).
