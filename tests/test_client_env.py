@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from arq import create_pool
-from arq.connections import RedisSettings
-from arq.jobs import JobStatus
 
+from tests.arqfmt import JobStatus, require_arq
 from worker.app import App
 from worker.client import Client, arq_options
 from worker.context import JobContext
@@ -104,6 +102,10 @@ async def test_from_env_uses_the_workers_settings(
 
 
 async def test_from_settings_and_plain_arq_agree(env: pytest.MonkeyPatch, redis_url: str) -> None:
+    require_arq()
+    from arq import create_pool
+    from arq.connections import RedisSettings
+
     settings = load_settings(redis_url=redis_url)
     env.setenv("WORKER_KEY_PREFIX", "billing:")
     plain_settings = load_settings(redis_url=redis_url)

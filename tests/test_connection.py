@@ -22,11 +22,7 @@ from worker.connection import SlotPool, connect_redis
 from worker.errors import ConfigError
 from worker.logs import mask_text
 from worker.redisurl import mask_url, parse_redis_url
-from worker.serializer import get_serializer
 from worker.settings import load_settings
-
-SER, DE = get_serializer("msgpack")
-
 
 # -- parsing ------------------------------------------------------------------------------------
 
@@ -194,8 +190,6 @@ async def test_tls_reaches_data_nodes_and_sentinels() -> None:
     r = connect_redis(
         "rediss+sentinel://h1:1,h2:2/m?ssl_cert_reqs=none",
         queue_name="q",
-        serialize=SER,
-        deserialize=DE,
     )
     try:
         pool = r.connection_pool
@@ -261,7 +255,7 @@ async def test_a_pool_leaves_a_primary_deposed_while_it_still_serves(
     Before (redis-py's pool alone): the writes went to the deposed primary until it was
     reconfigured (10.2 s after the switch in the run this test was written against)."""
     target = parse_redis_url(sentinels.url(), sentinel_password="sentinel-pw")
-    r = connect_redis(target, queue_name="conn:queue", serialize=SER, deserialize=DE)
+    r = connect_redis(target, queue_name="conn:queue")
 
     async def where() -> int:
         async with r.pipeline(transaction=False) as pipe:
@@ -356,9 +350,7 @@ def cluster() -> Iterator[Cluster]:
 async def test_cluster_pool_serves_the_app_slot_and_follows_its_failover(
     cluster: Cluster,
 ) -> None:
-    r = connect_redis(
-        cluster.url(), queue_name="{conn}:queue", serialize=SER, deserialize=DE, socket_timeout_s=5
-    )
+    r = connect_redis(cluster.url(), queue_name="{conn}:queue", socket_timeout_s=5)
     try:
         slot = key_slot(b"{conn}:queue")
         assert isinstance(r.connection_pool, SlotPool) and r.connection_pool.slot == slot

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from arq.jobs import serialize_result
 from redis import asyncio as aioredis
 
+from tests.arqfmt import serialize_result
 from worker import App, JobContext, jobsview
 from worker.actions import Actor, Operations
 from worker.client import Client

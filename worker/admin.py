@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker import arqcompat, local
 from worker.app import App
@@ -27,7 +27,6 @@ from worker.connection import connect_shards
 from worker.errors import ConfigError
 from worker.manifest import Described, describe
 from worker.preflight import auth_failure
-from worker.serializer import get_serializer
 from worker.settings import Settings, mask_url
 from worker.storage import Shards, Store, open_shards
 from worker.storage import keys as K
@@ -78,7 +77,7 @@ def redis_url(settings: Settings, what: str) -> str:
 class Admin:
     """An open admin connection: the client, the key layout, the store."""
 
-    redis: ArqRedis
+    redis: Redis
     keys: K.Keys
     store: Store
     url: str
@@ -93,14 +92,11 @@ async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
     # the configured URL with its Sentinel credentials (redis+sentinel://, redis+cluster://)
     target = settings.redis_target() if url == settings.redis_url else url
     keys = K.Keys(settings.key_prefix)
-    ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
     n, rep = settings.queue_shards, settings.replication()
     clients = connect_shards(
         target or url,
         shard_prefixes(keys.prefix, n),
         queue_name=keys.queue,
-        serialize=ser,
-        deserialize=de,
     )
     redis = clients[0]
     try:

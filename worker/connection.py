@@ -33,7 +33,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
@@ -300,13 +299,11 @@ def connect_redis(
     target: RedisTarget | str,
     *,
     queue_name: str,
-    serialize: Any,
-    deserialize: Any,
     socket_timeout_s: float | None = 10.0,
     max_connections: int | None = None,
     client_name: str | None = None,
-) -> ArqRedis:
-    """An ``ArqRedis`` (arq's client, a ``redis.asyncio.Redis``) for ``target``: a single
+) -> Redis:
+    """A ``redis.asyncio.Redis`` for ``target``: a single
     server, the primary of a Sentinel set, or the cluster primary serving ``queue_name``'s hash
     slot (every key of an app shares it). ``client_name`` shows in ``CLIENT LIST``."""
     if isinstance(target, str):
@@ -365,12 +362,7 @@ def connect_redis(
                 **tls,
                 **common,
             )
-    return ArqRedis(
-        pool,
-        job_serializer=serialize,
-        job_deserializer=deserialize,
-        default_queue_name=queue_name,
-    )
+    return Redis(connection_pool=pool)
 
 
 def connect_shards(
@@ -379,7 +371,7 @@ def connect_shards(
     *,
     queue_name: str,
     **kwargs: Any,
-) -> tuple[ArqRedis, ...]:
+) -> tuple[Redis, ...]:
     """One client per queue shard (``WORKER_QUEUE_SHARDS``; ``prefixes`` home first, as
     :func:`worker.storage.shards.shard_prefixes` gives them): on Redis Cluster each shard's
     own client to the primary serving its slot (the home one for ``queue_name``, the app's

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker import snapshot
 from worker.app import App
@@ -32,7 +32,7 @@ def _iso(tick_ms: int | None) -> str | None:
 
 
 async def collect(
-    redis: ArqRedis,
+    redis: Redis,
     keys: K.Keys,
     app: App,
     clock: Clock | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.budget import OverBudget
+from worker.core import codec
 from worker.serializer import Deserialize
 from worker.storage import FOREIGN, Claimed
 from worker.storage.keys import Keys
@@ -34,24 +35,25 @@ def validate(record: Any) -> Envelope:
     naming the field that is wrong. Checked before anything else touches it."""
     if not isinstance(record, dict):
         raise BadJob(f"malformed payload: a {type(record).__name__}, not a map", "malformed")
-    fn, args, kwargs = record.get("f"), record.get("a", ()), record.get("k", {})
-    job_try, enqueued = record.get("t"), record.get("et")
+    fn, args, kwargs, job_try, enqueued = codec.job_fields(record)
     if not isinstance(fn, str) or not fn or len(fn) > 256:
-        raise BadJob(f"malformed payload: field 'f' is {_shape(fn)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.FUNCTION!r} is {_shape(fn)}", "malformed")
     if not isinstance(args, list | tuple):
-        raise BadJob(f"malformed payload: field 'a' is {_shape(args)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.ARGS!r} is {_shape(args)}", "malformed")
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise BadJob(f"malformed payload: field 'k' is {_shape(kwargs)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.KWARGS!r} is {_shape(kwargs)}", "malformed")
     if job_try is not None and (
         isinstance(job_try, bool) or not isinstance(job_try, int) or not 0 <= job_try < 10**6
     ):
-        raise BadJob(f"malformed payload: field 't' is {_shape(job_try)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.TRY!r} is {_shape(job_try)}", "malformed")
     if (
         isinstance(enqueued, bool)
         or not isinstance(enqueued, int)
         or not 0 <= enqueued <= MAX_ENQUEUE_MS
     ):
-        raise BadJob(f"malformed payload: field 'et' is {_shape(enqueued)}", "malformed")
+        raise BadJob(
+            f"malformed payload: field {codec.ENQUEUED!r} is {_shape(enqueued)}", "malformed"
+        )
     return fn, tuple(args), kwargs, job_try, enqueued
 
 

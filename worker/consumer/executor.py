@@ -17,7 +17,6 @@ from functools import partial
 from typing import Any
 
 import structlog
-from arq.worker import Retry, RetryJob
 
 from worker.clock import Clock, ms
 from worker.consumer.claims import Run
@@ -37,6 +36,7 @@ from worker.consumer.failures import (
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
+from worker.core.retries import is_retry
 from worker.dead import DeadLetters
 from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, overriding, status_of
 from worker.logs import capped
@@ -153,11 +153,11 @@ class Executor:
             error = exc
             uncancel()  # handled here: the run ends normally
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
-        except Exception as exc:  # arq's Retry and RetryJob included
+        except Exception as exc:  # Retry and RetryJob (ours or arq's) included
             error = exc
             if run.aborted:  # however it ended, it ends aborted
                 outcome = self._cancelled(c, run, result_for, start_ms, keep)
-            elif isinstance(exc, (Retry, RetryJob)):  # run again, deferred as asked
+            elif is_retry(exc):  # run again, deferred as asked
                 now_ms = ms(self.clock.time())
                 self._end(c, run, "retry", score_ms=retry_score(exc, job, job_try, now_ms, c))
                 outcome = "retry"

@@ -27,16 +27,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
-from arq.constants import expires_extra_ms
 
 from worker.client import Client
 from worker.clock import Clock, ms, on_server_time
 from worker.component import LoopComponent
+from worker.core import codec
 from worker.ids import JobIds
 from worker.jobs import JobDef, JobHook, Outcome, TaskFn
 from worker.metrics import Metrics
 from worker.schedule import Schedule
-from worker.serializer import Serialize, job_payload
+from worker.serializer import Serialize
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.tracing import Batch, Tracing
@@ -279,7 +279,7 @@ class PeriodicEnqueuer(LoopComponent):
             for job, ticks, advance_to in due
         ]
         with spans.send() if spans is not None else contextlib.nullcontext():
-            outcomes = await self.store.enqueue_ticks(batch, expires_extra_ms)
+            outcomes = await self.store.enqueue_ticks(batch, codec.EXPIRES_EXTRA_MS)
         behind = []
         for (job, ticks, advance_to), out in zip(due, outcomes, strict=True):
             if out.rolled_back:
@@ -299,7 +299,7 @@ class PeriodicEnqueuer(LoopComponent):
             epoch = self.store.leader.epoch
             extra = spans.create(job.name, job_id, job.queue, tick_ms=tick, epoch=epoch)
         return NewJob(
-            job_id, job_payload(job.name, (), {}, now_ms, self.serialize, extra=extra), tick
+            job_id, codec.encode_job(job.name, (), {}, now_ms, self.serialize, extra=extra), tick
         )
 
     def _rolled_back(self, names: list[str]) -> None:

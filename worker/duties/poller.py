@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import structlog
-from arq.constants import expires_extra_ms
 
 from worker.clock import Clock, SystemClock, ms, on_server_time
 from worker.component import LoopComponent
+from worker.core import codec
 from worker.ids import JobIds
 from worker.jobs import JobHook, Outcome
 from worker.metrics import Metrics
 from worker.outage import RIDE_OUT_S, ride_out
-from worker.serializer import Serialize, job_payload
+from worker.serializer import Serialize
 from worker.storage import FencedStore, NewJob, Store
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.tracing import Batch, Tracing
@@ -263,7 +263,13 @@ class PollingScheduler(LoopComponent):
         items = [(item, self._job(item, score, now_ms, spans)) for item, score in due]
         with spans.send() if spans is not None else contextlib.nullcontext():
             out = await self.store.dispatch(
-                p.name, shard_key, now_ms, ms(p.busy_defer_s), items, expires_extra_ms, self.queue
+                p.name,
+                shard_key,
+                now_ms,
+                ms(p.busy_defer_s),
+                items,
+                codec.EXPIRES_EXTRA_MS,
+                self.queue,
             )
         self.dispatched_total += out.dispatched
         self.health.extra["dispatched"] = self.dispatched_total
@@ -280,7 +286,9 @@ class PollingScheduler(LoopComponent):
         extra = None
         if spans is not None:  # tracing on: the item's own PRODUCER span, in its record
             extra = spans.create(p.task, job_id, self.queue, epoch=self.store.leader.epoch)
-        return NewJob(job_id, job_payload(p.task, (item,), {}, now_ms, self.serialize, extra=extra))
+        return NewJob(
+            job_id, codec.encode_job(p.task, (item,), {}, now_ms, self.serialize, extra=extra)
+        )
 
 
 class InflightHook(JobHook):

@@ -25,6 +25,7 @@ from worker import doctor, snapshot, status
 from worker.app import App
 from worker.client import Client
 from worker.clock import ms
+from worker.core import codec
 from worker.serializer import json_loads, msgpack_loads
 
 #: How often the doctor's checklist runs for the banner (it reads more than the overview).
@@ -199,7 +200,7 @@ def _decode(payload: bytes, serializer: str) -> Any:
 
 def _task_of(payload: bytes, serializer: str) -> str | None:
     record = _decode(payload, serializer)
-    fn = record.get("f") if isinstance(record, dict) else None
+    fn = codec.job_fields(record).function if isinstance(record, dict) else None
     return fn[:256] if isinstance(fn, str) else None
 
 
