@@ -73,7 +73,7 @@ async def test_from_env_uses_the_workers_settings(
     env.setenv("WORKER_SERIALIZER", "json")
     client = await Client.from_env(app=app)
     try:
-        assert client.keys == K.Keys("shop:") and client.redis.default_queue_name == "shop:queue"
+        assert client.keys == K.Keys("shop:") and client.keys.queue == "shop:queue"
         job_id = await client.enqueue("send_receipt", 42)
         assert job_id is not None
         assert rsync.zscore("shop:queue", job_id) is not None

@@ -8,7 +8,8 @@ next try, as a function of the try that just failed.
     async def call_partner(ctx, order_id): ...
 
 A task without ``retry_on`` keeps arq's semantics: an exception fails the job; raise
-``arq.worker.Retry(defer=...)`` to try again. ``Retry()`` without ``defer`` uses the task's
+``worker.Retry(defer=...)`` (or arq's ``arq.worker.Retry``) to try again. ``Retry()`` without
+``defer`` uses the task's
 ``retry_delay`` when it has one.
 """
 
