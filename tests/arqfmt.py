@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from worker.core import codec
 from worker.core.codec import JobResult, JobStatus, SerializationError
-from worker.core.retries import Retry
+from worker.core.retry import Retry
 from worker.storage.handle import Job as _Job
 
 __all__ = [

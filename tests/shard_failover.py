@@ -191,7 +191,7 @@ class ShardKill:
         acknowledged once every replica has caught up (:meth:`_replicated`): ids and the
         moment (wall time)."""
         from tests.arqfmt import expires_extra_ms, job_key_prefix
-        from worker.serializer import get_serializer, job_payload
+        from worker.core.serializer import get_serializer, job_payload
 
         ser, _ = get_serializer("msgpack")
         due = time.time() + 1.0 + n / 5000

@@ -15,7 +15,7 @@ from tests.arqfmt import JobStatus, require_arq
 from worker.app import App
 from worker.client import Client, arq_options
 from worker.context import JobContext
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
 from worker.settings import load_settings
 from worker.storage import keys as K
 

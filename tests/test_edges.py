@@ -43,8 +43,8 @@ from tests.arqfmt import Job, expires_extra_ms
 from tests.conftest import Spawn, WorkerProc, wait_until
 from tests.realredis import RealRedis
 from tests.soak import size
-from worker.embedded import EmbeddedServer, free_port
-from worker.serializer import get_serializer, job_payload, msgpack_loads
+from worker.core.serializer import get_serializer, job_payload, msgpack_loads
+from worker.runtime.embedded import EmbeddedServer, free_port
 from worker.settings import Settings
 from worker.storage import keys as K
 

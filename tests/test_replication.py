@@ -23,15 +23,15 @@ from tests.conftest import FixedLease
 from tests.topology import Node, free_port_pair, wait_for
 from worker.app import App
 from worker.client import Client
-from worker.clock import SystemClock
 from worker.consumer import Consumer, ConsumerConfig
+from worker.consumer.dead import DeadLetters
 from worker.context import Context, JobContext
-from worker.dead import DeadLetters
-from worker.errors import NotReplicated
+from worker.core.clock import SystemClock
+from worker.core.errors import NotReplicated
+from worker.core.redisurl import Replication
+from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
-from worker.redisurl import Replication
-from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import DueTicks, FencedStore, NewJob, Renewal, Store
 from worker.storage import keys as K
@@ -341,7 +341,7 @@ def detached(pair: Pair) -> Any:
 async def test_auto_waits_while_a_replica_is_attached_goes_on_without_one_and_waits_again(
     r: Any, pair: Pair
 ) -> None:
-    from worker.durability import ReplicaView
+    from worker.core.durability import ReplicaView
 
     auto = Replication(1, 200, adaptive=True, view=ReplicaView(grace_s=1.0))
     store = Store(r, KEYS, auto)
@@ -371,7 +371,7 @@ async def test_auto_waits_while_a_replica_is_attached_goes_on_without_one_and_wa
 
 
 async def test_a_dead_letter_requeue_honours_the_policy(r: Any, pair: Pair) -> None:
-    from worker.dead import retry_dead
+    from worker.consumer.dead import retry_dead
 
     store = Store(r, KEYS, WAIT1)
     dead = DeadLetters(store, SystemClock(), instance_id="i-1", max_entries=100)
@@ -406,7 +406,7 @@ async def test_dead_retry_from_the_command_line_waits_for_the_replicas(
 
 
 def test_attached_replicas_are_online_and_recent() -> None:
-    from worker.durability import ReplicaView, attached_replicas
+    from worker.core.durability import ReplicaView, attached_replicas
 
     online = {"ip": "10.0.0.2", "port": 6379, "state": "online", "offset": 10, "lag": 0}
     info = {

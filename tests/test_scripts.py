@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ResponseError
 
-from worker.ids import JobIds, LockValue
+from worker.core.ids import JobIds, LockValue
 from worker.storage import Acquired, LeaderChange, Refused, Renewal, Store
 from worker.storage import dead as dead_lua
 from worker.storage import election as election_lua

@@ -23,11 +23,11 @@ import redis.asyncio as aioredis
 from tests.conftest import Spawn, wait_until
 from tests.timings import FAST_ENV
 from worker.client import Client
-from worker.clock import FakeClock, ms
 from worker.core import codec
-from worker.serializer import get_serializer
+from worker.core.clock import FakeClock, ms
+from worker.core.serializer import get_serializer
+from worker.duties.unannounced import UnannouncedJobs
 from worker.storage.keys import Keys
-from worker.unannounced import UnannouncedJobs
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -18,10 +18,10 @@ from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
 from worker.core.codec import JobResult, JobStatus
-from worker.core.retries import Retry, RetryJob
-from worker.duties.poller import BoundPoller
-from worker.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
-from worker.jobs import JobOutcome
+from worker.core.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
+from worker.core.jobdefs import JobOutcome
+from worker.core.retry import Retry, RetryJob
+from worker.polls import BoundPoller
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
 from worker.version import __version__

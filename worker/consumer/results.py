@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from worker.clock import ms
 from worker.core import codec
-from worker.core.retries import retry_defer_ms
-from worker.jobs import JobDef
-from worker.serializer import Serialize
+from worker.core.clock import ms
+from worker.core.jobdefs import JobDef
+from worker.core.retry import retry_defer_ms
+from worker.core.serializer import Serialize
 from worker.storage import Claimed
 
 

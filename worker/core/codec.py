@@ -77,7 +77,7 @@ JOB_ID = "id"
 JOB_FIELDS = (TRY, FUNCTION, ARGS, KWARGS, ENQUEUED)
 #: The result record's fields, in arq's order.
 RESULT_FIELDS = (*JOB_FIELDS, SUCCESS, RESULT, STARTED, FINISHED, QUEUE, JOB_ID)
-#: The fields after the arguments (read from a cut record's tail, :mod:`worker.jobhead`).
+#: The fields after the arguments (read from a cut record's tail, :mod:`worker.core.jobhead`).
 JOB_TAIL_FIELDS = (ENQUEUED,)
 RESULT_TAIL_FIELDS = (ENQUEUED, SUCCESS, STARTED, FINISHED, QUEUE)
 

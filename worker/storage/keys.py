@@ -1,7 +1,7 @@
 """Every Redis key name the framework uses, under one prefix; no Lua and no Redis access.
 
 The scripts live beside their one caller in the other modules of :mod:`worker.storage`, and
-:mod:`worker.ids` builds and parses ids (the Cluster hash tag included).
+:mod:`worker.core.ids` builds and parses ids (the Cluster hash tag included).
 
 All keys live under one configurable prefix (``WORKER_KEY_PREFIX``, default ``worker:``) so
 several apps can share a Redis. The only exceptions are arq's own per-job keys
@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.core import codec
-from worker.ids import hash_tag
+from worker.core.ids import hash_tag
+from worker.core.jobdefs import DEFAULT_QUEUE
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -38,7 +39,6 @@ ARQ_RETRY = codec.RETRY_KEY_PREFIX
 ARQ_ABORT = codec.ABORT_JOBS_SS
 
 #: The queue jobs go to unless their task names another.
-DEFAULT_QUEUE = "default"
 
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
