@@ -380,3 +380,17 @@ async def test_cluster_pool_serves_the_app_slot_and_follows_its_failover(
         assert cluster.owner(slot) is not old
     finally:
         await r.aclose(close_connection_pool=True)
+
+
+async def test_a_client_without_a_connection_cap_serves_many_commands_at_once(
+    redis_url: str,
+) -> None:
+    """``max_connections=None`` means no cap on every redis-py: 6 and later cap an async pool
+    at 100 by default, which failed the 101st concurrent command (``MaxConnectionsError``;
+    a consumer running more jobs than that at once failed the rest)."""
+    r = connect_redis(redis_url, queue_name="cap:queue")
+    try:
+        replies = await asyncio.gather(*(r.blpop(["cap:none"], timeout=0.5) for _ in range(150)))
+        assert replies == [None] * 150
+    finally:
+        await r.aclose()

@@ -315,6 +315,10 @@ class SlotPool(ConnectionPool):
             await self.detour.close()
 
 
+#: ``max_connections`` of a pool without a cap (redis-py 5's own default).
+UNCAPPED = 2**31
+
+
 def connect_redis(
     target: RedisTarget | str,
     *,
@@ -332,7 +336,8 @@ def connect_redis(
         "socket_connect_timeout": 5,
         "socket_timeout": socket_timeout_s,
         "health_check_interval": 30,
-        "max_connections": max_connections,
+        # None: not capped, on every redis-py (6 and later cap an async pool at 100 by default)
+        "max_connections": UNCAPPED if max_connections is None else max_connections,
     }
     if not target.url.startswith("unix:"):
         common["socket_keepalive"] = True
