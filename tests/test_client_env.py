@@ -114,7 +114,7 @@ async def test_from_settings_and_plain_arq_agree(env: pytest.MonkeyPatch, redis_
     try:
         assert client.keys.queue == "worker:queue"
         job = await pool.enqueue_job("send_receipt", 7, _job_id="plain-1")
-        assert job is not None and await job.status() is JobStatus.queued
+        assert job is not None and await job.status() == JobStatus.queued  # arq's enum
         assert await pool.zscore("billing:queue", "plain-1") is not None  # from the prefix
     finally:
         await pool.aclose()

@@ -393,4 +393,4 @@ async def test_a_client_without_a_connection_cap_serves_many_commands_at_once(
         replies = await asyncio.gather(*(r.blpop(["cap:none"], timeout=0.5) for _ in range(150)))
         assert replies == [None] * 150
     finally:
-        await r.aclose()
+        await r.aclose(close_connection_pool=True)
