@@ -162,6 +162,7 @@ class Detour:
                 connection_class=self.connection_class,
                 host=address[0],
                 port=address[1],
+                max_connections=2**31,  # uncapped (redis-py 6+ caps an async pool at 100)
                 **self.kwargs,
             )
         return pool
