@@ -1,12 +1,13 @@
 """The layering stays honest: worker/'s import graph has no cycles (type-only imports and
 subpackages included), no folder imports upward or sideways, no Redis command outside the
-storage package, every script has one caller, modules and functions stay small, and only the
-wiring module and the command line decide anything by role, only the codec names the fields
-of arq's records, and only the arq-interop module may import arq."""
+storage package, every script has one caller, modules, functions and Lua scripts stay small,
+only the wiring module and the command line decide anything by role, only the codec names the
+fields of arq's records, and only the arq-interop module may import arq."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "worker"
@@ -565,3 +566,49 @@ def test_the_long_function_finder_finds_them() -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(81))
     assert long_functions(ast.parse(f"def f():\n{body}\n"), 80) == ["f:1 (82 lines)"]
     assert long_functions(ast.parse("def g():\n    pass\n"), 80) == []
+
+
+#: The longest a Lua script or fragment may be, in source lines: a longer one is composed of
+#: named fragments, one per concern, beside their caller (as ``FINISH`` and ``CLAIM`` are).
+MAX_LUA_LINES = 100
+#: What marks a string as Lua.
+LUA = re.compile(r"redis\.(call|pcall|error_reply)\b|\blocal\s|\bend\b")
+
+
+def long_lua(tree: ast.Module, limit: int) -> list[str]:
+    """Module-level string constants holding Lua (a whole script or a fragment of one) over
+    ``limit`` lines of source: a composed script counts its own lines, not its fragments'."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            texts = [
+                n.value
+                for n in ast.walk(node.value)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if isinstance(target, ast.Name) and LUA.search("\n".join(texts)) and lines > limit:
+                out.append(f"{target.id}:{node.lineno} ({lines} lines)")
+    return out
+
+
+def test_no_lua_script_or_fragment_is_over_100_lines() -> None:
+    offenders = {
+        name: found
+        for name, tree in modules().items()
+        if name == STORAGE or name.startswith(STORAGE + ".")
+        if (found := long_lua(tree, MAX_LUA_LINES))
+    }
+    assert offenders == {}, f"compose these of fragments, one per concern: {offenders}"
+
+
+def test_the_long_lua_finder_finds_them() -> None:
+    body = "\n".join(f"redis.call('INCR', KEYS[{i}])" for i in range(100))
+    source = (
+        f'LONG = """\n{body}\n"""\n'  # 102 lines
+        f'PART = """\nlocal n = 1\n"""\nWHOLE = (\n    PART\n    + """\nreturn n\n"""\n)\n'
+        f'TEXT = """\n{body.replace("redis.call", "a line of prose")}\n"""\n'  # not Lua
+    )
+    assert long_lua(ast.parse(source), 100) == ["LONG:1 (102 lines)"]
+    assert long_lua(ast.parse(source), 102) == []

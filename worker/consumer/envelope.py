@@ -30,9 +30,32 @@ class BadJob(Exception):
         self.kind = kind
 
 
+#: The job record's field names (:mod:`worker.core.codec`), as module globals for the hot path.
+_F, _A, _K, _T, _ET = codec.FUNCTION, codec.ARGS, codec.KWARGS, codec.TRY, codec.ENQUEUED
+
+
 def validate(record: Any) -> Envelope:
     """``(function, args, kwargs, try, enqueue ms)`` of an arq job record, or :class:`BadJob`
     naming the field that is wrong. Checked before anything else touches it."""
+    if type(record) is dict:  # the usual record, of the decoders' own types: checked at once
+        fn, args, kwargs = record.get(_F), record.get(_A, ()), record.get(_K, {})
+        job_try, enqueued = record.get(_T), record.get(_ET)
+        if (
+            type(fn) is str
+            and 0 < len(fn) <= 256
+            and (type(args) is list or type(args) is tuple)
+            and type(kwargs) is dict
+            and (job_try is None or (type(job_try) is int and 0 <= job_try < 10**6))
+            and type(enqueued) is int
+            and 0 <= enqueued <= MAX_ENQUEUE_MS
+            and (not kwargs or all(type(k) is str for k in kwargs))
+        ):
+            return fn, tuple(args), kwargs, job_try, enqueued
+    return _checked(record)
+
+
+def _checked(record: Any) -> Envelope:
+    """:func:`validate` field by field, naming the first that is wrong."""
     if not isinstance(record, dict):
         raise BadJob(f"malformed payload: a {type(record).__name__}, not a map", "malformed")
     fn, args, kwargs, job_try, enqueued = codec.job_fields(record)

@@ -180,8 +180,9 @@ class Fetcher:
 
     def start(self, jobs: Sequence[Claimed], token: str) -> None:
         """Start each claimed job as a task of its own."""
+        now = self.clock.monotonic()  # the batch starts at once
         for job in jobs:
-            run = self.running[job.job_id] = Run(job.job_id, token, started=self.clock.monotonic())
+            run = self.running[job.job_id] = Run(job.job_id, token, started=now)
             run.ended = job.size == FOREIGN  # never claimed: no claim to check (another slot)
             if job.aborted:  # its abort was pending at the claim (e.g. taken over): never run
                 run.aborted = True

@@ -30,6 +30,31 @@ from worker.core.clock import Clock, SystemClock
 
 log = structlog.get_logger("worker.durability")
 
+#: What this process last said of each primary (by replication id): degraded or not. Every
+#: store (one per queue shard, one per client) keeps a view of its own; the line is said once
+#: per change of a primary, not once per view.
+_SAID: dict[str, bool] = {}
+
+
+def _say(replid: str, degraded: bool, attached: int, wanted: int) -> None:
+    if _SAID.get(replid, False) == degraded:
+        return
+    _SAID.pop(replid, None)
+    _SAID[replid] = degraded
+    while len(_SAID) > 64:
+        del _SAID[next(iter(_SAID))]
+    if degraded:
+        log.warning(
+            "durability degraded: the primary has no attached replica, so durable writes "
+            "go on unconfirmed (WORKER_REDIS_WAIT_REPLICAS=auto); a failover now can lose "
+            "them. Waiting again once a replica attaches",
+            attached=attached,
+            wanted=wanted,
+        )
+    else:
+        log.info("durability restored: a replica attached; durable writes wait for it")
+
+
 #: A primary that lost its last replica stays strict this long before going on without one.
 LOST_GRACE_S = 3.0
 #: A replica whose last acknowledgement is older than this is not counted as attached (Redis's
@@ -118,16 +143,8 @@ class ReplicaView:
         if lost_at is not None and self.clock.monotonic() - lost_at < self.grace_s:
             return wanted  # this primary just lost its replicas: strict for a while
         degraded = attached < wanted
-        if degraded and not self.degraded:
-            log.warning(
-                "durability degraded: the primary has no attached replica, so durable writes "
-                "go on unconfirmed (WORKER_REDIS_WAIT_REPLICAS=auto); a failover now can lose "
-                "them. Waiting again once a replica attaches",
-                attached=attached,
-                wanted=wanted,
-            )
-        elif self.degraded and not degraded:
-            log.info("durability restored: a replica attached; durable writes wait for it")
+        if degraded != self.degraded or degraded != _SAID.get(replid, False):
+            _say(replid, degraded, attached, wanted)
         self.degraded = degraded
         return min(wanted, attached)
 

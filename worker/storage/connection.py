@@ -41,11 +41,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.core.redisurl import DISCOVERY_TIMEOUT_S, RedisTarget, parse_redis_url
 from worker.storage import resharding
+from worker.storage.packing import Packing, packing
 
 __all__ = ["SlotPool", "connect_redis", "connect_shards"]
 
 # -- connection pools -----------------------------------------------------------------------
-
 
 #: How often a Sentinel pool asks the Sentinels who the primary is while its connections stay
 #: up (a background question, never on a command's path).
@@ -144,7 +144,7 @@ class _SentinelPool(SentinelConnectionPool):
                     await sentinel.aclose()
 
 
-class _SlotConnection(Connection):
+class _SlotConnection(Packing, Connection):
     """A connection to whichever cluster primary serves the pool's hash slot, asked anew on
     every (re)connect. It remembers the commands whose replies it has not read yet, so that
     one redirected by a migration of the slot (``ASK``, ``TRYAGAIN``, ``MOVED``) is sent again
@@ -372,6 +372,7 @@ def connect_redis(
                 target.nodes, slot, seed_kwargs={**discovery, **auth}, ssl=target.ssl,
                 **auth, **tls, **common,
             )  # fmt: skip
+    pool.connection_class = packing(pool.connection_class)
     return Redis(connection_pool=pool)
 
 
