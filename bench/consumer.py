@@ -201,9 +201,8 @@ def announce(r: redis_sync.Redis, due_ms: int) -> None:
 def fill(
     r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.0, traced: bool = False
 ) -> None:
-    from arq.constants import expires_extra_ms, job_key_prefix
-    from arq.jobs import serialize_job
-
+    from worker.core.codec import EXPIRES_EXTRA_MS as expires_extra_ms
+    from worker.core.codec import JOB_KEY_PREFIX as job_key_prefix
     from worker.core.serializer import get_serializer, job_payload
 
     ser, _ = get_serializer("msgpack")
@@ -217,7 +216,9 @@ def fill(
                 {"otel": {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}} if traced else None
             )
             payload = job_payload(fn, args, {}, due_ms, ser, extra=extra)
-        else:
+        else:  # arq's own Worker reads its default, pickle (the bench's arq variants need arq)
+            from arq.jobs import serialize_job
+
             payload = serialize_job("noop", (i,), {}, None, due_ms, serializer=None)
         pipe.set(job_key_prefix + job_id, payload, px=expires_extra_ms)
         pipe.zadd(queue, {job_id: due_ms})

@@ -11,9 +11,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from arq.jobs import Job, JobStatus, SerializationError, deserialize_result
-from arq.worker import Retry
 
+from tests.arqfmt import Job, JobStatus, Retry, SerializationError, deserialize_result
 from worker.app import App
 from worker.client import Client
 from worker.consumer import BadJob, ClaimGuard, Consumer, ConsumerConfig, validate

@@ -10,17 +10,20 @@ wake channel, heard by the test)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 import random
 import time
+import uuid
 
 import pytest
 import redis as redis_sync
-from arq.connections import RedisSettings, create_pool
+import redis.asyncio as aioredis
 
 from tests.conftest import Spawn, wait_until
 from tests.timings import FAST_ENV
 from worker.client import Client
+from worker.core import codec
 from worker.core.clock import FakeClock, ms
 from worker.core.serializer import get_serializer
 from worker.duties.unannounced import UnannouncedJobs
@@ -52,7 +55,27 @@ async def enqueue_at_random_moments(enqueue: object) -> None:
 
 
 async def with_arq(redis_url: str, prefix: str) -> None:
+    """arq's own client (``enqueue_job``: no announcement); without arq installed, its two
+    writes made here (the record, the queue entry), as any producer written from
+    docs/protocol.md that does not announce."""
     ser, de = get_serializer("msgpack")
+    if importlib.util.find_spec("arq") is None:
+        r = aioredis.Redis.from_url(redis_url)
+
+        async def enqueue(fn: str, *args: object) -> None:
+            jid, now = uuid.uuid4().hex, ms(time.time())
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.set(codec.JOB_KEY_PREFIX + jid, codec.encode_job(fn, args, {}, now, ser))
+                pipe.zadd(Keys(prefix).queue, {jid: now})
+                await pipe.execute()
+
+        try:
+            await enqueue_at_random_moments(enqueue)
+        finally:
+            await r.aclose()
+        return
+    from arq.connections import RedisSettings, create_pool
+
     pool = await create_pool(
         RedisSettings.from_dsn(redis_url),
         default_queue_name=Keys(prefix).queue,

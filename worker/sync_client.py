@@ -27,10 +27,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from arq.jobs import JobResult, JobStatus
-
 from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
+from worker.core.codec import JobResult, JobStatus
 from worker.core.redisurl import RedisTarget
 from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import SerializerName
@@ -231,7 +230,7 @@ class SyncClient:
 
 
 class SyncJob:
-    """One job, seen from synchronous code (arq's :class:`~arq.jobs.Job` underneath)."""
+    """One job, seen from synchronous code (:class:`~worker.storage.handle.Job` underneath)."""
 
     def __init__(self, client: SyncClient, job_id: str, queue: str = DEFAULT_QUEUE) -> None:
         self.client = client

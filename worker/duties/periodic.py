@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
-from arq.constants import expires_extra_ms
 
 from worker.client import Client
+from worker.core import codec
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.ids import JobIds
@@ -37,7 +37,7 @@ from worker.core.jobdefs import JobDef, JobHook, Outcome, TaskFn
 from worker.core.metrics import Metrics
 from worker.core.schedule import Schedule
 from worker.core.schedule_spec import ScheduleSpec
-from worker.core.serializer import Serialize, job_payload
+from worker.core.serializer import Serialize
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.tracing import Batch, Tracing
@@ -282,7 +282,7 @@ class PeriodicEnqueuer(LoopComponent):
             for job, ticks, advance_to in due
         ]
         with spans.send() if spans is not None else contextlib.nullcontext():
-            outcomes = await self.store.enqueue_ticks(batch, expires_extra_ms)
+            outcomes = await self.store.enqueue_ticks(batch, codec.EXPIRES_EXTRA_MS)
         behind = []
         for (job, ticks, advance_to), out in zip(due, outcomes, strict=True):
             if out.rolled_back:
@@ -302,7 +302,7 @@ class PeriodicEnqueuer(LoopComponent):
             epoch = self.store.leader.epoch
             extra = spans.create(job.name, job_id, job.queue, tick_ms=tick, epoch=epoch)
         return NewJob(
-            job_id, job_payload(job.name, (), {}, now_ms, self.serialize, extra=extra), tick
+            job_id, codec.encode_job(job.name, (), {}, now_ms, self.serialize, extra=extra), tick
         )
 
     def _rolled_back(self, names: list[str]) -> None:

@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import structlog
-from arq.constants import expires_extra_ms
 
 from worker.client import Client
+from worker.core import codec
 from worker.core import malformed as M
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.errors import ConfigError
 from worker.core.metrics import Metrics
 from worker.core.schedule_spec import ScheduleSpec
-from worker.core.serializer import Serialize, job_payload
+from worker.core.serializer import Serialize
 from worker.duties.periodic import MAX_SLEEP_S, ON_TIME_MS, plan_ticks
 from worker.storage import FencedStore, NewJob, Store
 from worker.storage.schedules import DueScheduleTicks, ScheduleOutcome
@@ -120,7 +120,7 @@ class ScheduleEnqueuer(LoopComponent):
         jobs = [
             NewJob(
                 self.store.ids.schedule(spec.name, t),
-                job_payload(spec.task, spec.args, spec.kwargs, now_ms, self.serialize),
+                codec.encode_job(spec.task, spec.args, spec.kwargs, now_ms, self.serialize),
                 t,
             )
             for t in ticks
@@ -133,7 +133,7 @@ class ScheduleEnqueuer(LoopComponent):
 
     async def _enqueue(self, due: list[DueScheduleTicks]) -> bool:
         """Enqueue; ``True`` when a schedule changed or Redis went back meanwhile."""
-        outcomes = await self.fenced.enqueue_schedule_ticks(due, expires_extra_ms)
+        outcomes = await self.fenced.enqueue_schedule_ticks(due, codec.EXPIRES_EXTRA_MS)
         replan = False
         for d, out in zip(due, outcomes, strict=True):
             if out.stale or out.rolled_back:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker.app import App
 from worker.core.clock import Clock
@@ -24,7 +24,7 @@ from worker.storage import open_store
 
 
 async def collect(
-    redis: ArqRedis,
+    redis: Redis,
     keys: K.Keys,
     app: App,
     clock: Clock | None = None,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker.app import App
 from worker.client import Client
@@ -81,13 +81,13 @@ class Wiring:
     clock: Clock
     metrics: Metrics
     serializer: tuple[Serialize, Deserialize]
-    redis: ArqRedis
+    redis: Redis
     client: Client
     process: ProcessView
     #: The consumer's queue shards (home first) on connections of its own.
     consumer_shards: Callable[[], Shards]
     #: A connection of its own for the broadcast listener's blocking reads.
-    broadcast_redis: Callable[[], ArqRedis]
+    broadcast_redis: Callable[[], Redis]
     leader_store: Callable[[], Store]
     singletons: Group
     #: The loop watchdog's store, on a connection of its own (called in the watchdog's thread).

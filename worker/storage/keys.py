@@ -18,14 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arq.constants import (
-    abort_jobs_ss,
-    in_progress_key_prefix,
-    job_key_prefix,
-    result_key_prefix,
-    retry_key_prefix,
-)
-
+from worker.core import codec
 from worker.core.ids import hash_tag
 from worker.core.jobdefs import DEFAULT_QUEUE
 
@@ -39,11 +32,11 @@ __all__ = [
     "Keys",
 ]
 
-ARQ_JOB = job_key_prefix
-ARQ_RESULT = result_key_prefix
-ARQ_IN_PROGRESS = in_progress_key_prefix
-ARQ_RETRY = retry_key_prefix
-ARQ_ABORT = abort_jobs_ss
+ARQ_JOB = codec.JOB_KEY_PREFIX
+ARQ_RESULT = codec.RESULT_KEY_PREFIX
+ARQ_IN_PROGRESS = codec.IN_PROGRESS_KEY_PREFIX
+ARQ_RETRY = codec.RETRY_KEY_PREFIX
+ARQ_ABORT = codec.ABORT_JOBS_SS
 
 #: The queue jobs go to unless their task names another.
 
