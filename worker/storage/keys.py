@@ -181,6 +181,15 @@ class Keys:
         consumers claim at once instead of at their next poll."""
         return f"{self.prefix}wake{self.scope}"
 
+    @property
+    def wake_marker(self) -> str:
+        """Sorted set of one member (``wake``) whose score is the earliest due time announced
+        and not yet taken: an announcement ``ZADD … LT``\\ s it (many in a row: still one
+        member), and exactly one idle consumer blocked on it (``BZPOPMIN``) takes it, claims,
+        and passes it on when more may be due. A key (per database, in the prefix's slot),
+        not a channel: no scope."""
+        return f"{self.prefix}wakeup"
+
     # -- periodic jobs ------------------------------------------------------------------------
     @property
     def periodic_state(self) -> str:

@@ -26,6 +26,7 @@ from worker.storage.poller import FencedPollerOps, PollerOps
 from worker.storage.registry import FencedRegistryOps, RegistryOps
 from worker.storage.shards import shard_prefixes
 from worker.storage.subscriptions import SubscriptionOps
+from worker.storage.wake import WakeOps
 
 
 class Store(
@@ -45,6 +46,7 @@ class Store(
     OperatorOps,
     InspectJobOps,
     SubscriptionOps,
+    WakeOps,
 ):
     """Every unfenced Redis operation of the framework, one part per concern (see
     :mod:`worker.storage`); build it with :func:`open_store`."""
