@@ -79,7 +79,7 @@ def test_a_job_enqueued_to_an_idle_fleet_costs_a_few_claims_whatever_its_size(
     per_job = spent / JOBS
     p50 = waited[len(waited) // 2]
     print(f"{FLEET} consumers: {per_job:.2f} claim reads per job, enqueue to start p50 {p50:.4f} s")
-    assert per_job <= 4.0, per_job  # was one claim per consumer per job: 13 here, 50 at 100
+    assert per_job <= 4.0, per_job  # was one claim per consumer per job: 13 here, 78 at 100
     assert p50 < 0.1 and waited[-1] < 1.0, waited  # still at once
 
 

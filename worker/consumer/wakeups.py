@@ -85,12 +85,15 @@ class Wakeups:
                     await self.clock.wait((stop, self._roomy), 1.0)
                 continue
             try:
-                due = await store.take_wake(0.01 if first else BLOCK_S)  # first: up, at once
+                due = await store.take_wake(0.01 if first else BLOCK_S)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                if self._healthy.get(shard, True):
+                    log.warning("cannot wait on the wake marker", shard=shard, error=repr(exc))
                 self.health(shard, False)
                 await self.clock.wait(stop, RETRY_S)
+                first = True  # back: say so at once, not after a whole wait
                 continue
             self.health(shard, True)
             first = False

@@ -37,7 +37,10 @@ class WakeOps(StoreBase):
         connection of its own from the pool, whose reply is awaited ``timeout_s`` plus
         :data:`REPLY_GRACE_S` (the pool's socket timeout may be shorter than the wait)."""
         pool = self.redis.connection_pool
-        conn = await pool.get_connection("BZPOPMIN")
+        try:
+            conn = await pool.get_connection()  # redis-py 5.3+: no command name
+        except TypeError:
+            conn = await pool.get_connection("BZPOPMIN")
         try:
             sent = time.monotonic()
             await conn.send_command("BZPOPMIN", self.keys.wake_marker, timeout_s)
