@@ -131,3 +131,33 @@ def test_jobs_enqueued_together_start_together_on_consumers_of_one_slot_each(
     waited = starts(rsync, prefix, 4, 15)
     print(f"4 jobs of one batch on 4 one-slot consumers: started after {waited}")
     assert waited[-1] < 1.5, waited  # each in turn, not after another's 3 s run
+
+
+def test_a_plain_announcement_is_relayed_by_the_leader_at_once(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    """A producer that publishes the due time alone (an earlier version's, the Node producer of
+    docs/protocol.md): the leader copies it to the marker, so the job starts within
+    milliseconds, well before the leader's look would find it late (0.25 s + up to 0.5 s)."""
+    from worker.serializer import get_serializer
+    from worker.storage import keys as K
+
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    spawn("all", name="l", app=APP, env=DEFAULTS)
+    fleet(spawn, rsync, 2)
+    wait_until(lambda: rsync.exists(f"{prefix}leader"), 60, what="a leader")
+    time.sleep(3.0)
+    keys, (ser, _) = Keys(prefix), get_serializer("msgpack")
+    waited = []
+    for i in range(5):
+        now_ms = int(time.time() * 1000)
+        record = ser({"t": 1, "f": "stamp", "a": [time.time()], "k": {}, "et": now_ms})
+        with rsync.pipeline(transaction=True) as pipe:
+            pipe.set(f"{K.ARQ_JOB}{prefix}plain{i}", record, px=86_400_000)
+            pipe.zadd(keys.queue, {f"{prefix}plain{i}": now_ms})
+            pipe.publish(keys.wake, str(now_ms))
+            pipe.execute()
+        waited = starts(rsync, prefix, i + 1, 10)
+        time.sleep(0.3)
+    print(f"plain announcements relayed: enqueue to start {waited}")
+    assert max(waited) < 0.2, waited
