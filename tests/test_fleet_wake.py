@@ -139,7 +139,7 @@ def test_a_plain_announcement_is_relayed_by_the_leader_at_once(
     """A producer that publishes the due time alone (an earlier version's, the Node producer of
     docs/protocol.md): the leader copies it to the marker, so the job starts within
     milliseconds, well before the leader's look would find it late (0.25 s + up to 0.5 s)."""
-    from worker.serializer import get_serializer
+    from worker.core.serializer import get_serializer
     from worker.storage import keys as K
 
     prefix = spawn.prefix  # type: ignore[attr-defined]

@@ -40,8 +40,8 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from worker.clock import Clock, ms
-from worker.jobs import JobDef, JobHook, TaskFn
+from worker.core.clock import Clock, ms
+from worker.core.jobdefs import JobDef, JobHook, TaskFn
 
 log = structlog.get_logger("worker.sync")
 
@@ -289,6 +289,9 @@ class SyncThreadsHook(JobHook):
         self.threads = threads
         self.clock = clock
         self._deferring = False
+
+    def concerns(self, job: JobDef) -> bool:
+        return is_sync(job.fn)
 
     async def admit(self, job: JobDef, job_id: str) -> int | None:
         if not self.threads.all_stuck or not is_sync(job.fn):

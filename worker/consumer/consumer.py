@@ -20,7 +20,7 @@ but the loop is the framework's, for what arq's ``Worker`` cannot give:
 - **durable under a failover** (with a WAIT policy): a batch runs only once the replicas
   confirmed its claim; ends the replicas did not confirm are sent again, same tokens, until
   they are; a claim whose reply was lost is given back before claiming again;
-- **features hook in** (:class:`worker.jobs.JobHook`: limits, periodic results, poll items),
+- **features hook in** (:class:`worker.core.jobdefs.JobHook`: limits, periodic results, poll items),
   registered by the wiring; the consumer knows none of them.
 
 One job's run is :mod:`.executor`'s; wake-ups are :mod:`.wakeups`'.
@@ -36,19 +36,19 @@ from collections.abc import Sequence
 import structlog
 from redis.exceptions import RedisError
 
-from worker.clock import Clock, ms
-from worker.component import Component
 from worker.consumer.claims import Claims, Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import FINAL_FLUSH_S, HEALTH_EVERY_S, SUMMARY_EVERY_S, ConsumerConfig
+from worker.consumer.dead import DeadLetters
 from worker.consumer.executor import Executor
 from worker.consumer.fetch import Fetcher
 from worker.consumer.wakeups import Wakeups
 from worker.context import Context
-from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook
-from worker.metrics import Metrics
-from worker.serializer import Deserialize, Serialize
+from worker.core.clock import Clock, ms
+from worker.core.component import Component
+from worker.core.jobdefs import JobDef, JobHook
+from worker.core.metrics import Metrics
+from worker.core.serializer import Deserialize, Serialize
 from worker.storage import Store
 from worker.storage.sharded import Shards
 
@@ -138,6 +138,7 @@ class Consumer(Component):
                 self.wakeups.event.clear()
                 try:
                     claimed = await fetch.claim_round() if await fetch.should_claim() else 0
+                    self._count_figures()
                     if completer.pending:
                         await completer.flush()
                     now = self.clock.monotonic()
@@ -165,6 +166,11 @@ class Consumer(Component):
                 await asyncio.gather(checker, listener, return_exceptions=True)
                 with contextlib.suppress(Exception):
                     await self.store.clear_health(self.instance_id)
+
+    def _count_figures(self) -> None:
+        """The runs' figures noted since the last round, into the metrics (once a round)."""
+        if self.executor.figures is not None:
+            self.executor.figures.apply()
 
     def _unreachable(self, exc: BaseException, backoff: float) -> None:
         """One warning line per failed round, at most one a second (the retries between are
@@ -203,6 +209,7 @@ class Consumer(Component):
             tasks = [r.task for r in running.values() if r.task is not None]
             remaining = deadline - self.clock.monotonic()
             await asyncio.wait(tasks, timeout=max(0.0, min(0.5, remaining)))
+            self._count_figures()
             await completer.flush_quietly()
         late = [r.task for r in running.values() if r.task is not None]
         if late:
@@ -210,6 +217,7 @@ class Consumer(Component):
             for t in late:
                 t.cancel()
             await asyncio.wait(late, timeout=5)
+        self._count_figures()
         # Ends not written (or not confirmed) yet: a few more tries, bounded (a Redis that is
         # away, or a failover in progress, must not hold the shutdown up).
         until = self.clock.monotonic() + FINAL_FLUSH_S

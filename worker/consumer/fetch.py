@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import structlog
 from redis.exceptions import RedisError
 
-from worker.clock import Clock, ms
 from worker.consumer.claims import Claims, Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import MAX_CLAIM, RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.executor import Executor
 from worker.consumer.wakeups import Wakeups
+from worker.core.clock import Clock, ms
 from worker.storage import FOREIGN, Claimed, Finish, Store
 from worker.storage.sharded import Shards
 
@@ -183,8 +183,9 @@ class Fetcher:
 
     def start(self, jobs: Sequence[Claimed], token: str) -> None:
         """Start each claimed job as a task of its own."""
+        now = self.clock.monotonic()  # the batch starts at once
         for job in jobs:
-            run = self.running[job.job_id] = Run(job.job_id, token, started=self.clock.monotonic())
+            run = self.running[job.job_id] = Run(job.job_id, token, started=now)
             run.ended = job.size == FOREIGN  # never claimed: no claim to check (another slot)
             if job.aborted:  # its abort was pending at the claim (e.g. taken over): never run
                 run.aborted = True

@@ -9,9 +9,9 @@ from typing import Any
 from arq.jobs import serialize_result
 from arq.worker import Retry, RetryJob
 
-from worker.clock import ms
-from worker.jobs import JobDef
-from worker.serializer import Serialize
+from worker.core.clock import ms
+from worker.core.jobdefs import JobDef
+from worker.core.serializer import Serialize
 from worker.storage import Claimed
 
 
@@ -28,7 +28,7 @@ class JobFailed(Exception):
     """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per run: not frozen, whose __init__ costs 3x
 class ResultFor:
     """Builds arq's result record for one run."""
 

@@ -7,8 +7,9 @@ claim whatever the fleet's size. The one woken turns it into "claim now"
 (:attr:`Wakeups.woken`) or a timer for a deferred job (:attr:`Wakeups.next_due`); one that
 took it without room for a job passes it back (:meth:`Wakeups.pass_on`), as does a claim that
 filled its batch (more may be due: the next consumer claims). A turn lost (the consumer
-holding it died) costs at most the leader's look at the queue heads (:mod:`worker.unannounced`,
-0.75 s), else the fallback poll: short while the marker cannot be read
+holding it died) costs at most the leader's look at the queue heads
+(:mod:`worker.duties.unannounced`, 0.75 s), else the fallback poll: short while the marker
+cannot be read
 (:attr:`Wakeups.subscribed` false: a look at once when it breaks, and every
 ``idle_poll_max_s``), long while it can (``idle_poll_subscribed_s``); a look at once when it
 is back.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 import structlog
 
-from worker.clock import Clock, ms
+from worker.core.clock import Clock, ms
 from worker.storage.sharded import Shards
 from worker.storage.store import Store
 from worker.storage.wake import BLOCK_S

@@ -1,7 +1,7 @@
 """Every Redis key name the framework uses, under one prefix; no Lua and no Redis access.
 
 The scripts live beside their one caller in the other modules of :mod:`worker.storage`, and
-:mod:`worker.ids` builds and parses ids (the Cluster hash tag included).
+:mod:`worker.core.ids` builds and parses ids (the Cluster hash tag included).
 
 All keys live under one configurable prefix (``WORKER_KEY_PREFIX``, default ``worker:``) so
 several apps can share a Redis. The only exceptions are arq's own per-job keys
@@ -26,7 +26,8 @@ from arq.constants import (
     retry_key_prefix,
 )
 
-from worker.ids import hash_tag
+from worker.core.ids import hash_tag
+from worker.core.jobdefs import DEFAULT_QUEUE
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -45,7 +46,6 @@ ARQ_RETRY = retry_key_prefix
 ARQ_ABORT = abort_jobs_ss
 
 #: The queue jobs go to unless their task names another.
-DEFAULT_QUEUE = "default"
 
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"

@@ -4,14 +4,15 @@
 the workers' :class:`~worker.App`; it can be served alone (:func:`serve`) or mounted into an
 existing aiohttp application (``parent.add_subapp("/ops/", create_app(...))``: the page uses
 relative URLs). Reads go through :mod:`worker.web.api`; actions through
-:class:`worker.actions.Operations`, the same code the command line runs.
+:class:`worker.ops.actions.Operations`, the same code the command line runs.
 
 Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/overview``,
 ``GET /api/dead?page=&size=``, ``GET /api/dead/{job_id}``, and the actions ``POST
 /api/dead/requeue`` and ``/api/dead/purge`` (``{"ids": [...]}`` or ``{"all": true}``),
-``/api/periodic/trigger`` (``{"name"}``), ``/api/pause`` and ``/api/resume`` (``{"kind":
-"periodic"|"poller", "name"}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
-(:mod:`worker.web.jobs`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
+``/api/<kind>/trigger`` for each kind that runs one now (``{"name"}``), ``/api/pause`` and
+``/api/resume`` (``{"kind": "<kind>", "name"}``, a kind that pauses; the kinds:
+:mod:`worker.duties.kinds`), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
+(:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
 ``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
 ``/api/jobs/cancel`` (``{"id": "<job id>"}``).
 """
@@ -32,12 +33,13 @@ import structlog
 from aiohttp import web
 
 import worker.web.api as api
-import worker.web.jobs as jobs
-from worker.actions import Actor, Operations, Outcome
+import worker.web.jobsapi as jobs
 from worker.app import App
 from worker.client import Client
-from worker.errors import ConfigError
-from worker.httpguard import (
+from worker.core.errors import ConfigError
+from worker.duties import kinds
+from worker.ops.actions import Actor, Operations, Outcome
+from worker.runtime.httpguard import (
     BROWSER_HEADER_TIMEOUT_S,
     GuardedSite,
     allowed_hosts,
@@ -45,7 +47,6 @@ from worker.httpguard import (
     one_request,
     parse_hosts,
 )
-from worker.ids import DUTY_KINDS, DutyKind
 from worker.settings import Settings, mask_url
 from worker.web.auth import Guard, Handler, operator, secure_headers
 
@@ -99,7 +100,8 @@ def create_app(
     r.add_get(r"/api/dead/{job_id:[\s\S]+}", _dead_detail)
     r.add_post("/api/dead/requeue", _action(_requeue))
     r.add_post("/api/dead/purge", _action(_purge))
-    r.add_post("/api/periodic/trigger", _action(_trigger))
+    for kind in kinds.triggerable():
+        r.add_post(f"/api/{kind.name}/trigger", _action(_trigger))
     r.add_post("/api/pause", _action(_pause))
     r.add_post("/api/resume", _action(_resume))
     r.add_post("/api/leader/handoff", _action(_handoff))
@@ -276,12 +278,12 @@ def _name(body: dict[str, Any]) -> str:
     return name
 
 
-def _kind(body: dict[str, Any]) -> DutyKind:
+def _kind(body: dict[str, Any]) -> str:
     kind = body.get("kind")
-    for known in DUTY_KINDS:
-        if kind == known:
-            return known
-    raise _bad('"kind" is "periodic" or "poller"')
+    for known in kinds.pausable():
+        if kind == known.name:
+            return known.name
+    raise _bad('"kind" is ' + " or ".join(f'"{k.name}"' for k in kinds.pausable()))
 
 
 async def _requeue(ops: Operations, body: dict[str, Any]) -> Outcome:
@@ -321,9 +323,10 @@ async def serve(
 ) -> int:
     """Run the console until SIGTERM/SIGINT (``python -m worker web``). ``host``, ``port``,
     ``auth`` and ``allow_remote`` override the settings; ``ready`` is called with the URL
-    once listening. Its listener bounds connections and header time (:mod:`worker.httpguard`)."""
-    from worker import doctor
-    from worker.preflight import bind_listeners
+    once listening. Its listener bounds connections and header time
+    (:mod:`worker.runtime.httpguard`)."""
+    from worker.ops import doctor
+    from worker.runtime.preflight import bind_listeners
 
     view_needs_token = settings.web_auth if auth is None else auth
     token = settings.web_token.get_secret_value() if settings.web_token is not None else None
