@@ -10,9 +10,9 @@ poll_delay 0.05 s) and tuned arq on uvloop (to separate the loop from the rest).
 is left unconfigured (no per-job lines), which favours the baseline.
 
 Each run: fresh keyspace, start the worker and wait until it polls (ours: until every consumer
-process is subscribed to the wake channel), pre-fill N jobs due at a moment T0 a little ahead
-(so start-up and filling are not timed) and, for ours, announce T0 on the wake channel once (one
-``PUBLISH`` of the due time, what ``enqueue_many`` sends for a batch due at one moment: without
+process waits on the wake marker), pre-fill N jobs due at a moment T0 a little ahead
+(so start-up and filling are not timed) and, for ours, announce T0 on the wake marker once (one
+``ZADD`` of the due time, what ``enqueue_many`` sets for a batch due at one moment: without
 it the fill is a plain arq client's, unannounced, and an idle consumer with no leader finds it
 at its 30 s fallback look, which the bench would time instead of the consumer; the consumer
 sets a timer and claims at T0, as every build since the wake channel did), then time T0 ->
@@ -181,21 +181,22 @@ def health_key_exists(r: redis_sync.Redis, kind: str, processes: int = 1) -> boo
     return bool(r.exists(f"{ARQ_QUEUE}:health-check"))
 
 
-def wake_channel() -> str:
+def wake_marker() -> str:
     from worker.storage.keys import Keys
 
-    return Keys(PREFIX).wake
+    return Keys(PREFIX).wake_marker
 
 
 def subscribed(r: redis_sync.Redis, processes: int) -> bool:
-    """Every consumer process listens on the wake channel (an announcement before would be
-    lost)."""
-    return int(r.pubsub_numsub(wake_channel())[0][1]) >= processes
+    """Every consumer process waits on the wake marker (``BZPOPMIN``; an announcement before
+    would wake fewer of them)."""
+    waiting = [c for c in r.client_list() if c.get("cmd") == "bzpopmin"]
+    return len(waiting) >= processes
 
 
 def announce(r: redis_sync.Redis, due_ms: int) -> None:
-    """The batch's due time on the wake channel, as the framework's enqueue publishes it."""
-    r.publish(wake_channel(), str(due_ms))
+    """The batch's due time on the wake marker, as the framework's enqueue sets it."""
+    r.zadd(wake_marker(), {"wake": due_ms}, lt=True)
 
 
 def fill(

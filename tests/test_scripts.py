@@ -839,7 +839,7 @@ async def _unique(r: Any, jid: str, score: int, payload: bytes) -> int:
         await run(
             r,
             jobs_lua.UNIQUE_ENQUEUE,
-            [KEYS.queue],
+            [KEYS.queue, KEYS.wake_marker],
             [jid, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, score, payload, KEYS.wake],
         )
     )
@@ -850,6 +850,10 @@ async def test_unique_enqueue(r: Any) -> None:
     assert await r.get(K.ARQ_JOB + "j") == b"first"
     assert 0 < await r.pttl(K.ARQ_JOB + "j") <= JOB_TTL
     assert await r.zscore(KEYS.queue, "j") == T
+    assert await r.zrange(KEYS.wake_marker, 0, -1, withscores=True) == [(b"wake", T)]
+    assert await _unique(r, "j0", T - 5, b"sooner") == 1  # the marker: the earliest due time
+    assert await _unique(r, "j2", T + 5, b"later") == 1
+    assert await r.zrange(KEYS.wake_marker, 0, -1, withscores=True) == [(b"wake", T - 5)]
     assert await _unique(r, "j", T + 5, b"second") == 0
     assert await r.get(K.ARQ_JOB + "j") == b"first"
     assert await r.zscore(KEYS.queue, "j") == T

@@ -100,7 +100,9 @@ class Consumer(Component):
             jobs, self.hooks, context, shards, serializer, clock, self.guard, self.completer,
             instance_id=instance_id, config=config, dead=dead, metrics=metrics,
         )  # fmt: skip
-        self.wakeups = Wakeups(shards, clock)
+        self.wakeups = Wakeups(
+            shards, clock, room=lambda: len(self.claims.running) < config.concurrency
+        )
         self.fetch = Fetcher(
             shards, clock, self.claims, self.completer, self.executor, self.wakeups,
             instance_id=instance_id, config=config, in_progress_ttl_ms=ms(max(timeouts) + 10),

@@ -164,8 +164,11 @@ class Fetcher:
             )
             return 0
         in_flight = len(self.running)
-        if claims.jobs and len(claims.jobs) == free and in_flight + free < self.config.concurrency:
-            self.wakeups.again()  # a full batch and room left: there may be more due right away
+        if claims.jobs and len(claims.jobs) == free:  # a full batch: more may be due now
+            if in_flight + free < self.config.concurrency:
+                self.wakeups.again()  # room left: claim again at once
+            else:
+                self.wakeups.pass_on(store)  # none: the next consumer waiting takes the turn
         self.start(claims.jobs, token)
         if claims.aborts_pending:
             await self.claims.abort_requested()

@@ -174,6 +174,12 @@ class Keys:
         consumers claim at once instead of at their next poll."""
         return f"{self.prefix}wake{self.scope}"
 
+    @property
+    def wake_marker(self) -> str:
+        """One-member sorted set scored with the earliest due time announced: announcements
+        ``ZADD … LT`` it, one idle consumer takes it (``BZPOPMIN``) and passes it on."""
+        return f"{self.prefix}wakeup"
+
     # -- periodic jobs ------------------------------------------------------------------------
     @property
     def periodic_state(self) -> str:

@@ -27,6 +27,7 @@ from worker.storage.registry import FencedRegistryOps, RegistryOps
 from worker.storage.schedules import FencedScheduleOps, ScheduleOps
 from worker.storage.shards import shard_prefixes
 from worker.storage.subscriptions import SubscriptionOps
+from worker.storage.wake import WakeOps
 
 
 class Store(
@@ -47,6 +48,7 @@ class Store(
     InspectJobOps,
     SubscriptionOps,
     ScheduleOps,
+    WakeOps,
 ):
     """Every unfenced Redis operation of the framework, one part per concern (see
     :mod:`worker.storage`); build it with :func:`open_store`."""
