@@ -8,6 +8,7 @@ may take it apart again (a round-trip test pins each pair).
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
 from uuid import uuid4
@@ -23,6 +24,22 @@ def duty(kind: DutyKind, name: str) -> str:
     """A duty's name ``<kind>:<name>`` (``periodic:report``): what the paused set holds and
     what ``pause``/``resume`` accept."""
     return f"{kind}:{name}"
+
+
+#: What ``pause queue:NAME`` adds to the paused set is ``queue:NAME``; ``pause --all`` adds
+#: ``queue:*`` (:data:`ALL_QUEUES`), which pauses every queue whatever its own entry says.
+ALL_QUEUES = "*"
+
+
+def paused_queue(name: str) -> str:
+    """The paused set's entry of queue ``name`` (``queue:emails``; ``queue:*``: every queue)."""
+    return f"queue:{name}"
+
+
+def paused_queues(paused: Collection[str], queues: Iterable[str]) -> set[str]:
+    """Those of ``queues`` the paused set's entries ``paused`` pause."""
+    every = paused_queue(ALL_QUEUES) in paused
+    return {q for q in queues if every or paused_queue(q) in paused}
 
 
 def parse_duty(text: str) -> tuple[DutyKind, str] | None:

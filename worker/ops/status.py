@@ -16,7 +16,7 @@ from arq.connections import ArqRedis
 
 from worker.app import App
 from worker.core.clock import Clock
-from worker.core.ids import duty
+from worker.core.ids import duty, paused_queues
 from worker.duties.periodic import PeriodicDef, freshness
 from worker.ops import snapshot
 from worker.ops.snapshot import ClusterSnapshot
@@ -47,7 +47,7 @@ async def collect(
 
 def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> dict[str, Any]:
     """``status``'s document (``--json``; the console's ``cluster``) of one snapshot (pure)."""
-    now = snap.now_ms
+    now, paused = snap.now_ms, paused_queues(snap.paused, (q.name for q in snap.queues))
     queues = [
         {
             "name": q.key,
@@ -55,6 +55,7 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
             "depth": q.depth,
             "due": q.due,
             "oldest_due_age_s": _lag(q.head_ms, now),
+            "paused": q.name in paused,
         }
         for q in snap.queues
     ]
@@ -334,7 +335,8 @@ def _summary(status: dict[str, Any]) -> list[str]:
     else:
         out.append("leader: none")
     for q in status.get("queues") or [status["queue"]]:
-        out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)")
+        pause = " PAUSED (no job starts; enqueues go on)" if q.get("paused") else ""
+        out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due){pause}")
     return [*out, f"dead letters: {status['dead_letters']}", ""]
 
 
