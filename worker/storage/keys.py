@@ -265,8 +265,10 @@ class Keys:
 
     @property
     def paused(self) -> str:
-        """Set of paused duties: ``periodic:<name>`` (ticks skipped), ``poller:<name>``
-        (nothing dispatched). ``python -m worker pause|resume`` edits it."""
+        """Set of paused duties and queues: ``periodic:<name>`` (ticks skipped),
+        ``poller:<name>`` (nothing dispatched), ``queue:<name>`` and ``queue:*`` (every queue:
+        CLAIM skips them). ``python -m worker pause|resume`` edits it; with queue shards each
+        shard has its own, holding the queue entries (what its CLAIM reads)."""
         return f"{self.prefix}paused"
 
     # -- per_key services ---------------------------------------------------------------------
