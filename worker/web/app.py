@@ -10,7 +10,8 @@ Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/o
 ``GET /api/dead?page=&size=``, ``GET /api/dead/{job_id}``, and the actions ``POST
 /api/dead/requeue`` and ``/api/dead/purge`` (``{"ids": [...]}`` or ``{"all": true}``),
 ``/api/periodic/trigger`` (``{"name"}``), ``/api/pause`` and ``/api/resume`` (``{"kind":
-"periodic"|"poller", "name"}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
+"periodic"|"poller"|"queue", "name"}``, or ``{"kind": "queue", "all": true}``),
+``/api/leader/handoff`` (``{"force": false}``). The Jobs view
 (:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
 ``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
 ``/api/jobs/cancel`` (``{"id": "<job id>"}``).
@@ -281,7 +282,7 @@ def _kind(body: dict[str, Any]) -> DutyKind:
     for known in DUTY_KINDS:
         if kind == known:
             return known
-    raise _bad('"kind" is "periodic" or "poller"')
+    raise _bad('"kind" is "periodic", "poller" or "queue"')
 
 
 async def _requeue(ops: Operations, body: dict[str, Any]) -> Outcome:
@@ -297,11 +298,20 @@ async def _trigger(ops: Operations, body: dict[str, Any]) -> Outcome:
 
 
 async def _pause(ops: Operations, body: dict[str, Any]) -> Outcome:
+    if body.get("kind") == "queue":
+        return await ops.pause_queue(_queue(body))
     return await ops.pause(_kind(body), _name(body))
 
 
 async def _resume(ops: Operations, body: dict[str, Any]) -> Outcome:
+    if body.get("kind") == "queue":
+        return await ops.pause_queue(_queue(body), paused=False)
     return await ops.resume(_kind(body), _name(body))
+
+
+def _queue(body: dict[str, Any]) -> str | None:
+    """``{"kind": "queue", "name"}``: that queue; ``{"kind": "queue", "all": true}``: every one."""
+    return None if body.get("all") is True else _name(body)
 
 
 async def _handoff(ops: Operations, body: dict[str, Any]) -> Outcome:
