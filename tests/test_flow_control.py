@@ -126,3 +126,39 @@ def test_pause_all_stops_every_queue_and_resume_all_restarts_them(
     assert _starts(rsync, prefix) == []
     assert cli("resume", "--all", env=env).returncode == 0
     wait_until(lambda: len(_starts(rsync, prefix)) == 6, 30, what="every job after resume --all")
+
+
+def test_a_queue_pause_reaches_every_queue_shard_and_is_audited(redis_url: str) -> None:
+    """With queue shards each shard's CLAIM reads its own paused set: the pause is written to
+    every one, resumed in every one, and recorded once in the audit log."""
+    from worker.app import App
+    from worker.ops.actions import Actor, Operations
+
+    async def go() -> None:
+        client = await Client.connect(redis_url, key_prefix="{fc}:", queue_shards=3)
+        try:
+            ops = Operations(client, App("fc"), Actor("tester", "cli"))
+            stores = client.shards.stores
+            assert len(stores) == 3
+            out = await ops.pause_queue("emails")
+            assert out.ok and out.target == "queue:emails" and out.details == {"changed": True}
+            assert all(["queue:emails" in await s.paused() for s in stores])
+            again = await ops.pause_queue("emails")
+            assert again.details == {"changed": False} and "already" in again.message
+            last = stores[2]
+            await last.redis.zadd(last.keys.queue_of("emails"), {"{fc#x}:j": 1})
+            got = await last.claim(
+                "me", "me/1", now_ms=10**12, limit=5, in_progress_ttl_ms=60_000,
+                holds_ttl_ms=60_000, max_payload=100, retry_ttl_ms=60_000, queues=("emails",),
+            )  # fmt: skip
+            assert got.jobs == []
+            assert (await ops.pause_queue("emails", paused=False)).details == {"changed": True}
+            assert not any(["queue:emails" in await s.paused() for s in stores])
+            audit = await client.store.audit_log(5)
+            assert [(a["action"], a["target"]) for a in audit] == [
+                ("resume", "queue:emails"), ("pause", "queue:emails"), ("pause", "queue:emails")
+            ]  # fmt: skip
+        finally:
+            await client.close()
+
+    asyncio.run(go())
