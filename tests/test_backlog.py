@@ -35,3 +35,26 @@ async def test_backlog_counts_due_unclaimed_jobs_per_queue(r: Any) -> None:
     assert component.health.extra["backlog"] == {"default": 2, "high": 1, "low": 0}
     await component.teardown()  # not leading any more: the next leader exports it
     assert gauge(metrics, "worker_queue_backlog", "default") is None
+
+
+async def test_a_paused_queue_shows_no_backlog_and_a_paused_gauge(r: Any) -> None:
+    """Paused (``worker pause queue:NAME``): backlog 0 (no consumer would take its jobs, an
+    autoscaler must not add any), its jobs still counted, ``worker_queue_paused`` 1."""
+    now_ms = int(NOW_S * 1000)
+    await r.zadd(KEYS.queue, {"due-1": now_ms - 5_000})
+    await r.zadd(KEYS.queue_of("high"), {"h": now_ms - 1})
+    await r.sadd(KEYS.paused, "queue:high")
+    metrics = Metrics()
+    component = QueueMetrics(Store(r, KEYS), ["default", "high"], FakeClock(NOW_S), metrics)
+    await component.tick()
+    assert gauge(metrics, "worker_queue_backlog", "high") == 0
+    assert gauge(metrics, "worker_queue_jobs", "high") == 1
+    assert gauge(metrics, "worker_queue_paused", "high") == 1
+    assert gauge(metrics, "worker_queue_backlog", "default") == 1
+    assert gauge(metrics, "worker_queue_paused", "default") == 0
+    await r.sadd(KEYS.paused, "queue:*")  # pause --all
+    await component.tick()
+    assert gauge(metrics, "worker_queue_backlog", "default") == 0
+    assert gauge(metrics, "worker_queue_paused", "default") == 1
+    await component.teardown()
+    assert gauge(metrics, "worker_queue_paused", "high") is None

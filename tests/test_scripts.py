@@ -1240,3 +1240,26 @@ async def test_leases_renew_and_take_in_one_step(r: Any) -> None:
     assert await store.renew_leases(keys, "me", 20_000) == [True, False, False, True, True]
     assert 10_000 < await r.pttl(keys[0]) <= 20_000
     assert await r.get(keys[2]) == b"intruder"
+
+
+async def test_claim_skips_paused_queues_and_takes_them_again_once_resumed(r: Any) -> None:
+    """A queue whose ``queue:<name>`` is in the paused set is skipped (its jobs stay due and
+    untouched) while the next queue is claimed from; ``queue:*`` pauses every queue."""
+    keys = K.Keys("{t}:")
+    store = Store(r, keys)
+    await r.zadd(keys.queue, {"{t}:d1": T - 10})
+    await r.zadd(keys.queue_of("low"), {"{t}:l1": T - 5})
+    for jid in ("{t}:d1", "{t}:l1"):
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await r.sadd(keys.paused, "queue:default", "periodic:report")
+    got = await _claim(store, queues=("default", "low"))
+    assert [j.job_id for j in got.jobs] == ["{t}:l1"]
+    assert await r.zscore(keys.queue, "{t}:d1") == T - 10  # untouched: no marker, no try
+    assert await r.exists(K.ARQ_IN_PROGRESS + "{t}:d1", K.ARQ_RETRY + "{t}:d1") == 0
+    await r.sadd(keys.paused, "queue:*")
+    await r.srem(keys.paused, "queue:default")
+    await r.zadd(keys.queue_of("low"), {"{t}:l2": T - 5})
+    assert (await _claim(store, queues=("default", "low"))).jobs == []
+    await r.srem(keys.paused, "queue:*")
+    got = await _claim(store, queues=("default", "low"))
+    assert [j.job_id for j in got.jobs] == ["{t}:d1", "{t}:l2"]

@@ -330,6 +330,27 @@ async def test_trigger_pause_resume_and_their_refusals(
     ).status == 400
 
 
+async def test_pause_and_resume_a_queue_and_every_queue(
+    http: TestClient[Any, Any], client: Client
+) -> None:
+    for body, entry in (({"name": "default"}, "queue:default"), ({"all": True}, "queue:*")):
+        body = {"kind": "queue", **body}
+        out = await (await http.post("/api/pause", json=body, headers=AUTH)).json()
+        assert out["ok"] and out["target"] == entry and out["details"] == {"changed": True}
+        assert entry in await client.store.paused()
+        overview = await (await http.get("/api/overview", headers=AUTH)).json()
+        assert all(q["paused"] for q in overview["cluster"]["queues"])
+        assert (await (await http.post("/api/resume", json=body, headers=AUTH)).json())["ok"]
+        assert entry not in await client.store.paused()
+    audit = await client.store.audit_log(10)
+    assert [(a["action"], a["target"]) for a in audit][:2] == [
+        ("resume", "queue:*"),
+        ("pause", "queue:*"),
+    ]
+    nameless = await http.post("/api/pause", json={"kind": "queue"}, headers=AUTH)
+    assert nameless.status == 400
+
+
 async def test_handoff_needs_a_leader_and_a_standby(
     http: TestClient[Any, Any], client: Client
 ) -> None:

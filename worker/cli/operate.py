@@ -12,7 +12,7 @@ from worker.cli.common import admin_target, run_async
 from worker.client import Client
 from worker.core.dutykinds import Kind
 from worker.core.errors import ConfigError
-from worker.core.ids import parse_duty
+from worker.core.ids import ALL_QUEUES, parse_duty
 from worker.core.serializer import get_serializer
 from worker.core.terminal import say
 from worker.duties import kinds
@@ -69,17 +69,21 @@ def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
-    """Pause a duty (of a kind that pauses) cluster-wide."""
-    return run_async(_pause(settings, args.name, pause=True))
+    """Pause a periodic job, a poller or a queue (``queue:NAME``, ``--all``) cluster-wide."""
+    return run_async(_pause(settings, args, pause=True))
 
 
 def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
-    """Resume a paused duty."""
-    return run_async(_pause(settings, args.name, pause=False))
+    """Resume a paused periodic job, poller or queue."""
+    return run_async(_pause(settings, args, pause=False))
 
 
-async def _pause(settings: Settings, name: str, *, pause: bool) -> int:
-    what = "pause" if pause else "resume"
+async def _pause(settings: Settings, args: argparse.Namespace, *, pause: bool) -> int:
+    what, name = ("pause" if pause else "resume"), args.name
+    if args.all or (name or "").startswith("queue:"):
+        return await _pause_queue(settings, None if args.all else name[6:], what)
+    if not name:
+        raise ConfigError(f"{what}: name a periodic job, a poller or queue:NAME (or --all)")
     async with operations(settings, what) as ops:
         kind, bare = _duty(ops.app, name, what)
         outcome = await (ops.pause(kind.name, bare) if pause else ops.resume(kind.name, bare))
@@ -91,6 +95,26 @@ async def _pause(settings: Settings, name: str, *, pause: bool) -> int:
         say(f"{label} {state} cluster-wide ({kind.pause_effect}; `worker resume {bare}` to undo)")
     else:
         say(f"{label} {'resumed' if changed else 'was not paused'}")
+    return 0
+
+
+async def _pause_queue(settings: Settings, queue: str | None, what: str) -> int:
+    """``pause|resume queue:NAME`` or ``--all``."""
+    if queue is not None and (not queue or queue == ALL_QUEUES):
+        raise ConfigError(f"{what}: name a queue (queue:NAME) or write --all")
+    async with operations(settings, what) as ops:
+        outcome = await ops.pause_queue(queue, paused=what == "pause")
+        known = ops.app.queue_names()
+    admin.flush_notes()
+    label = f"queue {queue!r}" if queue is not None else "every queue"
+    if queue is not None and queue not in known:
+        say(f"note: app {ops.app.name!r} has no task on queue {queue!r} ({', '.join(known)})")
+    if what == "pause":
+        state = "paused" if outcome.details["changed"] else "was already paused"
+        say(f"{label} {state} cluster-wide (consumers start none of its jobs from their next "
+            f"claim; enqueues go on; `worker resume {outcome.target}` to undo)")  # fmt: skip
+    else:
+        say(f"{label} {'resumed' if outcome.details['changed'] else 'was not paused'}")
     return 0
 
 

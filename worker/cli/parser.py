@@ -207,12 +207,16 @@ def _action_commands(command: AddCommand) -> None:
     for name, verb in (("pause", "Pause"), ("resume", "Resume")):
         c = command(
             name,
-            f"{name} a periodic job or a poller, cluster-wide",
-            f"{verb} a periodic job (paused: its ticks are skipped, not caught up) or a poller "
-            "(paused: nothing is dispatched; items wait). Shown in status. NAME may be "
-            "written periodic:NAME or poller:NAME when both exist.",
+            f"{name} a periodic job, a poller or a queue, cluster-wide",
+            f"{verb} a periodic job (paused: its ticks are skipped, not caught up), a poller "
+            "(paused: nothing is dispatched; items wait) or a queue, queue:NAME or --all "
+            "(paused: no consumer starts its jobs; enqueues go on, running jobs finish). Shown "
+            "in status. NAME may be written periodic:NAME or poller:NAME when both exist.",
         )
-        c.add_argument("name", metavar="NAME", help="a periodic job or a poller")
+        c.add_argument(
+            "name", metavar="NAME", nargs="?", help="a periodic job, a poller or queue:NAME"
+        )
+        c.add_argument("--all", action="store_true", help="every queue (the duty lanes too)")
     handoff = command(
         "handoff",
         "move the leader lease to a standby (planned)",

@@ -8,7 +8,7 @@ may take it apart again (a round-trip test pins each pair).
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from uuid import uuid4
 
@@ -19,6 +19,22 @@ def duty(kind: str, name: str) -> str:
     """A duty's name ``<kind>:<name>`` (``periodic:report``): what the paused set holds and
     what ``pause``/``resume`` accept (the kinds: :mod:`worker.duties.kinds`)."""
     return f"{kind}:{name}"
+
+
+#: What ``pause queue:NAME`` adds to the paused set is ``queue:NAME``; ``pause --all`` adds
+#: ``queue:*`` (:data:`ALL_QUEUES`), which pauses every queue whatever its own entry says.
+ALL_QUEUES = "*"
+
+
+def paused_queue(name: str) -> str:
+    """The paused set's entry of queue ``name`` (``queue:emails``; ``queue:*``: every queue)."""
+    return f"queue:{name}"
+
+
+def paused_queues(paused: Collection[str], queues: Iterable[str]) -> set[str]:
+    """Those of ``queues`` the paused set's entries ``paused`` pause."""
+    every = paused_queue(ALL_QUEUES) in paused
+    return {q for q in queues if every or paused_queue(q) in paused}
 
 
 def parse_duty(text: str, kinds: Iterable[str]) -> tuple[str, str] | None:

@@ -229,6 +229,13 @@ class Metrics:
             ["queue", "shard"],
             registry=r,
         )
+        self.queue_paused = Gauge(
+            "worker_queue_paused",
+            "1 while the queue is paused (`worker pause queue:NAME` or --all; its backlog then "
+            "reads 0: no consumer would take its jobs), else 0 (exported by the leader only).",
+            ["queue"],
+            registry=r,
+        )
         self.queue_jobs = Gauge(
             "worker_queue_jobs",
             "Jobs in the queue, due or not, claimed or not (exported by the leader only).",

@@ -12,6 +12,11 @@ With queue shards (``WORKER_QUEUE_SHARDS`` > 1) both stay the queue's totals ove
 ``worker_queue_shard_backlog{queue,shard}`` has each shard's part (at most 64 shards per
 queue), exported only then: a ``shard`` label on the first would split its series by N and
 change what ``sum``-less queries read.
+
+A paused queue (``worker pause queue:NAME`` or ``--all``, read from the paused set once per
+look) reads 0 in ``worker_queue_backlog`` (nothing there is for a consumer to take: an
+autoscaler must not add consumers for it) and 1 in ``worker_queue_paused{queue}``;
+``worker_queue_jobs`` still counts its jobs.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from itertools import product
 
 from worker.core.clock import Clock, ms
 from worker.core.component import LoopComponent
+from worker.core.ids import paused_queues
 from worker.core.metrics import Metrics
 from worker.storage import Store
 
@@ -64,16 +70,22 @@ class QueueMetrics(LoopComponent):
             ]
         else:
             depths = await self.store.queue_depths(self.queues, now_ms)
+        paused = paused_queues(await self.store.paused(), self.queues)
+        depths = [
+            (0 if q in paused else d, n) for q, (d, n) in zip(self.queues, depths, strict=True)
+        ]
         for queue, (due, total) in zip(self.queues, depths, strict=True):
             self.metrics.queue_backlog.labels(queue).set(due)
             self.metrics.queue_jobs.labels(queue).set(total)
+            self.metrics.queue_paused.labels(queue).set(int(queue in paused))
         self.health.extra["backlog"] = {q: d for q, (d, _) in zip(self.queues, depths, strict=True)}
         return self.interval_s
 
     async def teardown(self) -> None:
         # not leading any more: the next leader exports them (one series cluster-wide)
+        m = self.metrics
         for queue in self.queues:
-            for gauge in (self.metrics.queue_backlog, self.metrics.queue_jobs):
+            for gauge in (m.queue_backlog, m.queue_jobs, m.queue_paused):
                 with contextlib.suppress(KeyError):
                     gauge.remove(queue)
         for queue, i in product(self.queues, range(len(self.shards))):

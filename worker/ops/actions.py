@@ -26,7 +26,7 @@ from worker.client import Client
 from worker.consumer import dead
 from worker.core import codec
 from worker.core.clock import ms, on_server_time
-from worker.core.ids import duty
+from worker.core.ids import ALL_QUEUES, duty, paused_queue
 from worker.core.serializer import Deserialize, Serialize, msgpack_dumps, msgpack_loads
 from worker.duties import kinds
 from worker.ops import jobsview
@@ -259,14 +259,9 @@ class Operations:
         message = f"re-queued {n} of {len(ids)} dead-lettered job{'s' if len(ids) != 1 else ''}"
         if failed:
             message += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(results.items())) + ")"
+        details = {"results": dict(results), "not_requeued": failed}
         return await self._record(
-            Outcome(
-                "requeue",
-                target,
-                ok=bool(ids) and not failed,
-                message=message,
-                details={"results": dict(results), "not_requeued": failed},
-            )
+            Outcome("requeue", target, bool(ids) and not failed, message, details)
         )
 
     async def purge_dead(self, job_ids: Sequence[str] | None = None) -> Outcome:
@@ -327,6 +322,18 @@ class Operations:
             Outcome(action, target, ok=True, message=message, details={"changed": changed})
         )
 
+    async def pause_queue(self, queue: str | None, *, paused: bool = True) -> Outcome:
+        """Pause (``paused=False``: resume) ``queue`` (``None``: every queue) on every queue
+        shard: no consumer takes its jobs from its next claim on (docs/flow-control.md)."""
+        entry, now_ms = paused_queue(queue or ALL_QUEUES), await self._now_ms()
+        changed = False
+        for s in self.client.shards.stores:
+            changed |= await (s.pause(entry) if paused else s.resume_queue(entry, now_ms))
+        state = "paused" if paused else "running"
+        message = f"{entry}: {state}" + ("" if changed else f" (it already was {state})")
+        action, details = ("pause" if paused else "resume"), {"changed": changed}
+        return await self._record(Outcome(action, entry, True, message, details))
+
     # -- leadership ---------------------------------------------------------------------------
     async def handoff(self, *, force: bool = False) -> Outcome:
         """Ask the leader to hand the lease over: it stops its singletons, releases the lease
@@ -346,15 +353,8 @@ class Operations:
             and not rec.get("is_leader")
         ]
         if not standbys and not force:
-            return await self._record(
-                Outcome(
-                    "handoff",
-                    f"epoch {lock.epoch}",
-                    ok=False,
-                    message="no live standby (a leader or all process that is not leading) "
-                    "would take the lease over",
-                )
-            )
+            message = "no live standby (a leader or all process not leading) would take the lease"
+            return await self._record(Outcome("handoff", f"epoch {lock.epoch}", False, message))
         epoch = await self.store.request_handoff(ms(HANDOFF_REQUEST_TTL_S))
         if epoch is None:
             return await self._record(

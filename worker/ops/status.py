@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from worker.app import App
 from worker.core.clock import Clock
 from worker.core.dutykinds import RowContext, iso, lag, table
+from worker.core.ids import paused_queues
 from worker.duties import kinds
 from worker.ops import schedules_view, snapshot
 from worker.ops.snapshot import ClusterSnapshot
@@ -39,7 +40,7 @@ async def collect(
 
 def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> dict[str, Any]:
     """``status``'s document (``--json``; the console's ``cluster``) of one snapshot (pure)."""
-    now = snap.now_ms
+    now, paused = snap.now_ms, paused_queues(snap.paused, (q.name for q in snap.queues))
     queues = [
         {
             "name": q.key,
@@ -47,6 +48,7 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
             "depth": q.depth,
             "due": q.due,
             "oldest_due_age_s": lag(q.head_ms, now),
+            "paused": q.name in paused,
         }
         for q in snap.queues
     ]
@@ -190,7 +192,8 @@ def _summary(status: dict[str, Any]) -> list[str]:
     else:
         out.append("leader: none")
     for q in status.get("queues") or [status["queue"]]:
-        out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due)")
+        pause = " PAUSED (no job starts; enqueues go on)" if q.get("paused") else ""
+        out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due){pause}")
     return [*out, f"dead letters: {status['dead_letters']}", ""]
 
 

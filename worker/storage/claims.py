@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from worker.core.ids import paused_queue
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
 
@@ -165,15 +166,15 @@ local function read(q, id, score)
 end
 """
 
-#: CLAIM's round: the queues in priority order, due ids read past those held by others
-#: (``mark``), each claimed one parked at the marker's expiry (one ``ZADD XX`` per read).
+#: CLAIM's round: the queues in priority order (``open``: not paused), due ids read past those
+#: held by others (``mark``), each claimed one parked at the marker's expiry (one ``ZADD XX``).
 CLAIM_QUEUES = """
-for q = 3, #KEYS do
+for q = 3, #KEYS - 1 do
   if left <= 0 or skips <= 0 then
     break
   end
   local offset = 0
-  while left > 0 and skips > 0 do
+  while open[q] and left > 0 and skips > 0 do
     local due = redis.call(
       'ZRANGEBYSCORE', KEYS[q], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', offset, left)
     if #due == 0 then
@@ -226,10 +227,12 @@ CLAIM = (
 -- the caller's holds set in the same step, so orphan recovery knows them from the first
 -- instant. Per-job errors (a record of the wrong type) are reported, never fail the batch; so
 -- is a job id whose keys the caller's Redis user may not touch (outside its ACL key patterns:
--- taken off the queue, never touched, like an id outside the app's Cluster slot).
+-- taken off the queue, never touched, like an id outside the app's Cluster slot). A paused
+-- queue (its "queue:<name>" or "queue:*" in the paused set, read once per call) is skipped.
 -- KEYS[1] -> the caller's holds set
 -- KEYS[2] -> the app's abort sorted set
--- KEYS[3..] -> the queues, highest priority first
+-- KEYS[3..n-1] -> the queues, highest priority first
+-- KEYS[n] -> the paused set
 -- ARGV[1] -> now ms (jobs scored at or below are due)
 -- ARGV[2] -> most jobs to claim
 -- ARGV[3] -> claim token "<instance id>/<sequence>"
@@ -242,6 +245,7 @@ CLAIM = (
 -- ARGV[10] -> retry counter TTL in ms
 -- ARGV[11] -> the hash tag every job id must start with ("{app}": Redis Cluster, where a job's
 --             keys must share the app's slot), or "" for no check
+-- ARGV[12..] -> the queues' entries in the paused set ("queue:<name>"), as KEYS[3..n-1]
 -- Returns: {pending abort requests, stale markers taken over or cut down, then per claimed
 -- job: id, score, try (-1: the counter is unusable), payload (a string) or its size (a number:
 -- 0 missing, -1 wrong type, -2 an id outside the app's hash slot or ACL key patterns, taken
@@ -257,6 +261,11 @@ local ttl = tonumber(ARGV[4])
 local park = tonumber(ARGV[1]) + ttl
 local tag = ARGV[11] or ''
 local skips = CLAIM_SKIPS
+local open = {}
+local paused = redis.call('SMISMEMBER', KEYS[#KEYS], 'queue:*', unpack(ARGV, 12))
+for q = 3, #KEYS - 1 do
+  open[q] = paused[1] == 0 and paused[q - 1] == 0
+end
 """
     + CLAIM_FOREIGN
     + CLAIM_MARKER
@@ -309,13 +318,14 @@ class ClaimOps(StoreBase):
         queues: Sequence[str] = (K.DEFAULT_QUEUE,),
     ) -> Claims:
         """Claim up to ``limit`` due jobs under ``token`` from ``queues``, highest priority
-        first (see ``claims.CLAIM``)."""
+        first, paused ones skipped (see ``claims.CLAIM``)."""
         raw, acked = await self._eval(
             self._script(CLAIM),
             [
                 self.keys.holds(instance_id),
                 self.keys.abort,
                 *(self.keys.queue_of(q) for q in queues),
+                self.keys.paused,
             ],
             [
                 now_ms,
@@ -329,18 +339,14 @@ class ClaimOps(StoreBase):
                 K.ARQ_RETRY,
                 retry_ttl_ms,
                 self.keys.slot_tag,
+                *(paused_queue(q) for q in queues),
             ],
         )
         jobs = []
         for i in range(2, len(raw), 6):
             data = raw[i + 3]
-            payload: bytes | None
-            if isinstance(data, bytes):
-                payload = data
-            elif isinstance(data, str):
-                payload = data.encode()
-            else:
-                payload = None
+            data = data.encode() if isinstance(data, str) else data
+            payload = data if isinstance(data, bytes) else None
             size = len(payload) if payload is not None else int(data)
             queue = queues[int(raw[i + 4]) - 3]
             score = _score(self.keys.queue_of(queue), raw[i], raw[i + 1]) or 0  # -inf: due

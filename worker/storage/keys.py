@@ -298,8 +298,8 @@ class Keys:
 
     @property
     def paused(self) -> str:
-        """Set of paused duties: ``periodic:<name>`` (ticks skipped), ``poller:<name>``
-        (nothing dispatched). ``python -m worker pause|resume`` edits it."""
+        """Set of paused duties (``periodic:<name>``, ``poller:<name>``) and queues
+        (``queue:<name>``, ``queue:*``: CLAIM skips them; each queue shard has its own)."""
         return f"{self.prefix}paused"
 
     # -- per_key services ---------------------------------------------------------------------

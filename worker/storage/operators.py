@@ -172,6 +172,16 @@ class OperatorOps(StoreBase):
     async def resume(self, duty: str) -> bool:
         return bool(await self.redis.srem(self.keys.paused, duty))
 
+    async def resume_queue(self, entry: str, now_ms: int) -> bool:
+        """Take a queue's entry (``queue:<name>``, ``queue:*``) out of the paused set and wake
+        the idle consumers (a ``PUBLISH`` of ``now_ms`` on the wake channel, as an enqueue
+        does) so they claim its due jobs at once; ``True`` if it was paused."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.srem(self.keys.paused, entry)
+            pipe.publish(self.keys.wake, str(now_ms))
+            removed, _ = await pipe.execute()
+        return bool(removed)
+
     async def paused(self) -> set[str]:
         return {_s(m) for m in await self.redis.smembers(self.keys.paused)}
 

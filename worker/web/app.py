@@ -10,8 +10,9 @@ Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/o
 ``GET /api/dead?page=&size=``, ``GET /api/dead/{job_id}``, and the actions ``POST
 /api/dead/requeue`` and ``/api/dead/purge`` (``{"ids": [...]}`` or ``{"all": true}``),
 ``/api/<kind>/trigger`` for each kind that runs one now (``{"name"}``), ``/api/pause`` and
-``/api/resume`` (``{"kind": "<kind>", "name"}``, a kind that pauses; the kinds:
-:mod:`worker.duties.kinds`), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
+``/api/resume`` (``{"kind": "<kind>", "name"}``, a kind that pauses, the kinds:
+:mod:`worker.duties.kinds`; or ``{"kind": "queue", "name"}`` / ``{"kind": "queue", "all":
+true}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
 (:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
 ``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
 ``/api/jobs/cancel`` (``{"id": "<job id>"}``).
@@ -299,11 +300,20 @@ async def _trigger(ops: Operations, body: dict[str, Any]) -> Outcome:
 
 
 async def _pause(ops: Operations, body: dict[str, Any]) -> Outcome:
+    if body.get("kind") == "queue":
+        return await ops.pause_queue(_queue(body))
     return await ops.pause(_kind(body), _name(body))
 
 
 async def _resume(ops: Operations, body: dict[str, Any]) -> Outcome:
+    if body.get("kind") == "queue":
+        return await ops.pause_queue(_queue(body), paused=False)
     return await ops.resume(_kind(body), _name(body))
+
+
+def _queue(body: dict[str, Any]) -> str | None:
+    """``{"kind": "queue", "name"}``: that queue; ``{"kind": "queue", "all": true}``: every one."""
+    return None if body.get("all") is True else _name(body)
 
 
 async def _handoff(ops: Operations, body: dict[str, Any]) -> Outcome:

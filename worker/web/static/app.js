@@ -415,7 +415,8 @@ function backlogChart(queues) {
 }
 
 function renderQueues(c, now) {
-  fill("queues", c.queues.map((q) => el("tr", { "data-queue": q.queue },
+  fill("queues", c.queues.map((q) => el("tr", { "data-queue": q.queue,
+    class: q.paused ? "paused" : "" },
     el("td", {}, q.queue),
     el("td", { class: "num depth" }, q.depth),
     el("td", { class: "num" }, q.due),
@@ -423,7 +424,9 @@ function renderQueues(c, now) {
       q.oldest_due_age_s === null ? "–" : duration(q.oldest_due_age_s)),
     el("td", { class: "num done" }, q.done_last_hour),
     el("td", { class: "num failed" + (q.failed_last_hour ? " bad" : "") }, q.failed_last_hour),
-    el("td", {}, chart(q.throughput)))), "no queues");
+    el("td", {}, chart(q.throughput)),
+    el("td", { class: "state" + (q.paused ? " bad" : "") }, q.paused ? "paused" : "running"),
+    el("td", { class: "actions" }, pauseButtons("queue", q.queue, q.paused)))), "no queues");
   $("backlog-chart").replaceChildren(backlogChart(c.queues));
   const shards = c.shards || [];  // only with WORKER_QUEUE_SHARDS > 1
   $("shards-box").hidden = !shards.length;
