@@ -83,8 +83,10 @@ def fill(r: redis_sync.Redis, poller: PollerDef, n: int) -> None:
 
 
 async def drain_ours(redis: ArqRedis, poller: PollerDef) -> None:
-    fenced = FencedStore(Store(redis, KEYS), FixedLease(LOCK_VALUE))
-    sched = PollingScheduler(poller, fenced, SERIALIZE, SystemClock())
+    store = Store(redis, KEYS)
+    sched = PollingScheduler(
+        poller, store, FencedStore(store, FixedLease(LOCK_VALUE)), SERIALIZE, SystemClock()
+    )
     for shard in range(poller.shards):
         while await sched.dispatch_shard(shard):
             pass

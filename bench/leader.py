@@ -112,9 +112,11 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     ser, _ = get_serializer("msgpack")
     redis = connect_redis(url, queue_name=keys.queue, client_name="bench-enqueuer")
     r.set(keys.leader, LOCK)
+    store = Store(redis, keys)
     enqueuer = PeriodicEnqueuer(
         list(apps.many_periodic_app.periodics.values()),
-        FencedStore(Store(redis, keys), FixedLease(LOCK)),
+        store,
+        FencedStore(store, FixedLease(LOCK)),
         ser,
         SystemClock(),
     )

@@ -119,7 +119,7 @@ async def test_arq_worker_consumes_poller_dispatch(
     await BoundPoller(poller, store, SystemClock()).schedule(future, delay=3600)
 
     fenced = FencedStore(store, FixedLease(LOCK_VALUE))
-    scheduler = PollingScheduler(poller, fenced, ser, SystemClock())
+    scheduler = PollingScheduler(poller, store, fenced, ser, SystemClock())
     await scheduler.tick()
     assert scheduler.dispatched_total == len(items)
 
@@ -173,8 +173,10 @@ async def test_arq_worker_consumes_periodic_ticks(
     last = job.schedule.latest(now) - 4000  # four ticks were missed since this one
     await redis.hset(keys.periodic_state, "heartbeat_job", last)
     keys_ids = JobIds(keys.prefix)
-    fenced = FencedStore(Store(redis, keys), FixedLease(LOCK_VALUE))
-    enqueuer = PeriodicEnqueuer([job], fenced, ser, SystemClock())
+    store = Store(redis, keys)
+    enqueuer = PeriodicEnqueuer(
+        [job], store, FencedStore(store, FixedLease(LOCK_VALUE)), ser, SystemClock()
+    )
     await enqueuer.tick()
 
     queued = {jd.job_id: jd for jd in await redis.queued_jobs()}

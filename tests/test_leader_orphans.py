@@ -19,6 +19,14 @@ from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
+
+
+def new_reaper(r: Any, lease: FixedLease, clock: FakeClock, **kw: Any) -> OrphanReaper:
+    """An orphan reaper over ``r``: the store it reads and the fenced store it writes."""
+    store = Store(r, KEYS)
+    return OrphanReaper(store, FencedStore(store, lease), clock, **kw)
+
+
 NOW_S = 1_700_000_000.0
 
 
@@ -35,8 +43,8 @@ async def test_a_new_reaper_with_a_long_witness_reaps_at_its_first_tick(r: Any) 
         witness.ok(clock.monotonic())
         clock.advance(4)
     witness.ok(clock.monotonic())
-    reaper = OrphanReaper(
-        FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2,
+    reaper = new_reaper(
+        r, FixedLease("5:me"), clock, stale_s=10, interval_s=2,
         witness=witness,
     )  # fmt: skip
     await reaper.setup()  # elected now
@@ -53,8 +61,8 @@ async def test_a_short_witness_still_holds_a_new_reaper_off(r: Any) -> None:
     await r.zadd(KEYS.instances, {"silent": round(await Store(r, KEYS).server_time_ms()) - 60_000})
     witness = WriteWitness(max_gap_s=9)
     witness.ok(clock.monotonic())
-    reaper = OrphanReaper(
-        FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2,
+    reaper = new_reaper(
+        r, FixedLease("5:me"), clock, stale_s=10, interval_s=2,
         witness=witness,
     )  # fmt: skip
     await reaper.setup()

@@ -60,12 +60,23 @@ def enqueuer(
     lock: str | None = LOCK,
     metrics: Metrics | None = None,
 ) -> PeriodicEnqueuer:
-    fenced = FencedStore(Store(r, KEYS), FixedLease(lock))
-    return PeriodicEnqueuer(jobs, fenced, msgpack_dumps, clock, metrics)
+    store = Store(r, KEYS)
+    return PeriodicEnqueuer(
+        jobs, store, FencedStore(store, FixedLease(lock)), msgpack_dumps, clock, metrics
+    )
 
 
 def clock_at(ms: int) -> FakeClock:
     return FakeClock(start=ms / 1000)
+
+
+def test_a_leader_duty_reads_and_writes_the_same_keys() -> None:
+    """The store a duty reads and the fenced store it writes come side by side: a pair over
+    different key prefixes is a wiring mistake, refused at construction."""
+    r = fakeredis.FakeAsyncRedis()
+    other = FencedStore(Store(r, K.Keys("other:")), FixedLease(LOCK))
+    with pytest.raises(ValueError, match="other:"):
+        PeriodicEnqueuer([pdef()], Store(r, KEYS), other, msgpack_dumps, clock_at(T0))
 
 
 async def queued(r: Any) -> list[str]:
@@ -316,14 +327,14 @@ async def test_every_job_due_at_an_instant_goes_in_one_call(r: Any) -> None:
     await r.hset(KEYS.periodic_state, mapping={j.name: T0 - 1000 for j in jobs})
     e = enqueuer(r, jobs, clock_at(T0 + 3))
     calls = 0
-    real = e.store.enqueue_ticks
+    real = e.fenced.enqueue_ticks
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         return await real(*args, **kwargs)
 
-    e.store.enqueue_ticks = counting  # type: ignore[method-assign]
+    e.fenced.enqueue_ticks = counting  # type: ignore[method-assign]
     delay = await e.tick()
     assert calls == 1
     assert len(await queued(r)) == 50

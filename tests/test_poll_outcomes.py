@@ -118,8 +118,10 @@ async def test_remove_of_an_idle_item_forgets_it(r: Any) -> None:
 
 
 def sweeper(r: Any, clock: FakeClock, lock: str = LOCK) -> PollingScheduler:
-    fenced = FencedStore(Store(r, KEYS), FixedLease(lock))
-    return PollingScheduler(CARDS, fenced, msgpack_dumps, clock)
+    store = Store(r, KEYS)
+    return PollingScheduler(
+        CARDS, store, FencedStore(store, FixedLease(lock)), msgpack_dumps, clock
+    )
 
 
 async def test_sweep_puts_back_items_whose_job_ended_unreported(r: Any) -> None:

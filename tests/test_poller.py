@@ -51,7 +51,8 @@ def make_app(shards: int = 2, batch_size: int = 100) -> App:
 
 
 def scheduler(r: Any, p: PollerDef, clock: FakeClock, lock: str | None = LOCK) -> PollingScheduler:
-    return PollingScheduler(p, FencedStore(Store(r, KEYS), FixedLease(lock)), msgpack_dumps, clock)
+    store = Store(r, KEYS)
+    return PollingScheduler(p, store, FencedStore(store, FixedLease(lock)), msgpack_dumps, clock)
 
 
 def client(r: Any, app: App, clock: FakeClock) -> Client:

@@ -336,7 +336,9 @@ async def test_the_leader_exports_freshness_and_warns_about_stale_jobs(r: Any) -
     app, clock, metrics = periodic_app(), FakeClock(1_700_000_000.0), Metrics()
     store = Store(r, KEYS)
     fenced = FencedStore(store, FixedLease("1:tok"))
-    enq = PeriodicEnqueuer(list(app.periodics.values()), fenced, lambda x: b"", clock, metrics)
+    enq = PeriodicEnqueuer(
+        list(app.periodics.values()), store, fenced, lambda x: b"", clock, metrics
+    )
     now = 1_700_000_000_000
     await store.periodic_result("report", "success", {"at_ms": now - 30_000}, now - 30_000)
     await enq.report_freshness(now)

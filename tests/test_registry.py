@@ -27,6 +27,14 @@ from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 
 KEYS = K.Keys("t:")
+
+
+def new_reaper(r: Any, lease: FixedLease, clock: FakeClock, **kw: Any) -> OrphanReaper:
+    """An orphan reaper over ``r``: the store it reads and the fenced store it writes."""
+    store = Store(r, KEYS)
+    return OrphanReaper(store, FencedStore(store, lease), clock, **kw)
+
+
 NOW_S = 1_700_000_000.0
 
 
@@ -249,8 +257,8 @@ async def test_reaper_releases_only_stale_instances_claims(r: Any) -> None:
     await r.set(K.ARQ_IN_PROGRESS + "j-dead", "dead/3")
     await r.set(K.ARQ_IN_PROGRESS + "j-alive", "alive/1")
     metrics = Metrics()
-    reaper = OrphanReaper(
-        FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2,
+    reaper = new_reaper(
+        r, FixedLease("5:me"), clock, stale_s=10, interval_s=2,
         metrics=metrics, settle_s=0,
     )  # fmt: skip
     assert await reaper.tick() == 2
@@ -272,9 +280,7 @@ async def test_reaper_judges_silence_only_while_redis_was_reachable(r: Any) -> N
     await r.zadd(KEYS.queue, {"j": now_ms + 300_000})
     await r.sadd(KEYS.holds("cut-off"), "j")
     await r.set(K.ARQ_IN_PROGRESS + "j", "cut-off/1")
-    reaper = OrphanReaper(
-        FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2
-    )
+    reaper = new_reaper(r, FixedLease("5:me"), clock, stale_s=10, interval_s=2)
     await reaper.setup()
     for _ in range(4):  # 8 s: not settled yet
         await reaper.tick()
@@ -300,8 +306,8 @@ async def test_reaper_reaps_nobody_while_its_own_heartbeat_is_refused(r: Any) ->
     await r.set(KEYS.leader, "5:me")
     await r.zadd(KEYS.instances, {"silent": await server_ms(r) - 60_000})
     witness = WriteWitness(max_gap_s=5)
-    reaper = OrphanReaper(
-        FencedStore(Store(r, KEYS), FixedLease("5:me")), clock, stale_s=10, interval_s=2,
+    reaper = new_reaper(
+        r, FixedLease("5:me"), clock, stale_s=10, interval_s=2,
         settle_s=0, witness=witness,
     )  # fmt: skip
     await reaper.tick()  # nothing written yet
@@ -322,9 +328,7 @@ async def test_reaper_not_leading_writes_nothing(r: Any) -> None:
     await r.zadd(KEYS.instances, {"dead": 1})
     await r.set(KEYS.leader, "6:someone-else")
     lease = FixedLease("5:me")
-    reaper = OrphanReaper(
-        FencedStore(Store(r, KEYS), lease), FakeClock(NOW_S), stale_s=10, interval_s=2, settle_s=0
-    )
+    reaper = new_reaper(r, lease, FakeClock(NOW_S), stale_s=10, interval_s=2, settle_s=0)
     with pytest.raises(LeadershipLost):
         await reaper.tick()
     assert lease.losses  # the lease was told: it steps down

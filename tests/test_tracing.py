@@ -263,8 +263,11 @@ async def test_a_poll_dispatch_is_one_create_span_per_job_linked_from_one_send(
     for item in ("a", "b"):
         await cards.schedule(item, delay=-1)
     await fake_arq.set(KEYS.leader, LOCK)
-    fenced = FencedStore(Store(fake_arq, KEYS), FixedLease(LOCK))
-    s = PollingScheduler(app.pollers["cards"], fenced, msgpack_dumps, clock, tracing=Tracing())
+    store = Store(fake_arq, KEYS)
+    fenced = FencedStore(store, FixedLease(LOCK))
+    s = PollingScheduler(
+        app.pollers["cards"], store, fenced, msgpack_dumps, clock, tracing=Tracing()
+    )
     await s.tick()
     found = list(spans.get_finished_spans())
     creates = [x for x in found if x.name == "create default"]

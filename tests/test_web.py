@@ -188,7 +188,9 @@ async def test_a_periodic_job_that_never_ran_has_no_last_tick(
     assert lock is not None
     fenced = FencedStore(client.store, FixedLease(str(lock)))
     serialize = get_serializer("msgpack")[0]
-    enqueuer = PeriodicEnqueuer(list(ledger.periodics.values()), fenced, serialize, client.clock)
+    enqueuer = PeriodicEnqueuer(
+        list(ledger.periodics.values()), client.store, fenced, serialize, client.clock
+    )
     await enqueuer.tick()  # a new leader on a fresh cluster: the slot before now is planned
     assert "tick" in await client.store.periodic_last()
 

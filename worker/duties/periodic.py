@@ -40,6 +40,7 @@ from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import Serialize
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.store import same_store
 from worker.tracing import Batch, Tracing
 
 log = structlog.get_logger("worker.periodic")
@@ -193,7 +194,8 @@ class PeriodicEnqueuer(LoopComponent):
     def __init__(
         self,
         jobs: Sequence[PeriodicDef],
-        store: FencedStore,
+        store: Store,
+        fenced: FencedStore,
         serialize: Serialize,
         clock: Clock,
         metrics: Metrics | None = None,
@@ -201,7 +203,9 @@ class PeriodicEnqueuer(LoopComponent):
     ) -> None:
         super().__init__(NAME, clock, sla_s=30.0)
         self.jobs = list(jobs)
-        self.store = store
+        #: reads (the recorded ticks and run ends); the fenced store makes the leader's writes
+        self.store = same_store(store, fenced)
+        self.fenced = fenced
         self.serialize = serialize
         self.metrics = metrics
         self.tracing = tracing
@@ -228,7 +232,7 @@ class PeriodicEnqueuer(LoopComponent):
         """Read the recorded run ends (every ``RUNS_REFRESH_S``); export each job's last
         success age and staleness, and warn about stale jobs."""
         if self.clock.monotonic() - self._runs_at >= self.RUNS_REFRESH_S:
-            self._runs = await self.store.store.periodic_runs()
+            self._runs = await self.store.periodic_runs()
             self._runs_at = self.clock.monotonic()
         warnings = []
         for job in self.jobs:
@@ -249,7 +253,7 @@ class PeriodicEnqueuer(LoopComponent):
         now_ms = ms(self.clock.time())
         await self.report_freshness(now_ms)
         if self.clock.monotonic() - self._read_at >= self.REFRESH_S:
-            self._last = await self.store.store.periodic_last()
+            self._last = await self.store.periodic_last()
             self._next.clear()
             self._read_at = self.clock.monotonic()
         due: list[tuple[PeriodicDef, list[int], int]] = []
@@ -282,7 +286,7 @@ class PeriodicEnqueuer(LoopComponent):
             for job, ticks, advance_to in due
         ]
         with spans.send() if spans is not None else contextlib.nullcontext():
-            outcomes = await self.store.enqueue_ticks(batch, codec.EXPIRES_EXTRA_MS)
+            outcomes = await self.fenced.enqueue_ticks(batch, codec.EXPIRES_EXTRA_MS)
         behind = []
         for (job, ticks, advance_to), out in zip(due, outcomes, strict=True):
             if out.rolled_back:
@@ -299,7 +303,7 @@ class PeriodicEnqueuer(LoopComponent):
         job_id = self.store.ids.periodic(job.name, tick)
         extra = None
         if spans is not None:  # tracing on: the tick's own PRODUCER span, in its record
-            epoch = self.store.leader.epoch
+            epoch = self.fenced.leader.epoch
             extra = spans.create(job.name, job_id, job.queue, tick_ms=tick, epoch=epoch)
         return NewJob(
             job_id, codec.encode_job(job.name, (), {}, now_ms, self.serialize, extra=extra), tick

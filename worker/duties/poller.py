@@ -38,6 +38,7 @@ from worker.core.verdict import Check, Limits, num
 from worker.polls import PollerDef
 from worker.storage import FencedStore, NewJob, Store
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.store import same_store
 from worker.tracing import Batch, Tracing
 
 T = TypeVar("T")
@@ -57,7 +58,8 @@ class PollingScheduler(LoopComponent):
     def __init__(
         self,
         poller: PollerDef,
-        store: FencedStore,
+        store: Store,
+        fenced: FencedStore,
         serialize: Serialize,
         clock: Clock,
         metrics: Metrics | None = None,
@@ -68,7 +70,9 @@ class PollingScheduler(LoopComponent):
         self.poller = poller
         self.tracing = tracing
         self.queue = queue  # the poller task's queue
-        self.store = store
+        #: reads (due items, ended in-flight jobs); the fenced store makes the leader's writes
+        self.store = same_store(store, fenced)
+        self.fenced = fenced
         self.serialize = serialize
         self.metrics = metrics
         self.dispatched_total = 0
@@ -95,9 +99,7 @@ class PollingScheduler(LoopComponent):
         ended without reporting; its item is put back unless the app rescheduled or removed it.
         Returns how many items were put back."""
         p = self.poller
-        cursor, ended = await self.store.store.inflight_ended(
-            p.name, self._sweep_cursor, p.batch_size
-        )
+        cursor, ended = await self.store.inflight_ended(p.name, self._sweep_cursor, p.batch_size)
         now = self.clock.monotonic()
         ripe: list[tuple[str, str, str]] = []
         for entry in ended:
@@ -116,7 +118,7 @@ class PollingScheduler(LoopComponent):
         for item, job_id, _ in ripe:
             self._suspects.pop((item, job_id), None)
         due = ms(self.clock.time() + p.failure_delay_s)
-        back, _ = await self.store.poll_sweep(p.name, ripe, due)
+        back, _ = await self.fenced.poll_sweep(p.name, ripe, due)
         if back:
             log.warning(
                 "poll items whose job ended unreported are back in their shards",
@@ -135,13 +137,13 @@ class PollingScheduler(LoopComponent):
         p = self.poller
         shard_key = self.store.keys.poll_shard(p.name, shard)
         now_ms = ms(self.clock.time())
-        due = await self.store.store.due_items(shard_key, now_ms, p.batch_size)
+        due = await self.store.due_items(shard_key, now_ms, p.batch_size)
         if not due:
             return 0
         spans = self.tracing.batch() if self.tracing is not None else None
         items = [(item, self._job(item, score, now_ms, spans)) for item, score in due]
         with spans.send() if spans is not None else contextlib.nullcontext():
-            out = await self.store.dispatch(
+            out = await self.fenced.dispatch(
                 p.name,
                 shard_key,
                 now_ms,
@@ -164,7 +166,7 @@ class PollingScheduler(LoopComponent):
         job_id = self.store.ids.poll(p.name, item, score)
         extra = None
         if spans is not None:  # tracing on: the item's own PRODUCER span, in its record
-            extra = spans.create(p.task, job_id, self.queue, epoch=self.store.leader.epoch)
+            extra = spans.create(p.task, job_id, self.queue, epoch=self.fenced.leader.epoch)
         return NewJob(
             job_id, codec.encode_job(p.task, (item,), {}, now_ms, self.serialize, extra=extra)
         )

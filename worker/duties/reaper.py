@@ -14,8 +14,9 @@ from worker.core.component import LoopComponent
 from worker.core.errors import LeadershipLost, ShardFenced
 from worker.core.metrics import Metrics
 from worker.duties.registry import WriteWitness
-from worker.storage import FencedStore
+from worker.storage import FencedStore, Store
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.store import same_store
 
 log = structlog.get_logger("worker.registry")
 
@@ -41,7 +42,8 @@ class OrphanReaper(LoopComponent):
 
     def __init__(
         self,
-        store: FencedStore,
+        store: Store,
+        fenced: FencedStore,
         clock: Clock,
         *,
         stale_s: float,
@@ -59,7 +61,9 @@ class OrphanReaper(LoopComponent):
         self._reachable_since = clock.monotonic()
         self._last_tick: float | None = None
         self._holding_off = False
-        self.store = store
+        #: reads (the lease, the server's clock, the heartbeats); the fenced store reaps
+        self.store = same_store(store, fenced)
+        self.fenced = fenced
         self.queues = list(queues)
         self.stale_s = stale_s
         self.interval_s = interval_s
@@ -101,10 +105,10 @@ class OrphanReaper(LoopComponent):
         raised the fence, step down. The lease still ours: someone else wrote it; stepping
         down would only make leadership flap, so the shard is skipped (logged, counted in
         ``worker_queue_shards_fenced``, named by ``doctor``) until the fence is deleted."""
-        lock = self.store.leader.lock
-        held, _ = await self.store.store.read_lock()
+        lock = self.fenced.leader.lock
+        held, _ = await self.store.read_lock()
         if lock is None or held != lock:
-            self.store.leader.lost(f"fenced write refused: {exc}")
+            self.fenced.leader.lost(f"fenced write refused: {exc}")
             raise LeadershipLost(str(exc)) from None
         prefix = shard.keys.prefix
         if prefix not in self._fenced_out:
@@ -137,8 +141,8 @@ class OrphanReaper(LoopComponent):
             self._reachable_since = now
         if self._fenced_out:
             await self._raise_fences([s for s in self.shards if s.keys.prefix in self._fenced_out])
-        server_ms = round(await self.store.store.server_time_ms())
-        stale_instances = await self.store.store.stale_instances(server_ms - ms(self.stale_s))
+        server_ms = round(await self.store.server_time_ms())
+        stale_instances = await self.store.stale_instances(server_ms - ms(self.stale_s))
         self._last_tick = self.clock.monotonic()
         writable_s = self._writable_for(self._last_tick)
         if writable_s is None or writable_s < self.settle_s:
@@ -154,7 +158,7 @@ class OrphanReaper(LoopComponent):
             return self.interval_s
         self._holding_off = False
         for stale in stale_instances:
-            released = await self.store.reap(
+            released = await self.fenced.reap(
                 stale.instance_id, stale.heartbeat_ms, server_ms, self.queues
             )
             if released is None:

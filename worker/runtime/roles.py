@@ -309,13 +309,14 @@ def _initializer(w: Wiring, init: InitializerDef) -> Component:
 def _poller(w: Wiring, p: PollerDef) -> Component:
     queue = w.app.queue_of(p.task)
     return PollingScheduler(
-        p, w.fence(), w.serializer[0], w.clock, w.metrics, queue, tracing=w.tracing
+        p, w.store, w.fence(), w.serializer[0], w.clock, w.metrics, queue, tracing=w.tracing
     )
 
 
 def _periodic(w: Wiring, _: Any) -> Component:
     return PeriodicEnqueuer(
         list(w.app.periodics.values()),
+        w.store,
         w.fence(),
         w.serializer[0],
         w.clock,
@@ -333,6 +334,7 @@ def _schedules(w: Wiring, _: Any) -> Component:
 def _reaper(w: Wiring, _: Any) -> Component:
     s = w.settings
     return OrphanReaper(
+        w.store,
         w.fence(),
         w.clock,  # it reads the server's TIME itself: heartbeat scores are on that clock
         stale_s=s.orphan_stale_s,

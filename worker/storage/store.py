@@ -67,6 +67,16 @@ class FencedStore(
     store: Store
 
 
+def same_store(store: Store, fenced: FencedStore) -> Store:
+    """``store``, checked to hold the keys ``fenced`` writes: a leader-only duty is given the
+    store it reads and the fenced store it writes side by side, never one through the other."""
+    if store.keys.prefix != fenced.keys.prefix:
+        raise ValueError(
+            f"the fenced store writes {fenced.keys.prefix!r}, the store reads {store.keys.prefix!r}"
+        )
+    return store
+
+
 def open_store(redis: Redis, keys: Keys, replication: Replication | None) -> Store:
     """The process's store over ``redis``: always with the app's WAIT policy (``None`` only
     where the settings have none to give, e.g. a bare test client)."""
