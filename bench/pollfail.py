@@ -40,7 +40,7 @@ app.poller("cards", task="poll_card", shards=4, interval_s=0.2, **_kw)
 
 @app.task
 async def poll_card(ctx: JobContext, card_id: str) -> None:
-    await ctx.redis.hincrby(f"{ctx.context.keys.prefix}bench:polls", card_id, 1)
+    await ctx.redis.hincrby(f"{ctx.context.settings.key_prefix}bench:polls", card_id, 1)
     if random.random() < FAIL:
         raise ConnectionError("gateway_query failed")
     await ctx.poller("cards").schedule(card_id, delay=1)

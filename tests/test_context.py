@@ -319,3 +319,16 @@ async def test_fenced_pipeline_retries_when_a_renew_touches_the_lock(redis_url: 
         await renewer
     assert await r.get("t:n") == b"200"
     await r.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# the public surface: the internal store and key names are not handed to user code
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ctx_store_and_keys_are_deprecated_and_name_what_to_use(ctx: Context) -> None:
+    with pytest.warns(DeprecationWarning, match=r"Context\.store .*ctx\.redis") as caught:
+        assert ctx.store is ctx.client.store
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+    with pytest.warns(DeprecationWarning, match=r"Context\.keys .*ctx\.settings\.key_prefix"):
+        assert ctx.keys.prefix == KEYS.prefix

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -43,6 +44,21 @@ from worker.settings import Settings
 from worker.storage import FencedPipeline, FencedStore, Store
 from worker.storage import keys as K
 from worker.sync import SyncHelpers, SyncThreads
+
+#: What to use instead of the deprecated :class:`Context` attributes.
+USE_INSTEAD = {
+    "keys": "ctx.settings.key_prefix to name the app's own keys",
+    "store": "the context's helpers (ctx.enqueue, ctx.mutex, ctx.once, ctx.poller, "
+    "ctx.fenced_pipeline) or ctx.redis for the app's own keys",
+}
+
+
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(
+        f"Context.{name} is deprecated and will be removed in the next release: use {instead}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 @dataclass
@@ -87,12 +103,27 @@ class Context:
         return dataclasses.replace(self, fence_token=epoch)
 
     @property
-    def keys(self) -> K.Keys:
+    def _keys(self) -> K.Keys:
         return self.client.keys
 
     @property
-    def store(self) -> Store:
+    def _store(self) -> Store:
         return self.client.store
+
+    @property
+    def keys(self) -> K.Keys:
+        """Deprecated, removed in the next release: the framework's key names are internal.
+        Name the app's own keys from ``ctx.settings.key_prefix``."""
+        _deprecated("keys", USE_INSTEAD["keys"])
+        return self._keys
+
+    @property
+    def store(self) -> Store:
+        """Deprecated, removed in the next release: the framework's internal store is not part
+        of the API. Use the helpers (``ctx.enqueue``, ``ctx.mutex``, ``ctx.once``,
+        ``ctx.poller``, ``ctx.fenced_pipeline``) or ``ctx.redis`` for the app's own keys."""
+        _deprecated("store", USE_INSTEAD["store"])
+        return self._store
 
     def is_leading(self) -> bool:
         """``True`` while this process holds the leader lease: cheap, never raises, and
@@ -153,7 +184,7 @@ class Context:
         """
         if self.leader is None:
             raise LeadershipLost("this process is not a leader candidate (role consumer)")
-        return FencedStore(self.store, self.leader).pipeline()
+        return FencedStore(self._store, self.leader).pipeline()
 
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
         """See :meth:`worker.client.Client.enqueue`."""
@@ -184,13 +215,13 @@ class Context:
         holder that dies frees it after ``ttl``.
         """
         token = uuid4().hex
-        name = self.keys.mutex(key)
-        acquired = await self.store.take_lease(name, token, ms(ttl))
+        name = self._keys.mutex(key)
+        acquired = await self._store.take_lease(name, token, ms(ttl))
         try:
             yield acquired
         finally:
             if acquired:
-                await self.store.release_lease(name, token)
+                await self._store.release_lease(name, token)
 
     async def once(self, key: str, ttl: float) -> bool:
         """``True`` the first time ``key`` is seen within ``ttl`` seconds, cluster-wide.
@@ -199,11 +230,11 @@ class Context:
         (retries, a duplicate tick, manual re-runs). It marks before you act: if the side
         effect then fails and must be retried, call :meth:`forget`.
         """
-        return await self.store.once(key, ms(ttl))
+        return await self._store.once(key, ms(ttl))
 
     async def forget(self, key: str) -> None:
         """Undo :meth:`once` for ``key`` (e.g. the side effect failed)."""
-        await self.store.forget(key)
+        await self._store.forget(key)
 
 
 class JobContext(dict[str, Any]):

@@ -53,6 +53,7 @@ import structlog
 
 from worker.app import App
 from worker.context import Context, JobContext
+from worker.storage.keys import Keys
 
 log = structlog.get_logger("worker.demo")
 
@@ -72,7 +73,7 @@ cards = app.poller("cards", task="poll_card", shards=4, batch_size=500, interval
 
 def _key(ctx: Context | JobContext, name: str) -> str:
     context = ctx.context if isinstance(ctx, JobContext) else ctx
-    return f"{context.keys.prefix}demo:{name}"
+    return f"{context.settings.key_prefix}demo:{name}"
 
 
 # -- the polling-config manager ---------------------------------------------------------------
@@ -273,7 +274,7 @@ async def demo_report(ctx: JobContext) -> None:
     async with ctx.redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(_key(ctx, "stats"))
         pipe.hlen(_key(ctx, "cards"))
-        pipe.zcard(ctx.context.keys.queue)
+        pipe.zcard(Keys(ctx.context.settings.key_prefix).queue)
         raw, cached, depth = await pipe.execute()
     stats = {k.decode(): int(v) for k, v in raw.items()}
     log.info(

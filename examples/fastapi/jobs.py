@@ -29,7 +29,7 @@ def shop_key(prefix: str, name: str) -> str:
 
 def _key(ctx: JobContext | Context, name: str) -> str:
     context = ctx.context if isinstance(ctx, JobContext) else ctx
-    return shop_key(context.keys.prefix, name)
+    return shop_key(context.settings.key_prefix, name)
 
 
 @app.task(timeout_s=30)

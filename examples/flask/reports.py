@@ -45,5 +45,5 @@ def render_report(ctx: JobContext, user_id: int) -> dict[str, object]:
 @app.task
 async def notify(ctx: JobContext, user_id: int) -> str:
     """An ordinary async task next to the sync ones (here: count the notice in Redis)."""
-    await ctx.redis.hincrby(f"{ctx.context.keys.prefix}reports:notified", str(user_id), 1)
+    await ctx.redis.hincrby(f"{ctx.context.settings.key_prefix}reports:notified", str(user_id), 1)
     return f"notified {user_id}"

@@ -22,7 +22,7 @@ app = App("aborts")
 
 
 def _k(ctx: JobContext, name: str) -> str:
-    return f"{ctx.context.keys.prefix}aborts:{name}"
+    return f"{ctx.context.settings.key_prefix}aborts:{name}"
 
 
 async def _started(ctx: JobContext) -> None:

@@ -17,7 +17,7 @@ app = App("bcast")
 
 
 def _ledger(ctx: Context) -> str:
-    return f"{ctx.keys.prefix}ledger:bcast:{ctx.settings.instance_name}"
+    return f"{ctx.settings.key_prefix}ledger:bcast:{ctx.settings.instance_name}"
 
 
 @app.on_broadcast("pricing")
@@ -29,7 +29,7 @@ async def pricing(ctx: Context, data: Any) -> None:
 async def echo(ctx: Context, data: Any) -> None:
     await ctx.redis.hincrby(_ledger(ctx), f"echo:{data['id']}", 1)
     seq = await ctx.broadcast("echo", data)
-    await ctx.redis.hincrby(f"{ctx.keys.prefix}ledger:echo-sent", str(seq), 1)
+    await ctx.redis.hincrby(f"{ctx.settings.key_prefix}ledger:echo-sent", str(seq), 1)
 
 
 @app.task

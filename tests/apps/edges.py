@@ -56,7 +56,7 @@ def ledger() -> aioredis.Redis:
 
 def _k(ctx: Context | JobContext, name: str) -> str:
     context = ctx.context if isinstance(ctx, JobContext) else ctx
-    return f"{context.keys.prefix}edge:{name}"
+    return f"{context.settings.key_prefix}edge:{name}"
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -72,7 +72,7 @@ if os.environ.get("EDGE_SINGLETON") == "1":
         led = ledger()
         pid = os.getpid()
         rid = uuid.uuid4().hex[:12]
-        marks = f"{ctx.keys.prefix}edge:marks"
+        marks = f"{ctx.settings.key_prefix}edge:marks"
         await led.rpush(
             _k(ctx, "intervals"), json.dumps({"id": rid, "pid": pid, "start": time.time()})
         )

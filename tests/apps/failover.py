@@ -52,7 +52,7 @@ def ledger() -> aioredis.Redis:
 
 def _k(ctx: Context | JobContext, name: str) -> str:
     context = ctx.context if isinstance(ctx, JobContext) else ctx
-    return f"{context.keys.prefix}ledger:{name}"
+    return f"{context.settings.key_prefix}ledger:{name}"
 
 
 @app.periodic(every=1, catch_up="all", catch_up_limit=100)

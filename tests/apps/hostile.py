@@ -14,7 +14,7 @@ app = App("hostile")
 
 @app.task
 async def note(ctx: JobContext, key: str) -> None:
-    await ctx.redis.hincrby(f"{ctx.context.keys.prefix}hostile:notes", key, 1)
+    await ctx.redis.hincrby(f"{ctx.context.settings.key_prefix}hostile:notes", key, 1)
 
 
 @app.task(retry_on=RuntimeError, max_tries=2, retry_delay=0.0)

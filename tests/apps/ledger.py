@@ -33,7 +33,7 @@ items = app.poller("items", task="handle_item", shards=3, batch_size=200, interv
 
 def _k(ctx: Context | JobContext, name: str) -> str:
     context = ctx.context if isinstance(ctx, JobContext) else ctx
-    return f"{context.keys.prefix}ledger:{name}"
+    return f"{context.settings.key_prefix}ledger:{name}"
 
 
 @app.periodic(every=1, catch_up="all", catch_up_limit=100)

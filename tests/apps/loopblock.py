@@ -45,7 +45,7 @@ async def _block(seconds: float) -> None:
 @app.periodic(every=1)
 async def block_tick(ctx: JobContext) -> None:
     assert ctx.tick is not None
-    prefix = f"{ctx.context.keys.prefix}lb:"
+    prefix = f"{ctx.context.settings.key_prefix}lb:"
     tick = str(int(ctx.tick.timestamp() * 1000))
     await ledger().hincrby(prefix + "ticks", tick, 1)
     block_s = os.environ.get("LB_BLOCK_S")

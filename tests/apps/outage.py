@@ -45,7 +45,7 @@ def ledger() -> aioredis.Redis:
 
 
 def _k(ctx: JobContext, name: str) -> str:
-    return f"{ctx.context.keys.prefix}outage:{name}"
+    return f"{ctx.context.settings.key_prefix}outage:{name}"
 
 
 @app.task

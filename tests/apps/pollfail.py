@@ -30,7 +30,7 @@ flaky = app.poller("flaky", task="flaky_item", interval_s=0.2, failure_delay_s=D
 
 async def _record(ctx: JobContext, item: str) -> None:
     run = {"item": item, "job_id": ctx.job_id, "try": ctx.job_try, "t": time.time()}
-    await ctx.redis.rpush(f"{ctx.context.keys.prefix}pf:runs", json.dumps(run))
+    await ctx.redis.rpush(f"{ctx.context.settings.key_prefix}pf:runs", json.dumps(run))
 
 
 @app.task

@@ -11,7 +11,7 @@ app = App("polyglot")
 
 @app.task
 async def note(ctx: JobContext, label: str, *, source: str = "") -> str:
-    prefix = ctx.context.keys.prefix
+    prefix = ctx.context.settings.key_prefix
     seconds, micros = await ctx.redis.time()
     await ctx.redis.hsetnx(f"{prefix}ledger:started", label, seconds * 1000 + micros // 1000)
     await ctx.redis.hincrby(f"{prefix}ledger:notes", label, 1)

@@ -23,7 +23,7 @@ app = App("progress")
 
 
 def _switch(ctx: Context, name: str) -> str:
-    return f"{ctx.keys.prefix}progress:{name}"
+    return f"{ctx.settings.key_prefix}progress:{name}"
 
 
 @app.service(cardinality="per_process", sla_s=1.5)

@@ -24,7 +24,7 @@ app.poller("skew", task="skew_item", interval_s=0.2)
 
 
 def _k(ctx: JobContext, name: str) -> str:
-    return f"{ctx.context.keys.prefix}skew:{name}"
+    return f"{ctx.context.settings.key_prefix}skew:{name}"
 
 
 async def _server_ms(ctx: JobContext) -> int:

@@ -15,7 +15,7 @@ app = App("syncjobs")
 
 
 def record(ctx: JobContext, kind: str, **fields: Any) -> None:
-    key = f"{ctx.context.keys.prefix}sync:{kind}"
+    key = f"{ctx.context.settings.key_prefix}sync:{kind}"
     ctx.sync.run(ctx.redis.rpush(key, json.dumps(fields)))
 
 
@@ -37,7 +37,7 @@ def overrun(ctx: JobContext, i: int, seconds: float) -> None:
 @app.task
 async def ping(ctx: JobContext, i: int) -> None:
     await ctx.redis.rpush(
-        f"{ctx.context.keys.prefix}sync:ping", json.dumps({"i": i, "at": time.time()})
+        f"{ctx.context.settings.key_prefix}sync:ping", json.dumps({"i": i, "at": time.time()})
     )
 
 
