@@ -193,7 +193,7 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
 
     store.renew_leases = renew  # type: ignore[method-assign]
     ctx = Context(
-        Settings.model_construct(),
+        Settings.model_construct(key_prefix=keys.prefix),
         redis,
         Client(redis, keys=keys, serialize=ser),
         SystemClock(),

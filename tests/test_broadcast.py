@@ -60,7 +60,7 @@ class Proc:
         clock = SystemClock()
         client = Client(r, keys=KEYS, serialize=msgpack_dumps, origin=instance)
         self.ctx = Context(
-            settings=Settings.model_construct(),
+            settings=Settings.model_construct(key_prefix=client.keys.prefix),
             redis=r,
             client=client,
             clock=clock,
@@ -314,7 +314,7 @@ async def test_json_serializer(r: Any) -> None:
     app, seen = recording_app("pricing")
     clock = SystemClock()
     client = Client(r, keys=KEYS, serialize=json_dumps, origin="i-1")
-    ctx = Context(Settings.model_construct(), r, client, clock, "i-1")
+    ctx = Context(Settings.model_construct(key_prefix=client.keys.prefix), r, client, clock, "i-1")
     listener = BroadcastListener(app.broadcasts, ctx, Store(r, KEYS), json_loads, clock)
     stop = asyncio.Event()
     task = asyncio.create_task(listener.run(stop))

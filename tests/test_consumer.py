@@ -296,7 +296,13 @@ class Loop:
         **config: Any,
     ) -> None:
         self.client = Client(r, keys=KEYS, serialize=msgpack_dumps, app=app)
-        ctx = Context(Settings.model_construct(), r, self.client, SystemClock(), instance)
+        ctx = Context(
+            Settings.model_construct(key_prefix=self.client.keys.prefix),
+            r,
+            self.client,
+            SystemClock(),
+            instance,
+        )
         store = self.client.store
         config.setdefault("queues", tuple(app.queue_names()))
         limits = LimitsHook(store, SystemClock(), slot_lease_s=config.pop("slot_lease_s", 10.0))

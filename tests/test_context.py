@@ -41,7 +41,7 @@ def ctx(r: Any, clock: FakeClock) -> Context:
     for name in ("poll", "activate", "f", "send", "later", "now"):  # what the tests enqueue
         app.task(name=name)(noop)
     return Context(
-        settings=Settings.model_construct(),
+        settings=Settings.model_construct(key_prefix=KEYS.prefix),
         redis=r,
         client=Client(r, keys=KEYS, serialize=msgpack_dumps, app=app, clock=clock),
         clock=clock,

@@ -276,7 +276,13 @@ async def test_mixed_deployment_arq_worker_and_ours_on_one_queue_run_each_job_on
         poll_delay=0.01, max_jobs=50, handle_signals=False, job_serializer=ser,
         job_deserializer=de, keep_result=60, burst=True,  # it ends once the queue is empty
     )  # fmt: skip
-    ctx = Context(Settings.model_construct(), redis, client, SystemClock(), "ours")
+    ctx = Context(
+        Settings.model_construct(key_prefix=client.keys.prefix),
+        redis,
+        client,
+        SystemClock(),
+        "ours",
+    )
     store = client.store
     ours = Consumer(
         app.jobs(), [], ctx, store, (ser, de), SystemClock(), instance_id="ours",

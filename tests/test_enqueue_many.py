@@ -172,7 +172,7 @@ async def test_ctx_enqueue_many_goes_through_the_workers_client(client: Client, 
     from worker.settings import Settings
 
     ctx = Context(
-        settings=Settings.model_construct(),
+        settings=Settings.model_construct(key_prefix=client.keys.prefix),
         redis=r,
         client=client,
         clock=client.clock,

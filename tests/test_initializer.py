@@ -72,7 +72,7 @@ def initializer(
     app = make_app()
     clock = FakeClock(NOW_S)
     ctx = Context(
-        settings=Settings.model_construct(),
+        settings=Settings.model_construct(key_prefix=KEYS.prefix),
         redis=r,
         client=Client(r, keys=KEYS, serialize=msgpack_dumps, app=app, clock=clock),
         clock=clock,

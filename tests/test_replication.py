@@ -186,7 +186,9 @@ async def test_once_and_mutex_leases_wait(r: Any, pair: Pair) -> None:
 
 def loop_for(r: Any, app: App, instance: str) -> tuple[Consumer, Client]:
     client = Client(r, keys=KEYS, serialize=msgpack_dumps, app=app, replication=WAIT1)
-    ctx = Context(Settings.model_construct(), r, client, SystemClock(), instance)
+    ctx = Context(
+        Settings.model_construct(key_prefix=client.keys.prefix), r, client, SystemClock(), instance
+    )
     store = client.store
     cfg = ConsumerConfig(poll_delay_s=0.01, idle_poll_max_s=0.02, queues=("default",))
     dead = DeadLetters(store, SystemClock(), instance_id=instance, max_entries=100, keep_bytes=64)

@@ -33,7 +33,9 @@ def sharded(r: Any, n: int, app: App, instance: str = "i-1") -> tuple[Client, Co
     keys = Keys(PREFIX)
     shards = Shards(open_shards(r, keys, None, n))
     client = Client(r, keys=keys, serialize=msgpack_dumps, app=app, shards=shards)
-    ctx = Context(Settings.model_construct(), r, client, SystemClock(), instance)
+    ctx = Context(
+        Settings.model_construct(key_prefix=client.keys.prefix), r, client, SystemClock(), instance
+    )
     cfg = ConsumerConfig(
         concurrency=2,
         poll_delay_s=0.01,
