@@ -50,3 +50,40 @@ def test_quickstart_commands_match_ci() -> None:
     assert "python -m pip install --quiet -e '.[test]'" in ci
     # the README's command, run by CI (CI=1: the browser tests fail instead of skipping)
     assert re.search(r"^(CI=1 )?python -m pytest$", ci, re.M), ci
+
+
+#: A reference to the project's planning (its issues, its rounds of work) rather than to the
+#: product itself: the package and its docs speak of what the product does.
+PLANNING = re.compile(r"\b(?:seed|issue|ticket)s? ?#?\d+", re.I)
+#: Where the product speaks: the package, the docs, the README, the examples, the changelog.
+SPOKEN = ["worker", "docs", "examples", "README.md", "CHANGELOG.md"]
+
+
+def planning_references(root: Path) -> list[str]:
+    found = []
+    for name in SPOKEN:
+        top = root / name
+        paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for p in paths:
+            if p.suffix not in {".py", ".md", ".html", ".js", ".css", ".toml", ".txt", ""}:
+                continue
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+                if PLANNING.search(line):
+                    found.append(f"{p.relative_to(root)}:{n}: {line.strip()}")
+    return found
+
+
+def test_no_planning_references_in_the_package_or_the_docs() -> None:
+    assert planning_references(ROOT) == []
+
+
+def test_the_planning_reference_finder_finds_them(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text(
+        "Fixed in issue 21.\nAs seed 002 asked.\nSee issue #4.\nCluster seed nodes.\n"
+        "arq's key (github.com/python-arq/arq/issues/291).\n"
+    )
+    assert [f.split(": ", 1)[1] for f in planning_references(tmp_path)] == [
+        "Fixed in issue 21.",
+        "As seed 002 asked.",
+        "See issue #4.",
+    ]

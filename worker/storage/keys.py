@@ -293,7 +293,7 @@ class Keys:
         return None
 
     def arq_health(self, instance_id: str) -> str:
-        """arq's health-check key, one per instance (arq issue #291)."""
+        """arq's health-check key, one per instance (github.com/python-arq/arq/issues/291)."""
         return f"{self.prefix}arq-health:{instance_id}"
 
     @property
