@@ -7,9 +7,8 @@ per the job's policy. Ticks are enqueued by a fenced script as jobs with determi
 waking up, cannot enqueue a tick twice. A consumer running a tick learns its instant from the
 job id (:class:`TickHook`), so ``ctx.tick`` is the scheduled time, not the run time.
 
-Health means progress: the same hook records how each run ended, cluster-wide, in
-one Redis hash (``<prefix>periodic:runs``: the most recent success and failure with time, tick,
-instance and error class, and since when the job has failed without a success), one script
+Health means progress: the same hook records how each run ended, cluster-wide, in one hash
+(``<prefix>periodic:runs``: the last success and failure, since when it fails), one script
 call per run's end. ``status`` shows it; the leader's enqueuer exports the age of each job's
 last success (``worker_periodic_last_success_age_seconds``) and, for jobs declared with
 ``max_staleness``, reports a stale job in ``/status``, the probes' bodies and
