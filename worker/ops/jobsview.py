@@ -1,6 +1,5 @@
 """The jobs read model: pages of jobs by state (queued, scheduled, running, failed, done) and
-one job's detail, read through the store's bounded reads; ``worker jobs``, ``worker job`` and
-the console's Jobs view all read it.
+one job's detail (bounded reads), read by ``worker jobs``, ``worker job`` and the Jobs view.
 
 A listing costs what it returns: a page is one ranged read of a sorted set (``… LIMIT``) and
 one round trip for the page's records. A filter that needs the payload (``task``, ``search``)
