@@ -58,8 +58,8 @@ from worker.core.ids import JobIds
 from worker.core.serializer import get_serializer
 from worker.duties.poller import PollingScheduler
 from worker.polls import PollerDef
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("bench:")
 LOCK_VALUE = "1:bench-static-lock"

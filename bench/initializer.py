@@ -57,8 +57,8 @@ from worker.core.serializer import get_serializer
 from worker.duties.initializer import Initializer, InitializerDef
 from worker.polls import PollerDef
 from worker.settings import Settings
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("bench:")
 LOCK_VALUE = "1:bench-static-lock"

@@ -89,8 +89,8 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     from worker.core.clock import SystemClock
     from worker.core.serializer import get_serializer
     from worker.duties.periodic import PeriodicEnqueuer
-    from worker.storage import FencedStore, Store
     from worker.storage import keys as K
+    from worker.storage.store import FencedStore, Store
 
     n = len(apps.many_periodic_app.periodics)
     r = redis_sync.Redis.from_url(url)
@@ -172,7 +172,7 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     from worker.duties.keyed import KeyedService
     from worker.settings import Settings
     from worker.storage import keys as K
-    from worker.storage import open_store
+    from worker.storage.store import open_store
 
     r = redis_sync.Redis.from_url(url)
     r.flushall()

@@ -17,8 +17,8 @@ from worker.core.errors import ConfigError
 from worker.duties.registry import Heartbeat
 from worker.ops import status
 from worker.runtime.preflight import check_app_identity
-from worker.storage import Store
 from worker.storage import keys as K
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 NOW_S = 1_700_000_000.0

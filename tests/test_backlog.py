@@ -9,8 +9,8 @@ from typing import Any
 from worker.core.clock import FakeClock
 from worker.core.metrics import Metrics
 from worker.duties.backlog import QueueMetrics
-from worker.storage import Store
 from worker.storage import keys as K
+from worker.storage.store import Store
 
 KEYS = K.Keys("bl:")
 NOW_S = 1_800_000_000.0

@@ -28,8 +28,8 @@ from worker.duties import broadcast as B
 from worker.duties.broadcast import BroadcastListener
 from worker.runtime import roles
 from worker.settings import Settings
-from worker.storage import Store
 from worker.storage import keys as K
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 

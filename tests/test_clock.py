@@ -11,8 +11,8 @@ from worker.client import Client
 from worker.core.clock import FakeClock, RedisClock, SystemClock, host_clock, ms
 from worker.core.serializer import get_serializer
 from worker.duties.registry import Heartbeat
-from worker.storage import Store
 from worker.storage import keys as K
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 SERVER_S = 1_800_000_000.0  # the server's clock; the fake host's wall clock is 100 M s off

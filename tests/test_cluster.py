@@ -140,9 +140,9 @@ async def test_status_names_the_primary_serving_each_queue_shard(
 
     from worker.app import App
     from worker.ops import doctor, snapshot
-    from worker.storage import Store
     from worker.storage import keys as K
     from worker.storage.shards import shard_prefixes, slot_of_prefix
+    from worker.storage.store import Store
 
     prefixes = shard_prefixes("{shop}:", 3)
     owners = [cluster.owner(slot_of_prefix(p)) for p in prefixes]

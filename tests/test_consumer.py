@@ -15,8 +15,11 @@ import pytest
 from tests.arqfmt import Job, JobStatus, Retry, SerializationError, deserialize_result
 from worker.app import App
 from worker.client import Client
-from worker.consumer import BadJob, ClaimGuard, Consumer, ConsumerConfig, validate
+from worker.consumer.config import ConsumerConfig
+from worker.consumer.consumer import Consumer
 from worker.consumer.dead import DeadLetters
+from worker.consumer.envelope import BadJob, validate
+from worker.consumer.guard import ClaimGuard
 from worker.consumer.limits import LimitsHook
 from worker.context import Context, JobContext
 from worker.core.clock import SystemClock
@@ -24,8 +27,9 @@ from worker.core.jobdefs import JobDef, JobHook, Outcome
 from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
-from worker.storage import Finish, Store
 from worker.storage import keys as K
+from worker.storage.jobs import Finish
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 T = 1_700_000_000_000

@@ -313,7 +313,7 @@ def test_dead_letters_page_by_page_and_a_truncated_payload_is_not_requeued(
 
     from worker.consumer.dead import DeadLetters
     from worker.core.clock import SystemClock
-    from worker.storage import Store
+    from worker.storage.store import Store
 
     prefix = "pages:"
     keys = K.Keys(prefix)

@@ -32,9 +32,11 @@ from worker.core.serializer import job_payload, msgpack_dumps, msgpack_loads
 from worker.duties.periodic import TickHook
 from worker.duties.poller import InflightHook
 from worker.settings import Settings
-from worker.storage import Claimed, Finish, Store
 from worker.storage import keys as K
+from worker.storage.claims import Claimed
+from worker.storage.jobs import Finish
 from worker.storage.sharded import Shards
+from worker.storage.store import Store
 from worker.sync import SyncThreads, SyncThreadsHook
 
 KEYS = K.Keys("t:")

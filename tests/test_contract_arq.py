@@ -30,8 +30,8 @@ from worker.core.serializer import get_serializer
 from worker.duties.periodic import PeriodicEnqueuer
 from worker.duties.poller import PollingScheduler
 from worker.polls import BoundPoller
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 arq = require_arq(module_level=True)
 from arq.connections import ArqRedis  # noqa: E402 (arq only once it is known to be there)
@@ -251,7 +251,8 @@ async def test_mixed_deployment_arq_worker_and_ours_on_one_queue_run_each_job_on
 ) -> None:
     """During a rollout a plain arq ``Worker`` and the framework's consumer share a queue: every
     job runs once, and every result is readable with arq's ``Job``."""
-    from worker.consumer import Consumer, ConsumerConfig
+    from worker.consumer.config import ConsumerConfig
+    from worker.consumer.consumer import Consumer
     from worker.consumer.dead import DeadLetters
     from worker.context import Context
     from worker.settings import Settings
@@ -376,7 +377,8 @@ async def test_our_consumer_runs_what_arq_enqueued_and_both_read_the_results(
     own ``arq.worker.Retry`` runs again; arq's ``Job`` and ``Client.job`` read every result."""
     from arq.worker import Retry as ArqRetry
 
-    from worker.consumer import Consumer, ConsumerConfig
+    from worker.consumer.config import ConsumerConfig
+    from worker.consumer.consumer import Consumer
     from worker.consumer.dead import DeadLetters
     from worker.context import Context
     from worker.settings import Settings

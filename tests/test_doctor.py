@@ -11,8 +11,8 @@ import pytest
 
 from worker.app import App
 from worker.ops import doctor
-from worker.storage import Store
 from worker.storage import keys as K
+from worker.storage.store import Store
 from worker.version import __version__
 
 KEYS = K.Keys("t:")

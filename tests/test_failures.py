@@ -18,8 +18,9 @@ from tests.test_consumer import Loop, eventually, loops
 from worker.app import App
 from worker.context import JobContext
 from worker.core.serializer import msgpack_loads
-from worker.storage import Finish, Retention, Store
 from worker.storage import keys as K
+from worker.storage.jobs import Finish, Retention
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 T = 1_700_000_000_000

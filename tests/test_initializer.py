@@ -17,8 +17,8 @@ from worker.core.errors import LeadershipLost
 from worker.core.serializer import msgpack_dumps
 from worker.duties.initializer import Initializer, InitializerDef
 from worker.settings import Settings
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
 LOCK = "9:mine"

@@ -17,8 +17,7 @@ from worker.core.serializer import job_payload, msgpack_dumps
 from worker.ops import jobsview
 from worker.ops.actions import Actor, Operations
 from worker.storage import keys as K
-from worker.storage import open_store
-from worker.storage.store import Store
+from worker.storage.store import Store, open_store
 
 pytestmark = pytest.mark.timeout(60)
 P = "jv:"

@@ -14,8 +14,8 @@ from worker.context import Context
 from worker.core.clock import SystemClock
 from worker.core.errors import ConfigError
 from worker.duties.keyed import KeyedService, owner
-from worker.storage import Store
 from worker.storage import keys as K
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 MAILBOXES = [f"box-{i}" for i in range(8)]

@@ -15,8 +15,8 @@ from tests.conftest import FixedLease, Spawn, client_call, wait_until
 from worker.core.clock import FakeClock
 from worker.duties.reaper import OrphanReaper
 from worker.duties.registry import WriteWitness
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
 

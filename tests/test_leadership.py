@@ -26,8 +26,9 @@ from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
-from worker.storage import Acquired, Store
 from worker.storage import keys as K
+from worker.storage.election import Acquired
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 FAST = LeaderTiming(ttl_s=1.0, renew_interval_s=0.2, renew_deadline_s=0.6, poll_interval_s=0.1)

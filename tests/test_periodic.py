@@ -22,8 +22,8 @@ from worker.duties.periodic import (
     PeriodicEnqueuer,
     plan_ticks,
 )
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 MIN = 60_000
 T0 = 28_333_334 * MIN  # 2023-11-14T22:34:00Z, on the minute grid

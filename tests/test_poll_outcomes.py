@@ -22,8 +22,8 @@ from worker.core.ids import JobIds
 from worker.core.serializer import msgpack_dumps
 from worker.duties.poller import SWEEP_GRACE_S, InflightHook, PollingScheduler
 from worker.polls import PollerDef, shard_of
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
 IDS = JobIds("t:")

@@ -18,8 +18,8 @@ from worker.core.ids import JobIds
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.duties.poller import PollingScheduler
 from worker.polls import PollerDef
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")

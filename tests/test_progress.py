@@ -29,8 +29,9 @@ from worker.runtime.health import HealthServer
 from worker.runtime.roles import plan
 from worker.runtime.state import ProcessState
 from worker.settings import Settings
-from worker.storage import FencedStore, PeriodicRuns, Store
 from worker.storage import keys as K
+from worker.storage.periodic import PeriodicRuns
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
 

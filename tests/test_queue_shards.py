@@ -24,9 +24,9 @@ from tests.topology import Cluster
 from worker.client import Client
 from worker.core.errors import LeadershipLost, ShardFenced
 from worker.core.ids import shard_index
-from worker.storage import FencedStore, open_store
 from worker.storage.keys import Keys
 from worker.storage.shards import shard_prefixes, slot_of_prefix
+from worker.storage.store import FencedStore, open_store
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from worker.duties.registry import CLOCK_SYNC_S, RECORD_EVERY_S, Heartbeat, Writ
 from worker.runtime.health import HealthServer
 from worker.runtime.roles import SPECS, plan
 from worker.settings import Settings
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("t:")
 

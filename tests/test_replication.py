@@ -24,7 +24,8 @@ from tests.conftest import FixedLease
 from tests.topology import Node, free_port_pair, wait_for
 from worker.app import App
 from worker.client import Client
-from worker.consumer import Consumer, ConsumerConfig
+from worker.consumer.config import ConsumerConfig
+from worker.consumer.consumer import Consumer
 from worker.consumer.dead import DeadLetters
 from worker.context import Context, JobContext
 from worker.core.clock import SystemClock
@@ -34,8 +35,11 @@ from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.settings import Settings
-from worker.storage import DueTicks, FencedStore, NewJob, Renewal, Store
 from worker.storage import keys as K
+from worker.storage.election import Renewal
+from worker.storage.jobs import NewJob
+from worker.storage.periodic import DueTicks
+from worker.storage.store import FencedStore, Store
 
 KEYS = K.Keys("rep:")
 WAIT1 = Replication(1, 200)

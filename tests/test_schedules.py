@@ -19,9 +19,9 @@ from worker.core.clock import FakeClock
 from worker.core.errors import ConfigError, UnknownTask
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.duties.schedules import ScheduleEnqueuer
-from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 from worker.storage.schedules import DueScheduleTicks
+from worker.storage.store import FencedStore, Store
 from worker.sync_client import SyncClient
 
 PREFIX = "s:"
@@ -220,7 +220,7 @@ async def test_a_removed_schedule_never_ticks_again_not_even_a_planned_tick(r: A
     job = await r.get(f"arq:job:{PREFIX}schedule:acme:{T0 + MIN}")
     planned = DueScheduleTicks("acme", spec.version, T0 + 2 * MIN, [], "default", T0 + MIN, False)
     await schedules.remove("acme")
-    from worker.storage import NewJob
+    from worker.storage.jobs import NewJob
 
     tick = NewJob(f"{PREFIX}schedule:acme:{T0 + 2 * MIN}", job, T0 + 2 * MIN)
     (out,) = await e.fenced.enqueue_schedule_ticks([planned._replace(ticks=[tick])], 1000)

@@ -17,7 +17,6 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from worker.core.ids import JobIds, LockValue
-from worker.storage import Acquired, Finish, LeaderChange, Refused, Renewal, Store
 from worker.storage import claims as claims_lua
 from worker.storage import dead as dead_lua
 from worker.storage import election as election_lua
@@ -28,7 +27,9 @@ from worker.storage import leases as leases_lua
 from worker.storage import periodic as periodic_lua
 from worker.storage import poller as poller_lua
 from worker.storage import registry as registry_lua
-from worker.storage.jobs import Retention
+from worker.storage.election import Acquired, LeaderChange, Refused, Renewal
+from worker.storage.jobs import Finish, Retention
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")

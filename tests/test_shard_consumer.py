@@ -13,8 +13,9 @@ import redis.asyncio as aioredis
 from tests.conftest import wait_until
 from worker.app import App
 from worker.client import Client
-from worker.consumer import Consumer, ConsumerConfig
 from worker.consumer.claims import Claims
+from worker.consumer.config import ConsumerConfig
+from worker.consumer.consumer import Consumer
 from worker.consumer.dead import DeadLetters
 from worker.consumer.limits import LimitsHook
 from worker.context import Context, JobContext
@@ -23,8 +24,9 @@ from worker.core.ids import shard_index
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.runtime.embedded import free_port
 from worker.settings import Settings
-from worker.storage import Shards, open_shards
 from worker.storage.keys import Keys
+from worker.storage.sharded import Shards
+from worker.storage.store import open_shards
 
 PREFIX = "{f}:"
 

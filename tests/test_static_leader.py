@@ -18,9 +18,10 @@ from tests.test_operations import ledger
 from worker.core.clock import SystemClock
 from worker.core.ids import LockValue
 from worker.leadership.static import StaticLeader
-from worker.storage import Acquired, Refused, Store
 from worker.storage import election as election_lua
 from worker.storage import keys as K
+from worker.storage.election import Acquired, Refused
+from worker.storage.store import Store
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,8 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from worker.core.clock import SystemClock
-from worker.storage import Store, subscriptions
 from worker.storage import keys as K
+from worker.storage import subscriptions
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 

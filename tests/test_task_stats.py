@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from worker.storage import Finish, Store, TaskStats
 from worker.storage import keys as K
+from worker.storage.jobs import Finish
+from worker.storage.operators import TaskStats
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 T = 1_700_000_000_000  # 22:13:20Z

@@ -24,7 +24,7 @@ from tests.conftest import CliRun, Spawn
 from tests.test_consumer import KEYS, Loop, eventually
 from worker import App, Client, JobContext
 from worker.core.serializer import job_payload, msgpack_dumps
-from worker.storage import NewJob
+from worker.storage.jobs import NewJob
 from worker.tracing import KEY, Tracing
 
 EXPORTER = InMemorySpanExporter()
@@ -255,7 +255,7 @@ async def test_a_poll_dispatch_is_one_create_span_per_job_linked_from_one_send(
     from worker.core.clock import FakeClock
     from worker.core.serializer import msgpack_loads
     from worker.duties.poller import PollingScheduler
-    from worker.storage import FencedStore, Store
+    from worker.storage.store import FencedStore, Store
 
     app = make_app(shards=1)
     clock = FakeClock(NOW / 1000)

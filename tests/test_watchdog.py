@@ -34,8 +34,9 @@ from worker.core.serializer import msgpack_loads
 from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.runtime.watchdog import LoopWatchdog, blocked_threshold_s
-from worker.storage import Acquired, Store
 from worker.storage import keys as K
+from worker.storage.election import Acquired
+from worker.storage.store import Store
 
 APP = "tests.apps.loopblock:app"
 #: How long the task blocks A's loop: past B's takeover (lease TTL 3 s) and its reaping of A

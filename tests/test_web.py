@@ -22,8 +22,8 @@ from worker.consumer.dead import DeadLetters
 from worker.core.clock import FakeClock, ms
 from worker.core.errors import ConfigError
 from worker.core.serializer import get_serializer, job_payload
-from worker.storage import Finish
 from worker.storage import keys as K
+from worker.storage.jobs import Finish
 from worker.web import create_app
 
 TOKEN = "s3cret-token-for-tests"
@@ -182,7 +182,7 @@ async def test_a_periodic_job_that_never_ran_has_no_last_tick(
     ago" for a daily job on a cluster a minute old). Ages come with the server's "now"."""
     from tests.conftest import FixedLease
     from worker.duties.periodic import PeriodicEnqueuer
-    from worker.storage import FencedStore
+    from worker.storage.store import FencedStore
 
     lock = (await client.store.acquire("tok", 10_000, instance="leader-1")).lock
     assert lock is not None

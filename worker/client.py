@@ -54,16 +54,18 @@ from worker.core.topics import MAX_BYTES as MAX_BROADCAST_BYTES
 from worker.core.topics import publish
 from worker.polls import BoundPoller, Pollers, due_ms
 from worker.settings import Settings, load_settings
-from worker.storage import NewJob, QueuedJob, Store, open_store, server
 from worker.storage import keys as K
+from worker.storage import server
 from worker.storage.connection import connect_redis, connect_shards
+from worker.storage.enqueue import QueuedJob
 from worker.storage.handle import Job
+from worker.storage.jobs import NewJob
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.storage.ready import wait_for_redis
 from worker.storage.schedules import Schedules
 from worker.storage.sharded import Shards
 from worker.storage.shards import shard_prefixes
-from worker.storage.store import open_shards
+from worker.storage.store import Store, open_shards, open_store
 from worker.tracing import Batch, Tracing, tracing_for
 
 __all__ = ["Client", "arq_options", "connect_redis"]

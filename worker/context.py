@@ -41,8 +41,9 @@ from worker.core.views import LeaderView
 from worker.polls import BoundPoller
 from worker.progress import Progress, checked
 from worker.settings import Settings
-from worker.storage import FencedPipeline, FencedStore, Store
 from worker.storage import keys as K
+from worker.storage.fenced import FencedPipeline
+from worker.storage.store import FencedStore, Store
 from worker.sync import SyncHelpers, SyncThreads
 
 #: What to use instead of the deprecated :class:`Context` attributes.

@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar
 
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.outage import ride_out
-from worker.storage import Store
+from worker.storage.store import Store
 
 T = TypeVar("T")
 

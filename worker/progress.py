@@ -10,7 +10,7 @@ import math
 import structlog
 
 from worker.core.clock import Clock, ms
-from worker.storage import Store
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
 

@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from worker.app import App
 from worker.client import Client
-from worker.consumer import validate
+from worker.consumer.envelope import validate
 from worker.context import Context, JobContext
 from worker.core.clock import FakeClock, ms
 from worker.core.serializer import get_serializer

@@ -18,8 +18,7 @@ from worker.consumer.claims import Run
 from worker.consumer.guard import ClaimGuard
 from worker.core.clock import Clock, ms
 from worker.core.metrics import Metrics
-from worker.storage import Finish, Retention
-from worker.storage.jobs import DEFAULT_RETENTION
+from worker.storage.jobs import DEFAULT_RETENTION, Finish, Retention
 from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")

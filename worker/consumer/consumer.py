@@ -49,8 +49,8 @@ from worker.core.component import Component
 from worker.core.jobdefs import JobDef, JobHook
 from worker.core.metrics import Metrics
 from worker.core.serializer import Deserialize, Serialize
-from worker.storage import Store
 from worker.storage.sharded import Shards
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
 

@@ -32,8 +32,9 @@ from worker.core.clock import Clock, SystemClock, ms
 from worker.core.logs import TEXT_CHARS, capped
 from worker.core.metrics import Metrics
 from worker.core.serializer import json_loads, msgpack_loads
-from worker.storage import Shards, Store
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.sharded import Shards
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.dead")
 

@@ -12,7 +12,7 @@ from typing import Any
 from worker.core import codec
 from worker.core.budget import OverBudget
 from worker.core.serializer import Deserialize
-from worker.storage import FOREIGN, Claimed
+from worker.storage.claims import FOREIGN, Claimed
 from worker.storage.keys import Keys
 
 #: Largest enqueue time accepted in a payload (year 2286): later values break datetimes.

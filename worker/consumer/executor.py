@@ -44,8 +44,10 @@ from worker.core.metrics import JobFigures, Metrics
 from worker.core.retry import is_retry
 from worker.core.serializer import Deserialize, Serialize
 from worker.progress import Progress
-from worker.storage import FOREIGN, Claimed, Finish, Store
+from worker.storage.claims import FOREIGN, Claimed
+from worker.storage.jobs import Finish
 from worker.storage.sharded import Shards
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
 

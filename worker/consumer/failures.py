@@ -17,7 +17,7 @@ from worker.core.logs import TRACEBACK_BYTES as TRACEBACK_BYTES
 from worker.core.logs import capped, head_tail, mask_text
 from worker.core.logs import error_text as error_text
 from worker.core.logs import traceback_text as traceback_text
-from worker.storage import Claimed
+from worker.storage.claims import Claimed
 
 log = structlog.get_logger("worker.consumer")
 

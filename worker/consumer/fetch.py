@@ -23,8 +23,10 @@ from worker.consumer.config import MAX_CLAIM, RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.executor import Executor
 from worker.consumer.wakeups import Wakeups
 from worker.core.clock import Clock, ms
-from worker.storage import FOREIGN, Claimed, Finish, Store
+from worker.storage.claims import FOREIGN, Claimed
+from worker.storage.jobs import Finish
 from worker.storage.sharded import Shards
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
 

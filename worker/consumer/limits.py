@@ -23,7 +23,7 @@ import re
 from worker.core.clock import Clock, ms
 from worker.core.errors import ConfigError
 from worker.core.jobdefs import JobDef, JobHook
-from worker.storage import Store
+from worker.storage.store import Store
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)s?\s*$")
 _UNIT_S = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}

@@ -11,7 +11,7 @@ from worker.core.clock import ms
 from worker.core.jobdefs import JobDef
 from worker.core.retry import retry_defer_ms
 from worker.core.serializer import Serialize
-from worker.storage import Claimed
+from worker.storage.claims import Claimed
 
 
 def retry_score(exc: BaseException, job: JobDef, job_try: int, now_ms: int, c: Claimed) -> int:

@@ -255,7 +255,7 @@ async def supervise(
 
     A component returning normally while ``stop`` is unset is finished (e.g. an initializer
     that completed). :class:`LeadershipLost` ends the component without a restart: the lease
-    was already told (see :class:`worker.storage.FencedStore`) and stops the group.
+    was already told (see :class:`worker.storage.store.FencedStore`) and stops the group.
     """
     backoff = backoff or Backoff()
     h = component.health

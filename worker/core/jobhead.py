@@ -3,7 +3,7 @@ a result record adds its outcome, times and queue) found in its first and last b
 without ever decoding the whole record.
 
 The jobs listing and a job's detail read a bounded head and tail of each record
-(``GETRANGE``, :meth:`Store.job_records <worker.storage.Store.job_records>`): a 4 MiB
+(``GETRANGE``, :meth:`Store.job_records <worker.storage.store.Store.job_records>`): a 4 MiB
 payload costs the view a few KiB. The head is decoded in order, field by field, and stops at
 the first value cut by the read: the leading arguments are shown, then ``… (N bytes)``. The
 fields arq writes after the arguments (the enqueue time; a result's times and queue) are

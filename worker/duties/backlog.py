@@ -29,7 +29,7 @@ from worker.core.clock import Clock, ms
 from worker.core.component import LoopComponent
 from worker.core.ids import paused_queues
 from worker.core.metrics import Metrics
-from worker.storage import Store
+from worker.storage.store import Store
 
 NAME = "queue-metrics"
 #: How often the leader reads the queue depths.

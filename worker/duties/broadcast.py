@@ -58,7 +58,8 @@ from worker.core.logs import capped
 from worker.core.metrics import Metrics
 from worker.core.serializer import Deserialize
 from worker.core.topics import HISTORY, MAX_BYTES, BroadcastDef, Message, handling
-from worker.storage import BroadcastEntry, Store
+from worker.storage.broadcast import BroadcastEntry
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.broadcast")
 

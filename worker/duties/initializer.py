@@ -23,7 +23,7 @@ from worker.core.component import Component
 from worker.core.dutykinds import Kind, RowContext, table
 from worker.core.metrics import Metrics
 from worker.polls import PollerDef
-from worker.storage import FencedStore, Store
+from worker.storage.store import FencedStore, Store
 
 log = structlog.get_logger("worker.initializer")
 

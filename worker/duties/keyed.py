@@ -33,7 +33,7 @@ from worker.core.clock import Clock, ms
 from worker.core.component import Backoff, Component, supervise
 from worker.core.dutykinds import Kind, RowContext, table
 from worker.duties.services import ServiceDef, run_service
-from worker.storage import Store
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.keyed")
 T = TypeVar("T")

@@ -32,14 +32,14 @@ from worker.core import codec
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.ids import JobIds
-from worker.core.jobdefs import JobDef, JobHook, Outcome, TaskFn
+from worker.core.jobdefs import DEFAULT_QUEUE, JobDef, JobHook, Outcome, TaskFn
 from worker.core.metrics import Metrics
 from worker.core.schedule import Schedule
 from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import Serialize
-from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
-from worker.storage.keys import DEFAULT_QUEUE
-from worker.storage.store import same_store
+from worker.storage.jobs import NewJob
+from worker.storage.periodic import DueTicks, PeriodicRuns, TickOutcome
+from worker.storage.store import FencedStore, Store, same_store
 from worker.tracing import Batch, Tracing
 
 log = structlog.get_logger("worker.periodic")

@@ -14,7 +14,8 @@ from worker.core import verdict
 from worker.core.dutykinds import Kind, RowContext, Snapshot, ago, iso, table
 from worker.core.verdict import Check, Limits, num
 from worker.duties.periodic import PeriodicDef, freshness, trigger
-from worker.storage import PeriodicRuns, Store
+from worker.storage.periodic import PeriodicRuns
+from worker.storage.store import Store
 
 NAME = "periodic"
 

@@ -36,9 +36,9 @@ from worker.core.outage import RIDE_OUT_S, ride_out
 from worker.core.serializer import Serialize
 from worker.core.verdict import Check, Limits, num
 from worker.polls import PollerDef
-from worker.storage import FencedStore, NewJob, Store
+from worker.storage.jobs import NewJob
 from worker.storage.keys import DEFAULT_QUEUE
-from worker.storage.store import same_store
+from worker.storage.store import FencedStore, Store, same_store
 from worker.tracing import Batch, Tracing
 
 T = TypeVar("T")

@@ -14,9 +14,8 @@ from worker.core.component import LoopComponent
 from worker.core.errors import LeadershipLost, ShardFenced
 from worker.core.metrics import Metrics
 from worker.duties.registry import WriteWitness
-from worker.storage import FencedStore, Store
 from worker.storage.keys import DEFAULT_QUEUE
-from worker.storage.store import same_store
+from worker.storage.store import FencedStore, Store, same_store
 
 log = structlog.get_logger("worker.registry")
 

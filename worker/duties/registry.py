@@ -42,7 +42,7 @@ from worker.core.clock import Clock, RedisClock, host_clock, ms
 from worker.core.component import LoopComponent
 from worker.core.metrics import Metrics
 from worker.core.views import ProcessView
-from worker.storage import Store
+from worker.storage.store import Store
 from worker.version import __version__
 
 log = structlog.get_logger("worker.registry")

@@ -27,8 +27,9 @@ from worker.core.metrics import Metrics
 from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import Serialize
 from worker.duties.periodic import MAX_SLEEP_S, ON_TIME_MS, plan_ticks
-from worker.storage import FencedStore, NewJob, Store
+from worker.storage.jobs import NewJob
 from worker.storage.schedules import DueScheduleTicks, ScheduleOutcome
+from worker.storage.store import FencedStore, Store
 
 log = structlog.get_logger("worker.schedules")
 

@@ -33,7 +33,7 @@ import structlog
 
 from worker.core.clock import Clock, ms
 from worker.core.component import LoopComponent
-from worker.storage import Store
+from worker.storage.store import Store
 from worker.storage.wake import MARKED
 
 log = structlog.get_logger("worker.unannounced")

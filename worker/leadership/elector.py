@@ -47,7 +47,8 @@ from worker.core.clock import Clock, ms
 from worker.core.ids import LockValue
 from worker.core.metrics import Metrics
 from worker.leadership.base import Leadership, LeaderTiming
-from worker.storage import Acquired, Refused, Renewal, Store
+from worker.storage.election import Acquired, Refused, Renewal
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.leader")
 

@@ -11,7 +11,7 @@ from worker.core.clock import Clock, ms
 from worker.core.ids import LockValue
 from worker.core.metrics import Metrics
 from worker.leadership.base import Leadership
-from worker.storage import Store
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.leader")
 

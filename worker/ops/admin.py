@@ -29,11 +29,12 @@ from worker.core.terminal import say
 from worker.manifest import Described, describe
 from worker.runtime import local
 from worker.settings import Settings, mask_url
-from worker.storage import Shards, Store, open_shards
 from worker.storage import keys as K
 from worker.storage.connection import connect_shards
 from worker.storage.ready import auth_failure
+from worker.storage.sharded import Shards
 from worker.storage.shards import shard_prefixes
+from worker.storage.store import Store, open_shards
 
 _notes: list[str] = []
 

@@ -34,9 +34,10 @@ from worker.ops.jobrecords import (
     result_of,
     short,
 )
-from worker.storage import Shards, Store
 from worker.storage.inspect_jobs import JobRecord
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.sharded import Shards
+from worker.storage.store import Store
 
 T = TypeVar("T")
 

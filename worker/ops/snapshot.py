@@ -24,9 +24,9 @@ from worker.core.clock import Clock, ms, on_server_time
 from worker.core.ids import LockValue
 from worker.core.schedule_spec import ScheduleSpec
 from worker.duties import kinds
-from worker.storage import Store
 from worker.storage.server import read_attached, read_eviction_policy, read_slot_owners
 from worker.storage.shards import slot_of_prefix
+from worker.storage.store import Store
 
 
 @dataclass

@@ -21,7 +21,7 @@ from worker.ops import schedules_view, snapshot
 from worker.ops.snapshot import ClusterSnapshot
 from worker.runtime.preflight import NOEVICTION, eviction_verdict
 from worker.storage import keys as K
-from worker.storage import open_store
+from worker.storage.store import open_store
 
 
 async def collect(

@@ -25,9 +25,10 @@ from redis.exceptions import NoPermissionError, ResponseError
 from worker.core.errors import ConfigError
 from worker.core.redisurl import Replication
 from worker.settings import Settings
-from worker.storage import Store, server
 from worker.storage import keys as K
+from worker.storage import server
 from worker.storage.server import read_eviction_policy
+from worker.storage.store import Store
 
 #: The only ``maxmemory-policy`` under which no key is ever evicted.
 NOEVICTION = "noeviction"

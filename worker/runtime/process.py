@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from worker import manifest
 from worker.app import App
 from worker.client import Client
-from worker.consumer import Consumer
+from worker.consumer.consumer import Consumer
 from worker.core.clock import Clock, RedisClock, ms, on_server_time
 from worker.core.component import Component, Group
 from worker.core.metrics import Metrics
@@ -41,11 +41,12 @@ from worker.runtime.preflight import (
 )
 from worker.runtime.state import ProcessState
 from worker.settings import SHUTDOWN_DEREGISTER_S, Settings, mask_url
-from worker.storage import Shards, Store, open_shards
 from worker.storage import keys as K
 from worker.storage.connection import connect_redis
 from worker.storage.ready import wait_for_redis
+from worker.storage.sharded import Shards
 from worker.storage.shards import shard_prefixes
+from worker.storage.store import Store, open_shards
 from worker.tracing import tracing_for
 from worker.version import __version__
 

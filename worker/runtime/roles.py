@@ -22,7 +22,8 @@ from redis.asyncio import Redis
 
 from worker.app import App
 from worker.client import Client
-from worker.consumer import Consumer, ConsumerConfig
+from worker.consumer.config import ConsumerConfig
+from worker.consumer.consumer import Consumer
 from worker.consumer.dead import DeadLetters
 from worker.consumer.limits import LimitsHook
 from worker.context import Context
@@ -61,7 +62,9 @@ from worker.runtime.health import HealthServer
 from worker.runtime.watchdog import NAME as WATCHDOG_NAME
 from worker.runtime.watchdog import LoopWatchdog, blocked_threshold_s
 from worker.settings import ROLES, Role, Settings
-from worker.storage import FencedStore, Retention, Shards, Store
+from worker.storage.jobs import Retention
+from worker.storage.sharded import Shards
+from worker.storage.store import FencedStore, Store
 from worker.sync import SyncThreads, SyncThreadsHook
 from worker.tracing import Tracing
 

@@ -39,7 +39,7 @@ import structlog
 from worker.core.clock import Clock, SystemClock
 from worker.core.component import Component
 from worker.core.metrics import Metrics
-from worker.storage import Store
+from worker.storage.store import Store
 
 log = structlog.get_logger("worker.watchdog")
 
@@ -53,8 +53,8 @@ WHERE_FRAMES = 3
 @runtime_checkable
 class BlockedAware(Protocol):
     """A component that acts while the event loop is blocked: called in the watchdog's thread,
-    with a :class:`~worker.storage.Store` on the thread's own connection, at every beat the loop
-    misses (so each call decides whether there is anything to do yet)."""
+    with a :class:`~worker.storage.store.Store` on the thread's own connection, at every beat
+    the loop misses (so each call decides whether there is anything to do yet)."""
 
     async def loop_blocked(self, store: Store, lag_s: float) -> None: ...
 

@@ -95,7 +95,7 @@ def database_of(redis: Redis) -> int:
 
 
 class StoreBase:
-    """The shared core of :class:`~worker.storage.Store` (see module docstring)."""
+    """The shared core of :class:`~worker.storage.store.Store` (see module docstring)."""
 
     def __init__(self, redis: Redis, keys: K.Keys, replication: Replication | None = None) -> None:
         self.redis = redis

@@ -467,7 +467,8 @@ class JobOps(StoreBase):
         return bytes(raw) if raw is not None else None
 
     async def set_health(self, instance_id: str, text: str, ttl_ms: int) -> None:
-        """arq's health-check record, one key per instance (github.com/python-arq/arq/issues/291)."""
+        """arq's health-check record, one key per instance
+        (github.com/python-arq/arq/issues/291)."""
         await self.redis.set(self.keys.arq_health(instance_id), text, px=ttl_ms)
 
     async def clear_health(self, instance_id: str) -> None:

@@ -2,7 +2,7 @@
 
 Reads go through the jobs read model (:mod:`worker.ops.jobsview`, what ``worker jobs`` and ``worker
 job`` print) and the per-task counters FINISH keeps (:meth:`Store.task_stats
-<worker.storage.Store.task_stats>`); each answer carries the Redis server's ``now_ms``, the
+<worker.storage.store.Store.task_stats>`); each answer carries the Redis server's ``now_ms``, the
 clock the page computes ages with. Records are hostile input: decoded with msgpack or JSON
 only (a pickle payload is never unpickled here: it shows as undecodable), returned as data for
 the page to show as text. Retry and cancel are :class:`~worker.ops.actions.Operations` calls, made
@@ -22,7 +22,7 @@ from worker.core.clock import ms, on_server_time
 from worker.core.serializer import Deserialize, Serialize, get_serializer, json_loads, msgpack_loads
 from worker.ops import jobsview
 from worker.ops.actions import Operations, Outcome
-from worker.storage import TaskStats
+from worker.storage.operators import TaskStats
 from worker.web.api import ConsoleState
 
 #: Jobs per page by default (the read model caps a page at :data:`jobsview.MAX_LIMIT`).

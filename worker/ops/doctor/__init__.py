@@ -46,7 +46,7 @@ from worker.ops.doctor.work import (
 )
 from worker.ops.snapshot import ClusterSnapshot
 from worker.storage import keys as K
-from worker.storage import open_store
+from worker.storage.store import open_store
 
 __all__ = ["CHECKS", "MARKS", "Check", "Limits", "Report", "Snapshot", "Status"]
 __all__ += ["diagnose", "gather", "judge", "render"]
