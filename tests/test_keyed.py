@@ -64,7 +64,12 @@ class Tracker:
                     del self.running[key]
 
 
-def keyed(r: Any, app: App, iid: str, who: dict[int, str]) -> KeyedService:
+def keyed(
+    r: Any, app: App, iid: str, who: dict[int, str], *, ttl_s: float = 1.0, deadline_s: float = 0.5
+) -> KeyedService:
+    """A process's keyed service; ``ttl_s``/``deadline_s``: its lease TTL and renew deadline
+    (a renewal later than the deadline stops the loop: a generous one keeps a loaded box from
+    restarting loops in a test about placement)."""
     # only the instance id matters to the test service
     ctx = Context(None, None, None, SystemClock(), iid)  # type: ignore[arg-type]
     who[id(ctx)] = iid
@@ -74,9 +79,9 @@ def keyed(r: Any, app: App, iid: str, who: dict[int, str]) -> KeyedService:
         Store(r, KEYS),
         SystemClock(),  # leases expire on the server's clock: this test runs in real time
         instance_id=iid,
-        lease_ttl_s=1.0,
+        lease_ttl_s=ttl_s,
         renew_interval_s=0.1,
-        renew_deadline_s=0.5,
+        renew_deadline_s=deadline_s,
         stop_grace_s=0.5,
     )
 
@@ -91,7 +96,10 @@ async def eventually(pred: Any, within: float = 5.0) -> None:
 async def test_keys_spread_disjoint_and_move_when_a_process_leaves(r: Any) -> None:
     app, who, tracker = App(), {}, Tracker()
     tracker.service(app, who)
-    a, b = keyed(r, app, "proc-a", who), keyed(r, app, "proc-b", who)
+    # a renewal may wait seconds on a loaded box; b leaves cleanly (releases), so the long
+    # TTL costs no time
+    slow = {"ttl_s": 10.0, "deadline_s": 6.0}
+    a, b = keyed(r, app, "proc-a", who, **slow), keyed(r, app, "proc-b", who, **slow)
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     ta = asyncio.create_task(a.run(stop_a))
     tb = asyncio.create_task(b.run(stop_b))
