@@ -25,7 +25,7 @@ release: the standby hears it); time until the lock holds a new epoch.
     python -m bench idle            # 60 s window, 60 wakes, 2 + 2 takeovers (~5 min)
     python -m bench idle --quick    # 3 s window, 5 wakes, fast liveness timings, all at once
 
-Targets (issue 21 item 5): each idle role ≤ 1 command/s; first job after an idle spell ≤ 20 ms
+Targets: each idle role ≤ 1 command/s; first job after an idle spell ≤ 20 ms
 p99 after its enqueue; orphans and takeovers within the documented bounds
 (docs/deployment.md "Scale", docs/guarantees.md).
 """

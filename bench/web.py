@@ -18,7 +18,7 @@ throughput counters), starts a real ``python -m worker web`` for ``bench.apps:ma
     python bench/web.py            # 30 requests per URL, 5 page loads
     python bench/web.py --quick    # 10 and 3
 
-Target (issue 11): the page loads in under 1 s with this data.
+Target: the page loads in under 1 s with this data.
 """
 
 from __future__ import annotations

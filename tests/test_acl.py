@@ -94,7 +94,7 @@ def test_the_readme_documents_these_rules() -> None:
 
 
 #: Server-wide commands one app's user must not run: each wipes, freezes, reconfigures or
-#: spies on every app of the server (issue 17, item 10, and the rest of @dangerous).
+#: spies on every app of the server (and the rest of @dangerous).
 DENIED = [
     ["FLUSHALL"],
     ["FLUSHDB"],

@@ -83,7 +83,7 @@ def test_skewed_and_jumping_host_clocks_neither_lose_double_nor_advance_ticks_or
     """One leader 30 s behind, a second 30 s ahead taking over, then its clock jumps 20 s
     on: every tick between the first and the last that ran ran exactly once, none began
     before its instant by the server's clock, and every poll item was rescheduled its 2 s
-    after the server's now (issue 17, item 4: before, 30 ticks were lost, the fast host ran
+    after the server's now (before, 30 ticks were lost, the fast host ran
     ticks up to 30 s early and rescheduled poll items 30 s too far)."""
     lib = _libfaketime()
     prefix = spawn.prefix  # type: ignore[attr-defined]

@@ -744,7 +744,7 @@ def test_the_consumer_knows_no_feature_and_stays_in_small_parts() -> None:
     assert not offenders, offenders
 
 
-# -- the idle fallback look (issue 21 item 5) -----------------------------------------------------
+# -- the idle fallback look -----------------------------------------------------
 
 
 async def test_the_fallback_look_is_rare_while_subscribed_and_at_once_when_the_wake_ups_break(

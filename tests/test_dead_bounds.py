@@ -1,4 +1,4 @@
-"""The console's dead-letter views cost about what they return (issue 17, item 12): a page
+"""The console's dead-letter views cost about what they return: a page
 is read without payloads, a payload's preview is bounded and rendered off the console's event
 loop, a reason is capped (its length and sha256 kept).
 

@@ -1,4 +1,4 @@
-"""Decode budgets (issue 25, item 2): a payload inside WORKER_MAX_PAYLOAD_BYTES that decodes
+"""Decode budgets: a payload inside WORKER_MAX_PAYLOAD_BYTES that decodes
 to millions of objects, a broadcast of any size, a record nested deeper than Python recurses or
 holding ``NaN``, huge or out-of-range numbers. Each is written with plain redis-py into a real
 server while real ``python -m worker`` processes run; every process keeps running and every

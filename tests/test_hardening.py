@@ -1,5 +1,5 @@
-"""The HTTP listeners and the command line against a hostile neighbour, on real processes
-(issue 17, item 13): DNS rebinding (a foreign ``Host``), slowloris and connection floods on
+"""The HTTP listeners and the command line against a hostile neighbour, on real processes:
+DNS rebinding (a foreign ``Host``), slowloris and connection floods on
 the health server, a token header that is not UTF-8, token guessing, ``--no-auth`` off
 loopback, escape sequences stored in Redis and printed to a terminal, and secrets in URLs and
 command lines."""
@@ -146,7 +146,7 @@ def test_wrong_tokens_are_logged_without_the_token_and_held_off_but_never_the_ri
 
 
 def test_guesses_from_rotating_addresses_share_one_budget(spawn: Spawn) -> None:
-    """Issue 25, item 8: 300 wrong tokens, each from another address of 127.0.0.0/8 and with
+    """300 wrong tokens, each from another address of 127.0.0.0/8 and with
     another ``X-Forwarded-For`` (a guesser rotating addresses), while an operator polls with
     the right token from the address the guesses started from: at most the burst plus one a
     second are answered 401, the rest 429, and every one of the operator's requests is 200."""

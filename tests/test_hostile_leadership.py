@@ -1,6 +1,6 @@
-"""Leadership under hostile or mistaken neighbours, with real processes (issue 25, items 1 and
-3): a message on a channel is a hint to look, never a fact to act on; every epoch read from
-Redis is validated; no value in Redis makes leadership flap or end for good."""
+"""Leadership under hostile or mistaken neighbours, with real processes: a message on a
+channel is a hint to look, never a fact to act on; every epoch read from Redis is validated;
+no value in Redis makes leadership flap or end for good."""
 
 from __future__ import annotations
 

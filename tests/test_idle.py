@@ -1,4 +1,4 @@
-"""Idle fleets that cost nothing (issue 21 item 5), with real processes on the default timings:
+"""Idle fleets that cost nothing, with real processes on the default timings:
 an idle consumer and an idle standby leader each send at most one Redis command per second,
 counted on the server (``CLIENT LIST``'s per-connection ``tot-cmds``, which counts the commands
 a script runs as well as the ``EVALSHA``), and a job enqueued after the idle spell starts at once.

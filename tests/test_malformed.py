@@ -1,5 +1,5 @@
 """A malformed entry in the app's keys (a bug in another service, a manual fix gone wrong) is
-skipped, logged once with its key and counted; the process keeps going (issue 17, item 11).
+skipped, logged once with its key and counted; the process keeps going.
 
 Each test writes the bad entry into a real server with plain redis-py, runs real ``python -m
 worker`` processes, and checks that the work around it still happens: a job after it runs, a

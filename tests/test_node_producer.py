@@ -1,4 +1,4 @@
-"""A producer in another language follows docs/protocol.md alone (issue 26 item 2): the Node.js
+"""A producer in another language follows docs/protocol.md alone: the Node.js
 script ``tests/node/producer.js`` (ioredis and @msgpack/msgpack from ``tests/node/package.json``,
 installed by ``.ci/run`` with ``npm ci``), which the page shows whole, enqueues a plain job, a
 job with a unique key twice and a job due in 2 s, as a Redis user holding only the page's

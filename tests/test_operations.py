@@ -466,7 +466,7 @@ def test_password_never_shown(
 def test_another_apps_job_is_refused_by_retry_and_cancel(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str, cli: CliRun
 ) -> None:
-    """Issue 25, item 8: two apps on one server without ACLs, prefixes A and B. arq's per-job
+    """Two apps on one server without ACLs, prefixes A and B. arq's per-job
     keys (``arq:result:<id>`` …) are server-wide, so B's operator could name A's job: ``worker
     job ID --retry`` deleted A's result and queued the job in B ("ok"), ``--cancel`` of A's
     running job answered "asked its consumer to cancel it". Both are refused now, as "no such

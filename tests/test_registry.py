@@ -107,7 +107,7 @@ async def test_heartbeat_notices_redis_losing_its_data_once_per_loss(r: Any) -> 
 
 
 async def test_a_steady_heartbeat_is_one_script_of_four_commands(redis_url: str) -> None:
-    """The idle cost (issue 21 item 5): the boot marker is read on the first beat and after
+    """The idle cost: the boot marker is read on the first beat and after
     the record and the score were both gone (a data loss looks like that), not on every beat."""
     r = aioredis.Redis.from_url(redis_url)
     try:
@@ -169,7 +169,7 @@ async def test_the_heartbeat_score_is_the_server_clock_where_the_write_lands(
 async def test_between_records_a_beat_moves_the_score_only_and_a_lost_score_brings_the_record(
     redis_url: str,
 ) -> None:
-    """The idle cost (issue 21 item 5) without a longer orphan bound: beats between two writes
+    """The idle cost without a longer orphan bound: beats between two writes
     of the record are one ``TOUCH`` each (``ZADD XX`` at the server's ``TIME``, one round
     trip); a beat that finds the score gone (the reaper took
     it, or Redis lost its data) writes the whole record at once, and the data loss is seen."""

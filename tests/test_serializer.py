@@ -188,7 +188,7 @@ def test_job_payload_accepts_list_args() -> None:
     assert msgpack_loads(job_payload("f", [1, 2], {}, ET, msgpack_dumps))["a"] == [1, 2]
 
 
-# -- decode budgets (issue 25, item 2) -------------------------------------------------------
+# -- decode budgets -------------------------------------------------------
 
 
 def _nested(depth: int) -> Any:

@@ -1,4 +1,4 @@
-"""Start-up and errors that tell the truth (issue 20 item 6): refused credentials named at
+"""Start-up and errors that tell the truth: refused credentials named at
 once, an unreachable Redis said once per retry, ``--app`` that is not an App in one line,
 tables into a pipe, the installed script finding apps in the current folder."""
 

@@ -1,4 +1,4 @@
-"""Jobs nobody announced (issue 26 item 2): a plain arq client writes the record and a ``ZADD``
+"""Jobs nobody announced: a plain arq client writes the record and a ``ZADD``
 and publishes nothing, so an idle fleet, whose consumers look at the queue themselves only every
 30 s, would leave its job waiting up to that long. The leader looks at the queue heads every
 0.5 s and announces a job due for longer than 0.25 s that nobody took: on a real idle fleet of

@@ -243,7 +243,7 @@ async def test_dead_letters_page_by_page_and_payloads_as_text(
 
 async def test_a_job_of_a_hash_tagged_prefix_opens(redis_url: str) -> None:
     """Every id of a Cluster or sharded app starts with ``{tag}:``: the page asks for it
-    percent-encoded (``encodeURIComponent``) and the route takes it (issue 25, item 8)."""
+    percent-encoded (``encodeURIComponent``) and the route takes it."""
     tagged = await Client.connect(redis_url, key_prefix="{webtag}:", app=ledger)
     http = await _http(tagged, token=TOKEN)
     try:

@@ -518,7 +518,7 @@ def test_the_jobs_view_lists_details_retries_and_cancels(
 def test_ids_with_braces_open_and_spoofing_characters_show_escaped(
     spawn: Spawn, rsync: redis_sync.Redis, browser: Any, tmp_path: Path
 ) -> None:
-    """Issue 25, item 8: a hash-tagged prefix's job (``{tag}:…``, every job of a Cluster or
+    """A hash-tagged prefix's job (``{tag}:…``, every job of a Cluster or
     sharded app) opens in the Jobs view; a job id written with a line break and a right-to-left
     override (by plain redis-py: enqueue refuses them now) is shown escaped, in the table, the
     detail and the cancel confirmation, whose text it cannot spoof."""

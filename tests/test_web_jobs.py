@@ -194,7 +194,7 @@ async def test_scheduled_pages_and_cancel_queued_and_running(
     print(f"cancel of a running job: {took:.2f} s")
 
 
-#: The payload of a big job (issue 25 item 5: pages of 50 such jobs read 200 MB before).
+#: The payload of a big job (pages of 50 such jobs read 200 MB before).
 BIG = 4 * 1024 * 1024
 
 
