@@ -12,8 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from arq.jobs import deserialize_result
-
+from tests.arqfmt import deserialize_result
 from worker.app import App
 from worker.client import Client
 from worker.consumer.claims import Claims, Run

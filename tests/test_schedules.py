@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import pytest
-from arq.jobs import deserialize_job
 
+from tests.arqfmt import deserialize_job
 from tests.conftest import CliRun, FixedLease
 from tests.docpages import python_block
 from worker import App
