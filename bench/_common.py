@@ -268,3 +268,11 @@ class FixedLease:
 
     def lost(self, reason: str) -> None:
         raise RuntimeError(f"benchmark lost its fixed lease: {reason}")
+
+
+def have_arq() -> bool:
+    """Whether arq is installed (``fenced-worker[arq]``): the benches' arq baselines need it;
+    without it they run our side alone and say so."""
+    import importlib.util
+
+    return importlib.util.find_spec("arq") is not None

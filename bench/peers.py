@@ -331,6 +331,13 @@ class Outcome:
     skipped: str | None = None
 
 
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def main() -> None:
     """``python bench/peers.py`` (also ``python -m bench peers``)."""
     ap = argparse.ArgumentParser(
@@ -356,8 +363,8 @@ def main() -> None:
 
     out: dict[str, Outcome] = {s: Outcome() for s in names}
     versions: dict[str, dict[str, str]] = {
-        s: {d: metadata.version(d) for d in ((DIST_NAME, "arq", "redis") if s == "ours" else
-                                             ("arq", "redis", "uvloop"))}
+        s: {d: _version(d) for d in ((DIST_NAME, "redis", "hiredis") if s == "ours" else
+                                     ("arq", "redis", "uvloop"))}
         for s in names if s in OURS
     }  # fmt: skip
     pys: dict[str, Path] = {}

@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: subcommand -> (arguments for a tiny run, a regex its stdout must match: its result line)
 SMOKE: dict[str, tuple[list[str], str]] = {
-    "peers": (["--only", "ours,arq", "--n", "200", "--rounds", "1"], r"\| \*\*ours\*\*.*\| [\d,]+"),
+    # arq's baselines need fenced-worker[arq], which this environment (redis-py 8) cannot have
+    "peers": (["--only", "ours", "--n", "200", "--rounds", "1"], r"\| \*\*ours\*\*.*\| [\d,]+"),
     "consumer": (
-        ["--only", "ours,arq-tuned-uvloop", "--n", "200", "--rounds", "1"],
+        ["--only", "ours", "--n", "200", "--rounds", "1"],
         r"\| ours: .*\| [\d,]+ ",
     ),
     "dispatch": (
