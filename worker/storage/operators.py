@@ -12,6 +12,8 @@ from worker.core import budget as B
 from worker.core import malformed as M
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _object, _s, _score
+from worker.storage.wake import MARKED
+from worker.storage.wake import MEMBER as WAKE_MEMBER
 
 
 @dataclass(frozen=True)
@@ -173,13 +175,15 @@ class OperatorOps(StoreBase):
         return bool(await self.redis.srem(self.keys.paused, duty))
 
     async def resume_queue(self, entry: str, now_ms: int) -> bool:
-        """Take a queue's entry (``queue:<name>``, ``queue:*``) out of the paused set and wake
-        the idle consumers (a ``PUBLISH`` of ``now_ms`` on the wake channel, as an enqueue
-        does) so they claim its due jobs at once; ``True`` if it was paused."""
+        """Take a queue's entry (``queue:<name>``, ``queue:*``) out of the paused set and
+        announce ``now_ms`` as an enqueue does (the wake marker and the channel, see
+        :meth:`~worker.storage.wake.WakeOps.announce`), so an idle consumer claims its due jobs
+        at once; ``True`` if it was paused."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.srem(self.keys.paused, entry)
-            pipe.publish(self.keys.wake, str(now_ms))
-            removed, _ = await pipe.execute()
+            pipe.zadd(self.keys.wake_marker, {WAKE_MEMBER: now_ms}, lt=True)
+            pipe.publish(self.keys.wake, f"{MARKED}{now_ms}")
+            removed, _, _ = await pipe.execute()
         return bool(removed)
 
     async def paused(self) -> set[str]:
