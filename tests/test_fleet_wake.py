@@ -91,7 +91,7 @@ def test_a_turn_taken_and_dropped_is_picked_up_by_the_leaders_look(
     died right after. The job starts anyway, within the leader's look (every 0.5 s, a head late
     by 0.25 s), not at the idle fallback look 30 s away."""
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    thief = redis_sync.Redis.from_url(redis_url)
+    thief = redis_sync.Redis.from_url(redis_url, socket_timeout=120)  # redis-py 8: 5 s by default
     taken: list[object] = []
     grab = threading.Thread(
         target=lambda: taken.append(thief.bzpopmin(Keys(prefix).wake_marker, timeout=60)),
