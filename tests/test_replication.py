@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-import structlog.testing
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.conftest import FixedLease
@@ -437,21 +436,30 @@ def test_attached_replicas_are_online_and_recent() -> None:
     assert ReplicaView().observe({"master_replid": "c"}, 1) == 0  # first seen without any
 
 
-def test_degraded_durability_is_said_once_per_primary_not_once_per_view() -> None:
+def test_degraded_durability_is_said_once_per_primary_not_once_per_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Every store keeps its own view (one per queue shard, one per client): a primary that
     runs without a replica is said once by the process, not once per view and look."""
+    from worker.core import durability
     from worker.core.durability import ReplicaView
 
-    lines: list[str] = []
-    with structlog.testing.capture_logs() as logs:
-        for _ in range(20):
-            view = ReplicaView()
-            for _ in range(5):
-                assert view.observe({"master_replid": "lonely"}, 1) == 0 and view.degraded
-        lines = [e["event"] for e in logs if "durability" in e["event"]]
-        assert len(lines) == 1 and lines[0].startswith("durability degraded"), lines
-        online = {"state": "online", "offset": 1, "lag": 0}
-        ReplicaView().observe({"master_replid": "lonely", "slave0": online}, 1)
-        ReplicaView().observe({"master_replid": "lonely", "slave0": online}, 1)
-        lines = [e["event"] for e in logs if "durability" in e["event"]]
-    assert len(lines) == 2 and lines[1].startswith("durability restored"), lines
+    said: list[str] = []
+
+    class Log:
+        def warning(self, event: str, **_: object) -> None:
+            said.append(event)
+
+        def info(self, event: str, **_: object) -> None:
+            said.append(event)
+
+    monkeypatch.setattr(durability, "log", Log())
+    for _ in range(20):
+        view = ReplicaView()
+        for _ in range(5):
+            assert view.observe({"master_replid": "lonely"}, 1) == 0 and view.degraded
+    assert len(said) == 1 and said[0].startswith("durability degraded"), said
+    online = {"state": "online", "offset": 1, "lag": 0}
+    ReplicaView().observe({"master_replid": "lonely", "slave0": online}, 1)
+    ReplicaView().observe({"master_replid": "lonely", "slave0": online}, 1)
+    assert len(said) == 2 and said[1].startswith("durability restored"), said
