@@ -28,7 +28,7 @@ import contextlib
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis
@@ -157,16 +157,31 @@ class _SlotConnection(Packing, Connection):
         self._unread: deque[tuple[tuple[Any, ...], bool]] = deque()
         self._multi = False
         self._moved = False
+        self._connecting = False
 
     async def connect(self) -> None:
-        if self.is_connected:
+        await self._to_owner(super().connect)
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        """redis-py 6+ connects through this (``send_packed_command`` calls it, not
+        :meth:`connect`): it too asks who serves the slot first."""
+        base = super().connect_check_health
+        await self._to_owner(lambda: base(*args, **kwargs))
+
+    async def _to_owner(self, connect: Callable[[], Awaitable[Any]]) -> None:
+        """``connect()`` to the primary serving the slot, asked anew; the handshake's
+        replies are its own (the commands not yet answered wait for theirs)."""
+        if self.is_connected or self._connecting:  # redis-py 6+: connect() nests the other
+            await connect()
             return
-        self.host, self.port = await self.slot_pool.owner()
-        pending, self._unread = self._unread, deque()  # the handshake's replies are its own
+        self._connecting = True
+        pending, self._unread = self._unread, deque()
         try:
-            await super().connect()  # type: ignore[no-untyped-call]
+            self.host, self.port = await self.slot_pool.owner()
+            await connect()
         finally:
             self._unread = pending
+            self._connecting = False
 
     async def disconnect(self, *args: Any, **kwargs: Any) -> None:  # redis-py 7+ adds error=
         self._unread.clear()
