@@ -7,6 +7,7 @@ the django-tasks package, whichever is installed."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import sys
@@ -44,6 +45,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     call_command("migrate", verbosity=0)
     yield db
     sys.path.remove(str(EXAMPLE))
+    for name in ("DJANGO_SETTINGS_MODULE", "NOTES_DB"):
+        os.environ.pop(name, None)
 
 
 @pytest.fixture
@@ -130,6 +133,23 @@ def test_views_enqueue_django_tasks_and_the_periodic_job_ticks_once(
     backend = tasks.add_note.get_backend()
     info = backend.client.job(urgent).info()
     assert info.function == RUNNER and info.queue_name.endswith("urgent"), info
+
+    # RUNNING while a consumer holds it; aenqueue and aget_result from async code
+    napping = tasks.nap.enqueue(3)
+    wait_until(
+        lambda: tasks.nap.get_result(napping.id).status == "RUNNING", timeout=30, what="RUNNING"
+    )
+
+    async def from_async() -> Any:
+        queued = await tasks.add_note.aenqueue("enqueued from async code")
+        return await tasks.add_note.aget_result(queued.id)
+
+    queued = asyncio.run(from_async())
+    assert queued.status in ("READY", "RUNNING", "SUCCESSFUL"), queued.status
+    done = wait_until(lambda: ended(queued.id), timeout=30, what="the aenqueue'd task")
+    assert Note.objects.get(pk=done["return_value"]["id"]).text == "enqueued from async code"
+    wait_until(lambda: napping.refresh() or napping.is_finished, timeout=30, what="nap")
+    assert napping.return_value == 3 and napping.finished_at > napping.started_at
 
     # TaskResult.refresh() reads the job again
     fresh = tasks.add_note.get_result(note)

@@ -3,6 +3,8 @@ is the ``TASKS`` setting's business (here: the worker framework's consumers)."""
 
 from __future__ import annotations
 
+import time
+
 try:  # Django 6
     from django.tasks import TaskContext, task
 except ImportError:  # Django 5.2 with the django-tasks package
@@ -22,6 +24,13 @@ def add_note(text: str) -> dict[str, object]:
 def shout(context: TaskContext, text: str) -> str:
     """A task that reads its context: the attempt it is."""
     return f"{text.upper()} (attempt {context.attempt})"
+
+
+@task
+def nap(seconds: float) -> float:
+    """A slow task: ``RUNNING`` while it sleeps."""
+    time.sleep(seconds)
+    return seconds
 
 
 @task

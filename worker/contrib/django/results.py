@@ -34,12 +34,16 @@ async def _read(client: Client, job_id: str) -> _Read:
     """The job's record (its result's once it ended), whether a consumer holds it, and its
     failure record when it failed."""
     job = client.job(job_id)
-    info = await job.info()
-    if info is None:
-        return None, False, None
+    info = await job.info()  # the result record, else the job record: two reads
+    running = False
+    if not isinstance(info, JobResult):
+        running = info is not None and await job.status() == JobStatus.in_progress
+        if not running:
+            # a job that ended between the reads: its result is written as its record goes
+            info = await job.result_info() or info
     if isinstance(info, JobResult):
         return info, False, None if info.success else await client.failure(job_id)
-    return info, await job.status() == JobStatus.in_progress, None
+    return info, running, None
 
 
 def read_result(backend: Any, job_id: str) -> Any:

@@ -55,7 +55,7 @@ def task_of(spec: dict[str, Any]) -> Any:
     found = import_string(path)
     if not isinstance(found, api.Task):
         raise TypeError(f"{path!r} is a {type(found).__name__}, not a Django task")
-    return found.using(priority=spec["priority"], queue_name=spec["queue"])
+    return found.using(priority=spec["priority"], queue_name=spec["queue"], backend=spec["backend"])
 
 
 def run_task(ctx: JobContext, spec: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
