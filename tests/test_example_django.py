@@ -214,3 +214,5 @@ def test_the_exception_path_is_read_off_the_traceback() -> None:
     assert exception_path(tb, "Missing") == "notes.errors.Missing"
     assert exception_path("...\nLookupError: x\n", "LookupError") == "builtins.LookupError"
     assert exception_path("", "TimeoutError") == "builtins.TimeoutError"
+    assert exception_path("CancelledError: aborted", "CancelledError") == "asyncio.CancelledError"
+    assert exception_path("BadJob: oversized", "BadJob") == "builtins.Exception"

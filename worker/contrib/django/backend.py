@@ -28,8 +28,8 @@ What maps, and how::
   (``InvalidTask`` at ``validate_task``), since it would be silently ignored;
 - ``run_after``: the job's due time (``defer_until``; a naive time is read in Django's current
   time zone);
-- async task functions run on the worker's event loop thread through ``asgiref``, sync ones in
-  its sync threads (``WORKER_SYNC_THREADS``).
+- the function runs in the worker's sync threads (``WORKER_SYNC_THREADS``), an ``async def``
+  one through ``async_to_sync`` there.
 """
 
 from __future__ import annotations

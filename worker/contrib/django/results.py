@@ -9,11 +9,12 @@ it ended, else the job record and whether a consumer holds it.
 - unknown, expired (``keep_result_s``) or not a Django task's job: ``TaskResultDoesNotExist``.
 
 ``attempts`` (``worker_ids``) is the job's try; the failure's ``exception_class_path`` is the
-qualified name its traceback ends with.
+qualified name its traceback ends with (:func:`exception_path`).
 """
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from worker.client import Client
@@ -81,17 +82,29 @@ def read_result(backend: Any, job_id: str) -> Any:
 
 
 def _error(info: Any, failure: dict[str, Any] | None) -> Any:
-    tb = str((failure or {}).get("traceback") or "")
-    error_type = (failure or {}).get("error_type") or type(info.result).__name__
-    return api.TaskError(exception_class_path=exception_path(tb, str(error_type)), traceback=tb)
+    failure = failure or {}
+    error_type = str(failure.get("error_type") or type(info.result).__name__)
+    # a run ended from outside (timed out, aborted, dead-lettered) has no traceback: its text
+    tb = str(failure.get("traceback") or f"{error_type}: {failure.get('message') or info.result}")
+    return api.TaskError(exception_class_path=exception_path(tb, error_type), traceback=tb)
+
+
+#: error types of runs ended from outside whose class is not a builtin
+_OUTSIDE = {"CancelledError": "asyncio.CancelledError"}
 
 
 def exception_path(tb: str, error_type: str) -> str:
-    """The qualified class name a traceback's last line starts with (``module.Class: …``; a
-    builtin's bare name as ``builtins.Name``) when it is ``error_type``'s, else
-    ``builtins.<error_type>``."""
+    """The qualified class name a traceback's last line starts with (``module.Class: …``) when
+    it is ``error_type``'s; else a builtin's (``builtins.LookupError``), ``asyncio``'s
+    ``CancelledError`` (an aborted run), or ``builtins.Exception`` for a type that names no
+    class (a dead-lettered job's ``BadJob``: its traceback says what happened)."""
     lines = [line for line in tb.splitlines() if line.strip()]
     name = lines[-1].split(":", 1)[0].strip() if lines else ""
     if name.rpartition(".")[2] == error_type and "." in name:
         return name
-    return f"builtins.{error_type}"
+    if error_type in _OUTSIDE:
+        return _OUTSIDE[error_type]
+    found = getattr(builtins, error_type, None)
+    if isinstance(found, type) and issubclass(found, BaseException):
+        return f"builtins.{error_type}"
+    return "builtins.Exception"
