@@ -26,15 +26,16 @@ if not os.environ.get("CI"):  # in CI it fails, not skips, without the extra
 EXAMPLE = ROOT / "examples" / "django"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The example project set up in this process (Django is set up once per process: the
-    database file is this module's)."""
+    """The example project set up in this process, once: Django is set up once per process
+    (and the slow test runs after every other module's, so the fixture lives for the
+    session)."""
     import django
     from django.conf import settings
 
     db = tmp_path_factory.mktemp("django") / "notes.sqlite3"
-    sys.path.insert(0, str(EXAMPLE))
+    sys.path.append(str(EXAMPLE))  # after the rest: its "jobs" and "notes" shadow nothing
     os.environ["DJANGO_SETTINGS_MODULE"] = "mysite.settings"
     os.environ["NOTES_DB"] = str(db)
     if not settings.configured:
