@@ -217,3 +217,39 @@ def test_the_exception_path_is_read_off_the_traceback() -> None:
     assert exception_path("", "TimeoutError") == "builtins.TimeoutError"
     assert exception_path("CancelledError: aborted", "CancelledError") == "asyncio.CancelledError"
     assert exception_path("BadJob: oversized", "BadJob") == "builtins.Exception"
+
+
+def test_a_job_that_ends_between_the_two_reads_is_read_as_ended(
+    web: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``get_result`` reads the result record, then the job record: a job that ended in between
+    (its record gone, its result written in the same script) is read from its result, not
+    reported unknown."""
+    from notes import tasks
+
+    from worker.contrib.django import RUNNER
+    from worker.core.codec import JobResult, JobStatus
+    from worker.storage.handle import Job
+
+    now = dt.datetime.now(dt.UTC)
+    spec = {"task": "notes.tasks.add_note", "priority": 0, "queue": "default"}
+    spec |= {"takes_context": False, "backend": "default"}
+    ended = JobResult(
+        RUNNER, (spec, ["x"], {}), {}, 1, now, None, "j1", True, {"id": 1}, now, now, "q"
+    )
+    reads = iter([None, ended])  # the first read: neither record; the second: the result
+
+    async def result_info(self: Job) -> JobResult | None:
+        return next(reads)
+
+    async def info(self: Job) -> JobResult | None:
+        return await self.result_info()  # the result, then the job record: both gone
+
+    async def status(self: Job) -> JobStatus:
+        return JobStatus.not_found
+
+    monkeypatch.setattr(Job, "result_info", result_info)
+    monkeypatch.setattr(Job, "info", info)
+    monkeypatch.setattr(Job, "status", status)
+    found = tasks.add_note.get_result("j1")
+    assert found.status == "SUCCESSFUL" and found.return_value == {"id": 1}
