@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import msgpack
@@ -237,3 +238,44 @@ async def test_a_quiet_keys_job_waits_about_one_job_per_active_key_not_the_backl
         await asyncio.sleep(0.2)
     assert await r.zcard(KEYS.fair("default", "heavy")) > 500  # the backlog still waits
     assert max(waits) < 1.0, waits  # ~10 ms + a claim round; 1 s on a loaded box
+
+
+async def test_status_shows_a_fair_queues_flow_keys_and_their_backlog(r: Any) -> None:
+    from worker.core.clock import FakeClock
+    from worker.ops import status
+
+    order: list[tuple[str, int]] = []
+    app = _fair_app(order)
+    client = Loop(r, app).client
+    await client.enqueue_many([JobSpec("work", ("a", n)) for n in range(5)])
+    await client.enqueue("work", "b", 0)
+    await client.enqueue("work", "x", 0, flow_key="c")  # the given key wins over the default
+    data = await status.collect(r, KEYS, app, FakeClock(time.time()))
+    (queue,) = data["queues"]
+    assert queue["flows"] == {"active": 3, "backlog": {"a": 5, "b": 1, "c": 1}}
+    assert "  flow keys: 3 active, waiting: a: 5, b: 1, c: 1" in status.render(data).splitlines()
+    assert "flows" not in (await status.collect(r, KEYS, _app(), FakeClock(time.time())))["queue"]
+
+
+async def test_with_queue_shards_a_flow_keys_jobs_meet_one_shard_and_status_sums_them(
+    redis_url: str,
+) -> None:
+    from worker.client import Client
+    from worker.ops import snapshot
+
+    order: list[tuple[str, int]] = []
+    app = _fair_app(order)
+    prefix = f"{{ff{uuid.uuid4().hex[:6]}}}:"
+    client = await Client.connect(redis_url, app=app, key_prefix=prefix, queue_shards=3)
+    try:
+        keys = [f"k{i}" for i in range(6)]
+        await client.enqueue_many([JobSpec("work", (k, n)) for k in keys for n in range(4)])
+        stores = client.shards.stores
+        for k in keys:  # every job of a key in its key's shard
+            held = [await s.redis.zcard(s.keys.fair("default", k)) for s in stores]
+            assert sorted(held) == [0, 0, 4] and client.shards.for_key(k) is stores[held.index(4)]
+        snap = await snapshot.read(stores[0], app, checks=False, shards=stores)
+        assert snap.flows["default"].active == 6
+        assert snap.flows["default"].backlog == dict.fromkeys(keys, 4)
+    finally:
+        await client.close()
