@@ -279,3 +279,14 @@ async def test_with_queue_shards_a_flow_keys_jobs_meet_one_shard_and_status_sums
         assert snap.flows["default"].backlog == dict.fromkeys(keys, 4)
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("weight", [0, 1.5, "2"])
+def test_flow_weights_are_integers_of_at_least_one(weight: Any) -> None:
+    from worker.core.errors import ConfigError
+
+    App("t", flow_weights={"vip": 3}).validate()
+    with pytest.raises(ConfigError, match="flow_weights"):
+        App("t", flow_weights={"vip": weight}).validate()
+    with pytest.raises(ConfigError, match="max_concurrency_per_key"):
+        App("t").task(max_concurrency_per_key=0)

@@ -440,6 +440,8 @@ class App:
 
     def validate(self) -> None:
         """Cross-checks that need the whole app (raise :class:`ConfigError`)."""
+        if any(type(w) is not int or w < 1 for w in self.flow_weights.values()):
+            raise ConfigError(f"App(flow_weights={self.flow_weights!r}): integers of at least 1")
         if self.queues is not None:
             for q in self.queues:
                 _check_name("queue", q)
