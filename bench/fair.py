@@ -114,7 +114,8 @@ def bound(url: str, backlog: int, quiet: int, logdir: Path) -> list[float]:
         asyncio.run(_fill(url, [JobSpec("fair_job", ("heavy", 0.0)) for _ in range(lo, hi)]))
     proc = start_consumer(url, logdir / "bound.log", WORKER_CONCURRENCY="10")
     try:
-        wait_until(lambda: r.zcard(KEYS.fair("default", "heavy")) < backlog - 500, 60, "flow")
+        flowing = backlog - min(500, backlog // 2)
+        wait_until(lambda: r.zcard(KEYS.fair("default", "heavy")) <= flowing, 60, "flow")
 
         async def quiet_jobs() -> None:
             client = await Client.connect(url, app=fair_app, key_prefix=PREFIX)
@@ -140,9 +141,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--skip-bound", action="store_true")
+    ap.add_argument("--n", type=int, help="no-op jobs per cost round")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--backlog", type=int, help="the heavy key's queued jobs")
+    ap.add_argument("--quiet", type=int, help="quiet jobs, one a second")
     a = ap.parse_args()
     n, rounds = (4000, 2) if a.quick else (20_000, 3)
     backlog, quiet = (10_000, 10) if a.quick else (100_000, 30)
+    n, rounds = a.n or n, a.rounds or rounds
+    backlog, quiet = a.backlog or backlog, a.quiet or quiet
     server, url = start_server()
     logdir = Path(tempfile.mkdtemp(prefix="bench-fair-"))
     try:
