@@ -290,3 +290,26 @@ def test_flow_weights_are_integers_of_at_least_one(weight: Any) -> None:
         App("t", flow_weights={"vip": weight}).validate()
     with pytest.raises(ConfigError, match="max_concurrency_per_key"):
         App("t").task(max_concurrency_per_key=0)
+
+
+async def test_the_console_overview_carries_a_fair_queues_flow_keys(redis_url: str) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from worker.client import Client
+    from worker.web import create_app
+
+    order: list[tuple[str, int]] = []
+    app = _fair_app(order)
+    prefix = f"cf{uuid.uuid4().hex[:6]}:"
+    client = await Client.connect(redis_url, app=app, key_prefix=prefix)
+    http: TestClient[Any, Any] = TestClient(TestServer(create_app(client, app, token="t0k3n")))
+    await http.start_server()
+    try:
+        await client.enqueue_many([JobSpec("work", ("a", n)) for n in range(3)])
+        await client.enqueue("work", "<b>", 0)  # shown as text by the page (textContent)
+        res = await http.get("/api/overview", headers={"Authorization": "Bearer t0k3n"})
+        (queue,) = (await res.json())["cluster"]["queues"]
+        assert queue["flows"] == {"active": 2, "backlog": {"a": 3, "<b>": 1}}
+    finally:
+        await http.close()
+        await client.close()
