@@ -313,3 +313,15 @@ async def test_the_console_overview_carries_a_fair_queues_flow_keys(redis_url: s
     finally:
         await http.close()
         await client.close()
+
+
+def test_sync_client_enqueue_takes_the_flow_key(redis_url: str, rsync: Any) -> None:
+    from worker import SyncClient
+
+    prefix = f"sc{uuid.uuid4().hex[:6]}:"
+    with SyncClient.connect(redis_url, app=_app(), key_prefix=prefix) as sync:
+        given = sync.enqueue("plain", 1, flow_key="t-1")
+        default = sync.enqueue("keyed", "a", 2)
+    for jid, key in ((given, "t-1"), (default, "tenant-a")):
+        record = msgpack.unpackb(rsync.get(codec.JOB_KEY_PREFIX + (jid or "")), raw=False)
+        assert codec.flow_key_of(record) == key
