@@ -325,3 +325,19 @@ def test_sync_client_enqueue_takes_the_flow_key(redis_url: str, rsync: Any) -> N
     for jid, key in ((given, "t-1"), (default, "tenant-a")):
         record = msgpack.unpackb(rsync.get(codec.JOB_KEY_PREFIX + (jid or "")), raw=False)
         assert codec.flow_key_of(record) == key
+
+
+async def test_a_deferred_fair_job_waits_its_turn_in_time_not_the_others(
+    r: Any,
+    loops: list[Loop],  # noqa: F811
+) -> None:
+    order: list[tuple[str, int]] = []
+    lp = Loop(r, _fair_app(order), concurrency=1, fair=("default",))
+    loops.append(lp.start())
+    await lp.client.enqueue("work", "later", 0, defer_by=0.6)
+    sent = time.monotonic()
+    await lp.client.enqueue_many([JobSpec("work", ("now", n)) for n in range(3)])
+    await eventually(lambda: len(order) == 3, within=5, what="the due jobs")
+    assert order == [("now", 0), ("now", 1), ("now", 2)]  # not held back by the deferred key
+    await eventually(lambda: len(order) == 4, within=5, what="the deferred job")
+    assert time.monotonic() - sent >= 0.5 and order[-1] == ("later", 0)

@@ -89,14 +89,12 @@ class Fetcher:
             w.next_due = None
             return True
         due = await self.store.queue_head(self.config.queues)
-        if self.config.fair and await self.store.fair_waiting(self.config.fair):
-            return True  # a flow key's jobs wait to be moved (due or not: one empty claim)
-        if due is None:
-            return False
-        if due <= now:
+        if due is not None and due <= now:
             return True
-        w.next_due = due if w.next_due is None else min(w.next_due, due)
-        return False
+        if due is not None:
+            w.next_due = due if w.next_due is None else min(w.next_due, due)
+        # a fair queue's flow keys hold jobs not moved yet (due or not: at worst an empty claim)
+        return bool(self.config.fair) and await self.store.fair_waiting(self.config.fair)
 
     async def nothing_left(self) -> bool:
         """Burst mode: nothing runs, no end waits to be written, no job is due."""
