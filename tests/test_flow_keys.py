@@ -341,3 +341,14 @@ async def test_a_deferred_fair_job_waits_its_turn_in_time_not_the_others(
     assert order == [("now", 0), ("now", 1), ("now", 2)]  # not held back by the deferred key
     await eventually(lambda: len(order) == 4, within=5, what="the deferred job")
     assert time.monotonic() - sent >= 0.5 and order[-1] == ("later", 0)
+
+
+def test_the_manifest_says_which_tasks_are_fair() -> None:
+    from worker.manifest import describe, manifest
+
+    order: list[tuple[str, int]] = []
+    app = _fair_app(order)
+    app.task(name="other")(lambda ctx: None)
+    data = manifest(app, written_ms=0)
+    assert [t.get("fair") for t in data["tasks"]] == [True, None]  # no field when not fair
+    assert describe(data).app.fair_queues() == ("default",)
