@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("bench.fleet", "100 near-idle processes: commands/s, claim rounds per enqueued job"),
     "jobs": ("bench.jobs", "jobs listing with 1M queued; cancel latency of running jobs"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
+    "fair": ("bench.fair", "fair queues: cost per job vs a plain task; a quiet key's wait bound"),
     "soak": ("bench.soak", "the suite's shortened fault scenarios at their original sizes"),
 }
 

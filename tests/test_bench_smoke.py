@@ -59,6 +59,10 @@ SMOKE: dict[str, tuple[list[str], str]] = {
         ["--consumers", "1", "--alls", "1", "--window", "2", "--settle", "2"],
         r"\| commands per enqueued job \(over idle\) +\| [\d.-]+ ",
     ),
+    "fair": (
+        ["--n", "200", "--rounds", "1", "--backlog", "1000", "--quiet", "2"],
+        r"\| fair +\| [\d,]+ ",
+    ),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
 }
 

@@ -23,7 +23,7 @@ from worker.consumer.guard import ClaimGuard
 from worker.consumer.limits import LimitsHook
 from worker.context import Context, JobContext
 from worker.core.clock import SystemClock
-from worker.core.jobdefs import JobDef, JobHook, Outcome
+from worker.core.jobdefs import NO_RECORD, JobDef, JobHook, Outcome
 from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
@@ -683,7 +683,9 @@ class Recorder(JobHook):
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    async def admit(self, job: JobDef, job_id: str) -> int | None:
+    async def admit(
+        self, job: JobDef, job_id: str, record: Mapping[str, Any] = NO_RECORD
+    ) -> int | None:
         self.calls.append("admit")
         return None if "admit" in self.calls[:-1] else int(time.time() * 1000) + 50
 

@@ -1264,3 +1264,45 @@ async def test_claim_skips_paused_queues_and_takes_them_again_once_resumed(r: An
     await r.srem(keys.paused, "queue:*")
     got = await _claim(store, queues=("default", "low"))
     assert [j.job_id for j in got.jobs] == ["{t}:d1", "{t}:l2"]
+
+
+async def test_fair_enqueue_and_move_round_robin_by_pass_fifo_within_a_key(r: Any) -> None:
+    """FAIR_ENQUEUE: each job into its flow key's queue (a tie in the same ms ordered by a
+    1/1024 ms fraction), the key into the ring at its lowest pass, an id taken refused.
+    FAIR_MOVE: due jobs into the queue proper in whole ms, lowest pass first (1 / weight per
+    move), keys with nothing due passed over, empty keys out of the ring, a paused queue none."""
+    from worker.storage.enqueue import QueuedJob
+    from worker.storage.jobs import NewJob
+
+    keys = K.Keys("{t}:")
+    store = Store(r, keys)
+
+    def job(jid: str, flow: str, at: int = T) -> QueuedJob:
+        return QueuedJob(NewJob("{t}:" + jid, b"p", at), "default", JOB_TTL, flow)
+
+    batch = [job("a1", "a"), job("a2", "a"), job("a3", "a"), job("b1", "b"), job("a1", "x")]
+    assert await store.fair_enqueue(batch) == [True] * 4 + [False]
+    assert await store.fair_enqueue([job("later", "c", T + 60_000)]) == [True]
+    assert await r.zrange(keys.fair("default", "a"), 0, -1, withscores=True) == [
+        (b"{t}:a1", T),
+        (b"{t}:a2", T + 1 / 1024),
+        (b"{t}:a3", T + 2 / 1024),
+    ]
+    assert await r.zrange(keys.fair("default"), 0, -1, withscores=True) == [
+        (b"a", 0.0),
+        (b"b", 0.0),
+        (b"c", 0.0),
+    ]
+    assert await r.exists(keys.fair("default", "x")) == 0
+    await r.sadd(keys.paused, "queue:default")
+    assert await store.fair_move("default", T + 5, 10) == 0
+    await r.srem(keys.paused, "queue:default")
+    assert await store.fair_move("default", T + 5, 2, {"a": 2}) == 2  # a, then b
+    assert await r.zrange(keys.queue, 0, -1, withscores=True) == [(b"{t}:a1", T), (b"{t}:b1", T)]
+    assert await store.fair_move("default", T + 5, 2) == 0  # two due already: room for none
+    await r.zrem(keys.queue, "{t}:a1", "{t}:b1")
+    assert await store.fair_move("default", T + 5, 10) == 2  # a's rest; c has nothing due
+    assert await r.zrange(keys.fair("default"), 0, -1, withscores=True) == [(b"c", 0.0)]
+    assert await r.zrange(keys.queue, 0, -1) == [b"{t}:a2", b"{t}:a3"]
+    assert await store.fair_move("default", T + 60_000, 10) == 1
+    assert await r.exists(keys.fair("default"), keys.fair("default", "c")) == 0

@@ -34,7 +34,7 @@ import datetime as dt
 import importlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
@@ -88,6 +88,8 @@ class App:
     #: Queues in priority order (consumers drain the first before the next). Unset: ``default``
     #: then every other queue a task or periodic job names, in the order they were declared.
     queues: tuple[str, ...] | None = None
+    #: Flow keys' weights in fair queues: a key of weight 4 is served 4 jobs per turn (others 1).
+    flow_weights: dict[str, int] = field(default_factory=dict)
 
     # -- registration -------------------------------------------------------------------------
     @overload
@@ -107,6 +109,10 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
+        flow_key: Callable[..., str | None] | None = None,
+        fair: bool = False,
+        max_concurrency_per_key: int | None = None,
+        rate_per_key: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -122,6 +128,10 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
+        flow_key: Callable[..., str | None] | None = None,
+        fair: bool = False,
+        max_concurrency_per_key: int | None = None,
+        rate_per_key: str | None = None,
     ) -> Any:
         """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run; a plain
         ``def`` runs in the process's sync threads (``WORKER_SYNC_THREADS``, :mod:`worker.sync`).
@@ -131,12 +141,18 @@ class App:
         while tries remain, and the wait before each retry (seconds, or a callable of the try
         number; see :mod:`worker.core.retry`). ``max_concurrency``: at most this many run at once
         across the cluster; ``rate``: at most ``"N/s"`` (``/m``, ``/h``) start cluster-wide.
-        Jobs over a limit wait (deferred), they never fail for it.
+        Jobs over a limit wait (deferred), they never fail for it. ``flow_key``: a job's flow
+        key from its arguments (``flow_key(*args, **kwargs)``) when its enqueue names none;
+        ``fair``: its jobs are taken round-robin across flow keys (:attr:`flow_weights`);
+        ``max_concurrency_per_key`` and ``rate_per_key``: the limits above, per flow key
+        (docs/flow-control.md).
         """
         on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
-        if max_concurrency is not None and max_concurrency < 1:
-            raise ConfigError("task max_concurrency must be at least 1")
+        for what, most in (("", max_concurrency), ("_per_key", max_concurrency_per_key)):
+            if most is not None and most < 1:
+                raise ConfigError(f"task max_concurrency{what} must be at least 1")
         parsed_rate = parse_rate(rate) if rate is not None else None
+        key_rate = parse_rate(rate_per_key) if rate_per_key is not None else None
 
         def register(f: F) -> F:
             n = _check_name("task", name or f.__name__)
@@ -152,6 +168,10 @@ class App:
                 retry_delay=as_delay(retry_delay),
                 max_concurrency=max_concurrency,
                 rate=parsed_rate,
+                flow_key=flow_key,
+                fair=fair,
+                max_concurrency_per_key=max_concurrency_per_key,
+                rate_per_key=key_rate,
             )
             return f
 
@@ -402,8 +422,26 @@ class App:
         )
         return job.queue if job is not None else DEFAULT_QUEUE
 
+    def flow_of(
+        self, function: str, args: Sequence[Any], kwargs: Mapping[str, Any], given: str | None
+    ) -> tuple[str | None, bool]:
+        """A job's flow key (``given``, else its task's ``flow_key`` of its arguments) and
+        whether its task is fair."""
+        job = self.tasks.get(function)
+        if job is None:
+            return given, False
+        if given is None and job.flow_key is not None:
+            given = job.flow_key(*args, **kwargs)
+        return given, job.fair
+
+    def fair_queues(self) -> tuple[str, ...]:
+        """The queues fair tasks' jobs wait in."""
+        return tuple(dict.fromkeys(j.queue for j in self.tasks.values() if j.fair))
+
     def validate(self) -> None:
         """Cross-checks that need the whole app (raise :class:`ConfigError`)."""
+        if any(type(w) is not int or w < 1 for w in self.flow_weights.values()):
+            raise ConfigError(f"App(flow_weights={self.flow_weights!r}): integers of at least 1")
         if self.queues is not None:
             for q in self.queues:
                 _check_name("queue", q)

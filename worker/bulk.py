@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.core.ids import check_id
+from worker.core.ids import check_flow_key, check_id
 
 #: Jobs per round trip of ``enqueue_many`` unless told (bounds the script's run time and the
 #: request's size: ~0.6 ms of server time and ~100 KB for 500 small jobs).
@@ -28,6 +28,7 @@ class JobSpec:
     defer_until: dt.datetime | None = None
     queue: str | None = None
     shard_key: str | None = None
+    flow_key: str | None = None
 
 
 #: What ``enqueue_many`` takes per job: a :class:`JobSpec`, or ``(function, args)`` /
@@ -50,6 +51,7 @@ def as_spec(job: JobLike) -> JobSpec:
         check_id(spec.job_id, "job_id")
     elif spec.unique_key is not None:
         check_id(spec.unique_key, "unique_key")
+    check_flow_key(spec.flow_key)
     return spec
 
 

@@ -41,7 +41,7 @@ from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
 from worker.core import codec
 from worker.core.clock import Clock, RedisClock, ms, on_server_time
 from worker.core.errors import ConfigError, PayloadTooLarge, UnknownTask
-from worker.core.ids import check_id
+from worker.core.ids import check_flow_key, check_id
 from worker.core.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.core.serializer import (
     Deserialize,
@@ -79,6 +79,15 @@ class _Routes(Protocol):
     """An app that knows which queue each function's jobs go to."""
 
     def queue_of(self, function: str) -> str: ...
+
+
+@runtime_checkable
+class _Flows(Protocol):
+    """An app that knows its tasks' flow keys and which tasks are fair."""
+
+    def flow_of(
+        self, function: str, args: Sequence[Any], kwargs: dict[str, Any], given: str | None
+    ) -> tuple[str | None, bool]: ...
 
 
 @runtime_checkable
@@ -266,6 +275,7 @@ class Client:
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
         shard_key: str | None = None,
+        flow_key: str | None = None,
         **kwargs: Any,
     ) -> str | None:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
@@ -281,7 +291,12 @@ class Client:
         (every job of one key in one shard, in due order), else the one its ``unique_key``
         names (a unique key always meets the same shard: it stays unique), else the one a given
         ``job_id``'s prefix names (home for any other id), else the shards in turn. A
-        ``unique_key`` given with a ``shard_key`` must always come with that same one.
+        ``unique_key`` given with a ``shard_key`` must always come with that same one; without
+        either, a job's ``flow_key`` names its shard (every job of one flow key in one shard).
+
+        ``flow_key``: the job's flow key (default: the task's ``@app.task(flow_key=...)`` of
+        its arguments): what fair tasks take turns by and per-key limits count by
+        (docs/flow-control.md).
         """
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
@@ -290,15 +305,17 @@ class Client:
             check_id(job_id, "job_id")
         elif unique_key is not None:
             check_id(unique_key, "unique_key")
+        flow = self.flow_for(function, args, kwargs, flow_key)
         if job_id is not None:
             store, jid = self.shards.of(job_id), job_id
         else:
             key = shard_key if shard_key is not None else unique_key
+            key = key if key is not None else flow[0]
             store = self.shards.next() if key is None else self.shards.for_key(key)
             jid = store.ids.random() if unique_key is None else store.ids.unique(unique_key)
         if queue is None:
             queue = self.queue_for(function)
-        put = (function, args, kwargs, jid, queue, defer_by, defer_until)
+        put = (function, args, kwargs, jid, queue, defer_by, defer_until, flow)
         if self.tracing is None:
             return await self._put(store, *put)
         with self.tracing.send(function, jid, queue) as extra:
@@ -314,14 +331,20 @@ class Client:
         queue: str,
         defer_by: float,
         defer_until: dt.datetime | None,
+        flow: tuple[str | None, bool],
         extra: dict[str, Any] | None = None,
     ) -> str | None:
         await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
-        payload = codec.encode_job(function, args, kwargs, now, self._serialize, extra=extra)
+        payload = codec.encode_job(
+            function, args, kwargs, now, self._serialize, extra=extra, flow_key=flow[0]
+        )
         self._sized(function, payload)
         ttl = self._expires_ms + max(0, score - now)
+        if flow[1]:  # a fair task's job: it waits in its flow key's queue
+            job = QueuedJob(NewJob(jid, payload, score), queue, ttl, flow[0] or "")
+            return jid if (await store.fair_enqueue([job]))[0] else None
         ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
 
@@ -369,10 +392,12 @@ class Client:
         now = ms(self.clock.time())
         batch = []
         for s in specs:
+            flow = self.flow_for(s.function, s.args, s.kwargs, s.flow_key)
             if s.job_id is not None:
                 store, jid = self.shards.of(s.job_id), s.job_id
             else:
                 key = s.shard_key if s.shard_key is not None else s.unique_key
+                key = key if key is not None else flow[0]
                 store = self.shards.next() if key is None else self.shards.for_key(key)
                 jid = store.ids.random() if s.unique_key is None else store.ids.unique(s.unique_key)
             queue = s.queue if s.queue is not None else self.queue_for(s.function)
@@ -380,23 +405,27 @@ class Client:
             score = now + ms(s.defer_by) if score is None else score
             extra = spans.create(s.function, jid, queue) if spans is not None else None
             payload = codec.encode_job(
-                s.function, s.args, s.kwargs, now, self._serialize, extra=extra
+                s.function, s.args, s.kwargs, now, self._serialize, extra=extra, flow_key=flow[0]
             )
             self._sized(s.function, payload)
             ttl = self._expires_ms + max(0, score - now)
-            batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl)))
+            fair = (flow[0] or "") if flow[1] else None
+            batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl, fair)))
         return batch
 
     async def _send(
         self, batch: list[tuple[Store, QueuedJob]], spans: Batch | None
     ) -> list[str | None]:
         """Each shard's part of a chunk in one script call (the shards at once)."""
-        parts: dict[int, tuple[Store, list[int]]] = {}
-        for i, (store, _) in enumerate(batch):
-            parts.setdefault(id(store), (store, []))[1].append(i)
+        parts: dict[tuple[int, bool], tuple[Store, list[int]]] = {}
+        for i, (store, q) in enumerate(batch):  # fair tasks' jobs apart (their flow queues)
+            parts.setdefault((id(store), q.flow is not None), (store, []))[1].append(i)
         with spans.send() if spans is not None else contextlib.nullcontext():
             written = await asyncio.gather(
-                *(store.enqueue_batch([batch[i][1] for i in idx]) for store, idx in parts.values())
+                *(
+                    (s.fair_enqueue if fair else s.enqueue_batch)([batch[i][1] for i in idx])
+                    for (_, fair), (s, idx) in parts.items()
+                )
             )
         out: list[str | None] = [None] * len(batch)
         for (_, idx), oks in zip(parts.values(), written, strict=True):
@@ -409,6 +438,16 @@ class Client:
         read (``WORKER_MAX_PAYLOAD_BYTES``)."""
         if len(payload) > self.max_payload_bytes:
             raise PayloadTooLarge(function, len(payload), self.max_payload_bytes)
+
+    def flow_for(
+        self, function: str, args: Sequence[Any], kwargs: dict[str, Any], given: str | None
+    ) -> tuple[str | None, bool]:
+        """A job's flow key (checked) and whether its task is fair, when the client knows the
+        app; else ``given`` and not fair."""
+        flow = (given, False)
+        if isinstance(self.app, _Flows):
+            flow = self.app.flow_of(function, args, kwargs, given)
+        return check_flow_key(flow[0]), flow[1]
 
     def queue_for(self, function: str) -> str:
         """The queue ``function``'s jobs wait in unless told: the one the task declares when

@@ -119,6 +119,7 @@ class SyncClient:
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
         shard_key: str | None = None,
+        flow_key: str | None = None,
         **kwargs: Any,
     ) -> str | None:
         """:meth:`Client.enqueue`: the job id, or ``None`` when that id is already queued,
@@ -133,6 +134,7 @@ class SyncClient:
                 defer_until=defer_until,
                 queue=queue,
                 shard_key=shard_key,
+                flow_key=flow_key,
                 **kwargs,
             )
         )

@@ -37,6 +37,10 @@ class ConsumerConfig:
     doubt_s: float = 5.0
     #: Queues to take jobs from, highest priority first.
     queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    #: Those of :attr:`queues` holding fair tasks' jobs (moved from their flow keys' queues
+    #: round-robin before each claim; see :mod:`worker.storage.fair`), and flow keys' weights.
+    fair: tuple[str, ...] = ()
+    flow_weights: tuple[tuple[str, int], ...] = ()
     #: Burst mode (``python -m worker run --burst``, arq's ``burst``): once nothing runs and no
     #: job is due in ``queues``, stop claiming, drain, and set :attr:`Consumer.emptied`.
     burst: bool = False

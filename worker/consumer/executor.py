@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -146,7 +146,7 @@ class Executor:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
-        if plan.admit and not await self._admitted(plan, job, c, run):
+        if plan.admit and not await self._admitted(plan, job, c, run, record):
             return  # deferred: it waits (for a slot, say), its try given back
         self._waited(c, fn_name, start_ms)
         timeout, keep = task.timeout_s, task.keep_s
@@ -223,11 +223,13 @@ class Executor:
             label = task if task in self._tasks else "<unknown>"
             self.figures.waits.append((c.queue, label, max(0, start_ms - c.score_ms) / 1000))
 
-    async def _admitted(self, plan: HookPlan, job: JobDef, c: Claimed, run: Run) -> bool:
+    async def _admitted(
+        self, plan: HookPlan, job: JobDef, c: Claimed, run: Run, record: Mapping[str, Any]
+    ) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
         hook named, and the hooks that had let it start give back what they took."""
         for i, hook in enumerate(plan.admit):
-            due_ms = await hook.admit(job, c.job_id)
+            due_ms = await hook.admit(job, c.job_id, record)
             if due_ms is not None:
                 for earlier in plan.admit[:i]:
                     await earlier.release(job, c.job_id)

@@ -89,16 +89,18 @@ class Fetcher:
             w.next_due = None
             return True
         due = await self.store.queue_head(self.config.queues)
-        if due is None:
-            return False
-        if due <= now:
+        if due is not None and due <= now:
             return True
-        w.next_due = due if w.next_due is None else min(w.next_due, due)
-        return False
+        if due is not None:
+            w.next_due = due if w.next_due is None else min(w.next_due, due)
+        # a fair queue's flow keys hold jobs not moved yet (due or not: at worst an empty claim)
+        return bool(self.config.fair) and await self.store.fair_waiting(self.config.fair)
 
     async def nothing_left(self) -> bool:
         """Burst mode: nothing runs, no end waits to be written, no job is due."""
         if self.running or self.completer.ended:
+            return False
+        if self.config.fair and await self.store.fair_waiting(self.config.fair):
             return False
         due = await self.store.queue_head(self.config.queues)
         return due is None or due > ms(self.clock.time())
@@ -130,6 +132,9 @@ class Fetcher:
         """One ``CLAIM`` of up to ``free`` jobs from one shard; how many started."""
         token = f"{self.instance_id}/{next(self._seq)}"
         sent = self.clock.monotonic()
+        for queue in self.config.fair:  # fair jobs moved in, round-robin across flow keys
+            now = ms(self.clock.time())
+            await store.fair_move(queue, now, free, dict(self.config.flow_weights))
         try:
             claims = await store.claim(
                 self.instance_id,

@@ -4,6 +4,7 @@ per-job key names and the expiry a queued job gets.
 The records are maps serialized by the app's serializer (``WORKER_SERIALIZER``)::
 
     job     {"t": try or None, "f": function, "a": [args], "k": {kwargs}, "et": enqueued ms}
+            and "fk": the job's flow key, only when it has one (arq ignores the field)
     result  the job's fields, and "s": success, "r": result or error, "st": started ms,
             "ft": finished ms, "q": queue, "id": job id
 
@@ -44,6 +45,7 @@ __all__ = [
     "decode_result",
     "encode_job",
     "encode_result",
+    "flow_key_of",
     "job_record",
     "ms_to_datetime",
 ]
@@ -73,6 +75,9 @@ STARTED = "st"
 FINISHED = "ft"
 QUEUE = "q"
 JOB_ID = "id"
+#: The job's flow key (``enqueue(..., flow_key=...)``): written only when given, so a job
+#: without one is byte for byte arq's record.
+FLOW_KEY = "fk"
 #: The job record's fields, in arq's order.
 JOB_FIELDS = (TRY, FUNCTION, ARGS, KWARGS, ENQUEUED)
 #: The result record's fields, in arq's order.
@@ -176,6 +181,12 @@ def result_fields(record: Mapping[str, Any]) -> ResultFields:
     )
 
 
+def flow_key_of(record: Mapping[str, Any]) -> str | None:
+    """The flow key of a decoded job record (``None``: it has none, or not a string)."""
+    value = record.get(FLOW_KEY)
+    return value if isinstance(value, str) else None
+
+
 def ms_to_datetime(unix_ms: int) -> dt.datetime:
     """A record's milliseconds as an aware UTC datetime."""
     return dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.UTC)
@@ -189,9 +200,10 @@ def job_record(
     job_try: int | None = None,
     *,
     extra: Mapping[str, Any] | None = None,
+    flow_key: str | None = None,
 ) -> dict[str, Any]:
     """The job record's map; ``extra``: more fields, which arq ignores (the trace context of
-    :mod:`worker.tracing`)."""
+    :mod:`worker.tracing`); ``flow_key``: the job's flow key (no field when ``None``)."""
     record: dict[str, Any] = {
         TRY: job_try,
         FUNCTION: function,
@@ -199,6 +211,8 @@ def job_record(
         KWARGS: dict(kwargs),
         ENQUEUED: enqueue_time_ms,
     }
+    if flow_key is not None:
+        record[FLOW_KEY] = flow_key
     if extra:
         record.update(extra)
     return record
@@ -213,10 +227,14 @@ def encode_job(
     job_try: int | None = None,
     *,
     extra: Mapping[str, Any] | None = None,
+    flow_key: str | None = None,
 ) -> bytes:
     """A job record's bytes, as ``arq.jobs.serialize_job`` lays them out (see
     :func:`job_record`)."""
-    return serialize(job_record(function, args, kwargs, enqueue_time_ms, job_try, extra=extra))
+    record = job_record(
+        function, args, kwargs, enqueue_time_ms, job_try, extra=extra, flow_key=flow_key
+    )
+    return serialize(record)
 
 
 def encode_result(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 import structlog
@@ -30,6 +31,9 @@ Outcome = Literal["success", "failure", "retry"]
 #: expired); ``dead`` (a ``retry_on`` error with no tries left: set aside as a dead letter).
 Status = Literal["success", "failed", "retry", "cancelled", "timeout", "dead"]
 
+
+#: What :meth:`JobHook.admit` gets for a job whose record is not at hand (an empty map).
+NO_RECORD: Mapping[str, Any] = MappingProxyType({})
 
 #: The queue a task\'s jobs go to unless it names one (arq\'s own queue key, ``arq:queue``).
 DEFAULT_QUEUE = "default"
@@ -86,7 +90,10 @@ class JobDef:
     """A function consumers run under ``name``. ``timeout_s``/``max_tries``/``keep_result_s``
     override the process defaults when set. ``queue`` is where its jobs wait; ``retry_on`` and
     ``retry_delay`` retry it automatically (see :mod:`worker.core.retry`); ``max_concurrency`` and
-    ``rate`` limit it cluster-wide (see :mod:`worker.consumer.limits`)."""
+    ``rate`` limit it cluster-wide, ``max_concurrency_per_key`` and ``rate_per_key`` the same per
+    flow key (see :mod:`worker.consumer.limits`); ``flow_key`` computes a job's flow key from its
+    arguments when the enqueue names none; ``fair``: its jobs are taken round-robin across flow
+    keys (see :mod:`worker.storage.fair`)."""
 
     name: str
     fn: TaskFn
@@ -98,6 +105,10 @@ class JobDef:
     retry_delay: RetryDelay | None = None
     max_concurrency: int | None = None
     rate: tuple[int, float] | None = None  # (jobs, per seconds)
+    flow_key: Callable[..., str | None] | None = None
+    fair: bool = False
+    max_concurrency_per_key: int | None = None
+    rate_per_key: tuple[int, float] | None = None  # (jobs, per seconds)
 
 
 class JobHook:
@@ -125,9 +136,12 @@ class JobHook:
         feature says otherwise): a hook's per-job steps cost nothing for the others."""
         return True
 
-    async def admit(self, job: JobDef, job_id: str) -> int | None:
+    async def admit(
+        self, job: JobDef, job_id: str, record: Mapping[str, Any] = NO_RECORD
+    ) -> int | None:
         """``None`` to let the job start now; else the time (epoch ms) to look again: the job
-        is deferred, its try given back (a concurrency slot or rate allowance not free)."""
+        is deferred, its try given back (a concurrency slot or rate allowance not free).
+        ``record``: the job's record (arq's map, with any field a feature wrote at enqueue)."""
         return None
 
     def context(self, job_id: str) -> Mapping[str, Any]:

@@ -207,6 +207,8 @@ def _consumer(w: Wiring, _: Any) -> Component:
         holds_ttl_s=max(s.job_timeout_s + 60, s.orphan_stale_s * 3),
         max_payload_bytes=s.max_payload_bytes,
         queues=consumer_queues(w.app, s),
+        fair=tuple(q for q in w.app.fair_queues() if q in consumer_queues(w.app, s)),
+        flow_weights=tuple(w.app.flow_weights.items()),
         # well inside the orphan bound: a consumer doubts its claims before they can be reaped
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
         burst=w.burst,

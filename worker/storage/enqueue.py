@@ -1,4 +1,5 @@
-"""The batched unique enqueue: many arq jobs written in one script call (``enqueue_many``),
+"""The batched unique enqueue: many arq jobs written in one script call (``enqueue_many``;
+fair tasks' jobs into their flow keys' queues, :mod:`worker.storage.fair`),
 and the queue heads the leader reads to find jobs a producer wrote without an announcement (a
 plain arq client: the record and a ``ZADD``; the announcement is :mod:`worker.storage.wake`'s)."""
 
@@ -54,13 +55,70 @@ return out
 """
 
 
+#: Run by :meth:`EnqueueOps.fair_enqueue` (below); see :mod:`worker.storage.fair`.
+FAIR_ENQUEUE = """
+-- Enqueue a batch of fair tasks' jobs, each unless a job or result with its id exists (as
+-- ENQUEUE_MANY): the job waits in its flow key's queue, scored by its due time, and the flow key
+-- joins the ring at the ring's lowest pass unless it is there already. The earliest due time
+-- written goes to the wake marker (ZADD LT) and each distinct one is published once.
+-- KEYS    -> the rings and flow queues the jobs name (by index), then last the wake marker
+-- ARGV[1] -> arq job key prefix
+-- ARGV[2] -> arq result key prefix
+-- ARGV[3] -> wake channel
+-- ARGV[4 + 7k ..] -> job k: ring index, flow queue index, flow key, id, job key TTL ms,
+--                    score (ms), payload
+-- Returns: per job 1 if enqueued, 0 if its id exists.
+-- A job due in the same millisecond as the flow queue's last one is scored 1/1024 ms after it
+-- (FIFO within a key; ids would order ties), up to 1,024 such jobs a millisecond.
+local function after(flow, score)
+  local last = redis.call('ZRANGE', flow, -1, -1, 'WITHSCORES')
+  local at = tonumber(last[2] or '-1')
+  if at >= score and at + 1 / 1024 < score + 1 then
+    score = at + 1 / 1024
+  end
+  return string.format('%.17g', score)
+end
+local out = {}
+local published = {}
+local earliest = nil
+for i = 4, #ARGV, 7 do
+  local id = ARGV[i + 3]
+  if redis.call('EXISTS', ARGV[1] .. id, ARGV[2] .. id) > 0 then
+    out[#out + 1] = 0
+  else
+    local ring, flow, score = KEYS[tonumber(ARGV[i])], KEYS[tonumber(ARGV[i + 1])], ARGV[i + 5]
+    redis.call('SET', ARGV[1] .. id, ARGV[i + 6], 'PX', ARGV[i + 4])
+    redis.call('ZADD', flow, after(flow, tonumber(score)), id)
+    if not redis.call('ZSCORE', ring, ARGV[i + 2]) then
+      local low = redis.call('ZRANGE', ring, 0, 0, 'WITHSCORES')
+      redis.call('ZADD', ring, low[2] or 0, ARGV[i + 2])
+    end
+    if not published[score] then
+      published[score] = true
+      redis.call('PUBLISH', ARGV[3], '+' .. score)
+      if earliest == nil or tonumber(score) < tonumber(earliest) then
+        earliest = score
+      end
+    end
+    out[#out + 1] = 1
+  end
+end
+if earliest ~= nil then
+  redis.call('ZADD', KEYS[#KEYS], 'LT', earliest, 'wake')
+end
+return out
+"""
+
+
 @dataclass(frozen=True)
 class QueuedJob:
-    """One job of a batch: the record, the queue it waits in and its job key's TTL."""
+    """One job of a batch: the record, the queue it waits in and its job key's TTL; ``flow``:
+    a fair task's job, its flow key ("" for none): it waits in that key's flow queue."""
 
     job: NewJob
     queue: str
     ttl_ms: int
+    flow: str | None = None
 
 
 class EnqueueOps(StoreBase):
@@ -81,6 +139,29 @@ class EnqueueOps(StoreBase):
             args += [index, q.job.job_id, q.ttl_ms, q.job.score_ms, q.job.payload]
         keys = [*queues, self.keys.wake_marker]
         out, acked = await self._eval(self._script(ENQUEUE_MANY), keys, args)
+        written = [bool(x) for x in out]
+        if not all(written) and self.replication.enabled:
+            await self.confirm("enqueue (an id exists)")
+        elif not self.replicated(acked):
+            raise self._short("enqueue", acked)
+        return written
+
+    async def fair_enqueue(self, batch: Sequence[QueuedJob]) -> list[bool]:
+        """Write each fair job of ``batch`` (``flow`` set) into its flow key's queue unless its
+        id is taken, in one script call; per job whether it was written (as
+        :meth:`enqueue_batch`, WAIT policy included)."""
+        if not batch:
+            return []
+        index: dict[str, int] = {}
+        args: list[str | int | bytes] = [K.ARQ_JOB, K.ARQ_RESULT, self.keys.wake]
+        for q in batch:
+            flow = q.flow or ""
+            ring = index.setdefault(self.keys.fair(q.queue), len(index) + 1)
+            mine = index.setdefault(self.keys.fair(q.queue, flow), len(index) + 1)
+            args += [ring, mine, flow, q.job.job_id, q.ttl_ms, q.job.score_ms, q.job.payload]
+        out, acked = await self._eval(
+            self._script(FAIR_ENQUEUE), [*index, self.keys.wake_marker], args
+        )
         written = [bool(x) for x in out]
         if not all(written) and self.replication.enabled:
             await self.confirm("enqueue (an id exists)")

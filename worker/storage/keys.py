@@ -38,8 +38,6 @@ ARQ_IN_PROGRESS = codec.IN_PROGRESS_KEY_PREFIX
 ARQ_RETRY = codec.RETRY_KEY_PREFIX
 ARQ_ABORT = codec.ABORT_JOBS_SS
 
-#: The queue jobs go to unless their task names another.
-
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
 
@@ -116,9 +114,8 @@ class Keys:
 
     @property
     def leader_history(self) -> str:
-        """List of the last :data:`HISTORY_KEEP` leadership changes, newest first, each
-        ``<epoch>|<server ms>|<reason>|<instance>`` (written by ACQUIRE and RELEASE; parsed by
-        ``Store.leader_history``)."""
+        """The last :data:`HISTORY_KEEP` leadership changes, newest first, each ``<epoch>|<server
+        ms>|<reason>|<instance>`` (written by ACQUIRE and RELEASE; read by ``leader_history``)."""
         return f"{self.prefix}leader:history"
 
     @property
@@ -324,21 +321,25 @@ class Keys:
     def once(self, name: str) -> str:
         return f"{self.prefix}once:{name}"
 
-    # -- cluster-wide limits ------------------------------------------------------------------
-    def limit_slots(self, task: str) -> str:
+    # -- cluster-wide limits: a task's, or with ``flow`` one flow key's of the task -----------
+    def limit_slots(self, task: str, flow: str | None = None) -> str:
         """Sorted set: job id -> lease expiry (ms) of each run holding a concurrency slot."""
-        return f"{self.prefix}limit:{task}:slots"
+        return f"{self.prefix}limit:{task}:{'' if flow is None else f'key:{flow}:'}slots"
 
-    def limit_rate(self, task: str) -> str:
+    def limit_rate(self, task: str, flow: str | None = None) -> str:
         """The rate limiter's theoretical arrival time (ms) for ``task``."""
-        return f"{self.prefix}limit:{task}:rate"
+        return f"{self.prefix}limit:{task}:{'' if flow is None else f'key:{flow}:'}rate"
+
+    def fair(self, queue: str, flow: str | None = None) -> str:
+        """A fair queue's ring (flow key -> pass); with ``flow``, that key's queue (id -> due)."""
+        return f"{self.prefix}fair:{queue}" + ("" if flow is None else f":{flow}")
 
     # -- throughput and the operators' log ------------------------------------------------------
     def stats(self, queue: str, hour: int) -> str:
         """Hash of one queue's finished runs in one hour (``hour`` = epoch ms // 3,600,000):
         ``<minute>:done`` and ``<minute>:failed`` -> count, ``minute`` = epoch ms // 60,000.
-        Written by FINISH (one HINCRBY per batch and outcome); expires
-        :data:`STATS_TTL_MS` after its last write, so each hour's key goes by itself."""
+        Written by FINISH (one HINCRBY per batch and outcome); expires :data:`STATS_TTL_MS`
+        after its last write."""
         return f"{self.prefix}stats:{queue}:{hour}"
 
     def task_stats(self, hour: int) -> str:

@@ -15,6 +15,7 @@ from worker.storage.dead import DeadOps
 from worker.storage.election import ElectionOps
 from worker.storage.enqueue import EnqueueOps
 from worker.storage.failures import RecordOps
+from worker.storage.fair import FairOps
 from worker.storage.initializer import FencedInitializerOps, InitializerOps
 from worker.storage.inspect_jobs import InspectJobOps
 from worker.storage.jobs import JobOps
@@ -36,6 +37,7 @@ class Store(
     ClaimOps,
     JobOps,
     EnqueueOps,
+    FairOps,
     RecordOps,
     PeriodicOps,
     PollerOps,
