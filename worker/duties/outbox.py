@@ -1,0 +1,138 @@
+"""The outbox relay: the leader moves committed outbox rows (:mod:`worker.outbox`) into Redis.
+
+Each round, under the lease's epoch as its fencing token:
+
+1. one database transaction raises the fence row to the token (``token <= $1``; no row
+   updated: a newer relay has been here, so this one steps down) and reads the oldest rows;
+2. one fenced script writes their jobs (:meth:`FencedStore.relay_outbox`: the lease checked in
+   the same step, each id moved once, confirmed per the WAIT policy);
+3. one database transaction raises the fence again and deletes the rows.
+
+A row is deleted only after Redis confirmed its job; a round cut anywhere leaves its rows, and
+the next round (this leader's or the next one's) finds their ids already moved. A relay paused
+past its lease is refused by Redis (the lease) and by the database (the fence a newer relay
+raised). An enqueue's ``NOTIFY`` (delivered at commit) wakes the relay; without one it looks
+every ``interval_s``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from worker.core import codec
+from worker.core.clock import Clock, ms, on_server_time
+from worker.core.component import LoopComponent
+from worker.core.errors import LeadershipLost
+from worker.core.jobdefs import DEFAULT_QUEUE
+from worker.core.serializer import Serialize
+from worker.outbox import schema as Q
+from worker.storage.jobs import NewJob
+from worker.storage.outbox import OutboxJob
+from worker.storage.store import FencedStore, Store
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = structlog.get_logger("worker.outbox")
+
+NAME = "outbox-relay"
+#: Rows per round.
+BATCH = 500
+
+
+class OutboxRelay(LoopComponent):
+    """Moves committed outbox rows into Redis, each exactly one job (leader only)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        store: Store,
+        fenced: FencedStore,
+        queues: Mapping[str, str],
+        serialize: Serialize,
+        clock: Clock,
+        *,
+        interval_s: float = 1.0,
+        batch: int = BATCH,
+    ) -> None:
+        """``queues``: the app's task names -> their queues (another task: ``default``)."""
+        super().__init__(NAME, clock, sla_s=60.0)
+        self.dsn = dsn
+        self.store = store
+        self.fenced = fenced
+        self.queues = dict(queues)
+        self.serialize = serialize
+        self.interval_s = interval_s
+        self.batch = batch
+        self.token = 0
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def setup(self) -> None:
+        import psycopg  # the outbox extra: imported only where the relay runs
+
+        epoch = self.fenced.leader.epoch
+        if epoch is None:
+            raise LeadershipLost("not leading")
+        self.token = epoch
+        self.conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        await self.conn.execute(Q.LISTEN)
+
+    async def teardown(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+            self.conn = None
+
+    async def tick(self) -> float:
+        assert self.conn is not None
+        rows = await self.read(self.conn)
+        if rows:
+            await self.move(rows)
+            await self.remove(self.conn, [r[0] for r in rows])
+            log.info("outbox rows relayed", rows=len(rows), token=self.token)
+            return 0.0 if len(rows) == self.batch else 0.001
+        async for _ in self.conn.notifies(timeout=self.interval_s, stop_after=1):
+            pass  # an enqueue committed (or the interval passed): look again
+        return 0.0
+
+    async def _fence(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        cur = await conn.execute(Q.FENCE, (self.token, self.token))
+        if cur.rowcount != 1:
+            reason = f"the outbox fence refused token {self.token}: a newer relay moved rows"
+            self.fenced.leader.lost(reason)
+            raise LeadershipLost(reason)
+
+    async def read(self, conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+        """The oldest rows, read after raising the fence in the same transaction."""
+        async with conn.transaction():
+            await self._fence(conn)
+            cur = await conn.execute(Q.READ, (self.batch,))
+            return await cur.fetchall()
+
+    async def move(self, rows: Sequence[tuple[Any, ...]]) -> list[bool]:
+        """The rows' jobs into Redis, in one fenced script call."""
+        await on_server_time(self.clock, self.store.server_time_ms)
+        now = ms(self.clock.time())
+        jobs = [self._job(row, now) for row in rows]
+        return await self.fenced.relay_outbox(jobs, now)
+
+    def _job(self, row: tuple[Any, ...], now: int) -> OutboxJob:
+        _, key, task, args, kwargs, job_id, unique_key, queue, defer_by_s = row
+        ids = self.store.ids
+        jid = job_id or (ids.unique(unique_key) if unique_key else f"{ids.prefix}outbox:{key}")
+        args = json.loads(args) if isinstance(args, str | bytes) else args
+        kwargs = json.loads(kwargs) if isinstance(kwargs, str | bytes) else kwargs
+        payload = codec.encode_job(task, args, kwargs, now, self.serialize)
+        score = now + ms(defer_by_s or 0.0)
+        ttl = codec.EXPIRES_EXTRA_MS + max(0, score - now)
+        queue = queue or self.queues.get(task, DEFAULT_QUEUE)
+        return OutboxJob(NewJob(jid, payload, score), queue, ttl)
+
+    async def remove(self, conn: psycopg.AsyncConnection[Any], ids: list[int]) -> None:
+        """Delete moved rows, after raising the fence in the same transaction."""
+        async with conn.transaction():
+            await self._fence(conn)
+            await conn.execute(Q.DELETE, (ids,))
