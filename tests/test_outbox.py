@@ -1,0 +1,209 @@
+"""The fenced outbox: ``worker.outbox.enqueue`` inside the app's PostgreSQL transaction, and
+the leader's relay moving committed rows into Redis, each exactly one job.
+
+A real PostgreSQL (``tests/postgres.py``) and the real Redis-compatible server throughout;
+the end-to-end runs are real ``python -m worker`` processes running examples/outbox: a commit
+runs its job once, a rollback runs nothing, and a relay frozen (``SIGSTOP``) after reading its
+rows, past its lease, cannot publish them again once a new leader moved them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+
+import worker
+from tests.conftest import ROOT, FixedLease, Spawn, WorkerProc, wait_until
+from tests.docpages import page
+from tests.postgres import Postgres
+from worker.core.clock import SystemClock
+from worker.core.errors import LeadershipLost
+from worker.core.serializer import msgpack_dumps, msgpack_loads
+from worker.duties.outbox import OutboxRelay
+from worker.storage.keys import Keys
+from worker.storage.store import FencedStore, Store
+
+sys.path.insert(0, str(ROOT / "examples"))
+from outbox import app as example
+
+APP = "outbox.app:app"
+KEYS = Keys("tob:")
+LOCK = "1700000000000:relay-a"
+
+
+def test_the_outbox_page_shows_the_example_this_file_runs() -> None:
+    text = page("outbox")  # docs/outbox.md
+    assert '--8<-- "examples/outbox/app.py"' in text
+    assert "WORKER_OUTBOX_DSN" in text
+
+
+def outbox_rows(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT task, args, kwargs FROM worker_outbox ORDER BY id").fetchall()
+
+
+def test_a_row_is_written_only_when_its_transaction_commits(postgres: Postgres) -> None:
+    dsn = postgres.database("outbox_sync")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        worker.outbox.install(conn)
+        worker.outbox.install(conn)  # idempotent
+        with pytest.raises(RuntimeError), conn.transaction():
+            worker.outbox.enqueue(conn, "send_receipt", 1)
+            raise RuntimeError("the request failed")
+        assert outbox_rows(dsn) == []
+        with conn.transaction():
+            key = worker.outbox.enqueue(conn, "send_receipt", 2, note="x", defer_by=1.5)
+            assert outbox_rows(dsn) == []  # not visible before the commit
+        assert outbox_rows(dsn) == [("send_receipt", [2], {"note": "x"})]
+        assert len(key) == 36
+        with pytest.raises(ValueError):
+            worker.outbox.enqueue(conn, "send_receipt", job_id="a", unique_key="b")
+
+
+async def test_an_async_connection_enqueues_with_await(postgres: Postgres) -> None:
+    dsn = postgres.database("outbox_async")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await example.setup(conn)
+        await example.place_order(conn, 7, "9.90")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await example.place_order(conn, 7, "9.90")  # rolled back: no second row
+    assert outbox_rows(dsn) == [("send_receipt", [7], {})]
+
+
+async def relay_of(dsn: str, r: aioredis.Redis, lock: str = LOCK) -> tuple[OutboxRelay, FixedLease]:
+    await r.set(KEYS.leader, lock)
+    lease = FixedLease(lock)
+    store = Store(r, KEYS)
+    relay = OutboxRelay(dsn, store, FencedStore(store, lease), {}, msgpack_dumps, SystemClock())
+    await relay.setup()
+    return relay, lease
+
+
+async def test_a_row_moved_twice_is_one_job_and_a_stale_relay_is_refused(
+    postgres: Postgres, redis_url: str
+) -> None:
+    dsn = postgres.database("outbox_relay")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        worker.outbox.install(conn)
+        for n in range(3):
+            worker.outbox.enqueue(conn, "send_receipt", n, job_id=f"tob:order:{n}" if n else None)
+    r = aioredis.Redis.from_url(redis_url)
+    relay, lease = await relay_of(dsn, r)
+    try:
+        assert relay.conn is not None
+        rows = await relay.read(relay.conn)
+        assert [await relay.move(rows), await relay.move(rows)] == [[True] * 3, [False] * 3]
+        queued = [m.decode() for m in await r.zrange(KEYS.queue, 0, -1)]
+        assert len(queued) == 3 and "tob:order:1" in queued
+        assert sum(q.startswith("tob:outbox:") for q in queued) == 1
+        record = msgpack_loads(await r.get("arq:job:tob:order:2") or b"")
+        assert record["a"] == [2]
+        await relay.remove(relay.conn, [row[0] for row in rows])
+        assert outbox_rows(dsn) == []
+        # a newer relay raised the fence: this one's reads and deletes are refused
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE worker_outbox_fence SET token = token + 1")
+        with pytest.raises(LeadershipLost):
+            await relay.read(relay.conn)
+        assert lease.losses and "outbox fence refused" in lease.losses[0]
+        # and the lease gone in Redis: its Redis write is refused too
+        await r.set(KEYS.leader, "1700000000001:relay-b")
+        with pytest.raises(LeadershipLost):
+            await relay.move(rows)
+    finally:
+        await relay.teardown()
+        await r.aclose()
+
+
+# -- real processes -----------------------------------------------------------------------------
+
+
+def receipts(dsn: str) -> dict[int, int]:
+    """order id -> how many times its receipt job ran."""
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute("SELECT order_id, count(*) FROM receipts GROUP BY order_id")
+        return dict(found.fetchall())
+
+
+def prepare(pg: Postgres, name: str) -> str:
+    dsn = pg.database(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(example.SCHEMA)
+        worker.outbox.install(conn)
+    return dsn
+
+
+def order(dsn: str, order_id: int, *, commit: bool = True) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO orders (id, total) VALUES (%s, 1)", (order_id,))
+        worker.outbox.enqueue(conn, "send_receipt", order_id)
+        conn.commit() if commit else conn.rollback()
+
+
+def env_for(dsn: str, **more: str) -> dict[str, str | None]:
+    return {
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'examples'}",
+        "WORKER_OUTBOX_DSN": dsn,
+        **more,
+    }
+
+
+@pytest.mark.slow
+def test_a_commit_runs_its_job_once_and_a_rollback_nothing(
+    spawn: Spawn, postgres: Postgres
+) -> None:
+    dsn = prepare(postgres, "outbox_e2e")
+    proc = spawn("all", app=APP, env=env_for(dsn))
+    order(dsn, 1)
+    order(dsn, 2, commit=False)
+    order(dsn, 3)
+    done = wait_until(lambda: receipts(dsn) if len(receipts(dsn)) >= 2 else None, 60, 0.05)
+    time.sleep(1.0)  # a rolled-back row would have run by now (the relay looks every 1 s)
+    assert receipts(dsn) == {1: 1, 3: 1}, (done, proc.log()[-3000:])
+    assert outbox_rows(dsn) == []
+
+
+def held(proc: WorkerProc) -> bool:
+    return any(e.get("event") == "outbox rows held" for e in proc.events())
+
+
+@pytest.mark.slow
+def test_a_relay_frozen_after_its_read_does_not_publish_again_what_a_new_leader_moved(
+    spawn: Spawn, postgres: Postgres
+) -> None:
+    dsn = prepare(postgres, "outbox_frozen")
+    env = env_for(dsn, OUTBOX_HOLD_S="2")
+    procs = [spawn("all", name=n, app="tests.apps.outbox_hold:app", env=env) for n in "ab"]
+    orders = range(1, 21)
+    for n in orders:
+        order(dsn, n)
+    old = wait_until(lambda: next((p for p in procs if held(p)), None), 60, 0.01, what="a read")
+    old.pause()  # after its read, before its Redis write: frozen past its lease
+    try:
+        new = next(p for p in procs if p is not old)
+        wait_until(lambda: len(receipts(dsn)) == len(orders), 60, 0.1, what="the new leader")
+        assert held(new)
+    finally:
+        old.resume()
+    # the old relay wakes with its rows in hand: its Redis write is refused by the lease (or
+    # it is stopped before it writes): it moves nothing
+    stopped = wait_until(
+        lambda: [e for e in old.events() if e.get("event") == "leadership lost; component stops"],
+        30,
+        what="the old relay to stop",
+    )
+    relayed = [e for e in old.events() if e.get("event") == "outbox rows relayed"]
+    assert not relayed, relayed
+    refused = [e for e in stopped if "FENCED" in str(e.get("error"))]
+    print("the old relay:", "refused by the lease" if refused else "stopped before its write")
+    order(dsn, 21)  # the cluster relays on
+    wait_until(lambda: 21 in receipts(dsn), 60, 0.1, what="a later order")
+    time.sleep(1.0)
+    assert receipts(dsn) == {n: 1 for n in range(1, 22)}
+    assert outbox_rows(dsn) == []
