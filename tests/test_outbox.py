@@ -98,13 +98,14 @@ async def test_a_row_moved_twice_is_one_job_and_a_stale_relay_is_refused(
     try:
         assert relay.conn is not None
         rows = await relay.read(relay.conn)
-        assert [await relay.move(rows), await relay.move(rows)] == [[True] * 3, [False] * 3]
+        ids = [row[0] for row in rows]
+        assert [await relay.move(rows), await relay.move(rows)] == [ids, ids]
         queued = [m.decode() for m in await r.zrange(KEYS.queue, 0, -1)]
         assert len(queued) == 3 and "tob:order:1" in queued
         assert sum(q.startswith("tob:outbox:") for q in queued) == 1
         record = msgpack_loads(await r.get("arq:job:tob:order:2") or b"")
         assert record["a"] == [2]
-        await relay.remove(relay.conn, [row[0] for row in rows])
+        await relay.remove(relay.conn, ids)
         assert outbox_rows(dsn) == []
         # a newer relay raised the fence: this one's reads and deletes are refused
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -116,6 +117,28 @@ async def test_a_row_moved_twice_is_one_job_and_a_stale_relay_is_refused(
         await r.set(KEYS.leader, "1700000000001:relay-b")
         with pytest.raises(LeadershipLost):
             await relay.move(rows)
+    finally:
+        await relay.teardown()
+        await r.aclose()
+
+
+async def test_a_row_the_serializer_refuses_stays_and_the_others_move(
+    postgres: Postgres, redis_url: str
+) -> None:
+    dsn = postgres.database("outbox_poison")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        worker.outbox.install(conn)
+        worker.outbox.enqueue(conn, "send_receipt", 2**70)  # msgpack takes no such integer
+        worker.outbox.enqueue(conn, "send_receipt", 1)
+    r = aioredis.Redis.from_url(redis_url)
+    relay, _ = await relay_of(dsn, r)
+    try:
+        assert await relay.tick() == 0.001
+        assert await r.zcard(KEYS.queue) == 1
+        assert outbox_rows(dsn) == [("send_receipt", [2**70], {})]
+        started = time.monotonic()
+        assert await relay.tick() == 0.0  # only the refused row left: it waits for a commit
+        assert time.monotonic() - started >= 0.9
     finally:
         await relay.teardown()
         await r.aclose()

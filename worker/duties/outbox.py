@@ -28,6 +28,7 @@ from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.errors import LeadershipLost
 from worker.core.jobdefs import DEFAULT_QUEUE
+from worker.core.logs import error_text
 from worker.core.serializer import Serialize
 from worker.outbox import schema as Q
 from worker.storage.jobs import NewJob
@@ -70,6 +71,7 @@ class OutboxRelay(LoopComponent):
         self.batch = batch
         self.token = 0
         self.conn: psycopg.AsyncConnection[Any] | None = None
+        self._refused: set[int] = set()  # rows logged as not relayable
 
     async def setup(self) -> None:
         import psycopg  # the outbox extra: imported only where the relay runs
@@ -89,10 +91,10 @@ class OutboxRelay(LoopComponent):
     async def tick(self) -> float:
         assert self.conn is not None
         rows = await self.read(self.conn)
-        if rows:
-            await self.move(rows)
-            await self.remove(self.conn, [r[0] for r in rows])
-            log.info("outbox rows relayed", rows=len(rows), token=self.token)
+        moved = await self.move(rows) if rows else []
+        if moved:
+            await self.remove(self.conn, moved)
+            log.info("outbox rows relayed", rows=len(moved), token=self.token)
             return 0.0 if len(rows) == self.batch else 0.001
         async for _ in self.conn.notifies(timeout=self.interval_s, stop_after=1):
             pass  # an enqueue committed (or the interval passed): look again
@@ -112,12 +114,24 @@ class OutboxRelay(LoopComponent):
             cur = await conn.execute(Q.READ, (self.batch,))
             return await cur.fetchall()
 
-    async def move(self, rows: Sequence[tuple[Any, ...]]) -> list[bool]:
-        """The rows' jobs into Redis, in one fenced script call."""
+    async def move(self, rows: Sequence[tuple[Any, ...]]) -> list[int]:
+        """The rows' jobs into Redis, in one fenced script call; the ids of the rows moved
+        (now or before). A row whose job cannot be encoded (an argument the serializer
+        refuses) stays in the table, logged once."""
         await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
-        jobs = [self._job(row, now) for row in rows]
-        return await self.fenced.relay_outbox(jobs, now)
+        jobs, ids = [], []
+        for row in rows:
+            try:
+                jobs.append(self._job(row, now))
+            except Exception as exc:  # one bad row must not stop the others
+                if row[0] not in self._refused:
+                    self._refused.add(row[0])
+                    log.error("outbox row not relayed", row=row[0], error=error_text(exc))
+                continue
+            ids.append(row[0])
+        await self.fenced.relay_outbox(jobs, now)
+        return ids
 
     def _job(self, row: tuple[Any, ...], now: int) -> OutboxJob:
         _, key, task, args, kwargs, job_id, unique_key, queue, defer_by_s = row
