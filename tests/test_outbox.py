@@ -76,6 +76,49 @@ async def test_an_async_connection_enqueues_with_await(postgres: Postgres) -> No
     assert outbox_rows(dsn) == [("send_receipt", [7], {})]
 
 
+def sqlalchemy_url(dsn: str) -> str:
+    return dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def test_a_sqlalchemy_session_enqueues_in_its_transaction(postgres: Postgres) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    dsn = postgres.database("outbox_sa")
+    engine = create_engine(sqlalchemy_url(dsn))
+    try:
+        with engine.begin() as conn:
+            worker.outbox.install(conn)
+            worker.outbox.install(conn)
+        with Session(engine) as session:
+            session.execute(text("CREATE TABLE orders (id int)"))
+            worker.outbox.enqueue(session, "send_receipt", 1)
+            session.rollback()
+            assert outbox_rows(dsn) == []
+            worker.outbox.enqueue(session, "send_receipt", 2, unique_key="order-2")
+            assert outbox_rows(dsn) == []
+            session.commit()
+        assert outbox_rows(dsn) == [("send_receipt", [2], {})]
+    finally:
+        engine.dispose()
+
+
+async def test_an_async_sqlalchemy_session_enqueues_with_await(postgres: Postgres) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    dsn = postgres.database("outbox_sa_async")
+    engine = create_async_engine(sqlalchemy_url(dsn))
+    try:
+        async with engine.begin() as conn:
+            await worker.outbox.install(conn)
+        async with AsyncSession(engine) as session, session.begin():
+            key = await worker.outbox.enqueue(session, "send_receipt", 3, queue="mail")
+        assert len(key) == 36
+        assert outbox_rows(dsn) == [("send_receipt", [3], {})]
+    finally:
+        await engine.dispose()
+
+
 async def relay_of(dsn: str, r: aioredis.Redis, lock: str = LOCK) -> tuple[OutboxRelay, FixedLease]:
     await r.set(KEYS.leader, lock)
     lease = FixedLease(lock)

@@ -7,8 +7,9 @@ committed rows into Redis under its fencing token, each row exactly one job, and
 only once Redis confirmed its job. :func:`install` creates the tables (:data:`SCHEMA` is the
 same SQL, for a migration tool).
 
-Works with psycopg 3 connections, sync and async (``fenced-worker[outbox]``); psycopg is
-imported by the relay only, never by ``import worker``::
+Takes psycopg 3 connections and cursors, sync and async (``fenced-worker[outbox]``), and
+SQLAlchemy 2 sessions and connections, sync and async. Neither is imported by ``import
+worker``::
 
     async with conn.transaction():
         await conn.execute("INSERT INTO orders ...")
@@ -24,10 +25,10 @@ import inspect
 import json
 import math
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from worker.outbox.schema import INSERT, SCHEMA, TABLE
+from worker.outbox.schema import INSERT, INSERT_NAMED, SCHEMA, STATEMENTS, TABLE
 
 __all__ = ["SCHEMA", "TABLE", "enqueue", "install"]
 
@@ -46,10 +47,11 @@ def enqueue(
     return the row's key (a UUID string). The job's id is ``<prefix>outbox:<key>``, or
     ``job_id``, or the one ``unique_key`` names (as :meth:`worker.Client.enqueue`).
 
-    ``conn`` is a psycopg 3 connection or cursor: an async one returns an awaitable (``await
-    worker.outbox.enqueue(conn, ...)``), a sync one writes at once. Arguments must be JSON
-    values (they wait in a ``jsonb`` column). ``queue``: the queue to wait in (by default the
-    one the task declares); ``defer_by``: seconds after the relay moved the row."""
+    ``conn``: a psycopg 3 connection or cursor, or a SQLAlchemy session or connection. An
+    async one returns an awaitable (``await worker.outbox.enqueue(conn, ...)``), a sync one
+    writes at once. Arguments must be JSON values (they wait in a ``jsonb`` column).
+    ``queue``: the queue to wait in (by default the one the task declares); ``defer_by``:
+    seconds after the relay moved the row."""
     if not task:
         raise ValueError("task must be a task's name")
     if job_id is not None and unique_key is not None:
@@ -57,26 +59,48 @@ def enqueue(
     if not math.isfinite(defer_by) or defer_by < 0:
         raise ValueError("defer_by must be a finite number of seconds >= 0")
     key = str(uuid.uuid4())
-    params = (
-        key, task, json.dumps(list(args)), json.dumps(kwargs), job_id, unique_key, queue,
-        float(defer_by),
-    )  # fmt: skip
-    result = conn.execute(INSERT, params)
+    row = {
+        "key": key, "task": task, "args": json.dumps(list(args)), "kwargs": json.dumps(kwargs),
+        "job_id": job_id, "unique_key": unique_key, "queue": queue, "defer_by_s": float(defer_by),
+    }  # fmt: skip
+    if _sqlalchemy(conn):
+        from sqlalchemy import text
+
+        result = conn.execute(text(INSERT_NAMED), row)
+    else:
+        result = conn.execute(INSERT, tuple(row.values()))
     if inspect.isawaitable(result):
-        return _awaited(result, key)
-    return key
-
-
-async def _awaited(result: Awaitable[Any], key: str) -> str:
-    await result
+        return _awaited([result], key)
     return key
 
 
 def install(conn: Any) -> Any:
     """Create the outbox tables if they do not exist (:data:`SCHEMA`, idempotent) on
-    ``conn``; an async connection returns an awaitable. Commit afterwards unless ``conn`` is
-    in autocommit mode."""
+    ``conn`` (as :func:`enqueue` takes it); an async one returns an awaitable. Commit
+    afterwards unless ``conn`` is in autocommit mode."""
+    if _sqlalchemy(conn):
+        from sqlalchemy import text
+
+        if inspect.iscoroutinefunction(conn.execute):
+            return _awaited([], TABLE, conn, [text(s) for s in STATEMENTS])
+        for s in STATEMENTS:
+            conn.execute(text(s))
+        return TABLE
     result = conn.execute(SCHEMA)
     if inspect.isawaitable(result):
-        return _awaited(result, TABLE)
+        return _awaited([result], TABLE)
     return TABLE
+
+
+def _sqlalchemy(conn: Any) -> bool:
+    return type(conn).__module__.startswith("sqlalchemy.")
+
+
+async def _awaited(
+    results: Sequence[Awaitable[Any]], out: str, conn: Any = None, statements: Sequence[Any] = ()
+) -> str:
+    for result in results:
+        await result
+    for statement in statements:
+        await conn.execute(statement)
+    return out

@@ -41,6 +41,20 @@ WITH row AS (
 SELECT pg_notify('worker_outbox', '') FROM row
 """
 
+#: The same insert for SQLAlchemy's ``text()`` (named parameters, explicit casts for drivers
+#: that type parameters from the statement, such as asyncpg).
+INSERT_NAMED = """
+WITH row AS (
+    INSERT INTO worker_outbox (key, task, args, kwargs, job_id, unique_key, queue, defer_by_s)
+    VALUES (CAST(:key AS uuid), :task, CAST(:args AS jsonb), CAST(:kwargs AS jsonb), :job_id,
+            :unique_key, :queue, :defer_by_s)
+    RETURNING id
+)
+SELECT pg_notify('worker_outbox', '') FROM row
+"""
+#: :data:`SCHEMA` one statement at a time (a driver's extended protocol takes one per call).
+STATEMENTS = tuple(s.strip() for s in SCHEMA.split(";") if s.strip())
+
 #: The relay raises the fence to its token; no row updated: a newer relay's token is there.
 FENCE = "UPDATE worker_outbox_fence SET token = %s WHERE name = 'relay' AND token <= %s"
 #: The relay's read, in the fence's transaction: the oldest rows first.
