@@ -24,6 +24,7 @@ from tests.docpages import page
 from tests.postgres import Postgres
 from worker.core.clock import SystemClock
 from worker.core.errors import LeadershipLost
+from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.duties.outbox import OutboxRelay
 from worker.storage.keys import Keys
@@ -119,11 +120,18 @@ async def test_an_async_sqlalchemy_session_enqueues_with_await(postgres: Postgre
         await engine.dispose()
 
 
+def rows_counted(relay: OutboxRelay, outcome: str) -> float | None:
+    assert relay.metrics is not None
+    sample = relay.metrics.registry.get_sample_value
+    return sample("worker_outbox_rows_total", {"outcome": outcome})
+
+
 async def relay_of(dsn: str, r: aioredis.Redis, lock: str = LOCK) -> tuple[OutboxRelay, FixedLease]:
     await r.set(KEYS.leader, lock)
     lease = FixedLease(lock)
     store = Store(r, KEYS)
-    relay = OutboxRelay(dsn, store, FencedStore(store, lease), {}, msgpack_dumps, SystemClock())
+    fenced = FencedStore(store, lease)
+    relay = OutboxRelay(dsn, store, fenced, {}, msgpack_dumps, SystemClock(), Metrics())
     await relay.setup()
     return relay, lease
 
@@ -145,6 +153,7 @@ async def test_a_row_moved_twice_is_one_job_and_a_stale_relay_is_refused(
         assert [await relay.move(rows), await relay.move(rows)] == [ids, ids]
         queued = [m.decode() for m in await r.zrange(KEYS.queue, 0, -1)]
         assert len(queued) == 3 and "tob:order:1" in queued
+        assert [rows_counted(relay, o) for o in ("moved", "duplicate")] == [3, 3]
         assert sum(q.startswith("tob:outbox:") for q in queued) == 1
         record = msgpack_loads(await r.get("arq:job:tob:order:2") or b"")
         assert record["a"] == [2]
@@ -178,10 +187,13 @@ async def test_a_row_the_serializer_refuses_stays_and_the_others_move(
     try:
         assert await relay.tick() == 0.001
         assert await r.zcard(KEYS.queue) == 1
+        assert relay.metrics is not None
+        assert relay.metrics.registry.get_sample_value("worker_outbox_lag_seconds", {}) > 0
         assert outbox_rows(dsn) == [("send_receipt", [2**70], {})]
         started = time.monotonic()
         assert await relay.tick() == 0.0  # only the refused row left: it waits for a commit
         assert time.monotonic() - started >= 0.9
+        assert [rows_counted(relay, o) for o in ("moved", "refused")] == [1, 1]  # logged once
     finally:
         await relay.teardown()
         await r.aclose()

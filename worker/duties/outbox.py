@@ -29,6 +29,7 @@ from worker.core.component import LoopComponent
 from worker.core.errors import LeadershipLost
 from worker.core.jobdefs import DEFAULT_QUEUE
 from worker.core.logs import error_text
+from worker.core.metrics import Metrics
 from worker.core.serializer import Serialize
 from worker.outbox import schema as Q
 from worker.storage.jobs import NewJob
@@ -56,6 +57,7 @@ class OutboxRelay(LoopComponent):
         queues: Mapping[str, str],
         serialize: Serialize,
         clock: Clock,
+        metrics: Metrics | None = None,
         *,
         interval_s: float = 1.0,
         batch: int = BATCH,
@@ -67,6 +69,7 @@ class OutboxRelay(LoopComponent):
         self.fenced = fenced
         self.queues = dict(queues)
         self.serialize = serialize
+        self.metrics = metrics
         self.interval_s = interval_s
         self.batch = batch
         self.token = 0
@@ -91,6 +94,8 @@ class OutboxRelay(LoopComponent):
     async def tick(self) -> float:
         assert self.conn is not None
         rows = await self.read(self.conn)
+        if self.metrics is not None:
+            self.metrics.outbox_lag.set(max(0.0, rows[0][-1] or 0.0) if rows else 0.0)
         moved = await self.move(rows) if rows else []
         if moved:
             await self.remove(self.conn, moved)
@@ -127,14 +132,20 @@ class OutboxRelay(LoopComponent):
             except Exception as exc:  # one bad row must not stop the others
                 if row[0] not in self._refused:
                     self._refused.add(row[0])
+                    if self.metrics is not None:
+                        self.metrics.outbox_rows.labels("refused").inc()
                     log.error("outbox row not relayed", row=row[0], error=error_text(exc))
                 continue
             ids.append(row[0])
-        await self.fenced.relay_outbox(jobs, now)
+        written = await self.fenced.relay_outbox(jobs, now)
+        if self.metrics is not None:
+            m = self.metrics.outbox_rows
+            m.labels("moved").inc(sum(written))
+            m.labels("duplicate").inc(len(written) - sum(written))
         return ids
 
     def _job(self, row: tuple[Any, ...], now: int) -> OutboxJob:
-        _, key, task, args, kwargs, job_id, unique_key, queue, defer_by_s = row
+        _, key, task, args, kwargs, job_id, unique_key, queue, defer_by_s, _ = row
         ids = self.store.ids
         jid = job_id or (ids.unique(unique_key) if unique_key else f"{ids.prefix}outbox:{key}")
         args = json.loads(args) if isinstance(args, str | bytes) else args

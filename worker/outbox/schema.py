@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS worker_outbox (
     unique_key text,
     queue text,
     defer_by_s double precision NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE IF NOT EXISTS worker_outbox_fence (name text PRIMARY KEY, token bigint NOT NULL);
 INSERT INTO worker_outbox_fence (name, token) VALUES ('relay', 0) ON CONFLICT (name) DO NOTHING;
@@ -59,7 +59,8 @@ STATEMENTS = tuple(s.strip() for s in SCHEMA.split(";") if s.strip())
 FENCE = "UPDATE worker_outbox_fence SET token = %s WHERE name = 'relay' AND token <= %s"
 #: The relay's read, in the fence's transaction: the oldest rows first.
 READ = """
-SELECT id, key, task, args, kwargs, job_id, unique_key, queue, defer_by_s
+SELECT id, key, task, args, kwargs, job_id, unique_key, queue, defer_by_s,
+       EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8
 FROM worker_outbox ORDER BY id LIMIT %s
 """
 #: The relay's delete of moved rows, in the fence's transaction.

@@ -340,7 +340,8 @@ def _outbox(w: Wiring, _: Any) -> Component:
     queues = {task: w.app.queue_of(task) for task in w.app.tasks}
     dsn = w.settings.outbox_dsn
     assert dsn is not None
-    return OutboxRelay(dsn.get_secret_value(), w.store, w.fence(), queues, w.serializer[0], w.clock)
+    put = (w.store, w.fence(), queues, w.serializer[0], w.clock, w.metrics)
+    return OutboxRelay(dsn.get_secret_value(), *put)
 
 
 def _reaper(w: Wiring, _: Any) -> Component:
