@@ -23,7 +23,7 @@ from tests.conftest import ROOT, FixedLease, Spawn, WorkerProc, wait_until
 from tests.docpages import page
 from tests.postgres import Postgres
 from worker.core.clock import SystemClock
-from worker.core.errors import LeadershipLost
+from worker.core.errors import ConfigError, LeadershipLost
 from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.duties.outbox import OutboxRelay
@@ -118,6 +118,16 @@ async def test_an_async_sqlalchemy_session_enqueues_with_await(postgres: Postgre
         assert outbox_rows(dsn) == [("send_receipt", [3], {})]
     finally:
         await engine.dispose()
+
+
+def test_the_relay_without_psycopg_is_a_configuration_error(monkeypatch: Any) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    store = Store(aioredis.Redis(), KEYS)
+    fenced = FencedStore(store, FixedLease(LOCK))
+    with pytest.raises(ConfigError, match="fenced-worker\\[outbox\\]"):
+        OutboxRelay("postgresql://x", store, fenced, {}, msgpack_dumps, SystemClock())
 
 
 def rows_counted(relay: OutboxRelay, outcome: str) -> float | None:

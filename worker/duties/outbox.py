@@ -17,6 +17,7 @@ every ``interval_s``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ import structlog
 from worker.core import codec
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
-from worker.core.errors import LeadershipLost
+from worker.core.errors import ConfigError, LeadershipLost
 from worker.core.jobdefs import DEFAULT_QUEUE
 from worker.core.logs import error_text
 from worker.core.metrics import Metrics
@@ -62,7 +63,13 @@ class OutboxRelay(LoopComponent):
         interval_s: float = 1.0,
         batch: int = BATCH,
     ) -> None:
-        """``queues``: the app's task names -> their queues (another task: ``default``)."""
+        """``queues``: the app's task names -> their queues (another task: ``default``).
+        :class:`ConfigError` (exit 2 at start-up) without psycopg."""
+        if importlib.util.find_spec("psycopg") is None:
+            raise ConfigError(
+                "WORKER_OUTBOX_DSN is set but psycopg is not installed: "
+                "pip install 'fenced-worker[outbox]'"
+            )
         super().__init__(NAME, clock, sla_s=60.0)
         self.dsn = dsn
         self.store = store
