@@ -2,8 +2,9 @@
 
 Each round, under the lease's epoch as its fencing token:
 
-1. one database transaction raises the fence row to the token (``token <= $1``; no row
-   updated: a newer relay has been here, so this one steps down) and reads the oldest rows;
+1. one database transaction reads the fence row (above the token: a newer relay has been
+   here, so this one steps down) and the oldest rows; the relay raised the fence to its token
+   when it started (``token <= $1``; no row updated: the same);
 2. one fenced script writes their jobs (:meth:`FencedStore.relay_outbox`: the lease checked in
    the same step, each id moved once, confirmed per the WAIT policy);
 3. one database transaction raises the fence again and deletes the rows.
@@ -91,7 +92,14 @@ class OutboxRelay(LoopComponent):
             raise LeadershipLost("not leading")
         self.token = epoch
         self.conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-        await self.conn.execute(Q.LISTEN)
+        try:
+            await self.conn.execute(Q.LISTEN)
+            await self.conn.execute(Q.IDLE_TIMEOUT)
+            async with self.conn.transaction():
+                await self._fence(self.conn)  # the first act: older relays refused from here
+        except BaseException:
+            await self.teardown()  # the loop runs teardown only after a setup that succeeded
+            raise
 
     async def teardown(self) -> None:
         if self.conn is not None:
@@ -106,23 +114,31 @@ class OutboxRelay(LoopComponent):
         moved = await self.move(rows) if rows else []
         if moved:
             await self.remove(self.conn, moved)
-            log.info("outbox rows relayed", rows=len(moved), token=self.token)
+            log.debug("outbox rows relayed", rows=len(moved), token=self.token)
             return 0.0 if len(rows) == self.batch else 0.001
         async for _ in self.conn.notifies(timeout=self.interval_s, stop_after=1):
             pass  # an enqueue committed (or the interval passed): look again
         return 0.0
 
-    async def _fence(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        cur = await conn.execute(Q.FENCE, (self.token, self.token))
-        if cur.rowcount != 1:
+    async def _fence(self, conn: psycopg.AsyncConnection[Any], *, raise_it: bool = True) -> None:
+        """Raise the fence to this relay's token (locked until the transaction ends), or only
+        check it (``raise_it=False``); above the token: step down."""
+        if raise_it:
+            cur = await conn.execute(Q.FENCE, (self.token, self.token))
+            refused = cur.rowcount != 1
+        else:
+            cur = await conn.execute(Q.FENCE_TOKEN)
+            found = await cur.fetchone()
+            refused = found is None or int(found[0]) > self.token
+        if refused:
             reason = f"the outbox fence refused token {self.token}: a newer relay moved rows"
             self.fenced.leader.lost(reason)
             raise LeadershipLost(reason)
 
     async def read(self, conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-        """The oldest rows, read after raising the fence in the same transaction."""
+        """The oldest rows, read after checking the fence in the same transaction."""
         async with conn.transaction():
-            await self._fence(conn)
+            await self._fence(conn, raise_it=False)
             cur = await conn.execute(Q.READ, (self.batch,))
             return await cur.fetchall()
 

@@ -2,8 +2,9 @@
 
 ``worker_outbox`` holds the jobs enqueued in committed (or still open) transactions, in the
 order they were written; ``worker_outbox_fence`` the highest fencing token a relay has used:
-every relay transaction raises it first (``token <= $1``), so a relay of an older leadership
-finds it above its own token and its reads and deletes are refused by the database.
+a relay raises it when it starts and in every transaction that deletes rows (``token <= $1``),
+and reads it before each read of rows, so a relay of an older leadership finds it above its
+own token and its reads and deletes are refused by the database.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ STATEMENTS = tuple(s.strip() for s in SCHEMA.split(";") if s.strip())
 
 #: The relay raises the fence to its token; no row updated: a newer relay's token is there.
 FENCE = "UPDATE worker_outbox_fence SET token = %s WHERE name = 'relay' AND token <= %s"
+#: The fence as the relay reads it before each read of rows (no write on an idle outbox).
+FENCE_TOKEN = "SELECT token FROM worker_outbox_fence WHERE name = 'relay'"
 #: The relay's read, in the fence's transaction: the oldest rows first.
 READ = """
 SELECT id, key, task, args, kwargs, job_id, unique_key, queue, defer_by_s,
@@ -65,5 +68,9 @@ FROM worker_outbox ORDER BY id LIMIT %s
 """
 #: The relay's delete of moved rows, in the fence's transaction.
 DELETE = "DELETE FROM worker_outbox WHERE id = ANY(%s)"
+#: A relay paused inside a transaction holds the fence row's lock: the server ends its session
+#: after this, so the next relay waits no longer (a paused relay's delete is rolled back; its
+#: rows are moved ids the next relay finds and deletes).
+IDLE_TIMEOUT = "SET idle_in_transaction_session_timeout = 5000"
 #: The relay listens for enqueues on this.
 LISTEN = f"LISTEN {CHANNEL}"
