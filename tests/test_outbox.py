@@ -23,7 +23,7 @@ from tests.conftest import ROOT, FixedLease, Spawn, WorkerProc, wait_until
 from tests.docpages import page
 from tests.postgres import Postgres
 from worker.core.clock import SystemClock
-from worker.core.errors import ConfigError, LeadershipLost
+from worker.core.errors import ConfigError, InvalidId, LeadershipLost
 from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.duties.outbox import OutboxRelay
@@ -65,6 +65,8 @@ def test_a_row_is_written_only_when_its_transaction_commits(postgres: Postgres) 
         assert len(key) == 36
         with pytest.raises(ValueError):
             worker.outbox.enqueue(conn, "send_receipt", job_id="a", unique_key="b")
+        with pytest.raises(InvalidId):
+            worker.outbox.enqueue(conn, "send_receipt", job_id="a\nb")
 
 
 async def test_an_async_connection_enqueues_with_await(postgres: Postgres) -> None:

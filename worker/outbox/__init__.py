@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from worker.core.ids import check_id
 from worker.outbox.schema import INSERT, INSERT_NAMED, SCHEMA, STATEMENTS, TABLE
 
 __all__ = ["SCHEMA", "TABLE", "enqueue", "install"]
@@ -51,13 +52,18 @@ def enqueue(
     async one returns an awaitable (``await worker.outbox.enqueue(conn, ...)``), a sync one
     writes at once. Arguments must be JSON values (they wait in a ``jsonb`` column).
     ``queue``: the queue to wait in (by default the one the task declares); ``defer_by``:
-    seconds after the relay moved the row."""
+    seconds after the relay moved the row. An id or key :meth:`worker.Client.enqueue` would
+    refuse raises :class:`~worker.core.errors.InvalidId` here, before anything is written."""
     if not task:
         raise ValueError("task must be a task's name")
     if job_id is not None and unique_key is not None:
         raise ValueError("give unique_key or job_id, not both")
     if not math.isfinite(defer_by) or defer_by < 0:
         raise ValueError("defer_by must be a finite number of seconds >= 0")
+    if job_id is not None:
+        check_id(job_id, "job_id")
+    elif unique_key is not None:
+        check_id(unique_key, "unique_key")
     key = str(uuid.uuid4())
     row = {
         "key": key, "task": task, "args": json.dumps(list(args)), "kwargs": json.dumps(kwargs),
