@@ -9,9 +9,10 @@ rows, past its lease, cannot publish them again once a new leader moved them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import sys
 import time
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -30,9 +31,18 @@ from worker.duties.outbox import OutboxRelay
 from worker.storage.keys import Keys
 from worker.storage.store import FencedStore, Store
 
-sys.path.insert(0, str(ROOT / "examples"))
-from outbox import app as example
 
+def _load_example() -> ModuleType:
+    """examples/outbox/app.py (its processes find it on ``PYTHONPATH``; here, by its path)."""
+    spec = importlib.util.spec_from_file_location("outbox_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = ROOT / "examples" / "outbox" / "app.py"
+example = _load_example()
 APP = "outbox.app:app"
 KEYS = Keys("tob:")
 LOCK = "1700000000000:relay-a"
