@@ -20,6 +20,7 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
+from tests.postgres import Postgres, started
 from tests.realredis import RealRedis
 from tests.timings import FAST_ENV
 from worker.client import Client
@@ -258,6 +259,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 CliRun = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    """A throwaway PostgreSQL server per test module (:mod:`tests.postgres`)."""
+    yield from started()
 
 
 @pytest.fixture

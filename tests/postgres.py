@@ -14,7 +14,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 
 def binaries() -> Path | None:
@@ -86,6 +89,15 @@ class Postgres:
     def dsn_for(self, database: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
+    def database(self, name: str) -> str:
+        """A fresh database ``name`` (dropped first if it exists): its DSN."""
+        import psycopg  # the test extra's; tests/ imports this module without it too
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.dsn_for(name)
+
     def log(self) -> str:
         path = self.dir / "server.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -95,3 +107,19 @@ class Postgres:
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
             self.running = False
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def started() -> Iterator[Postgres]:
+    """A server for a test module's fixture (``tests/conftest.py``'s ``postgres``): skipped
+    without PostgreSQL's binaries, failed in CI."""
+    bindir = binaries()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
+        pytest.skip("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
+    server = Postgres(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

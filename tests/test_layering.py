@@ -403,6 +403,7 @@ WINGS: dict[str, int] = {
     "storage": 1,  # the Redis protocol: every command and script
     "leadership": 2,  # who leads: elect, renew, fence
     "face": 3,  # the lower public face: what user code and the engine hold
+    "outbox": 3,  # enqueue in the app's database transaction: the outbox's rows and SQL
     "consumer": 4,  # runs jobs
     "duties": 4,  # the singleton duties and every process's background duties
     "surface": 5,  # the upper public face: the app definition and what is built on it

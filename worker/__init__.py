@@ -12,6 +12,7 @@ An arq app moves in unchanged: ``worker.from_arq(WorkerSettings)`` is its :class
 
 from __future__ import annotations
 
+from worker import outbox
 from worker.app import App, load_app
 from worker.arqcompat import from_arq
 from worker.bulk import JobSpec
@@ -49,4 +50,5 @@ __all__ = [
     "from_arq",
     "load_app",
     "load_settings",
+    "outbox",
 ]

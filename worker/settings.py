@@ -135,6 +135,9 @@ class Settings(BaseSettings):
     unannounced_look_s: float = Field(
         0.5, ge=0, le=60, description="the leader's look for due jobs nobody announced (0: off)"
     )
+    outbox_dsn: SecretStr | None = Field(
+        None, description="PostgreSQL DSN of the outbox table the leader relays (unset: off)"
+    )
     job_timeout_s: float = Field(300.0, gt=0, le=WEEK_S)
     max_tries: int = Field(5, ge=1)
     keep_result_s: float = Field(3600.0, ge=0, le=WEEK_S)

@@ -95,6 +95,19 @@ class Metrics:
             ["periodic"],
             registry=r,
         )
+        self.outbox_rows = Counter(
+            "worker_outbox_rows",
+            "Outbox rows the leader's relay handled, by outcome: moved (one job each), "
+            "duplicate (moved before: its id found), refused (its job could not be encoded).",
+            ["outcome"],
+            registry=r,
+        )
+        self.outbox_lag = Gauge(
+            "worker_outbox_lag_seconds",
+            "Age of the oldest outbox row the relay read in its last round (since its "
+            "enqueue, on the database's clock); 0 when the outbox was empty.",
+            registry=r,
+        )
         self.dispatched = Counter(
             "worker_poll_items",
             "Poll items by outcome: dispatched, in_flight (deferred), duplicate, swept (put back "

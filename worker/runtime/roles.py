@@ -42,6 +42,8 @@ from worker.duties.checks import NAME as CHECKS_NAME
 from worker.duties.checks import HealthChecks
 from worker.duties.initializer import Initializer, InitializerDef
 from worker.duties.keyed import KeyedService
+from worker.duties.outbox import NAME as OUTBOX_NAME
+from worker.duties.outbox import OutboxRelay
 from worker.duties.periodic import NAME as PERIODIC_NAME
 from worker.duties.periodic import PeriodicEnqueuer, TickHook
 from worker.duties.poller import InflightHook, PollingScheduler
@@ -336,6 +338,14 @@ def _schedules(w: Wiring, _: Any) -> Component:
     return ScheduleEnqueuer(queues, fenced.store, fenced, w.serializer[0], w.clock, w.metrics)
 
 
+def _outbox(w: Wiring, _: Any) -> Component:
+    queues = {task: w.app.queue_of(task) for task in w.app.tasks}
+    dsn = w.settings.outbox_dsn
+    assert dsn is not None
+    put = (w.store, w.fence(), queues, w.serializer[0], w.clock, w.metrics)
+    return OutboxRelay(dsn.get_secret_value(), *put)
+
+
 def _reaper(w: Wiring, _: Any) -> Component:
     s = w.settings
     return OrphanReaper(
@@ -407,6 +417,7 @@ SPECS: tuple[Spec, ...] = (
     ),
     Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),
     Spec(LEADERS, "singletons", one(SCHEDULES_NAME, lambda a, s: bool(a.tasks)), _schedules),
+    Spec(LEADERS, "singletons", one(OUTBOX_NAME, lambda a, s: bool(s.outbox_dsn)), _outbox),
     Spec(LEADERS, "singletons", one("orphan-reaper"), _reaper),
     Spec(LEADERS, "singletons", one(BACKLOG_NAME), _backlog),
     Spec(

@@ -22,6 +22,7 @@ from worker.storage.jobs import JobOps
 from worker.storage.keys import Keys
 from worker.storage.limits import LimitOps
 from worker.storage.operators import OperatorOps
+from worker.storage.outbox import FencedOutboxOps
 from worker.storage.periodic import FencedPeriodicOps, PeriodicOps
 from worker.storage.poller import FencedPollerOps, PollerOps
 from worker.storage.registry import FencedRegistryOps, RegistryOps
@@ -62,6 +63,7 @@ class FencedStore(
     FencedInitializerOps,
     FencedRegistryOps,
     FencedScheduleOps,
+    FencedOutboxOps,
 ):
     """The writes only the leader may make, over a :class:`Store` and a
     :class:`~worker.core.views.LeaderView` (see :mod:`worker.storage.fenced`)."""
