@@ -41,6 +41,7 @@ from typing import Any, TypeVar, overload
 from worker.consumer.limits import parse_rate
 from worker.context import Context, JobContext
 from worker.core.errors import ConfigError
+from worker.core.flow import Coalesce, FlowKeyOf, Mode, TaskFlow, expires_in_checked
 from worker.core.jobdefs import JobDef, JobOutcome
 from worker.core.retry import RetryDelay, as_delay
 from worker.core.schedule import make_schedule
@@ -107,6 +108,12 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
+        flow_key: FlowKeyOf | None = None,
+        expires_in: float | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -122,6 +129,12 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
+        flow_key: FlowKeyOf | None = None,
+        expires_in: float | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
     ) -> Any:
         """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run; a plain
         ``def`` runs in the process's sync threads (``WORKER_SYNC_THREADS``, :mod:`worker.sync`).
@@ -131,12 +144,16 @@ class App:
         while tries remain, and the wait before each retry (seconds, or a callable of the try
         number; see :mod:`worker.core.retry`). ``max_concurrency``: at most this many run at once
         across the cluster; ``rate``: at most ``"N/s"`` (``/m``, ``/h``) start cluster-wide.
-        Jobs over a limit wait (deferred), they never fail for it.
+        Jobs over a limit wait (deferred), they never fail for it. ``flow_key`` (a function of
+        the job's arguments), ``expires_in`` and ``coalesce`` (with ``debounce_s``,
+        ``max_wait_s``, ``throttle_s``): the defaults of ``enqueue``'s options of those names.
         """
         on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError("task max_concurrency must be at least 1")
         parsed_rate = parse_rate(rate) if rate is not None else None
+        how = Coalesce.of(coalesce, debounce_s, max_wait_s, throttle_s)
+        flow = TaskFlow(flow_key, expires_in_checked(expires_in), how)
 
         def register(f: F) -> F:
             n = _check_name("task", name or f.__name__)
@@ -152,6 +169,7 @@ class App:
                 retry_delay=as_delay(retry_delay),
                 max_concurrency=max_concurrency,
                 rate=parsed_rate,
+                flow=flow,
             )
             return f
 

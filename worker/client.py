@@ -37,11 +37,14 @@ from uuid import uuid4
 
 from redis.asyncio import Redis
 
-from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
+from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked, spec_fields
 from worker.core import codec
 from worker.core.clock import Clock, RedisClock, ms, on_server_time
+from worker.core.enqueueplan import NO_PLAN, EnqueuePlan, plan_enqueue
 from worker.core.errors import ConfigError, PayloadTooLarge, UnknownTask
+from worker.core.flow import NO_FLOW, Mode, TaskFlow
 from worker.core.ids import check_id
+from worker.core.jobdefs import JobDef
 from worker.core.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.core.serializer import (
     Deserialize,
@@ -266,10 +269,23 @@ class Client:
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
         shard_key: str | None = None,
+        flow_key: str | None = None,
+        expires_in: float | None = None,
+        expires_at: dt.datetime | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
         **kwargs: Any,
     ) -> str | None:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
         the same id is already queued, running, or finished within the result TTL.
+
+        ``flow_key``: whose work it is (a tenant). ``expires_in`` (s) / ``expires_at``: a job not
+        started by then never starts, it ends ``expired``. ``coalesce`` (``debounce_s``,
+        ``max_wait_s``, ``throttle_s``): fold the enqueues of ``function`` per flow key (or
+        ``unique_key``): returns the job the call joined, ``None`` when throttled. Each
+        defaults to the task's (see docs/flow-control.md).
 
         ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: enqueueing the same key
         twice while the first job is queued, in flight or its result is kept runs it once
@@ -290,15 +306,21 @@ class Client:
             check_id(job_id, "job_id")
         elif unique_key is not None:
             check_id(unique_key, "unique_key")
+        plan = plan_enqueue(
+            self.flow_of(function), args, kwargs, flow_key=flow_key, unique_key=unique_key,
+            job_id=job_id, expires_in=expires_in, expires_at=expires_at, coalesce=coalesce,
+            debounce_s=debounce_s, max_wait_s=max_wait_s, throttle_s=throttle_s,
+        )  # fmt: skip
         if job_id is not None:
             store, jid = self.shards.of(job_id), job_id
         else:
-            key = shard_key if shard_key is not None else unique_key
+            key = shard_key if shard_key is not None else (plan.coalesce_key or unique_key)
             store = self.shards.next() if key is None else self.shards.for_key(key)
-            jid = store.ids.random() if unique_key is None else store.ids.unique(unique_key)
+            by_key = unique_key is not None and plan.coalesce is None  # coalesced: ids of its own
+            jid = store.ids.unique(unique_key) if by_key and unique_key else store.ids.random()
         if queue is None:
             queue = self.queue_for(function)
-        put = (function, args, kwargs, jid, queue, defer_by, defer_until)
+        put = (function, args, kwargs, jid, queue, defer_by, defer_until, plan)
         if self.tracing is None:
             return await self._put(store, *put)
         with self.tracing.send(function, jid, queue) as extra:
@@ -314,13 +336,23 @@ class Client:
         queue: str,
         defer_by: float,
         defer_until: dt.datetime | None,
+        plan: EnqueuePlan = NO_PLAN,
         extra: dict[str, Any] | None = None,
     ) -> str | None:
         await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
-        payload = codec.encode_job(function, args, kwargs, now, self._serialize, extra=extra)
+        flow = plan.fields(now)  # the deadline on the server's clock
+        payload = codec.encode_job(
+            function, args, kwargs, now, self._serialize, extra=extra, flow=flow
+        )
         self._sized(function, payload)
+        if plan.coalesce is not None and plan.coalesce_key is not None:
+            done = await store.coalesce_enqueue(
+                plan.coalesce, store.keys.coalesce(function, plan.coalesce_key), jid, payload,
+                now_ms=now, due_ms=score, ttl_ms=self._expires_ms, queue=queue,
+            )  # fmt: skip
+            return done.job_id
         ttl = self._expires_ms + max(0, score - now)
         ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
@@ -379,8 +411,9 @@ class Client:
             score = due_ms(s.defer_until, 0.0, self.clock) if s.defer_until else None
             score = now + ms(s.defer_by) if score is None else score
             extra = spans.create(s.function, jid, queue) if spans is not None else None
+            flow = spec_fields(s, self.flow_of(s.function), now)
             payload = codec.encode_job(
-                s.function, s.args, s.kwargs, now, self._serialize, extra=extra
+                s.function, s.args, s.kwargs, now, self._serialize, extra=extra, flow=flow
             )
             self._sized(s.function, payload)
             ttl = self._expires_ms + max(0, score - now)
@@ -403,6 +436,11 @@ class Client:
             for i, ok in zip(idx, oks, strict=True):
                 out[i] = batch[i][1].job.job_id if ok else None
         return out
+
+    def flow_of(self, function: str) -> TaskFlow:
+        """The flow defaults ``function``'s task declares (none without the app)."""
+        job = getattr(self.app, "tasks", {}).get(function)
+        return job.flow if isinstance(job, JobDef) else NO_FLOW
 
     def _sized(self, function: str, payload: bytes) -> None:
         """:class:`PayloadTooLarge` (one line) when ``payload`` is larger than the consumers

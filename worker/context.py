@@ -187,9 +187,11 @@ class Context:
             raise LeadershipLost("this process is not a leader candidate (role consumer)")
         return FencedStore(self._store, self.leader).pipeline()
 
-    async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
-        """See :meth:`worker.client.Client.enqueue`."""
-        return await self.client.enqueue(function, *args, **kwargs)
+    async def enqueue(
+        self, function: str, *args: Any, flow_key: str | None = None, **kwargs: Any
+    ) -> str | None:
+        """See :meth:`worker.client.Client.enqueue` (its options pass through)."""
+        return await self.client.enqueue(function, *args, flow_key=flow_key, **kwargs)
 
     async def enqueue_many(
         self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
@@ -316,8 +318,10 @@ class JobContext(dict[str, Any]):
     def redis(self) -> Redis:
         return self.context.redis
 
-    async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
-        return await self.context.enqueue(function, *args, **kwargs)
+    async def enqueue(
+        self, function: str, *args: Any, flow_key: str | None = None, **kwargs: Any
+    ) -> str | None:
+        return await self.context.enqueue(function, *args, flow_key=flow_key, **kwargs)
 
     async def enqueue_many(
         self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK

@@ -38,8 +38,6 @@ ARQ_IN_PROGRESS = codec.IN_PROGRESS_KEY_PREFIX
 ARQ_RETRY = codec.RETRY_KEY_PREFIX
 ARQ_ABORT = codec.ABORT_JOBS_SS
 
-#: The queue jobs go to unless their task names another.
-
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
 
@@ -324,6 +322,10 @@ class Keys:
     def once(self, name: str) -> str:
         return f"{self.prefix}once:{name}"
 
+    def coalesce(self, task: str, key: str) -> str:
+        """Hash: a coalescing key's state (``p``, ``f``, ``t``, ``r``; see storage/coalesce.py)."""
+        return f"{self.prefix}coalesce:{task}:{key}"
+
     # -- cluster-wide limits ------------------------------------------------------------------
     def limit_slots(self, task: str) -> str:
         """Sorted set: job id -> lease expiry (ms) of each run holding a concurrency slot."""
@@ -336,9 +338,8 @@ class Keys:
     # -- throughput and the operators' log ------------------------------------------------------
     def stats(self, queue: str, hour: int) -> str:
         """Hash of one queue's finished runs in one hour (``hour`` = epoch ms // 3,600,000):
-        ``<minute>:done`` and ``<minute>:failed`` -> count, ``minute`` = epoch ms // 60,000.
-        Written by FINISH (one HINCRBY per batch and outcome); expires
-        :data:`STATS_TTL_MS` after its last write, so each hour's key goes by itself."""
+        ``<minute>:done`` / ``:failed`` -> count, ``minute`` = epoch ms // 60,000; by FINISH
+        (one HINCRBY per batch and outcome), expiring :data:`STATS_TTL_MS` after its last."""
         return f"{self.prefix}stats:{queue}:{hour}"
 
     def task_stats(self, hour: int) -> str:
@@ -358,9 +359,9 @@ class Keys:
     # -- job records: failures, completions, progress -----------------------------------------
     def failure(self, job_id: str) -> str:
         """JSON of the last final failure of a job (status ``failed`` | ``timeout`` |
-        ``cancelled`` | ``dead``, error type, message, capped traceback, try, instance, times,
-        capped args): written by FINISH with the job's end, kept ``keep_result_s`` and at least
-        as long as the job is in :attr:`failures` (deleted when trimmed from it)."""
+        ``cancelled`` | ``dead`` | ``expired``, error, capped traceback, try, instance, times,
+        capped args): by FINISH with the job's end, kept ``keep_result_s`` and while in
+        :attr:`failures`."""
         return f"{self.prefix}failure:{job_id}"
 
     @property

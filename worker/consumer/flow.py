@@ -1,0 +1,117 @@
+"""A job's flow at its start: its deadline and ``keep_last``'s one run per key.
+
+Only a record carrying the framework's own fields (:func:`gated`: a deadline, a ``keep_last``
+key) comes here; every other job pays two dictionary look-ups and nothing in Redis. A job whose
+deadline (epoch ms on the Redis server's clock, as the consumer's clock reads it) has passed
+when it would start never starts: it ends ``expired`` (a failed result holding
+:class:`~worker.core.errors.JobExpired`, a failure record of status ``expired``, the
+``worker_jobs_expired`` counter). A ``keep_last`` job waits while another job of its key runs
+(deferred by :data:`KEEP_LAST_WAIT_MS`, its try given back).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple, Protocol
+
+import structlog
+
+from worker.consumer.failures import RunFacts, failure_record
+from worker.consumer.results import ResultFor
+from worker.core import codec
+from worker.core.errors import JobExpired
+from worker.core.jobdefs import HookPlan, JobDef, JobRun
+from worker.core.metrics import Metrics
+from worker.core.serializer import Serialize
+from worker.storage.claims import Claimed
+from worker.storage.store import Store
+
+log = structlog.get_logger("worker.consumer")
+
+#: How long a ``keep_last`` job waits before it looks again whether its key's run has ended.
+KEEP_LAST_WAIT_MS = 250
+#: The least a ``keep_last`` key's state is kept once a job of it starts (a day).
+KEEP_LAST_STATE_MS = codec.EXPIRES_EXTRA_MS
+
+_XA, _KL = codec.DEADLINE, codec.KEEP_LAST
+
+Verdict = Literal["expired", "wait"] | None
+
+
+def gated(record: Mapping[str, Any]) -> bool:
+    """Whether the record asks anything of the job's start (the hot path: most do not)."""
+    return _XA in record or _KL in record
+
+
+async def verdict(
+    record: Mapping[str, Any], function: str, job_id: str, store: Store, now_ms: int
+) -> Verdict:
+    """``None``: the job may start; ``expired``: its deadline passed; ``wait``: its
+    ``keep_last`` key's run goes on. Nothing to decide for a record :func:`gated` passes."""
+    if _XA not in record and _KL not in record:
+        return None
+    flow = codec.job_flow(record)
+    if flow.deadline_ms is not None and now_ms > flow.deadline_ms:
+        return "expired"
+    if flow.keep_last is not None:
+        state = store.keys.coalesce(function, flow.keep_last)
+        if not await store.keep_last_admit(state, job_id, KEEP_LAST_STATE_MS):
+            return "wait"
+    return None
+
+
+class Expired(NamedTuple):
+    """An expired job's end: its result record (``None`` when results are not kept), its
+    failure record and its error."""
+
+    data: bytes | None
+    failure: bytes
+    error: JobExpired
+
+
+class _Writes(Protocol):
+    """What :func:`expired_end` uses of the executor."""
+
+    serialize: Serialize
+    metrics: Metrics | None
+
+
+def expired_end(
+    record: Mapping[str, Any],
+    facts: RunFacts,
+    result_for: ResultFor,
+    keep_s: float,
+    now_ms: int,
+    writes: _Writes,
+) -> Expired:
+    """An expired job's records and error; logged, counted."""
+    deadline = codec.job_flow(record).deadline_ms or 0
+    at = dt.datetime.fromtimestamp(deadline / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    error = JobExpired(f"not started by its deadline {at} ({now_ms - deadline} ms late)")
+    log.warning("job expired", **facts.fields, status="expired", deadline=at)
+    data = None
+    if keep_s > 0:
+        data = result_for(False, error, facts.started_ms, now_ms, writes.serialize)
+    failure = failure_record(facts, "expired", now_ms, exc=error, tb="")
+    if writes.metrics is not None:
+        writes.metrics.jobs_expired.labels(facts.queue, result_for.function).inc()
+    return Expired(data, failure, error)
+
+
+async def tell_expired(
+    plan: HookPlan,
+    job: JobDef,
+    c: Claimed,
+    record: Mapping[str, Any],
+    rf: ResultFor,
+    error: JobExpired,
+    context: Callable[[], Any],
+) -> None:
+    """The hooks hear that the job ended ``expired`` (``ended`` as a failure; ``finished``
+    with ``JobOutcome.status == "expired"``: ``on_job_end``); ``on_job_start`` never ran."""
+    if plan.ends:
+        await plan.ended(c.job_id, rf.args, "failure")
+    if plan.runs:
+        run = JobRun(job, c.job_id, c.queue, rf.job_try, context(), record)
+        await plan.finished(run, "failure", error, None, False, 0.0)
