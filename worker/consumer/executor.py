@@ -19,7 +19,6 @@ from typing import Any
 
 import structlog
 
-from worker.consumer import flow
 from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
@@ -35,7 +34,7 @@ from worker.consumer.failures import (
     log_traceback,
     traceback_text,
 )
-from worker.consumer.flow import gated
+from worker.consumer.flow import KEEP_LAST_WAIT_MS, expired_end, gated, start_verdict, tell_expired
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
@@ -231,16 +230,16 @@ class Executor:
         """Its flow (:mod:`worker.consumer.flow`: else expired, or waiting) and every hook let
         it start; else deferred to when the first refusing hook said (the others give back)."""
         store = self.store.of(c.job_id)
-        verdict = await flow.verdict(record, rf.function, c.job_id, store, at)
+        verdict = await start_verdict(record, rf.function, c.job_id, store, at)
         if verdict == "expired":
-            out = flow.expired_end(record, self._facts(c, rf, at), rf, task.keep_s, at, self)
+            out = expired_end(record, self._facts(c, rf, at), rf, task.keep_s, at, self)
             self._end(c, run, "failed", out.data, ms(task.keep_s), failure=out.failure)
             self.totals["failed"] += 1
             made = partial(self._context, task.plan, c, run, rf.job_try, rf.enqueued_ms, store)
-            await flow.tell_expired(task.plan, task.job, c, record, rf, out.error, made)
+            await tell_expired(task.plan, task.job, c, record, rf, out.error, made)
             return False
         if verdict == "wait":
-            self._end(c, run, "defer", score_ms=at + flow.KEEP_LAST_WAIT_MS)
+            self._end(c, run, "defer", score_ms=at + KEEP_LAST_WAIT_MS)
             return False
         for i, hook in enumerate(task.plan.admit):
             due_ms = await hook.admit(task.job, c.job_id)

@@ -44,7 +44,7 @@ def gated(record: Mapping[str, Any]) -> bool:
     return _XA in record or _KL in record
 
 
-async def verdict(
+async def start_verdict(
     record: Mapping[str, Any], function: str, job_id: str, store: Store, now_ms: int
 ) -> Verdict:
     """``None``: the job may start; ``expired``: its deadline passed; ``wait``: its
