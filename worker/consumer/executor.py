@@ -34,10 +34,11 @@ from worker.consumer.failures import (
     log_traceback,
     traceback_text,
 )
-from worker.consumer.flow import KEEP_LAST_WAIT_MS, expired_end, gated, start_verdict, tell_expired
+from worker.consumer.flow import KEEP_LAST_WAIT_MS, expired_end, start_verdict, tell_expired
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
+from worker.core import codec
 from worker.core.clock import Clock, ms
 from worker.core.jobdefs import HookPlan, JobDef, JobHook, JobRun, Outcome
 from worker.core.logs import capped
@@ -51,6 +52,7 @@ from worker.storage.sharded import Shards
 from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
+_XA, _KL = codec.DEADLINE, codec.KEEP_LAST  # a job's own fields its start depends on
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ class Executor:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
-        gate = plan.admit or gated(record)  # most jobs: neither
+        gate = plan.admit or _XA in record or _KL in record  # most jobs: none (see flow)
         if gate and not await self._admitted(task, c, run, record, result_for, start_ms):
             return  # expired, or deferred: it waits (a slot, its key's run), its try given back
         self._waited(c, fn_name, start_ms)

@@ -1,9 +1,10 @@
 """A job's flow at its start: its deadline and ``keep_last``'s one run per key.
 
-Only a record carrying the framework's own fields (:func:`gated`: a deadline, a ``keep_last``
-key) comes here; every other job pays two dictionary look-ups and nothing in Redis. A job whose
-deadline (epoch ms on the Redis server's clock, as the consumer's clock reads it) has passed
-when it would start never starts: it ends ``expired`` (a failed result holding
+Only a record carrying the framework's own fields (a deadline, a ``keep_last`` key) comes here:
+the executor looks for them in the record it has decoded, so every other job pays two
+dictionary look-ups and nothing in Redis. A job whose deadline (epoch ms on the Redis server's
+clock, as the consumer's clock reads it) has passed when it would start never starts: it ends
+``expired`` (a failed result holding
 :class:`~worker.core.errors.JobExpired`, a failure record of status ``expired``, the
 ``worker_jobs_expired`` counter). A ``keep_last`` job waits while another job of its key runs
 (deferred by :data:`KEEP_LAST_WAIT_MS`, its try given back).
@@ -39,16 +40,11 @@ _XA, _KL = codec.DEADLINE, codec.KEEP_LAST
 Verdict = Literal["expired", "wait"] | None
 
 
-def gated(record: Mapping[str, Any]) -> bool:
-    """Whether the record asks anything of the job's start (the hot path: most do not)."""
-    return _XA in record or _KL in record
-
-
 async def start_verdict(
     record: Mapping[str, Any], function: str, job_id: str, store: Store, now_ms: int
 ) -> Verdict:
     """``None``: the job may start; ``expired``: its deadline passed; ``wait``: its
-    ``keep_last`` key's run goes on. Nothing to decide for a record :func:`gated` passes."""
+    ``keep_last`` key's run goes on (nothing to decide without the record's own fields)."""
     if _XA not in record and _KL not in record:
         return None
     flow = codec.job_flow(record)
