@@ -7,14 +7,21 @@ import asyncio
 import datetime as dt
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from tests.apps.coalesce import app as co_app
+from tests.test_consumer import Loop, eventually
+from worker.app import App
 from worker.bulk import JobSpec
 from worker.client import Client
+from worker.context import JobContext
 from worker.core import codec
+from worker.core.errors import JobExpired
+from worker.core.jobdefs import JobHook, JobOutcome, JobRun
+from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.storage import keys as K
 
@@ -158,3 +165,73 @@ def test_a_record_without_flow_fields_is_arqs_and_arq_reads_one_with_them() -> N
     read = arq_jobs.deserialize_job(with_fields, deserializer=msgpack_loads)
     assert (read.function, read.args, read.kwargs) == ("send", [1, "x"], {"a": 2})
     assert codec.job_flow(msgpack_loads(with_fields)) == flow
+
+
+# -- in one consumer (tests/test_consumer.py's loop) -------------------------------------------
+
+
+class _Ends(JobHook):
+    """Records each run's outcome as ``on_job_end`` hooks see it."""
+
+    def __init__(self) -> None:
+        self.seen: list[JobOutcome] = []
+
+    async def finished(self, run: JobRun, outcome: JobOutcome) -> None:
+        self.seen.append(outcome)
+
+
+@pytest.fixture
+async def loops() -> AsyncIterator[list[Loop]]:
+    started: list[Loop] = []
+    yield started
+    for lp in started:
+        await lp.halt()
+
+
+async def test_an_expired_job_never_runs_its_end_is_told_and_counted(
+    r: Any, loops: list[Loop]
+) -> None:
+    app = App("t")
+    ran: list[int] = []
+
+    @app.task
+    async def work(ctx: JobContext, n: int) -> None:
+        ran.append(n)
+
+    ends, metrics = _Ends(), Metrics()
+    lp = Loop(r, app, hooks=[ends], metrics=metrics)
+    late = await lp.client.enqueue("work", 1, expires_in=0.05)
+    fine = await lp.client.enqueue("work", 2, expires_in=60)
+    await asyncio.sleep(0.3)  # no consumer yet: the first deadline passes
+    loops.append(lp.start())
+    await eventually(lambda: len(ends.seen) == 2, what="both ends")
+    assert ran == [2]
+    by_id = {o.job_id: o for o in ends.seen}
+    assert by_id[fine].status == "success"  # type: ignore[index]
+    expired = by_id[late]  # type: ignore[index]
+    assert expired.status == "expired" and isinstance(expired.error, JobExpired)
+    assert metrics.jobs_expired.labels("default", "work")._value.get() == 1
+
+
+async def test_keep_last_waits_for_its_keys_run_in_one_consumer(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    running: list[int] = []
+    overlaps: list[int] = []
+    ran: list[int] = []
+
+    @app.task(flow_key=lambda n: "k", coalesce="keep_last")
+    async def sync(ctx: JobContext, n: int) -> None:
+        if running:
+            overlaps.append(n)
+        running.append(n)
+        await asyncio.sleep(0.2)
+        running.remove(n)
+        ran.append(n)
+
+    lp = Loop(r, app, concurrency=10)
+    loops.append(lp.start())
+    for n in range(6):
+        await lp.client.enqueue("sync", n)
+        await asyncio.sleep(0.05)
+    await eventually(lambda: ran and ran[-1] == 5, what="the last enqueue's run")
+    assert overlaps == [] and len(ran) < 6
