@@ -41,7 +41,7 @@ from typing import Any, TypeVar, overload
 from worker.consumer.limits import parse_rate
 from worker.context import Context, JobContext
 from worker.core.errors import ConfigError
-from worker.core.flow import Coalesce, FlowKeyOf, Mode, TaskFlow, expires_in_checked
+from worker.core.flow import Coalesce, FlowKeyOf, Mode, TaskFlow
 from worker.core.jobdefs import JobDef, JobOutcome
 from worker.core.retry import RetryDelay, as_delay
 from worker.core.schedule import make_schedule
@@ -153,7 +153,7 @@ class App:
             raise ConfigError("task max_concurrency must be at least 1")
         parsed_rate = parse_rate(rate) if rate is not None else None
         how = Coalesce.of(coalesce, debounce_s, max_wait_s, throttle_s)
-        flow = TaskFlow(flow_key, expires_in_checked(expires_in), how)
+        flow = TaskFlow.of(flow_key, expires_in, how)
 
         def register(f: F) -> F:
             n = _check_name("task", name or f.__name__)

@@ -18,7 +18,6 @@ def deadline_ms(
     now_ms: int,
     expires_in: float | None,
     expires_at: dt.datetime | None,
-    default_in: float | None = None,
 ) -> int | None:
     """The deadline (epoch ms, the clock ``now_ms`` is read on: the Redis server's) of a job
     enqueued at ``now_ms``; ``None`` for none. ``expires_at`` must be timezone-aware."""
@@ -28,7 +27,7 @@ def deadline_ms(
         if expires_at.tzinfo is None:
             raise ValueError("expires_at must be timezone-aware (e.g. datetime.now(UTC))")
         return round(expires_at.timestamp() * 1000)
-    seconds = expires_in_checked(expires_in if expires_in is not None else default_in)
+    seconds = expires_in_checked(expires_in)
     return None if seconds is None else now_ms + round(seconds * 1000)
 
 

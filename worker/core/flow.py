@@ -82,6 +82,15 @@ class TaskFlow:
     expires_in_s: float | None = None
     coalesce: Coalesce | None = None
 
+    @classmethod
+    def of(
+        cls, flow_key: FlowKeyOf | None, expires_in: float | None, coalesce: Coalesce | None
+    ) -> TaskFlow:
+        """A task's checked defaults (:data:`NO_FLOW` for none: its enqueues decide nothing)."""
+        if flow_key is None and expires_in is None and coalesce is None:
+            return NO_FLOW
+        return cls(flow_key, expires_in_checked(expires_in), coalesce)
+
     def key_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """The flow key the task gives a job of these arguments (``None``: none)."""
         if self.flow_key is None:
