@@ -130,8 +130,9 @@ def test_replace_debounce_and_throttle_at_two_consumers(
     async def all_modes() -> list[list[tuple[int, float, str | None]]]:
         return list(
             await asyncio.gather(
-                _race(redis_url, prefix, "note", "r", 40, (0.0, 0.01), flow_key="r",
-                      coalesce="replace"),
+                # due 0.3 s after it is made: enqueues fold into it, then race its claim
+                _race(redis_url, prefix, "note", "r", 40, (0.0, 0.05), flow_key="r",
+                      coalesce="replace", defer_by=0.3),
                 _race(redis_url, prefix, "note", "d", 10, (0.03, 0.05), flow_key="d",
                       coalesce="debounce", debounce_s=0.5, max_wait_s=30),
                 _race(redis_url, prefix, "note", "m", 30, (0.05, 0.05), flow_key="m",
@@ -156,14 +157,16 @@ def test_replace_debounce_and_throttle_at_two_consumers(
     runs = _runs(rsync, prefix, "r")  # replace: the latest arguments always run
     _every_enqueue_gets_a_later_run([(i, at) for i, at, _ in replace], runs)
     assert len(runs) == len({j for _, _, j in replace}) < len(replace), "none folded"
-    [one] = _runs(rsync, prefix, "d")  # debounce: one run, after the last enqueue's quiet time
-    assert one.arg == 9 and one.start >= debounce[-1][1] + 0.45
+    runs = _runs(rsync, prefix, "d")  # debounce: one run, after the last enqueue's quiet time
+    assert len(runs) <= 2, [r.arg for r in runs]  # (2 only if the box stalled an enqueue 0.5 s)
+    assert runs[-1].arg == 9 and runs[-1].start >= debounce[-1][1] + 0.45
     runs = _runs(rsync, prefix, "m")  # max_wait: runs while enqueues go on, none waits longer
     assert 2 <= len(runs) <= 6, [r.arg for r in runs]
     _every_enqueue_gets_a_later_run([(i, at) for i, at, _ in capped], runs)
-    assert 2 <= len(accepted) <= 4, accepted  # throttle: one per 0.6 s over ~1.5 s
+    span = throttle[-1][1] - throttle[0][1]  # throttle: one per 0.6 s over ~1.5 s
+    assert 2 <= len(accepted) <= span / 0.6 + 1, (span, accepted)
     gaps = [b[1] - a[1] for a, b in itertools.pairwise(accepted)]
-    assert min(gaps) >= 0.5, gaps  # (taken before each call: a little slack)
+    assert min(gaps) >= 0.4, gaps  # (times taken before each call: slack for its latency)
 
 
 @pytest.mark.slow
