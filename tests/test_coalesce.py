@@ -25,6 +25,9 @@ from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.storage import keys as K
 
+#: a realistic epoch-ms value
+T0 = 1_700_000_000_000
+
 
 def _client(r: Any) -> Client:
     prefix = f"c{uuid.uuid4().hex[:6]}:"
@@ -105,7 +108,7 @@ async def test_keep_last_replaces_the_pending_job_and_admits_one_run_per_key(r: 
     client = _client(r)
     a = await client.enqueue("latest", "k", 1)  # @app.task(flow_key=..., coalesce="keep_last")
     assert a is not None and a == await client.enqueue("latest", "k", 2)
-    assert (await _record(r, a))[codec.KEEP_LAST] == "k"
+    assert (await _record(r, a))[codec.GATE] == ["keep_last", "k", 0]
     state = client.keys.coalesce("latest", "k")
     store = client.store
     await _claim(client, a)
@@ -160,7 +163,7 @@ def test_a_record_without_flow_fields_is_arqs_and_arq_reads_one_with_them() -> N
     ours = codec.encode_job(*args, msgpack_dumps)
     theirs = arq_jobs.serialize_job(*args[:3], None, args[3], serializer=msgpack_dumps)
     assert ours == theirs
-    flow = codec.JobFlow("tenant-7", 1_700_000_060_000, "k")
+    flow = codec.JobFlow("tenant-7", 1_700_000_060_000, ("throttle", "k", 500))
     with_fields = codec.encode_job(*args, msgpack_dumps, flow=flow)
     read = arq_jobs.deserialize_job(with_fields, deserializer=msgpack_loads)
     assert (read.function, read.args, read.kwargs) == ("send", [1, "x"], {"a": 2})
@@ -235,3 +238,33 @@ async def test_keep_last_waits_for_its_keys_run_in_one_consumer(r: Any, loops: l
         await asyncio.sleep(0.05)
     await eventually(lambda: ran and ran[-1] == 5, what="the last enqueue's run")
     assert overlaps == [] and len(ran) < 6
+
+
+async def test_throttle_admits_one_start_per_key_and_period(r: Any) -> None:
+    client = _client(r)
+    store, state = client.store, client.keys.coalesce("note", "k")
+    assert await store.throttle_admit(state, "a", T0, 500, 60_000) is None
+    assert await store.throttle_admit(state, "b", T0 + 100, 500, 60_000) == T0 + 500
+    assert await store.throttle_admit(state, "a", T0 + 200, 500, 60_000) is None  # a again
+    assert await store.throttle_admit(state, "b", T0 + 600, 500, 60_000) == T0 + 700
+    assert await store.throttle_admit(state, "b", T0 + 700, 500, 60_000) is None
+    assert await r.pttl(state) > 0
+
+
+async def test_throttled_jobs_due_together_start_a_period_apart(r: Any, loops: list[Loop]) -> None:
+    app = App("t")
+    starts: list[float] = []
+
+    @app.task
+    async def refresh(ctx: JobContext, n: int) -> None:
+        starts.append(time.monotonic())
+
+    lp = Loop(r, app)
+    opts: dict[str, Any] = {"flow_key": "k", "coalesce": "throttle", "throttle_s": 0.5}
+    assert await lp.client.enqueue("refresh", 1, **opts) is not None
+    await asyncio.sleep(0.6)  # the period of the first enqueue is over: the next is accepted
+    assert await lp.client.enqueue("refresh", 2, **opts) is not None
+    await asyncio.sleep(0.1)  # a backlog: both due when the consumer starts
+    loops.append(lp.start())
+    await eventually(lambda: len(starts) == 2, what="both runs")
+    assert starts[1] - starts[0] >= 0.4  # the second waited for its key's period

@@ -34,7 +34,7 @@ from worker.consumer.failures import (
     log_traceback,
     traceback_text,
 )
-from worker.consumer.flow import KEEP_LAST_WAIT_MS, expired_end, start_verdict, tell_expired
+from worker.consumer.flow import expired_end, start_verdict, tell_expired
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
@@ -52,7 +52,7 @@ from worker.storage.sharded import Shards
 from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
-_XA, _KL = codec.DEADLINE, codec.KEEP_LAST  # a job's own fields its start depends on
+_XA, _CG = codec.DEADLINE, codec.GATE  # a job's own fields its start depends on
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class Executor:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
-        gate = plan.admit or _XA in record or _KL in record  # most jobs: none (see flow)
+        gate = plan.admit or _XA in record or _CG in record  # most jobs: none (see flow)
         if gate and not await self._admitted(task, c, run, record, result_for, start_ms):
             return  # expired, or deferred: it waits (a slot, its key's run), its try given back
         self._waited(c, fn_name, start_ms)
@@ -240,8 +240,8 @@ class Executor:
             made = partial(self._context, task.plan, c, run, rf.job_try, rf.enqueued_ms, store)
             await tell_expired(task.plan, task.job, c, record, rf, out.error, made)
             return False
-        if verdict == "wait":
-            self._end(c, run, "defer", score_ms=at + KEEP_LAST_WAIT_MS)
+        if verdict is not None:  # its start gate holds it (keep_last, throttle) until then
+            self._end(c, run, "defer", score_ms=verdict)
             return False
         for i, hook in enumerate(task.plan.admit):
             due_ms = await hook.admit(task.job, c.job_id)

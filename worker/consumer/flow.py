@@ -1,13 +1,14 @@
-"""A job's flow at its start: its deadline and ``keep_last``'s one run per key.
+"""A job's flow at its start: its deadline, and the start gates of ``keep_last`` (one run per
+key at a time) and ``throttle`` (one start per key and period).
 
-Only a record carrying the framework's own fields (a deadline, a ``keep_last`` key) comes here:
+Only a record carrying the framework's own fields (a deadline, a start gate) comes here:
 the executor looks for them in the record it has decoded, so every other job pays two
 dictionary look-ups and nothing in Redis. A job whose deadline (epoch ms on the Redis server's
 clock, as the consumer's clock reads it) has passed when it would start never starts: it ends
-``expired`` (a failed result holding
-:class:`~worker.core.errors.JobExpired`, a failure record of status ``expired``, the
-``worker_jobs_expired`` counter). A ``keep_last`` job waits while another job of its key runs
-(deferred by :data:`KEEP_LAST_WAIT_MS`, its try given back).
+``expired`` (a failed result holding :class:`~worker.core.errors.JobExpired`, a failure record
+of status ``expired``, the ``worker_jobs_expired`` counter). A ``keep_last`` job waits while
+another job of its key runs (deferred by :data:`KEEP_LAST_WAIT_MS`, its try given back); a
+``throttle`` job waits until the period since its key's last start is over (deferred to then).
 """
 
 from __future__ import annotations
@@ -32,28 +33,33 @@ log = structlog.get_logger("worker.consumer")
 
 #: How long a ``keep_last`` job waits before it looks again whether its key's run has ended.
 KEEP_LAST_WAIT_MS = 250
-#: The least a ``keep_last`` key's state is kept once a job of it starts (a day).
-KEEP_LAST_STATE_MS = codec.EXPIRES_EXTRA_MS
+#: The least a key's state is kept once a gated job of it starts (a day).
+GATE_STATE_MS = codec.EXPIRES_EXTRA_MS
 
-_XA, _KL = codec.DEADLINE, codec.KEEP_LAST
+_XA, _CG = codec.DEADLINE, codec.GATE
 
-Verdict = Literal["expired", "wait"] | None
+#: ``None``: start; ``"expired"``; or the time (ms) to look again (deferred, its try given back)
+Verdict = Literal["expired"] | int | None
 
 
 async def start_verdict(
     record: Mapping[str, Any], function: str, job_id: str, store: Store, now_ms: int
 ) -> Verdict:
-    """``None``: the job may start; ``expired``: its deadline passed; ``wait``: its
-    ``keep_last`` key's run goes on (nothing to decide without the record's own fields)."""
-    if _XA not in record and _KL not in record:
+    """``None``: the job may start; ``expired``: its deadline passed; a time: its start gate
+    holds it until then (nothing to decide without the record's own fields)."""
+    if _XA not in record and _CG not in record:
         return None
     flow = codec.job_flow(record)
     if flow.deadline_ms is not None and now_ms > flow.deadline_ms:
         return "expired"
-    if flow.keep_last is not None:
-        state = store.keys.coalesce(function, flow.keep_last)
-        if not await store.keep_last_admit(state, job_id, KEEP_LAST_STATE_MS):
-            return "wait"
+    if flow.gate is None:
+        return None
+    mode, key, period_ms = flow.gate
+    state = store.keys.coalesce(function, key)
+    if mode == "throttle":
+        return await store.throttle_admit(state, job_id, now_ms, period_ms, GATE_STATE_MS)
+    if mode == "keep_last" and not await store.keep_last_admit(state, job_id, GATE_STATE_MS):
+        return now_ms + KEEP_LAST_WAIT_MS
     return None
 
 

@@ -5,7 +5,7 @@ The records are maps serialized by the app's serializer (``WORKER_SERIALIZER``):
 
     job     {"t": try or None, "f": function, "a": [args], "k": {kwargs}, "et": enqueued ms}
             and, only when set, the framework's own: "fk": flow key, "xa": deadline ms,
-            "kl": keep_last coalescing key (arq ignores them)
+            "cg": the start gate of a coalescing mode (arq ignores them)
     result  the job's fields, and "s": success, "r": result or error, "st": started ms,
             "ft": finished ms, "q": queue, "id": job id
 
@@ -83,8 +83,8 @@ JOB_ID = "id"
 FLOW_KEY = "fk"
 #: the job's deadline: epoch ms on the Redis server's clock (``expires_in`` / ``expires_at``)
 DEADLINE = "xa"
-#: ``coalesce="keep_last"``: the coalescing key, whose running job this one waits for
-KEEP_LAST = "kl"
+#: the start gate of ``coalesce="keep_last"`` / ``"throttle"``: ``[mode, key, period ms]``
+GATE = "cg"
 #: The job record's fields, in arq's order.
 JOB_FIELDS = (TRY, FUNCTION, ARGS, KWARGS, ENQUEUED)
 #: The result record's fields, in arq's order.
@@ -219,8 +219,8 @@ def job_record(
             record[FLOW_KEY] = flow.flow_key
         if flow.deadline_ms is not None:
             record[DEADLINE] = flow.deadline_ms
-        if flow.keep_last is not None:
-            record[KEEP_LAST] = flow.keep_last
+        if flow.gate is not None:
+            record[GATE] = list(flow.gate)
     return record
 
 
@@ -229,17 +229,23 @@ class JobFlow(NamedTuple):
 
     flow_key: str | None = None
     deadline_ms: int | None = None
-    keep_last: str | None = None
+    #: ``(mode, coalescing key, period ms)``: a ``keep_last`` or ``throttle`` job's start gate
+    gate: tuple[str, str, int] | None = None
 
 
 def job_flow(record: Mapping[str, Any]) -> JobFlow:
     """The framework's own fields of a decoded job record, checked (a malformed value reads
     as absent)."""
-    fk, xa, kl = record.get(FLOW_KEY), record.get(DEADLINE), record.get(KEEP_LAST)
+    fk, xa, cg = record.get(FLOW_KEY), record.get(DEADLINE), record.get(GATE)
+    gate = None
+    if isinstance(cg, list | tuple) and len(cg) == 3:
+        mode, key, period = cg
+        if isinstance(mode, str) and isinstance(key, str) and type(period) is int:
+            gate = (mode, key, period)
     return JobFlow(
         fk if isinstance(fk, str) else None,
         xa if isinstance(xa, int) and not isinstance(xa, bool) else None,
-        kl if isinstance(kl, str) else None,
+        gate,
     )
 
 

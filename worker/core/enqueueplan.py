@@ -13,6 +13,9 @@ from worker.core.codec import JobFlow
 from worker.core.flow import NO_FLOW, Coalesce, TaskFlow, expires_in_checked
 from worker.core.ids import check_id
 
+#: The modes whose jobs the consumer checks as they would start (the record's start gate).
+GATED = ("keep_last", "throttle")
+
 
 def deadline_ms(
     now_ms: int,
@@ -45,12 +48,12 @@ class EnqueuePlan:
     def fields(self, now_ms: int) -> JobFlow | None:
         """The record's own fields for a job enqueued at ``now_ms`` (``None``: none)."""
         deadline = deadline_ms(now_ms, self.expires_in, self.expires_at)
-        keep_last = (
-            self.coalesce_key if self.coalesce and self.coalesce.mode == "keep_last" else None
-        )
-        if self.flow_key is None and deadline is None and keep_last is None:
+        how, gate = self.coalesce, None
+        if how is not None and how.mode in GATED and self.coalesce_key is not None:
+            gate = (how.mode, self.coalesce_key, round(how.throttle_s * 1000))
+        if self.flow_key is None and deadline is None and gate is None:
             return None
-        return JobFlow(self.flow_key, deadline, keep_last)
+        return JobFlow(self.flow_key, deadline, gate)
 
 
 NO_PLAN = EnqueuePlan()

@@ -1,12 +1,14 @@
 """Coalesced enqueues on Redis: enqueues of one key folded into few runs (``COALESCE``), and
-``keep_last``'s one run at a time per key (``KEEP_LAST_ADMIT``).
+the start gates: ``keep_last``'s one run at a time per key (``KEEP_LAST_ADMIT``), ``throttle``'s
+one start per key and period (``THROTTLE_ADMIT``).
 
 A key's state is one hash, :meth:`Keys.coalesce` (in the job's queue shard, so in its Cluster
 slot): ``p`` the pending job (the last one enqueued for the key), ``f`` when its debounce
 began (ms), ``t`` the end of the throttle period (ms), ``r`` the ``keep_last`` job that runs or
-ran last. A job is *pending* while it is in its queue, its record is there and no consumer
-holds it (no in-progress marker): CLAIM sets the marker and reads the record in one step, so
-a record replaced while the job is pending is the one that runs.
+ran last, ``s`` / ``sj`` the last ``throttle`` start (ms) and its job. A job is *pending* while
+it is in its queue, its record is there and no consumer holds it (no in-progress marker): CLAIM
+sets the marker and reads the record in one step, so a record replaced while the job is
+pending is the one that runs.
 """
 
 from __future__ import annotations
@@ -136,8 +138,31 @@ return 1
 """
 
 
+#: Run by :meth:`CoalesceOps.throttle_admit` (below).
+THROTTLE_ADMIT = """
+-- May a throttled job start? Not before the period since the key's last start is over (unless
+-- it is that start's own job, run again); else it is the key's last start.
+-- KEYS[1] -> the key's state hash (Keys.coalesce)
+-- ARGV[1] -> now ms (the server's clock)
+-- ARGV[2] -> the period, ms
+-- ARGV[3] -> the job's id
+-- ARGV[4] -> the state's least TTL, ms
+-- Returns: 0 (start it) or the time (ms) it may start at
+local now = tonumber(ARGV[1])
+local last = tonumber(redis.call('HGET', KEYS[1], 's') or '')
+if last and now < last + tonumber(ARGV[2]) and redis.call('HGET', KEYS[1], 'sj') ~= ARGV[3] then
+  return last + tonumber(ARGV[2])
+end
+redis.call('HSET', KEYS[1], 's', ARGV[1], 'sj', ARGV[3])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+return 0
+"""
+
+
 class CoalesceOps(StoreBase):
-    """Coalesced enqueues and ``keep_last``'s admission."""
+    """Coalesced enqueues and the start gates of ``keep_last`` and ``throttle``."""
 
     async def coalesce_enqueue(
         self,
@@ -184,3 +209,13 @@ class CoalesceOps(StoreBase):
             self._script(KEEP_LAST_ADMIT), [state_key], [K.ARQ_IN_PROGRESS, job_id, ttl_ms]
         )
         return bool(ok)
+
+    async def throttle_admit(
+        self, state_key: str, job_id: str, now_ms: int, period_ms: int, ttl_ms: int
+    ) -> int | None:
+        """``None`` when a ``throttle`` job may start now, else the time (ms) it may start at
+        (see ``coalesce.THROTTLE_ADMIT``)."""
+        at, _ = await self._eval(
+            self._script(THROTTLE_ADMIT), [state_key], [now_ms, period_ms, job_id, ttl_ms]
+        )
+        return int(at) or None
