@@ -195,3 +195,53 @@ def test_keep_last_across_a_consumer_sigkill(
     for a, b in itertools.pairwise(survivors):  # one at a time after it, too
         assert a.end is not None and a.end <= b.start
     assert all(r.end is not None for r in survivors)
+
+
+@pytest.mark.slow
+def test_replace_debounce_and_throttle_across_a_consumer_sigkill(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    """A consumer SIGKILLed while a job of each mode's key runs: a later enqueue is a new job
+    (the running one is no longer pending) and runs after it; the killed runs come back (at least
+    once) and a throttled key's starts stay a period apart through it all."""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    slow = {"CO_STEP_S": "1.5"}
+    modes: dict[str, dict[str, Any]] = {
+        "r": {"coalesce": "replace"},
+        "d": {"coalesce": "debounce", "debounce_s": 0.1},
+        "t": {"coalesce": "throttle", "throttle_s": 1.0},
+    }
+
+    def send(base: int) -> dict[str, list[tuple[int, float, str | None]]]:
+        async def go() -> list[list[tuple[int, float, str | None]]]:
+            return list(
+                await asyncio.gather(
+                    *(
+                        _race(redis_url, prefix, "note", k, 1, (0, 0), base=base, flow_key=k, **o)
+                        for k, o in modes.items()
+                    )
+                )
+            )
+
+        return dict(zip(modes, asyncio.run(go()), strict=True))
+
+    [victim] = _consumers(spawn, rsync, ["victim"], **slow)
+    first = send(0)
+    wait_until(lambda: all(_runs(rsync, prefix, k) for k in modes), 30, what="a run of each key")
+    spawn("all", name="survivor", app=APP, env=slow)  # a leader: it reaps the victim's claims
+    time.sleep(1.1)  # the throttle period of the first enqueue is over
+    later = send(1)
+    for k in modes:  # the running job is not pending: a new job, never folded into it
+        assert later[k][0][2] not in (None, first[k][0][2]), (k, later[k], first[k])
+    victim.kill()
+    wait_until(
+        lambda: all(sum(1 for r in _runs(rsync, prefix, k) if r.end) >= 2 for k in modes),
+        60,
+        what="the later jobs and the killed runs again, each to its end",
+    )
+    for k in modes:
+        runs = _runs(rsync, prefix, k)
+        _every_enqueue_gets_a_later_run([(i, at) for i, at, _ in later[k]], runs)
+        assert {r.job_id for r in runs if r.end} == {first[k][0][2], later[k][0][2]}
+    starts = sorted(r.start for r in _runs(rsync, prefix, "t"))
+    assert all(b - a >= 0.9 for a, b in itertools.pairwise(starts)), starts
