@@ -1306,3 +1306,38 @@ async def test_fair_enqueue_and_move_round_robin_by_pass_fifo_within_a_key(r: An
     assert await r.zrange(keys.queue, 0, -1) == [b"{t}:a2", b"{t}:a3"]
     assert await store.fair_move("default", T + 60_000, 10) == 1
     assert await r.exists(keys.fair("default"), keys.fair("default", "c")) == 0
+
+
+@pytest.mark.parametrize("mode", ["replace", "debounce", "throttle", "keep_last"])
+async def test_coalesce_writes_the_state_the_job_and_the_announcement(r: Any, mode: str) -> None:
+    from worker.core.flow import Coalesce
+
+    store = Store(r, KEYS)
+    how = Coalesce.of(
+        mode,
+        debounce_s=1.0 if mode == "debounce" else None,
+        max_wait_s=5.0 if mode == "debounce" else None,
+        throttle_s=2.0 if mode == "throttle" else None,
+    )
+    assert how is not None
+    state = KEYS.coalesce("note", "k")
+    one = await store.coalesce_enqueue(
+        how, state, "t:a", b"one", now_ms=T, due_ms=T, ttl_ms=JOB_TTL
+    )
+    two = await store.coalesce_enqueue(
+        how, state, "t:b", b"two", now_ms=T + 100, due_ms=T + 100, ttl_ms=JOB_TTL
+    )
+    assert (one.code, one.job_id) == (1, "t:a")
+    snap = await snapshot(r)
+    assert snap[state.encode()][1][b"p"] == b"t:a"
+    assert snap[state.encode()][2]  # it expires
+    if mode == "throttle":  # dropped within the period: nothing written
+        assert (two.code, two.job_id) == (0, None)
+        assert snap[state.encode()][1][b"t"] == str(T + 2000).encode()
+        assert snap[b"arq:job:t:a"] == ("string", b"one", True)
+        return
+    assert (two.code, two.job_id) == (2, "t:a")  # folded into the pending job
+    assert snap[b"arq:job:t:a"] == ("string", b"two", True)
+    due = T + 100 + 1000 if mode == "debounce" else T
+    assert snap[KEYS.queue.encode()] == ("zset", [(b"t:a", float(due))], False)
+    assert b"arq:job:t:b" not in snap

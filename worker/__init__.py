@@ -19,7 +19,14 @@ from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
 from worker.core.codec import JobResult, JobStatus
-from worker.core.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
+from worker.core.errors import (
+    ConfigError,
+    InvalidId,
+    JobExpired,
+    LeadershipLost,
+    PayloadTooLarge,
+    UnknownTask,
+)
 from worker.core.jobdefs import JobOutcome
 from worker.core.retry import Retry, RetryJob
 from worker.polls import BoundPoller
@@ -35,6 +42,7 @@ __all__ = [
     "Context",
     "InvalidId",
     "JobContext",
+    "JobExpired",
     "JobOutcome",
     "JobResult",
     "JobSpec",

@@ -34,13 +34,14 @@ import datetime as dt
 import importlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from worker.consumer.limits import parse_rate
 from worker.context import Context, JobContext
 from worker.core.errors import ConfigError
+from worker.core.flow import Coalesce, FlowKeyOf, Mode, TaskFlow
 from worker.core.jobdefs import JobDef, JobOutcome
 from worker.core.retry import RetryDelay, as_delay
 from worker.core.schedule import make_schedule
@@ -109,10 +110,15 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
-        flow_key: Callable[..., str | None] | None = None,
+        flow_key: FlowKeyOf | None = None,
         fair: bool = False,
         max_concurrency_per_key: int | None = None,
         rate_per_key: str | None = None,
+        expires_in: float | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -128,10 +134,15 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
-        flow_key: Callable[..., str | None] | None = None,
+        flow_key: FlowKeyOf | None = None,
         fair: bool = False,
         max_concurrency_per_key: int | None = None,
         rate_per_key: str | None = None,
+        expires_in: float | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
     ) -> Any:
         """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run; a plain
         ``def`` runs in the process's sync threads (``WORKER_SYNC_THREADS``, :mod:`worker.sync`).
@@ -144,8 +155,8 @@ class App:
         Jobs over a limit wait (deferred), they never fail for it. ``flow_key``: a job's flow
         key from its arguments (``flow_key(*args, **kwargs)``) when its enqueue names none;
         ``fair``: its jobs are taken round-robin across flow keys (:attr:`flow_weights`);
-        ``max_concurrency_per_key`` and ``rate_per_key``: the limits above, per flow key
-        (docs/flow-control.md).
+        ``max_concurrency_per_key``, ``rate_per_key``: the limits above, per flow key; the
+        defaults of ``enqueue``'s ``expires_in`` and ``coalesce`` (docs/flow-control.md).
         """
         on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
         for what, most in (("", max_concurrency), ("_per_key", max_concurrency_per_key)):
@@ -153,6 +164,8 @@ class App:
                 raise ConfigError(f"task max_concurrency{what} must be at least 1")
         parsed_rate = parse_rate(rate) if rate is not None else None
         key_rate = parse_rate(rate_per_key) if rate_per_key is not None else None
+        how = Coalesce.of(coalesce, debounce_s, max_wait_s, throttle_s)
+        flow = TaskFlow.of(flow_key, expires_in, how)
 
         def register(f: F) -> F:
             n = _check_name("task", name or f.__name__)
@@ -168,7 +181,7 @@ class App:
                 retry_delay=as_delay(retry_delay),
                 max_concurrency=max_concurrency,
                 rate=parsed_rate,
-                flow_key=flow_key,
+                flow=flow,
                 fair=fair,
                 max_concurrency_per_key=max_concurrency_per_key,
                 rate_per_key=key_rate,
@@ -421,18 +434,6 @@ class App:
             self.periodics[function].job() if function in self.periodics else None
         )
         return job.queue if job is not None else DEFAULT_QUEUE
-
-    def flow_of(
-        self, function: str, args: Sequence[Any], kwargs: Mapping[str, Any], given: str | None
-    ) -> tuple[str | None, bool]:
-        """A job's flow key (``given``, else its task's ``flow_key`` of its arguments) and
-        whether its task is fair."""
-        job = self.tasks.get(function)
-        if job is None:
-            return given, False
-        if given is None and job.flow_key is not None:
-            given = job.flow_key(*args, **kwargs)
-        return given, job.fair
 
     def fair_queues(self) -> tuple[str, ...]:
         """The queues fair tasks' jobs wait in."""

@@ -7,6 +7,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.core.codec import JobFlow
+from worker.core.enqueueplan import plan_enqueue
+from worker.core.flow import TaskFlow
 from worker.core.ids import check_flow_key, check_id
 
 #: Jobs per round trip of ``enqueue_many`` unless told (bounds the script's run time and the
@@ -29,6 +32,8 @@ class JobSpec:
     queue: str | None = None
     shard_key: str | None = None
     flow_key: str | None = None
+    expires_in: float | None = None
+    expires_at: dt.datetime | None = None
 
 
 #: What ``enqueue_many`` takes per job: a :class:`JobSpec`, or ``(function, args)`` /
@@ -62,3 +67,15 @@ def checked(jobs: Iterable[JobLike], check: Callable[[str], None]) -> list[JobSp
     for name in {s.function for s in specs}:
         check(name)
     return specs
+
+
+def spec_fields(spec: JobSpec, task: TaskFlow, now_ms: int) -> JobFlow | None:
+    """A spec's own record fields (flow key, deadline) enqueued at ``now_ms``; a task that
+    coalesces is refused (its jobs are enqueued one by one)."""
+    plan = plan_enqueue(
+        task, spec.args, spec.kwargs, flow_key=spec.flow_key, unique_key=spec.unique_key,
+        expires_in=spec.expires_in, expires_at=spec.expires_at,
+    )  # fmt: skip
+    if plan.coalesce is not None:
+        raise ValueError(f"{spec.function}: coalesced jobs are enqueued one by one (enqueue)")
+    return plan.fields(now_ms)

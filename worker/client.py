@@ -37,11 +37,14 @@ from uuid import uuid4
 
 from redis.asyncio import Redis
 
-from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
+from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked, spec_fields
 from worker.core import codec
 from worker.core.clock import Clock, RedisClock, ms, on_server_time
+from worker.core.enqueueplan import NO_PLAN, EnqueuePlan, plan_enqueue
 from worker.core.errors import ConfigError, PayloadTooLarge, UnknownTask
-from worker.core.ids import check_flow_key, check_id
+from worker.core.flow import NO_FLOW, Mode, TaskFlow
+from worker.core.ids import check_id
+from worker.core.jobdefs import JobDef
 from worker.core.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.core.serializer import (
     Deserialize,
@@ -57,7 +60,7 @@ from worker.settings import Settings, load_settings
 from worker.storage import keys as K
 from worker.storage import server
 from worker.storage.connection import connect_redis, connect_shards
-from worker.storage.enqueue import QueuedJob
+from worker.storage.enqueue import QueuedJob, send_chunk
 from worker.storage.handle import Job
 from worker.storage.jobs import NewJob
 from worker.storage.keys import DEFAULT_QUEUE
@@ -79,15 +82,6 @@ class _Routes(Protocol):
     """An app that knows which queue each function's jobs go to."""
 
     def queue_of(self, function: str) -> str: ...
-
-
-@runtime_checkable
-class _Flows(Protocol):
-    """An app that knows its tasks' flow keys and which tasks are fair."""
-
-    def flow_of(
-        self, function: str, args: Sequence[Any], kwargs: dict[str, Any], given: str | None
-    ) -> tuple[str | None, bool]: ...
 
 
 @runtime_checkable
@@ -276,10 +270,22 @@ class Client:
         queue: str | None = None,
         shard_key: str | None = None,
         flow_key: str | None = None,
+        expires_in: float | None = None,
+        expires_at: dt.datetime | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
         **kwargs: Any,
     ) -> str | None:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
         the same id is already queued, running, or finished within the result TTL.
+
+        ``flow_key``: whose work it is (a tenant). ``expires_in`` (s) / ``expires_at``: a job not
+        started by then never starts, it ends ``expired``. ``coalesce`` (``debounce_s``,
+        ``max_wait_s``, ``throttle_s``): fold the enqueues of ``function`` per flow key (or
+        ``unique_key``): returns the job the call joined, ``None`` when throttled. Each
+        defaults to the task's (see docs/flow-control.md).
 
         ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: enqueueing the same key
         twice while the first job is queued, in flight or its result is kept runs it once
@@ -305,17 +311,22 @@ class Client:
             check_id(job_id, "job_id")
         elif unique_key is not None:
             check_id(unique_key, "unique_key")
-        flow = self.flow_for(function, args, kwargs, flow_key)
+        plan = plan_enqueue(
+            self.flow_of(function), args, kwargs, flow_key=flow_key, unique_key=unique_key,
+            job_id=job_id, expires_in=expires_in, expires_at=expires_at, coalesce=coalesce,
+            debounce_s=debounce_s, max_wait_s=max_wait_s, throttle_s=throttle_s,
+        )  # fmt: skip
         if job_id is not None:
             store, jid = self.shards.of(job_id), job_id
         else:
-            key = shard_key if shard_key is not None else unique_key
-            key = key if key is not None else flow[0]
+            key = shard_key if shard_key is not None else (plan.coalesce_key or unique_key)
+            key = key if key is not None else plan.flow_key
             store = self.shards.next() if key is None else self.shards.for_key(key)
-            jid = store.ids.random() if unique_key is None else store.ids.unique(unique_key)
+            by_key = unique_key is not None and plan.coalesce is None  # coalesced: ids of its own
+            jid = store.ids.unique(unique_key) if by_key and unique_key else store.ids.random()
         if queue is None:
             queue = self.queue_for(function)
-        put = (function, args, kwargs, jid, queue, defer_by, defer_until, flow)
+        put = (function, args, kwargs, jid, queue, defer_by, defer_until, plan, self.fair(function))
         if self.tracing is None:
             return await self._put(store, *put)
         with self.tracing.send(function, jid, queue) as extra:
@@ -331,19 +342,27 @@ class Client:
         queue: str,
         defer_by: float,
         defer_until: dt.datetime | None,
-        flow: tuple[str | None, bool],
+        plan: EnqueuePlan = NO_PLAN,
+        fair: bool = False,
         extra: dict[str, Any] | None = None,
     ) -> str | None:
         await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
+        flow = plan.fields(now)  # the deadline on the server's clock
         payload = codec.encode_job(
-            function, args, kwargs, now, self._serialize, extra=extra, flow_key=flow[0]
+            function, args, kwargs, now, self._serialize, extra=extra, flow=flow
         )
         self._sized(function, payload)
+        if plan.coalesce is not None and plan.coalesce_key is not None:
+            done = await store.coalesce_enqueue(
+                plan.coalesce, store.keys.coalesce(function, plan.coalesce_key), jid, payload,
+                now_ms=now, due_ms=score, ttl_ms=self._expires_ms, queue=queue,
+            )  # fmt: skip
+            return done.job_id
         ttl = self._expires_ms + max(0, score - now)
-        if flow[1]:  # a fair task's job: it waits in its flow key's queue
-            job = QueuedJob(NewJob(jid, payload, score), queue, ttl, flow[0] or "")
+        if fair:  # a fair task's job: it waits in its flow key's queue
+            job = QueuedJob(NewJob(jid, payload, score), queue, ttl, plan.flow_key or "")
             return jid if (await store.fair_enqueue([job]))[0] else None
         ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
@@ -392,12 +411,13 @@ class Client:
         now = ms(self.clock.time())
         batch = []
         for s in specs:
-            flow = self.flow_for(s.function, s.args, s.kwargs, s.flow_key)
+            flow = spec_fields(s, self.flow_of(s.function), now)
+            flow_key = flow.flow_key if flow is not None else None
             if s.job_id is not None:
                 store, jid = self.shards.of(s.job_id), s.job_id
             else:
                 key = s.shard_key if s.shard_key is not None else s.unique_key
-                key = key if key is not None else flow[0]
+                key = key if key is not None else flow_key
                 store = self.shards.next() if key is None else self.shards.for_key(key)
                 jid = store.ids.random() if s.unique_key is None else store.ids.unique(s.unique_key)
             queue = s.queue if s.queue is not None else self.queue_for(s.function)
@@ -405,11 +425,11 @@ class Client:
             score = now + ms(s.defer_by) if score is None else score
             extra = spans.create(s.function, jid, queue) if spans is not None else None
             payload = codec.encode_job(
-                s.function, s.args, s.kwargs, now, self._serialize, extra=extra, flow_key=flow[0]
+                s.function, s.args, s.kwargs, now, self._serialize, extra=extra, flow=flow
             )
             self._sized(s.function, payload)
             ttl = self._expires_ms + max(0, score - now)
-            fair = (flow[0] or "") if flow[1] else None
+            fair = (flow_key or "") if self.fair(s.function) else None
             batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl, fair)))
         return batch
 
@@ -417,21 +437,13 @@ class Client:
         self, batch: list[tuple[Store, QueuedJob]], spans: Batch | None
     ) -> list[str | None]:
         """Each shard's part of a chunk in one script call (the shards at once)."""
-        parts: dict[tuple[int, bool], tuple[Store, list[int]]] = {}
-        for i, (store, q) in enumerate(batch):  # fair tasks' jobs apart (their flow queues)
-            parts.setdefault((id(store), q.flow is not None), (store, []))[1].append(i)
         with spans.send() if spans is not None else contextlib.nullcontext():
-            written = await asyncio.gather(
-                *(
-                    (s.fair_enqueue if fair else s.enqueue_batch)([batch[i][1] for i in idx])
-                    for (_, fair), (s, idx) in parts.items()
-                )
-            )
-        out: list[str | None] = [None] * len(batch)
-        for (_, idx), oks in zip(parts.values(), written, strict=True):
-            for i, ok in zip(idx, oks, strict=True):
-                out[i] = batch[i][1].job.job_id if ok else None
-        return out
+            return await send_chunk(batch)
+
+    def flow_of(self, function: str) -> TaskFlow:
+        """The flow defaults ``function``'s task declares (none without the app)."""
+        job = getattr(self.app, "tasks", {}).get(function)
+        return job.flow if isinstance(job, JobDef) else NO_FLOW
 
     def _sized(self, function: str, payload: bytes) -> None:
         """:class:`PayloadTooLarge` (one line) when ``payload`` is larger than the consumers
@@ -439,15 +451,9 @@ class Client:
         if len(payload) > self.max_payload_bytes:
             raise PayloadTooLarge(function, len(payload), self.max_payload_bytes)
 
-    def flow_for(
-        self, function: str, args: Sequence[Any], kwargs: dict[str, Any], given: str | None
-    ) -> tuple[str | None, bool]:
-        """A job's flow key (checked) and whether its task is fair, when the client knows the
-        app; else ``given`` and not fair."""
-        flow = (given, False)
-        if isinstance(self.app, _Flows):
-            flow = self.app.flow_of(function, args, kwargs, given)
-        return check_flow_key(flow[0]), flow[1]
+    def fair(self, function: str) -> bool:
+        """Whether ``function``'s task is fair (``@app.task(fair=True)``; not without the app)."""
+        return getattr(getattr(self.app, "tasks", {}).get(function), "fair", False) is True
 
     def queue_for(self, function: str) -> str:
         """The queue ``function``'s jobs wait in unless told: the one the task declares when

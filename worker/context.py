@@ -190,7 +190,7 @@ class Context:
     async def enqueue(
         self, function: str, *args: Any, flow_key: str | None = None, **kwargs: Any
     ) -> str | None:
-        """See :meth:`worker.client.Client.enqueue`."""
+        """See :meth:`worker.client.Client.enqueue` (its options pass through)."""
         return await self.client.enqueue(function, *args, flow_key=flow_key, **kwargs)
 
     async def enqueue_many(

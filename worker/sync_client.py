@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
 from worker.core.codec import JobResult, JobStatus
+from worker.core.flow import Mode
 from worker.core.redisurl import RedisTarget
 from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import SerializerName
@@ -120,10 +121,16 @@ class SyncClient:
         queue: str | None = None,
         shard_key: str | None = None,
         flow_key: str | None = None,
+        expires_in: float | None = None,
+        expires_at: dt.datetime | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
         **kwargs: Any,
     ) -> str | None:
         """:meth:`Client.enqueue`: the job id, or ``None`` when that id is already queued,
-        running or kept."""
+        running or kept (or the enqueue was throttled)."""
         return self._submit(
             self.client.enqueue(
                 function,
@@ -135,6 +142,12 @@ class SyncClient:
                 queue=queue,
                 shard_key=shard_key,
                 flow_key=flow_key,
+                expires_in=expires_in,
+                expires_at=expires_at,
+                coalesce=coalesce,
+                debounce_s=debounce_s,
+                max_wait_s=max_wait_s,
+                throttle_s=throttle_s,
                 **kwargs,
             )
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -34,9 +34,11 @@ from worker.consumer.failures import (
     log_traceback,
     traceback_text,
 )
+from worker.consumer.flow import expired_end, start_verdict, tell_expired
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
+from worker.core import codec
 from worker.core.clock import Clock, ms
 from worker.core.jobdefs import HookPlan, JobDef, JobHook, JobRun, Outcome
 from worker.core.logs import capped
@@ -50,6 +52,7 @@ from worker.storage.sharded import Shards
 from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
+_XA, _CG = codec.DEADLINE, codec.GATE  # a job's own fields its start depends on
 
 
 @dataclass(frozen=True)
@@ -136,9 +139,8 @@ class Executor:
             await self._give_up(c, run, bad, start_ms)
             return
         job, plan, max_tries = task.job, task.plan, task.max_tries
-        job_try = c.try_
-        if enqueue_try and enqueue_try > job_try:
-            job_try = enqueue_try
+        job_try = max(c.try_, enqueue_try or 0)
+        if job_try > c.try_:  # enqueued with a higher try: it counts from there
             await store.raise_try(job_id, job_try, RETRY_TTL_MS)
         queue_key = store.keys.queue_of(c.queue)
         result_for = ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
@@ -146,8 +148,9 @@ class Executor:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
-        if plan.admit and not await self._admitted(plan, job, c, run, record):
-            return  # deferred: it waits (for a slot, say), its try given back
+        gate = plan.admit or _XA in record or _CG in record  # most jobs: none (see flow)
+        if gate and not await self._admitted(task, c, run, record, result_for, start_ms):
+            return  # expired, or deferred: it waits (a slot, its key's run), its try given back
         self._waited(c, fn_name, start_ms)
         timeout, keep = task.timeout_s, task.keep_s
         ctx = self._context(plan, c, run, job_try, enqueued_ms, store)
@@ -224,15 +227,27 @@ class Executor:
             self.figures.waits.append((c.queue, label, max(0, start_ms - c.score_ms) / 1000))
 
     async def _admitted(
-        self, plan: HookPlan, job: JobDef, c: Claimed, run: Run, record: Mapping[str, Any]
+        self, task: _Task, c: Claimed, run: Run, record: dict[str, Any], rf: ResultFor, at: int
     ) -> bool:
-        """Every hook lets the job start; else it is deferred to the time the first refusing
-        hook named, and the hooks that had let it start give back what they took."""
-        for i, hook in enumerate(plan.admit):
-            due_ms = await hook.admit(job, c.job_id, record)
+        """Its flow (:mod:`worker.consumer.flow`: else expired, or waiting) and every hook let
+        it start; else deferred to when the first refusing hook said (the others give back)."""
+        store = self.store.of(c.job_id)
+        verdict = await start_verdict(record, rf.function, c.job_id, store, at)
+        if verdict == "expired":
+            out = expired_end(record, self._facts(c, rf, at), rf, task.keep_s, at, self)
+            self._end(c, run, "failed", out.data, ms(task.keep_s), failure=out.failure)
+            self.totals["failed"] += 1
+            made = partial(self._context, task.plan, c, run, rf.job_try, rf.enqueued_ms, store)
+            await tell_expired(task.plan, task.job, c, record, rf, out.error, made)
+            return False
+        if verdict is not None:  # its start gate holds it (keep_last, throttle) until then
+            self._end(c, run, "defer", score_ms=verdict)
+            return False
+        for i, hook in enumerate(task.plan.admit):
+            due_ms = await hook.admit(task.job, c.job_id, record)
             if due_ms is not None:
-                for earlier in plan.admit[:i]:
-                    await earlier.release(job, c.job_id)
+                for earlier in task.plan.admit[:i]:
+                    await earlier.release(task.job, c.job_id)
                 self._end(c, run, "defer", score_ms=due_ms)
                 return False
         return True

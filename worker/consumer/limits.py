@@ -70,7 +70,7 @@ class LimitsHook(JobHook):
     async def admit(
         self, job: JobDef, job_id: str, record: Mapping[str, Any] = NO_RECORD
     ) -> int | None:
-        flow = codec.flow_key_of(record)  # a job without one has no per-key limit
+        flow = codec.job_flow(record).flow_key  # a job without one has no per-key limit
         now = ms(self.clock.time())
         lease = ms(self.slot_lease_s)
         slots: list[tuple[str | None, int | None]] = [(None, job.max_concurrency)]

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import structlog
 
+from worker.core.errors import JobExpired
+from worker.core.flow import NO_FLOW, TaskFlow
 from worker.core.retry import RetryDelay
 
 log = structlog.get_logger("worker.consumer")
@@ -28,8 +30,9 @@ Outcome = Literal["success", "failure", "retry"]
 #: How a run ended, as hooks see it: ``success``; ``failed`` (raised, will not run again);
 #: ``retry`` (runs again: arq's ``Retry``, a ``retry_on`` error with tries left, its claim
 #: taken over, a shutdown cut); ``cancelled`` (aborted); ``timeout`` (its ``timeout_s``
-#: expired); ``dead`` (a ``retry_on`` error with no tries left: set aside as a dead letter).
-Status = Literal["success", "failed", "retry", "cancelled", "timeout", "dead"]
+#: expired); ``dead`` (a ``retry_on`` error with no tries left: set aside as a dead letter);
+#: ``expired`` (not started by its deadline: it never ran).
+Status = Literal["success", "failed", "retry", "cancelled", "timeout", "dead", "expired"]
 
 
 #: What :meth:`JobHook.admit` gets for a job whose record is not at hand (an empty map).
@@ -59,12 +62,15 @@ def status_of(
     outcome: Outcome, error: BaseException | None, *, timed_out: bool, dead: bool
 ) -> Status:
     """The :data:`Status` of a run from its internal :data:`Outcome`: a failure is
-    ``cancelled`` when the run was cancelled (an abort), ``dead`` when it was set aside,
+    ``cancelled`` when the run was cancelled (an abort), ``expired`` when it was not started by
+    its deadline (:class:`~worker.core.errors.JobExpired`), ``dead`` when it was set aside,
     ``timeout`` when the job's own timeout cut it, else ``failed``."""
     if outcome != "failure":
         return outcome
     if isinstance(error, asyncio.CancelledError):
         return "cancelled"
+    if isinstance(error, JobExpired):
+        return "expired"
     if dead:
         return "dead"
     return "timeout" if timed_out else "failed"
@@ -105,7 +111,8 @@ class JobDef:
     retry_delay: RetryDelay | None = None
     max_concurrency: int | None = None
     rate: tuple[int, float] | None = None  # (jobs, per seconds)
-    flow_key: Callable[..., str | None] | None = None
+    #: the task's flow defaults: flow key, deadline, coalescing (``@app.task(...)``)
+    flow: TaskFlow = NO_FLOW
     fair: bool = False
     max_concurrency_per_key: int | None = None
     rate_per_key: tuple[int, float] | None = None  # (jobs, per seconds)

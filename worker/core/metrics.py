@@ -156,6 +156,12 @@ class Metrics:
         self.dead = Counter(
             "worker_jobs_dead", "Jobs set aside in the dead-letter set.", ["reason"], registry=r
         )
+        self.jobs_expired = Counter(
+            "worker_jobs_expired",
+            "Jobs not started by their deadline (enqueue(..., expires_in=...)): they never ran.",
+            ["queue", "task"],
+            registry=r,
+        )
         self.dead_dropped = Counter(
             "worker_dead_letters_dropped",
             "Oldest dead letters dropped because the set reached WORKER_DEAD_LETTER_MAX.",

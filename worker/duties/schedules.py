@@ -183,8 +183,7 @@ async def backfill(client: Client, name: str, from_ms: int, to_ms: int) -> tuple
     for t in ticks:
         job_id = client.store.ids.schedule(name, t)
         # not enqueue(): a schedule's kwargs may be named like enqueue's own options
-        flow = client.flow_for(spec.task, spec.args, spec.kwargs, None)
         put = (spec.task, spec.args, spec.kwargs, job_id, client.queue_for(spec.task), 0.0, None)
-        if await client._put(client.store, *put, flow):
+        if await client._put(client.store, *put):
             done += 1
     return done, len(ticks)

@@ -204,7 +204,7 @@ class Operations:
         d = await self.detail(job_id)
         if d is not None and await self._foreign(job_id, d):
             return await self._record(self._not_ours("retry", job_id))
-        if d is None or d.state not in ("failed", "timeout", "cancelled", "dead"):
+        if d is None or d.state not in ("failed", "timeout", "cancelled", "dead", "expired"):
             what = "unknown" if d is None else d.state
             hint = "" if d is None else "; retry re-runs a failed or dead job"
             return await self._record(

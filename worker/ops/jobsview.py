@@ -365,7 +365,7 @@ async def job_detail(
         state = f["status"]
     if state is None:
         return None
-    error = error_of(result) if state in ("failed", "cancelled", "timeout") else None
+    error = error_of(result) if state in ("failed", "cancelled", "timeout", "expired") else None
     if f:
         error = {
             "type": f.get("error_type"),

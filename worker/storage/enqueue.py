@@ -5,6 +5,7 @@ plain arq client: the record and a ``ZADD``; the announcement is :mod:`worker.st
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -182,3 +183,23 @@ class EnqueueOps(StoreBase):
             score = _score(self.keys.queue_of(q), head[0][0], head[0][1]) if head else None
             out.append((_s(head[0][0]), score) if head and score is not None else None)
         return out
+
+
+async def send_chunk(batch: Sequence[tuple[EnqueueOps, QueuedJob]]) -> list[str | None]:
+    """``enqueue_many``'s chunk: each shard's part in one script call (the shards at once, a
+    fair task's jobs apart: they go to their flow queues); per job its id, or ``None`` when
+    its id was taken."""
+    parts: dict[tuple[int, bool], tuple[EnqueueOps, list[int]]] = {}
+    for i, (store, q) in enumerate(batch):
+        parts.setdefault((id(store), q.flow is not None), (store, []))[1].append(i)
+    written = await asyncio.gather(
+        *(
+            (s.fair_enqueue if fair else s.enqueue_batch)([batch[i][1] for i in idx])
+            for (_, fair), (s, idx) in parts.items()
+        )
+    )
+    out: list[str | None] = [None] * len(batch)
+    for (_, idx), oks in zip(parts.values(), written, strict=True):
+        for i, ok in zip(idx, oks, strict=True):
+            out[i] = batch[i][1].job.job_id if ok else None
+    return out

@@ -235,12 +235,9 @@ class Keys:
 
     # -- pollers ------------------------------------------------------------------------------
     def poll_shard(self, poller: str, shard: int) -> str:
-        """Sorted set of items due for polling, scored by due time (epoch ms).
-
-        The poller name is a Redis Cluster hash tag so one poller's shards, its in-flight hash
-        and a dispatch script's keys could share a slot; spreading pollers across a cluster
-        would give each shard its own tag (see docs/deployment.md, "Scale").
-        """
+        """Sorted set of items due for polling, scored by due time (epoch ms). The poller name
+        is a Cluster hash tag so one poller's shards, its in-flight hash and a dispatch script's
+        keys could share a slot (docs/deployment.md, "Scale")."""
         return f"{self.prefix}poll:{{{poller}}}:{shard}"
 
     def poll_inflight(self, poller: str) -> str:
@@ -321,6 +318,10 @@ class Keys:
     def once(self, name: str) -> str:
         return f"{self.prefix}once:{name}"
 
+    def coalesce(self, task: str, key: str) -> str:
+        """Hash: a coalescing key's state (``p``, ``f``, ``t``, ``r``; see storage/coalesce.py)."""
+        return f"{self.prefix}coalesce:{task}:{key}"
+
     # -- cluster-wide limits: a task's, or with ``flow`` one flow key's of the task -----------
     def limit_slots(self, task: str, flow: str | None = None) -> str:
         """Sorted set: job id -> lease expiry (ms) of each run holding a concurrency slot."""
@@ -337,9 +338,8 @@ class Keys:
     # -- throughput and the operators' log ------------------------------------------------------
     def stats(self, queue: str, hour: int) -> str:
         """Hash of one queue's finished runs in one hour (``hour`` = epoch ms // 3,600,000):
-        ``<minute>:done`` and ``<minute>:failed`` -> count, ``minute`` = epoch ms // 60,000.
-        Written by FINISH (one HINCRBY per batch and outcome); expires :data:`STATS_TTL_MS`
-        after its last write."""
+        ``<minute>:done`` / ``:failed`` -> count, ``minute`` = epoch ms // 60,000; by FINISH
+        (one HINCRBY per batch and outcome), expiring :data:`STATS_TTL_MS` after its last."""
         return f"{self.prefix}stats:{queue}:{hour}"
 
     def task_stats(self, hour: int) -> str:
@@ -359,9 +359,9 @@ class Keys:
     # -- job records: failures, completions, progress -----------------------------------------
     def failure(self, job_id: str) -> str:
         """JSON of the last final failure of a job (status ``failed`` | ``timeout`` |
-        ``cancelled`` | ``dead``, error type, message, capped traceback, try, instance, times,
-        capped args): written by FINISH with the job's end, kept ``keep_result_s`` and at least
-        as long as the job is in :attr:`failures` (deleted when trimmed from it)."""
+        ``cancelled`` | ``dead`` | ``expired``, error, capped traceback, try, instance, times,
+        capped args): by FINISH with the job's end, kept ``keep_result_s`` and while in
+        :attr:`failures`."""
         return f"{self.prefix}failure:{job_id}"
 
     @property

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 from worker.core.redisurl import Replication
 from worker.storage.broadcast import BroadcastOps
 from worker.storage.claims import ClaimOps
+from worker.storage.coalesce import CoalesceOps
 from worker.storage.dataset import DatasetOps
 from worker.storage.dead import DeadOps
 from worker.storage.election import ElectionOps
@@ -52,6 +53,7 @@ class Store(
     SubscriptionOps,
     ScheduleOps,
     WakeOps,
+    CoalesceOps,
 ):
     """Every unfenced Redis operation of the framework, one part per concern (see
     :mod:`worker.storage`); build it with :func:`open_store`."""

@@ -674,7 +674,7 @@ async function openJob(jobId) {
     shown("job-error", e ? (e.type || "error") + ": " + (e.message || "") +
       (e.traceback ? "\n\n" + e.traceback : "") : "");
     shown("job-result", r.result);
-    $("job-retry").disabled = !["failed", "timeout", "cancelled", "dead"].includes(r.state);
+    $("job-retry").disabled = !["failed", "timeout", "cancelled", "dead", "expired"].includes(r.state);
     $("job-cancel").disabled = !["queued", "scheduled", "running"].includes(r.state);
     for (const row of document.querySelectorAll("#jobs tbody tr[data-job]")) {
       row.classList.toggle("chosen", row.dataset.job === jobId);
