@@ -42,10 +42,10 @@ async def _record(r: Any, job_id: str) -> dict[str, Any]:
 def test_a_record_without_a_flow_key_is_arqs_byte_for_byte() -> None:
     plain = codec.encode_job("f", [1], {"x": 2}, 1000, msgpack_dumps)
     assert plain == msgpack_dumps({"t": None, "f": "f", "a": [1], "k": {"x": 2}, "et": 1000})
-    keyed = codec.encode_job("f", [1], {}, 1000, msgpack_dumps, flow_key="t-7")
+    keyed = codec.encode_job("f", [1], {}, 1000, msgpack_dumps, flow=codec.JobFlow("t-7"))
     record = msgpack.unpackb(keyed, raw=False)
-    assert record["fk"] == "t-7" and codec.flow_key_of(record) == "t-7"
-    assert codec.flow_key_of(msgpack.unpackb(plain, raw=False)) is None
+    assert record["fk"] == "t-7" and codec.job_flow(record).flow_key == "t-7"
+    assert codec.job_flow(msgpack.unpackb(plain, raw=False)).flow_key is None
 
 
 async def test_every_enqueue_path_writes_the_flow_key(r: Any) -> None:
@@ -60,13 +60,13 @@ async def test_every_enqueue_path_writes_the_flow_key(r: Any) -> None:
     )
     ids = [given, default, overridden, none, *many]
     assert all(ids)
-    found = [codec.flow_key_of(await _record(r, j)) for j in ids if j]
+    found = [codec.job_flow(await _record(r, j)).flow_key for j in ids if j]
     assert found == ["t-1", "tenant-a", "vip", None, "t-5", "tenant-b", None]
     assert "fk" not in await _record(r, none or "")  # no field at all without one
     # ctx.enqueue takes it as its own keyword too (never a task argument)
     context = Context(Settings.model_construct(), r, client, SystemClock(), "i-1")
     via_ctx = await JobContext({}, context).enqueue("plain", 8, flow_key="t-8")
-    assert codec.flow_key_of(await _record(r, via_ctx or "")) == "t-8"
+    assert codec.job_flow(await _record(r, via_ctx or "")).flow_key == "t-8"
 
 
 @pytest.mark.parametrize("bad", ["", "x" * 201, "line\nbreak", 7])
@@ -324,7 +324,7 @@ def test_sync_client_enqueue_takes_the_flow_key(redis_url: str, rsync: Any) -> N
         default = sync.enqueue("keyed", "a", 2)
     for jid, key in ((given, "t-1"), (default, "tenant-a")):
         record = msgpack.unpackb(rsync.get(codec.JOB_KEY_PREFIX + (jid or "")), raw=False)
-        assert codec.flow_key_of(record) == key
+        assert codec.job_flow(record).flow_key == key
 
 
 async def test_a_deferred_fair_job_waits_its_turn_in_time_not_the_others(
