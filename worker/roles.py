@@ -54,6 +54,7 @@ from worker.registry import Heartbeat, WriteWitness
 from worker.serializer import Deserialize, Serialize
 from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Retention, Shards, Store
+from worker.storage.keys import duty_lane, with_lanes
 from worker.sync import SyncThreads, SyncThreadsHook
 from worker.tracing import Tracing
 from worker.unannounced import NAME as UNANNOUNCED_NAME
@@ -191,6 +192,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
     s = w.settings
     config = ConsumerConfig(
         concurrency=s.concurrency,
+        duty_slots=s.duty_slots,
         poll_delay_s=s.poll_delay_s,
         idle_poll_max_s=s.idle_poll_max_s,
         idle_poll_subscribed_s=s.idle_poll_subscribed_s,
@@ -305,6 +307,8 @@ def _initializer(w: Wiring, init: InitializerDef) -> Component:
 
 def _poller(w: Wiring, p: PollerDef) -> Component:
     queue = w.app.queue_of(p.task)
+    if w.settings.duty_slots:
+        queue = duty_lane(queue)  # poll jobs wait for no user job (the consumers' duty slots)
     return PollingScheduler(
         p, w.fence(), w.serializer[0], w.clock, w.metrics, queue, tracing=w.tracing
     )
@@ -318,6 +322,7 @@ def _periodic(w: Wiring, _: Any) -> Component:
         w.clock,
         w.metrics,
         tracing=w.tracing,
+        duty_lane=w.settings.duty_slots > 0,
     )
 
 
@@ -331,7 +336,7 @@ def _reaper(w: Wiring, _: Any) -> Component:
         # (idle-cheap, long) heartbeat interval
         interval_s=min(s.heartbeat_interval_s, REAP_EVERY_S),
         metrics=w.metrics,
-        queues=w.app.queue_names(),
+        queues=with_lanes(w.app.queue_names()),
         witness=w.writes,
         # the other queue shards, fenced by token (the lease is in another hash slot)
         shards=[FencedStore(shard, w.fence().leader) for shard in w.client.shards.stores[1:]],

@@ -50,6 +50,7 @@ from worker.jobs import JobDef, JobHook
 from worker.metrics import Metrics
 from worker.serializer import Deserialize, Serialize
 from worker.storage import Store
+from worker.storage.keys import with_lanes
 from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
@@ -89,7 +90,7 @@ class Consumer(Component):
             self.hooks,
             instance_id=instance_id,
             doubt_s=config.doubt_s,
-            queues=config.queues,
+            queues=with_lanes(config.queues),
         )
         self.guard = self.claims.guard
         self.completer = Completer(

@@ -38,7 +38,7 @@ from worker.metrics import Metrics
 from worker.schedule import Schedule
 from worker.serializer import Serialize, job_payload
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
-from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.keys import DEFAULT_QUEUE, duty_lane
 from worker.tracing import Batch, Tracing
 
 log = structlog.get_logger("worker.periodic")
@@ -195,9 +195,13 @@ class PeriodicEnqueuer(LoopComponent):
         clock: Clock,
         metrics: Metrics | None = None,
         tracing: Tracing | None = None,
+        *,
+        duty_lane: bool = False,
     ) -> None:
         super().__init__(NAME, clock, sla_s=30.0)
         self.jobs = list(jobs)
+        #: ticks go to their queue's duty lane (``WORKER_DUTY_SLOTS`` > 0), not the queue
+        self.duty_lane = duty_lane
         self.store = store
         self.serialize = serialize
         self.metrics = metrics
@@ -273,7 +277,7 @@ class PeriodicEnqueuer(LoopComponent):
                 job.name,
                 advance_to,
                 [self._tick_job(job, t, now_ms, spans) for t in ticks],
-                job.queue,
+                duty_lane(job.queue) if self.duty_lane else job.queue,
                 self._last.get(job.name, -1),
             )
             for job, ticks, advance_to in due

@@ -16,6 +16,7 @@ lease (paused, partitioned, replaced) can never write through one of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from arq.constants import (
@@ -30,12 +31,16 @@ from worker.ids import hash_tag
 
 __all__ = [
     "DEFAULT_QUEUE",
+    "DUTY_LANE",
     "FENCE_ERROR",
     "HISTORY_KEEP",
     "STATS_TTL_MS",
     "TASK_BUCKETS_MS",
     "TASK_SLOT_MIN",
     "Keys",
+    "duty_lane",
+    "is_duty_lane",
+    "with_lanes",
 ]
 
 ARQ_JOB = job_key_prefix
@@ -46,6 +51,28 @@ ARQ_ABORT = abort_jobs_ss
 
 #: The queue jobs go to unless their task names another.
 DEFAULT_QUEUE = "default"
+
+#: What a queue's duty lane is named after: ``<queue>:duty`` (a queue name has no ``:``, so no
+#: queue of the app's own can be named so). The leader's duties (periodic ticks, poll jobs)
+#: enqueue there; a consumer claims a queue's lane before the queue, with slots of its own
+#: (``WORKER_DUTY_SLOTS``). To arq it is one more sorted set of job ids: a queue like any other.
+DUTY_LANE = ":duty"
+
+
+def duty_lane(queue: str) -> str:
+    """The duty lane of ``queue`` (a queue name, see :data:`DUTY_LANE`)."""
+    return queue + DUTY_LANE
+
+
+def is_duty_lane(queue: str) -> bool:
+    return queue.endswith(DUTY_LANE)
+
+
+def with_lanes(queues: Sequence[str]) -> tuple[str, ...]:
+    """What a consumer of ``queues`` claims from, highest priority first: every queue's duty
+    lane, then the queues themselves."""
+    return (*(duty_lane(q) for q in queues), *queues)
+
 
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
@@ -180,6 +207,11 @@ class Keys:
         """Pub/sub channel every enqueue publishes the earliest due time (ms) on, so idle
         consumers claim at once instead of at their next poll."""
         return f"{self.prefix}wake{self.scope}"
+
+    @property
+    def wake_duty(self) -> str:
+        """Where the leader's duties announce a duty lane job's due time (ms) (:data:`DUTY_LANE`)."""
+        return f"{self.prefix}wake:duty{self.scope}"
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property

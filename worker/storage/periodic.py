@@ -230,11 +230,14 @@ class FencedPeriodicOps(FencedBase):
     async def enqueue_ticks(self, due: Sequence[DueTicks], ttl_ms: int) -> list[TickOutcome]:
         """Enqueue the ticks of several periodic jobs in one step (``periodic.ENQUEUE_TICKS``); a
         job whose recorded last tick is behind ``known_last`` comes back ``rolled_back``."""
-        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, self.keys.wake]
         queues: list[str] = []
-        for name, advance_to, ticks, queue, known_last in due:
+        for _, _, _, queue, _ in due:
             if queue not in queues:
                 queues.append(queue)
+        # ticks in duty lanes only: announced where consumers with every shared slot busy hear
+        wake = self.keys.wake_duty if all(map(K.is_duty_lane, queues)) else self.keys.wake
+        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, wake]
+        for name, advance_to, ticks, queue, known_last in due:
             args += [name, advance_to, queues.index(queue) + 5, known_last, len(ticks)]
             for t in ticks:
                 args += [t.score_ms, t.job_id, t.payload]

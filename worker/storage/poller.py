@@ -313,7 +313,8 @@ class FencedPollerOps(FencedBase):
     ) -> DispatchOutcome:
         """Move due ``items`` of one shard into ``queue``, one job each (``poller.DISPATCH``)."""
         args: list[Any] = [
-            K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms, self.keys.wake, poller,
+            K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms,
+            self.keys.wake_duty if K.is_duty_lane(queue) else self.keys.wake, poller,
         ]  # fmt: skip
         for item, job in items:
             args += [item, job.job_id, job.payload]
