@@ -210,7 +210,7 @@ class Keys:
 
     @property
     def wake_duty(self) -> str:
-        """Where the leader's duties announce a duty lane job's due time (ms) (:data:`DUTY_LANE`)."""
+        """Where the leader's duties announce a duty lane job's due time, ms (:data:`DUTY_LANE`)."""
         return f"{self.prefix}wake:duty{self.scope}"
 
     # -- periodic jobs ------------------------------------------------------------------------
