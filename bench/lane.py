@@ -162,9 +162,7 @@ def fanout(url: str, n: int, logdir: Path, root: Path) -> list[str]:
         took, written = r.get("bench:lane:fanout").decode().split(":")  # type: ignore[union-attr]
         time.sleep(20)
         epoch1 = int(r.get(f"{PREFIX}leader:epoch") or 0)
-        ticks = [
-            late for at, late in _pairs(r, "bench:lane:tick") if float(at) / 1000 >= t0
-        ]
+        ticks = [late for at, late in _pairs(r, "bench:lane:tick") if float(at) / 1000 >= t0]
         done = n - r.zcard(f"{PREFIX}queue")
     finally:
         stop(procs)
