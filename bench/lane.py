@@ -17,6 +17,7 @@ call until 20 s after it (the 200,000 no-op jobs run meanwhile).
     python -m bench lane                       # both, 100,000 jobs, 60 s window (~5 min)
     python -m bench lane --jobs 20000 --seconds 20   # shorter
     python -m bench lane --against DIR         # the same against another checkout (before)
+    python -m bench lane --only fanout --client   # also the batch from a client, to compare
 
 The app is ``bench/lane_app.py``, imported from ``bench/`` so ``--against`` runs it on that
 checkout's ``worker`` (``git archive <commit> | tar -x -C DIR``).
@@ -147,7 +148,7 @@ def backlog(url: str, jobs: int, seconds: float, logdir: Path, root: Path) -> li
     ]
 
 
-def fanout(url: str, n: int, logdir: Path, root: Path) -> list[str]:
+def fanout(url: str, n: int, logdir: Path, root: Path, *, client: bool = False) -> list[str]:
     r = redis_sync.Redis.from_url(url)
     r.flushall()
     log = logdir / "fanout.log"
@@ -157,7 +158,7 @@ def fanout(url: str, n: int, logdir: Path, root: Path) -> list[str]:
         epoch0 = int(r.get(f"{PREFIX}leader:epoch") or 0)
         r.delete("bench:lane:tick")
         t0 = time.time()
-        asyncio.run(enqueue_fanout(url, n))
+        asyncio.run(client_fanout(url, n) if client else enqueue_fanout(url, n))
         wait_until(lambda: r.get("bench:lane:fanout"), 600, "the fanout's ids", 0.5)
         took, written = r.get("bench:lane:fanout").decode().split(":")  # type: ignore[union-attr]
         time.sleep(20)
@@ -171,7 +172,7 @@ def fanout(url: str, n: int, logdir: Path, root: Path) -> list[str]:
     blocked = text.count("event loop blocked")
     expected = int(float(took)) + 20
     return [
-        f"{n:,}",
+        f"{n:,} from {'a client' if client else 'a task'}",
         f"{took} s ({int(written):,} written, {n / float(took):,.0f} jobs/s)",
         str(epoch1 - epoch0),
         str(blocked),
@@ -179,6 +180,21 @@ def fanout(url: str, n: int, logdir: Path, root: Path) -> list[str]:
         _lat(ticks),
         f"{done:,}",
     ]
+
+
+async def client_fanout(url: str, n: int) -> None:
+    """The same batch from a client in this process (the client path, for comparison)."""
+    from worker.bulk import JobSpec
+    from worker.client import Client
+
+    client = await Client.connect(url, key_prefix=PREFIX)
+    try:
+        started = time.monotonic()
+        ids = await client.enqueue_many(JobSpec("noop", (i,), unique_key=f"f{i}") for i in range(n))
+        took = time.monotonic() - started
+        await client.redis.set("bench:lane:fanout", f"{took:.2f}:{sum(1 for i in ids if i)}")
+    finally:
+        await client.close()
 
 
 async def enqueue_fanout(url: str, n: int) -> None:
@@ -197,6 +213,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="window measured (backlog)")
     ap.add_argument("--fanout", type=int, default=200_000, help="jobs of ctx.enqueue_many")
     ap.add_argument("--only", choices=["backlog", "fanout"], help="run one scenario")
+    ap.add_argument(
+        "--client", action="store_true", help="fanout: also the same batch from a client"
+    )
     ap.add_argument("--against", metavar="DIR", help="run the worker from another checkout")
     args = ap.parse_args()
     root = Path(args.against).resolve() if args.against else ROOT
@@ -212,10 +231,12 @@ def main() -> None:
                          "poll jobs", "poll wait ms p50/p99/max"]  # fmt: skip
                 print(table(heads, [row]), flush=True)
             if args.only in (None, "fanout"):
-                row = fanout(url, args.fanout, Path(tmp), root)
+                rows = [fanout(url, args.fanout, Path(tmp), root)]
+                if args.client:
+                    rows.append(fanout(url, args.fanout, Path(tmp), root, client=True))
                 heads = ["enqueue_many jobs", "ids back in", "lease losses", "loop blocked",
                          "ticks", "tick late ms p50/p99/max", "jobs run"]  # fmt: skip
-                print(table(heads, [row]), flush=True)
+                print(table(heads, rows), flush=True)
         print(f"load after: {os.getloadavg()}")
     finally:
         server.stop()
