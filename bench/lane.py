@@ -10,8 +10,9 @@ start), how many times each item ran, and the user jobs finished per second.
 
 FANOUT: a leader (``--role all``, default lease timings: TTL 10 s) runs ``fanout(200000)``, a
 task calling ``ctx.enqueue_many`` with 200,000 unique-key jobs (a generator of ``JobSpec``):
-seconds until the ids are back, the leader's lease epoch before and after (a lost lease is a
-new epoch), the loop watchdog's "blocked" lines, and how late the ticks started from the
+seconds until the ids are back, the leadership changes meanwhile (entries added to
+``<prefix>leader:history``: a lost lease comes back as an acquisition), the loop watchdog's
+"blocked" lines, and how late the ticks started from the
 call until 20 s after it (the 200,000 no-op jobs run meanwhile).
 
     python -m bench lane                       # both, 100,000 jobs, 60 s window (~5 min)
@@ -155,14 +156,14 @@ def fanout(url: str, n: int, logdir: Path, root: Path, *, client: bool = False) 
     procs = [start("all", url, log, root)]
     try:
         wait_until(lambda: r.llen("bench:lane:tick") >= 2, 60, "the leader's ticks", 0.2)
-        epoch0 = int(r.get(f"{PREFIX}leader:epoch") or 0)
+        changes0 = r.llen(f"{PREFIX}leader:history")  # one entry per acquisition or release
         r.delete("bench:lane:tick")
         t0 = time.time()
         asyncio.run(client_fanout(url, n) if client else enqueue_fanout(url, n))
         wait_until(lambda: r.get("bench:lane:fanout"), 600, "the fanout's ids", 0.5)
         took, written = r.get("bench:lane:fanout").decode().split(":")  # type: ignore[union-attr]
         time.sleep(20)
-        epoch1 = int(r.get(f"{PREFIX}leader:epoch") or 0)
+        changes1 = r.llen(f"{PREFIX}leader:history")
         ticks = [late for at, late in _pairs(r, "bench:lane:tick") if float(at) / 1000 >= t0]
         done = n - r.zcard(f"{PREFIX}queue")
     finally:
@@ -174,7 +175,7 @@ def fanout(url: str, n: int, logdir: Path, root: Path, *, client: bool = False) 
     return [
         f"{n:,} from {'a client' if client else 'a task'}",
         f"{took} s ({int(written):,} written, {n / float(took):,.0f} jobs/s)",
-        str(epoch1 - epoch0),
+        str(changes1 - changes0),
         str(blocked),
         f"{len(ticks)} of ~{expected}",
         _lat(ticks),
@@ -234,7 +235,7 @@ def main() -> None:
                 rows = [fanout(url, args.fanout, Path(tmp), root)]
                 if args.client:
                     rows.append(fanout(url, args.fanout, Path(tmp), root, client=True))
-                heads = ["enqueue_many jobs", "ids back in", "lease losses", "loop blocked",
+                heads = ["enqueue_many jobs", "ids back in", "leadership changes", "loop blocked",
                          "ticks", "tick late ms p50/p99/max", "jobs run"]  # fmt: skip
                 print(table(heads, rows), flush=True)
         print(f"load after: {os.getloadavg()}")
