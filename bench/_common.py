@@ -1,6 +1,7 @@
 """Shared helpers for the benchmarks: a private valkey-server, command counts, machine info.
 
-Every benchmark starts its own server through :class:`worker.embedded.EmbeddedServer`, so runs
+Every benchmark starts its own server through :class:`worker.runtime.embedded.EmbeddedServer`, so
+runs
 do not disturb each other or a developer's Redis. Command counts come from ``INFO
 commandstats`` deltas; note that valkey counts the commands a Lua script runs as well as the
 ``EVALSHA`` that ran it, so "commands" include work done inside scripts and "requests" are
@@ -24,8 +25,8 @@ from typing import Any, TypeVar
 import psutil
 import redis as redis_sync
 
-from worker.embedded import EmbeddedServer, find_server_binary, free_port
-from worker.ids import LockValue
+from worker.core.ids import LockValue
+from worker.runtime.embedded import EmbeddedServer, find_server_binary, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

@@ -60,7 +60,7 @@ def fill(r: redis_sync.Redis, prefix: str, n: int, due_ms: int) -> None:
     """``n`` no-op jobs in ``prefix``'s queue, ids starting with the prefix (its slot)."""
     from arq.constants import expires_extra_ms, job_key_prefix
 
-    from worker.serializer import get_serializer, job_payload
+    from worker.core.serializer import get_serializer, job_payload
 
     ser, _ = get_serializer("msgpack")
     pipe = r.pipeline(transaction=False)

@@ -203,7 +203,7 @@ def fill(
     from arq.constants import expires_extra_ms, job_key_prefix
     from arq.jobs import serialize_job
 
-    from worker.serializer import get_serializer, job_payload
+    from worker.core.serializer import get_serializer, job_payload
 
     ser, _ = get_serializer("msgpack")
     queue = OUR_QUEUE if kind == "ours" else ARQ_QUEUE

@@ -53,10 +53,11 @@ from bench._common import (
     wait_until,
 )
 from worker.client import connect_redis
-from worker.clock import SystemClock, ms
-from worker.duties.poller import PollerDef, PollingScheduler
-from worker.ids import JobIds
-from worker.serializer import get_serializer
+from worker.core.clock import SystemClock, ms
+from worker.core.ids import JobIds
+from worker.core.serializer import get_serializer
+from worker.duties.poller import PollingScheduler
+from worker.polls import PollerDef
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 

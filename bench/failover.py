@@ -32,7 +32,7 @@ from bench._common import loadavg, machine, median, print_machine, table
 from tests.failover_scenario import Outcome, Scenario
 from tests.realredis import RealRedis
 from tests.topology import Cluster, SentinelSet
-from worker.embedded import death_signal_hook
+from worker.runtime.embedded import death_signal_hook
 
 
 def main() -> None:

@@ -51,11 +51,11 @@ from bench._common import (
 )
 from worker.app import App
 from worker.client import Client, connect_redis
-from worker.clock import SystemClock, ms
 from worker.context import Context
+from worker.core.clock import SystemClock, ms
+from worker.core.serializer import get_serializer
 from worker.duties.initializer import Initializer, InitializerDef
-from worker.duties.poller import PollerDef
-from worker.serializer import get_serializer
+from worker.polls import PollerDef
 from worker.settings import Settings
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K

@@ -32,9 +32,9 @@ import redis as redis_sync
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import ROOT, commandstats, delta, machine, print_machine, start_server
-from worker import jobsview
-from worker.actions import Actor, Operations
 from worker.client import Client
+from worker.ops import jobsview
+from worker.ops.actions import Actor, Operations
 from worker.storage import keys as K
 
 PREFIX = "bj:"
@@ -50,7 +50,7 @@ return 1
 
 
 def load(url: str, n: int) -> float:
-    from worker.serializer import job_payload, msgpack_dumps
+    from worker.core.serializer import job_payload, msgpack_dumps
 
     r = redis_sync.Redis.from_url(url)
     now = int(r.time()[0]) * 1000 - 10_000_000

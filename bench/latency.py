@@ -71,7 +71,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 async def enqueue_stamps(url: str, n: int, announced: bool) -> None:
     from worker.client import Client
-    from worker.serializer import get_serializer, job_payload
+    from worker.core.serializer import get_serializer, job_payload
     from worker.storage import keys as K
 
     client = await Client.connect(url, key_prefix=PREFIX)
@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="does it run: 3 wake-ups, 2 ticks")
     args = ap.parse_args()
-    from worker.logs import configure_logging
+    from worker.core.logs import configure_logging
 
     configure_logging("WARNING", "console")  # as a production process: no per-tick lines
     n_wake, n_tick = (3, 2) if args.smoke else (50, 20) if args.quick else (200, 60)

@@ -86,9 +86,9 @@ def lateness(r: redis_sync.Redis) -> tuple[float, float]:
 async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     import bench.apps as apps
     from worker.client import connect_redis
-    from worker.clock import SystemClock
+    from worker.core.clock import SystemClock
+    from worker.core.serializer import get_serializer
     from worker.duties.periodic import PeriodicEnqueuer
-    from worker.serializer import get_serializer
     from worker.storage import FencedStore, Store
     from worker.storage import keys as K
 
@@ -166,10 +166,10 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     from bench.apps import holder
     from worker.app import App
     from worker.client import Client, connect_redis
-    from worker.clock import SystemClock
     from worker.context import Context
+    from worker.core.clock import SystemClock
+    from worker.core.serializer import get_serializer
     from worker.duties.keyed import KeyedService
-    from worker.serializer import get_serializer
     from worker.settings import Settings
     from worker.storage import keys as K
     from worker.storage import open_store
@@ -240,7 +240,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, help="seconds measured (30; quick 10)")
     ap.add_argument("--keys", type=int, default=10_000)
     args = ap.parse_args()
-    from worker.logs import configure_logging
+    from worker.core.logs import configure_logging
 
     configure_logging("WARNING", "console")  # as a production process: no per-tick lines
     window = args.window or (10.0 if args.quick else 30.0)

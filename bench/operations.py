@@ -34,7 +34,7 @@ from bench._common import (
     wait_until,
 )
 from worker.client import Client
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 
 APP = "tests.apps.ledger:app"
 

@@ -46,7 +46,7 @@ from bench._common import (
 )
 from bench.consumer import OUR_QUEUE, PREFIX, fill
 from worker.client import Client
-from worker.embedded import EmbeddedServer, free_port
+from worker.runtime.embedded import EmbeddedServer, free_port
 
 VARIANTS = {"wait-0": 0, "wait-1": 1}
 

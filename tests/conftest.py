@@ -24,14 +24,14 @@ from arq.connections import ArqRedis
 from tests.realredis import RealRedis
 from tests.timings import FAST_ENV
 from worker.client import Client
-from worker.ids import LockValue
-from worker.serializer import get_serializer
+from worker.core.ids import LockValue
+from worker.core.serializer import get_serializer
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 class FixedLease:
-    """A :class:`worker.views.LeaderView` with a fixed lock value: components under test
+    """A :class:`worker.core.views.LeaderView` with a fixed lock value: components under test
     "lead" with it; refusals reported through :meth:`lost` are recorded."""
 
     def __init__(self, value: str | None) -> None:
@@ -86,7 +86,7 @@ def client_call(url: str, prefix: str, method: str, *args: Any, **kwargs: Any) -
 
 @pytest.fixture(autouse=True)
 def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: Any) -> None:
-    """Each test's worker processes announce themselves (``worker.local``) in a directory of
+    """Each test's worker processes announce themselves (``worker.runtime.local``) in a directory of
     its own, so one test's embedded server or health port is never another test's."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("xdg")))
 

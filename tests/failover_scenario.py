@@ -48,7 +48,7 @@ from redis.crc import key_slot
 from tests.timings import FAST_ENV
 from tests.topology import Cluster, Node, SentinelSet, wait_for
 from worker.client import Client
-from worker.embedded import death_signal_hook
+from worker.runtime.embedded import death_signal_hook
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.failover:app"

@@ -1,6 +1,7 @@
 """A real Redis-compatible server for tests: fixed TCP port, AOF on, restartable in place.
 
-Wraps :class:`worker.embedded.EmbeddedServer`. The port and data directory stay the same across
+Wraps :class:`worker.runtime.embedded.EmbeddedServer`. The port and data directory stay the same
+across
 :meth:`RealRedis.restart`, so clients reconnect to the same URL and AOF data survives a stop or a
 SIGKILL (``appendfsync always`` by default, so nothing acknowledged is lost).
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import redis
 
-from worker.embedded import EmbeddedServer, free_port
+from worker.runtime.embedded import EmbeddedServer, free_port
 
 
 class RealRedis:

@@ -192,7 +192,7 @@ class ShardKill:
         moment (wall time)."""
         from arq.constants import expires_extra_ms, job_key_prefix
 
-        from worker.serializer import get_serializer, job_payload
+        from worker.core.serializer import get_serializer, job_payload
 
         ser, _ = get_serializer("msgpack")
         due = time.time() + 1.0 + n / 5000

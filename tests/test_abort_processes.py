@@ -14,7 +14,7 @@ from arq.jobs import JobResult, deserialize_result
 
 from tests.conftest import Spawn, client_call, wait_until
 from worker.client import Client
-from worker.serializer import msgpack_loads
+from worker.core.serializer import msgpack_loads
 from worker.storage import keys as K
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]

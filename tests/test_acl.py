@@ -28,7 +28,7 @@ from tests.apps.ledger import app as ledger_app
 from tests.conftest import CliRun, Spawn, wait_until
 from tests.test_operations import ledger
 from worker.client import Client
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from worker.app import App, PollerDef, load_app
-from worker.errors import ConfigError
-from worker.schedule import Cron, Every
+from worker.core.errors import ConfigError
+from worker.core.schedule import Cron, Every
 
 
 def one_line(info: pytest.ExceptionInfo[ConfigError]) -> str:

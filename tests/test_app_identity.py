@@ -11,12 +11,12 @@ import pytest
 from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_cli import assert_config_error
 from tests.test_registry import View
-from worker import status
 from worker.app import App
-from worker.clock import FakeClock
-from worker.errors import ConfigError
-from worker.preflight import check_app_identity
-from worker.registry import Heartbeat
+from worker.core.clock import FakeClock
+from worker.core.errors import ConfigError
+from worker.duties.registry import Heartbeat
+from worker.ops import status
+from worker.runtime.preflight import check_app_identity
 from worker.storage import Store
 from worker.storage import keys as K
 

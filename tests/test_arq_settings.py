@@ -30,7 +30,7 @@ from tests.docpages import python_block
 from tests.timings import FAST_ENV
 from worker import App, ConfigError, JobOutcome, from_arq
 from worker.arqcompat import arq_environ, redis_url
-from worker.ids import JobIds
+from worker.core.ids import JobIds
 from worker.manifest import describe, manifest
 from worker.testing import Harness
 

@@ -1,13 +1,14 @@
-"""The backlog the leader exports for autoscaling (worker/backlog.py): jobs due and not claimed,
+"""The backlog the leader exports for autoscaling (worker/duties/backlog.py): jobs due and not
+claimed,
 per queue; deferred jobs and claimed ones (parked at their claim's expiry) are not backlog."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from worker.backlog import QueueMetrics
-from worker.clock import FakeClock
-from worker.metrics import Metrics
+from worker.core.clock import FakeClock
+from worker.core.metrics import Metrics
+from worker.duties.backlog import QueueMetrics
 from worker.storage import Store
 from worker.storage import keys as K
 

@@ -16,16 +16,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from worker import broadcast as B
-from worker import roles
 from worker.app import App
-from worker.broadcast import BroadcastListener, publish
 from worker.client import Client
-from worker.clock import SystemClock
 from worker.context import Context
-from worker.errors import ConfigError
-from worker.metrics import Metrics
-from worker.serializer import json_dumps, json_loads, msgpack_dumps, msgpack_loads
+from worker.core.clock import SystemClock
+from worker.core.errors import ConfigError
+from worker.core.metrics import Metrics
+from worker.core.serializer import json_dumps, json_loads, msgpack_dumps, msgpack_loads
+from worker.core.topics import publish
+from worker.duties import broadcast as B
+from worker.duties.broadcast import BroadcastListener
+from worker.runtime import roles
 from worker.settings import Settings
 from worker.storage import Store
 from worker.storage import keys as K

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, CliRun, wait_until
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

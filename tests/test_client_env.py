@@ -17,7 +17,7 @@ from arq.jobs import JobStatus
 from worker.app import App
 from worker.client import Client, arq_options
 from worker.context import JobContext
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
 from worker.settings import load_settings
 from worker.storage import keys as K
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from worker.client import Client
-from worker.clock import FakeClock, RedisClock, SystemClock, host_clock, ms
-from worker.registry import Heartbeat
-from worker.serializer import get_serializer
+from worker.core.clock import FakeClock, RedisClock, SystemClock, host_clock, ms
+from worker.core.serializer import get_serializer
+from worker.duties.registry import Heartbeat
 from worker.storage import Store
 from worker.storage import keys as K
 

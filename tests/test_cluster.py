@@ -3,7 +3,8 @@
 
 Every key of one app shares a hash slot: the key prefix is a hash tag (``{t…}:``), job ids the
 framework makes start with it (so arq's ``arq:job:<id>`` keys land in the slot too), and each
-process talks to the one primary serving that slot (``redis+cluster://``, worker/connection.py).
+process talks to the one primary serving that slot (``redis+cluster://``,
+worker/storage/connection.py).
 So the tests here are the single-server ones, run with ``redis_url`` a ``redis+cluster://`` URL
 naming the three nodes, a hash-tagged ``key_prefix`` and ``rsync`` a client on the node
 serving the app's slot. A job id outside the slot (a plain arq client that did not pass
@@ -137,8 +138,8 @@ async def test_status_names_the_primary_serving_each_queue_shard(
     made like ``redis-cli --cluster create``; the read model names it and the doctor agrees."""
     import redis.asyncio as aioredis
 
-    from worker import doctor, snapshot
     from worker.app import App
+    from worker.ops import doctor, snapshot
     from worker.storage import Store
     from worker.storage import keys as K
     from worker.storage.shards import shard_prefixes, slot_of_prefix

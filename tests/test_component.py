@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from worker.clock import FakeClock, SystemClock
-from worker.component import (
+from worker.core.clock import FakeClock, SystemClock
+from worker.core.component import (
     Backoff,
     Component,
     Group,
@@ -17,7 +17,7 @@ from worker.component import (
     dependency_failure,
     supervise,
 )
-from worker.errors import LeadershipLost
+from worker.core.errors import LeadershipLost
 
 
 class RecordingBackoff(Backoff):
@@ -62,7 +62,7 @@ def test_backoff_grows_and_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     b = Backoff(base_s=0.01, cap_s=0.04)
     seen: list[tuple[float, float]] = []
     monkeypatch.setattr(
-        "worker.component.random.uniform", lambda lo, hi: seen.append((lo, hi)) or hi
+        "worker.core.component.random.uniform", lambda lo, hi: seen.append((lo, hi)) or hi
     )
     assert [b.next_delay() for _ in range(5)] == [0.01, 0.02, 0.04, 0.04, 0.04]
     # full jitter in [ceiling/2, ceiling]

@@ -18,12 +18,12 @@ from redis.exceptions import ResponseError
 from tests.conftest import CliRun
 from tests.topology import Cluster, SentinelSet
 from worker.client import Client
-from worker.connection import SlotPool, connect_redis
-from worker.errors import ConfigError
-from worker.logs import mask_text
-from worker.redisurl import mask_url, parse_redis_url
-from worker.serializer import get_serializer
+from worker.core.errors import ConfigError
+from worker.core.logs import mask_text
+from worker.core.redisurl import mask_url, parse_redis_url
+from worker.core.serializer import get_serializer
 from worker.settings import load_settings
+from worker.storage.connection import SlotPool, connect_redis
 
 SER, DE = get_serializer("msgpack")
 

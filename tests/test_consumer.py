@@ -16,14 +16,14 @@ from arq.worker import Retry
 
 from worker.app import App
 from worker.client import Client
-from worker.clock import SystemClock
 from worker.consumer import BadJob, ClaimGuard, Consumer, ConsumerConfig, validate
+from worker.consumer.dead import DeadLetters
+from worker.consumer.limits import LimitsHook
 from worker.context import Context, JobContext
-from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook, Outcome
-from worker.limits import LimitsHook
-from worker.metrics import Metrics
-from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.core.clock import SystemClock
+from worker.core.jobdefs import JobDef, JobHook, Outcome
+from worker.core.metrics import Metrics
+from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import Finish, Store
 from worker.storage import keys as K
@@ -227,7 +227,7 @@ async def test_finish_counts_finished_runs_per_queue_and_minute(r: Any) -> None:
 
 
 async def test_guard_holds_a_step_in_doubt_and_resumes_when_confirmed() -> None:
-    from worker.clock import FakeClock
+    from worker.core.clock import FakeClock
 
     clock = FakeClock()
     guard = ClaimGuard(clock, doubt_s=1.0)
@@ -255,7 +255,7 @@ async def test_guard_holds_a_step_in_doubt_and_resumes_when_confirmed() -> None:
 
 
 async def test_guard_cancels_a_job_whose_claim_was_lost() -> None:
-    from worker.clock import FakeClock
+    from worker.core.clock import FakeClock
 
     clock = FakeClock()
     guard = ClaimGuard(clock, doubt_s=1.0)
@@ -813,8 +813,8 @@ async def test_the_fallback_look_is_rare_while_subscribed_and_at_once_when_the_w
 def test_a_wake_for_a_job_due_a_millisecond_ahead_is_a_timer_not_a_lost_claim() -> None:
     """``CLAIM`` takes what is due by the consumer's clock: a job announced 1 ms ahead of it,
     claimed now, would be skipped and then wait for the next fallback look (30 s)."""
-    from worker.clock import FakeClock
     from worker.consumer.wakeups import Wakeups
+    from worker.core.clock import FakeClock
 
     clock = FakeClock()
     wakeups = Wakeups(None, clock)  # type: ignore[arg-type]  # no Redis: heard() only

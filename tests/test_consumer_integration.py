@@ -19,8 +19,8 @@ from arq.worker import async_check_health
 from tests.apps.ledger import app as ledger_app
 from tests.conftest import Spawn, WorkerProc, wait_until
 from worker.client import Client
-from worker.clock import ms
-from worker.serializer import get_serializer, job_payload
+from worker.core.clock import ms
+from worker.core.serializer import get_serializer, job_payload
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)
@@ -306,8 +306,8 @@ def test_dead_letters_page_by_page_and_a_truncated_payload_is_not_requeued(
 
     import redis.asyncio as aioredis
 
-    from worker.clock import SystemClock
-    from worker.dead import DeadLetters
+    from worker.consumer.dead import DeadLetters
+    from worker.core.clock import SystemClock
     from worker.storage import Store
 
     prefix = "pages:"

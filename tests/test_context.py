@@ -13,11 +13,11 @@ from arq.jobs import deserialize_job
 from tests.conftest import FixedLease
 from worker.app import App
 from worker.client import Client
-from worker.clock import FakeClock
 from worker.context import Context, JobContext
-from worker.errors import LeadershipLost, UnknownTask
-from worker.ids import JobIds
-from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.core.clock import FakeClock
+from worker.core.errors import LeadershipLost, UnknownTask
+from worker.core.ids import JobIds
+from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import keys as K
 

@@ -25,11 +25,12 @@ from packaging.version import Version
 from tests.conftest import ROOT, FixedLease
 from worker.app import App
 from worker.client import Client, connect_redis
-from worker.clock import SystemClock, ms
+from worker.core.clock import SystemClock, ms
+from worker.core.ids import JobIds
+from worker.core.serializer import get_serializer
 from worker.duties.periodic import PeriodicEnqueuer
-from worker.duties.poller import BoundPoller, PollingScheduler
-from worker.ids import JobIds
-from worker.serializer import get_serializer
+from worker.duties.poller import PollingScheduler
+from worker.polls import BoundPoller
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 
@@ -241,8 +242,8 @@ async def test_mixed_deployment_arq_worker_and_ours_on_one_queue_run_each_job_on
     """During a rollout a plain arq ``Worker`` and the framework's consumer share a queue: every
     job runs once, and every result is readable with arq's ``Job``."""
     from worker.consumer import Consumer, ConsumerConfig
+    from worker.consumer.dead import DeadLetters
     from worker.context import Context
-    from worker.dead import DeadLetters
     from worker.settings import Settings
 
     keys = K.Keys(f"mix{uuid.uuid4().hex[:6]}:")

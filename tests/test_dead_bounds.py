@@ -22,7 +22,7 @@ import redis as redis_sync
 
 from tests.conftest import CliRun, Spawn, WorkerProc, client_call, wait_until
 from tests.test_edges import good_record, put_raw_job, rss_mb
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow

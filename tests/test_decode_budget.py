@@ -20,7 +20,7 @@ import redis as redis_sync
 from tests.conftest import CliRun, Spawn, client_call, wait_until
 from tests.test_edges import http_get, rss_mb, wait_ready
 from tests.test_malformed import component_restarts, skipped
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow

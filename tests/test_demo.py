@@ -22,8 +22,8 @@ import redis as redis_sync
 
 from tests.conftest import Spawn, WorkerProc, client_call, wait_until
 from worker import demo
-from worker.ids import LockValue
-from worker.schedule import Cron
+from worker.core.ids import LockValue
+from worker.core.schedule import Cron
 
 N_CARDS = 60
 EVERY_S = 3.0

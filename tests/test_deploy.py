@@ -659,7 +659,7 @@ def test_scaled_object_schema_catches_mistakes() -> None:
 
 
 def test_keda_scales_consumers_on_the_exported_backlog() -> None:
-    from worker.metrics import Metrics
+    from worker.core.metrics import Metrics
 
     so = _scaled_object()
     target = so["spec"]["scaleTargetRef"]["name"]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from worker import doctor
 from worker.app import App
+from worker.ops import doctor
 from worker.storage import Store
 from worker.storage import keys as K
 from worker.version import __version__
@@ -206,7 +206,7 @@ async def test_an_evicting_redis_fails_unless_allowed(r: Any) -> None:
 
 
 async def test_durability_fails_without_the_replicas_the_policy_counts_on(r: Any) -> None:
-    from worker.redisurl import Replication
+    from worker.core.redisurl import Replication
 
     app = make_app()
     await seed_healthy(r, app)

@@ -44,8 +44,8 @@ from arq.jobs import Job
 from tests.conftest import Spawn, WorkerProc, wait_until
 from tests.realredis import RealRedis
 from tests.soak import size
-from worker.embedded import EmbeddedServer, free_port
-from worker.serializer import get_serializer, job_payload, msgpack_loads
+from worker.core.serializer import get_serializer, job_payload, msgpack_loads
+from worker.runtime.embedded import EmbeddedServer, free_port
 from worker.settings import Settings
 from worker.storage import keys as K
 

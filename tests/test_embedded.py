@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from tests.realredis import RealRedis
-from worker.embedded import EmbeddedServer, find_server_binary, free_port
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
+from worker.runtime.embedded import EmbeddedServer, find_server_binary, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

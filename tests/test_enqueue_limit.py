@@ -15,7 +15,7 @@ from arq.jobs import deserialize_result
 from tests.conftest import Spawn, client_call, wait_until
 from worker import PayloadTooLarge, SyncClient
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
-from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import keys as K
 

@@ -20,10 +20,10 @@ from tests.test_consumer_integration import start_consumer
 from worker.app import App
 from worker.bulk import JobSpec
 from worker.client import Client
-from worker.clock import FakeClock
 from worker.context import JobContext
-from worker.errors import UnknownTask
-from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.core.clock import FakeClock
+from worker.core.errors import UnknownTask
+from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.storage import keys as K
 
 KEYS = K.Keys("t:")

@@ -53,7 +53,7 @@ from tests.realredis import RealRedis
 from tests.soak import size
 from tests.topology import Cluster, SentinelSet
 from worker.client import Client
-from worker.durability import LOST_GRACE_S
+from worker.core.durability import LOST_GRACE_S
 
 pytestmark = pytest.mark.slow
 
@@ -255,7 +255,7 @@ def degraded_views(scenario: Scenario) -> tuple[dict[str, Any], list[dict[str, s
 
     async def console() -> list[dict[str, str]]:
         from tests.apps.failover import app
-        from worker import doctor
+        from worker.ops import doctor
         from worker.settings import Settings
         from worker.web import api
 

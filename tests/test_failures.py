@@ -17,7 +17,7 @@ from tests.conftest import Spawn, client_call, wait_until
 from tests.test_consumer import Loop, eventually, loops
 from worker.app import App
 from worker.context import JobContext
-from worker.serializer import msgpack_loads
+from worker.core.serializer import msgpack_loads
 from worker.storage import Finish, Retention, Store
 from worker.storage import keys as K
 
@@ -337,7 +337,7 @@ async def test_the_last_progress_is_flushed_with_the_end(r: Any, loops: list[Loo
 async def test_progress_rejects_bad_fractions_and_survives_redis_errors(
     loops: list[Loop], captured: list[dict[str, Any]]
 ) -> None:
-    from worker.clock import SystemClock
+    from worker.core.clock import SystemClock
     from worker.progress import Progress
 
     class Broken:

@@ -24,7 +24,7 @@ import redis as redis_sync
 from tests.conftest import ROOT, Spawn, WorkerProc, wait_until
 from tests.docpages import page
 from tests.postgres import Postgres, binaries
-from worker.ids import LockValue
+from worker.core.ids import LockValue
 from worker.storage import keys as K
 
 APP = "fencing_postgres.app:app"

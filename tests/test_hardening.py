@@ -22,7 +22,7 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import ROOT, Spawn, WorkerProc, wait_until
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.ids import hash_tag
+from worker.core.ids import hash_tag
 from worker.storage.keys import Keys
 
 

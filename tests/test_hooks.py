@@ -18,10 +18,10 @@ from arq.worker import Retry
 from tests.docpages import python_block, python_blocks, section
 from tests.test_consumer import KEYS, Loop, eventually
 from worker import App, JobContext, JobOutcome
-from worker.errors import ConfigError
-from worker.hooks import UserHooks
-from worker.jobs import status_of
-from worker.serializer import msgpack_loads
+from worker.core.errors import ConfigError
+from worker.core.hooks import UserHooks
+from worker.core.jobdefs import status_of
+from worker.core.serializer import msgpack_loads
 
 
 @pytest.fixture

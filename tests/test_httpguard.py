@@ -1,15 +1,15 @@
-"""Unit tests of the door checks (worker/httpguard.py), the wrong-token budget
-(worker/web/auth.py) and terminal escaping (worker/terminal.py); the real-process tests are in
+"""Unit tests of the door checks (worker/runtime/httpguard.py), the wrong-token budget
+(worker/web/auth.py) and terminal escaping (worker/core/terminal.py); the real-process tests are in
 tests/test_hardening.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.httpguard import allowed_hosts, host_allowed, parse_hosts
-from worker.logs import mask_text
+from worker.core.logs import mask_text
+from worker.core.terminal import safe
+from worker.runtime.httpguard import allowed_hosts, host_allowed, parse_hosts
 from worker.settings import mask_url
-from worker.terminal import safe
 from worker.web.auth import FAILURES_PER_S, MAX_FAILURES, Failures
 
 

@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 from worker import SyncClient
 from worker.bulk import JobSpec
 from worker.client import Client
-from worker.errors import InvalidId
-from worker.ids import check_id, hash_tag
+from worker.core.errors import InvalidId
+from worker.core.ids import check_id, hash_tag
 from worker.storage.keys import Keys
 
 

@@ -11,11 +11,11 @@ import pytest
 from tests.conftest import FixedLease
 from worker.app import App
 from worker.client import Client
-from worker.clock import FakeClock
 from worker.context import Context
+from worker.core.clock import FakeClock
+from worker.core.errors import LeadershipLost
+from worker.core.serializer import msgpack_dumps
 from worker.duties.initializer import Initializer, InitializerDef
-from worker.errors import LeadershipLost
-from worker.serializer import msgpack_dumps
 from worker.settings import Settings
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K

@@ -1,4 +1,4 @@
-"""Records read in part (:mod:`worker.jobhead`): the fields of a cut msgpack, JSON or pickle
+"""Records read in part (:mod:`worker.core.jobhead`): the fields of a cut msgpack, JSON or pickle
 record found without decoding it whole, hostile heads bounded and never raised past the
 listing."""
 
@@ -10,9 +10,8 @@ import msgpack
 import pytest
 from arq.jobs import serialize_result
 
-from worker.jobhead import HEAD_BYTES, TAIL_BYTES
-from worker.jobrecords import args_text, decode_job, decode_result
-from worker.serializer import (
+from worker.core.jobhead import HEAD_BYTES, TAIL_BYTES
+from worker.core.serializer import (
     Deserialize,
     Serialize,
     job_payload,
@@ -23,6 +22,7 @@ from worker.serializer import (
     pickle_dumps,
     pickle_loads,
 )
+from worker.ops.jobrecords import args_text, decode_job, decode_result
 
 BIG = 1 << 20
 SERIALIZERS: dict[str, tuple[Serialize, Deserialize]] = {

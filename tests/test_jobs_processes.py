@@ -12,7 +12,7 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import CliRun, Spawn, client_call, wait_until
-from worker.serializer import job_payload, msgpack_dumps
+from worker.core.serializer import job_payload, msgpack_dumps
 from worker.storage import keys as K
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]

@@ -11,10 +11,11 @@ import pytest
 from arq.jobs import serialize_result
 from redis import asyncio as aioredis
 
-from worker import App, JobContext, jobsview
-from worker.actions import Actor, Operations
+from worker import App, JobContext
 from worker.client import Client
-from worker.serializer import job_payload, msgpack_dumps
+from worker.core.serializer import job_payload, msgpack_dumps
+from worker.ops import jobsview
+from worker.ops.actions import Actor, Operations
 from worker.storage import keys as K
 from worker.storage import open_store
 from worker.storage.store import Store

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from worker.app import App
-from worker.clock import SystemClock
 from worker.context import Context
+from worker.core.clock import SystemClock
+from worker.core.errors import ConfigError
 from worker.duties.keyed import KeyedService, owner
-from worker.errors import ConfigError
 from worker.storage import Store
 from worker.storage import keys as K
 

@@ -1,16 +1,17 @@
 """The layering stays honest: worker/'s import graph has no cycles (type-only imports and
 subpackages included), no folder imports upward or sideways, no Redis command outside the
-storage package, every script has one caller, modules and functions stay small, and only the
-wiring module and the command line decide anything by role."""
+storage package, every script has one caller, modules, functions and Lua scripts stay small,
+and only the wiring module and the command line decide anything by role."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "worker"
 #: The wiring table, the command line (the package), and where the role setting is defined.
-ROLE_AWARE = {"roles", "cli", "settings"}
+ROLE_AWARE = {"runtime.roles", "cli", "settings"}
 
 
 def modules() -> dict[str, ast.Module]:
@@ -101,7 +102,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_only_the_wiring_and_the_cli_decide_by_role() -> None:
     offenders = []
     for name, tree in modules().items():
-        if name.split(".")[0] in ROLE_AWARE:  # a package: every module of it
+        if any(name == r or name.startswith(r + ".") for r in ROLE_AWARE):  # a package: all of it
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "worker.settings":
@@ -255,60 +256,159 @@ def test_every_script_is_used_by_exactly_one_function() -> None:
     assert users and not wrong, f"scripts not used by exactly one function: {wrong}"
 
 
-# -- the folders: bottom to top --------------------------------------------------------------
+# -- the wings: bottom to top ----------------------------------------------------------------
 
-#: worker/'s folders by layer. A module imports from its own folder and from lower layers
-#: only; folders of one layer (the engine: the consumer, the duties, leadership) know none of
-#: each other. Top-level modules sit between as they are (settings, clock and ids below
-#: storage; wiring and read models above the engine), checked by the rules below.
-FOLDERS = {
-    "storage": 0,
-    "consumer": 1,
-    "duties": 1,
-    "leadership": 1,
-    "doctor": 2,
-    "web": 3,
-    "cli": 4,
+#: Every module of worker/ belongs to one wing; a wing imports from itself and from lower wings
+#: only, and wings of one floor (the engine: the consumer and the duties) know none of each
+#: other. Folders are wings; the top level is the public face, in two floors: what the engine
+#: uses (the client, the job context, settings) and what is built on the engine (the app).
+WINGS: dict[str, int] = {
+    "core": 0,  # time, ids, codecs, schedules, lifecycle, metrics: no Redis, no settings
+    "storage": 1,  # the Redis protocol: every command and script
+    "leadership": 2,  # who leads: elect, renew, fence
+    "face": 3,  # the lower public face: what user code and the engine hold
+    "consumer": 4,  # runs jobs
+    "duties": 4,  # the singleton duties and every process's background duties
+    "surface": 5,  # the upper public face: the app definition and what is built on it
+    "runtime": 6,  # one worker process: the role table, lifecycle, health, embedded server
+    "ops": 7,  # the operator side: read model, actions, status, doctor
+    "web": 8,  # the console
+    "cli": 9,  # the command line
 }
-#: What the storage and the engine must never reach up to: the wiring, the process, the
-#: app definition, the read models and the operator surfaces.
-ABOVE_THE_ENGINE = {"roles", "runtime", "app", "status", "snapshot", "actions", "admin", "demo"}
+#: The top level, by floor. A module at the top in neither fails the wing test.
+FACE = {"client", "context", "settings", "sync", "progress", "tracing", "bulk", "polls", "version"}
+SURFACE = {"app", "manifest", "sync_client", "testing", "demo", "arqcompat"}
+#: Only re-export and start: above every wing.
+ENTRY = {"__init__", "__main__"}
+#: The top level keeps only the public face.
+MAX_TOP_LEVEL = 17
 
 
-def _folder(module: str) -> str:
-    return module.split(".")[0]
+def wing_of(module: str) -> str | None:
+    head = module.split(".")[0]
+    if "." in module or head in WINGS:
+        return head if head in WINGS else None
+    if head in FACE:
+        return "face"
+    if head in SURFACE:
+        return "surface"
+    return None
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+def wing_violations(graph: dict[str, set[str]]) -> list[str]:
     bad = []
     for a, targets in graph.items():
-        fa = _folder(a)
+        wa = wing_of(a)
+        if wa is None:
+            bad.append(f"{a} is in no wing")
+            continue
         for b in targets:
-            fb = _folder(b)
-            if fa == fb:
+            wb = wing_of(b)
+            if wb is None or wa == wb:
                 continue
-            sideways_or_up = fa in FOLDERS and fb in FOLDERS and FOLDERS[fb] >= FOLDERS[fa]
-            reaches_up = FOLDERS.get(fa, 9) <= 1 and fb in ABOVE_THE_ENGINE
-            if sideways_or_up or reaches_up:
-                bad.append(f"{a} -> {b}")
+            if WINGS[wb] >= WINGS[wa]:
+                bad.append(f"{a} ({wa}) -> {b} ({wb})")
     return sorted(bad)
 
 
-def test_no_folder_imports_upward_or_sideways() -> None:
-    assert upward_imports(graph_of(modules())) == []
+def test_every_module_is_in_a_wing_and_imports_only_down() -> None:
+    mods = {m: t for m, t in modules().items() if m not in ENTRY}
+    assert wing_violations(graph_of(mods)) == []
 
 
-def test_the_upward_import_finder_finds_them() -> None:
+def test_the_wing_checker_finds_upward_sideways_and_homeless_modules() -> None:
     graph = {
-        "storage.jobs": {"consumer.fetch"},
+        "storage.jobs": {"consumer.fetch", "core.clock"},
         "duties.poller": {"consumer"},
-        "consumer": {"roles"},
+        "consumer": {"runtime.roles"},
+        "client": {"app"},
+        "scratch": set(),
     }
-    assert upward_imports(graph) == [
-        "consumer -> roles",
-        "duties.poller -> consumer",
-        "storage.jobs -> consumer.fetch",
+    assert wing_violations(graph) == [
+        "client (face) -> app (surface)",
+        "consumer (consumer) -> runtime.roles (runtime)",
+        "duties.poller (duties) -> consumer (consumer)",
+        "scratch is in no wing",
+        "storage.jobs (storage) -> consumer.fetch (consumer)",
     ]
+
+
+def test_the_top_level_is_only_the_public_face() -> None:
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, top
+    assert set(top) <= FACE | SURFACE | ENTRY, set(top) - FACE - SURFACE - ENTRY
+
+
+def test_storage_imports_only_storage_and_core() -> None:
+    graph = graph_of(modules())
+    bad = sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if wing_of(a) == "storage"
+        for b in targets
+        if wing_of(b) not in ("storage", "core")
+    )
+    assert bad == []
+
+
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """The longest import chain (the graph has no cycles)."""
+    memo: dict[str, list[str]] = {}
+
+    def walk(n: str) -> list[str]:
+        if n not in memo:
+            memo[n] = [n, *max((walk(m) for m in graph.get(n, ())), key=len, default=[])]
+        return memo[n]
+
+    return max((walk(n) for n in graph), key=len, default=[])
+
+
+#: The longest import chain: a deep chain is a layer that does too much (package re-exports
+#: and layers within a wing lengthen it).
+MAX_CHAIN = 27
+
+
+def test_the_longest_import_chain_is_short() -> None:
+    chain = longest_chain(graph_of(modules()))
+    assert len(chain) <= MAX_CHAIN, " -> ".join(chain)
+
+
+def test_no_base_name_is_shared_by_more_than_two_modules() -> None:
+    names: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        if p.stem != "__init__":
+            names.setdefault(p.stem, []).append(str(p.relative_to(PACKAGE)))
+    assert {n: ps for n, ps in names.items() if len(ps) > 2} == {}
+
+
+def reach_throughs(tree: ast.Module) -> list[int]:
+    """Lines reaching through a fenced store to the unfenced one (``x.store.store.y``)."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "store"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "store"
+    )
+
+
+#: Reach-throughs still in place, module -> count: none to add (the fenced duties are to
+#: receive the store and the fenced store side by side).
+REACH_THROUGH_PENDING = {"duties.periodic": 2, "duties.poller": 2, "duties.reaper": 3}
+
+
+def test_no_reach_through_the_fence() -> None:
+    found = {
+        name: len(lines) for name, tree in modules().items() if (lines := reach_throughs(tree))
+    }
+    grown = {m: n for m, n in found.items() if n > REACH_THROUGH_PENDING.get(m, 0)}
+    assert grown == {}
+
+
+def test_the_reach_through_finder_finds_them() -> None:
+    tree = ast.parse("async def f(self):\n    await self.store.store.get()\n    self.store.get()\n")
+    assert reach_throughs(tree) == [2]
 
 
 # -- sizes ------------------------------------------------------------------------------------
@@ -356,3 +456,49 @@ def test_the_long_function_finder_finds_them() -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(81))
     assert long_functions(ast.parse(f"def f():\n{body}\n"), 80) == ["f:1 (82 lines)"]
     assert long_functions(ast.parse("def g():\n    pass\n"), 80) == []
+
+
+#: The longest a Lua script or fragment may be, in source lines: a longer one is composed of
+#: named fragments, one per concern, beside their caller (as ``FINISH`` and ``CLAIM`` are).
+MAX_LUA_LINES = 100
+#: What marks a string as Lua.
+LUA = re.compile(r"redis\.(call|pcall|error_reply)\b|\blocal\s|\bend\b")
+
+
+def long_lua(tree: ast.Module, limit: int) -> list[str]:
+    """Module-level string constants holding Lua (a whole script or a fragment of one) over
+    ``limit`` lines of source: a composed script counts its own lines, not its fragments'."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            texts = [
+                n.value
+                for n in ast.walk(node.value)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if isinstance(target, ast.Name) and LUA.search("\n".join(texts)) and lines > limit:
+                out.append(f"{target.id}:{node.lineno} ({lines} lines)")
+    return out
+
+
+def test_no_lua_script_or_fragment_is_over_100_lines() -> None:
+    offenders = {
+        name: found
+        for name, tree in modules().items()
+        if name == STORAGE or name.startswith(STORAGE + ".")
+        if (found := long_lua(tree, MAX_LUA_LINES))
+    }
+    assert offenders == {}, f"compose these of fragments, one per concern: {offenders}"
+
+
+def test_the_long_lua_finder_finds_them() -> None:
+    body = "\n".join(f"redis.call('INCR', KEYS[{i}])" for i in range(100))
+    source = (
+        f'LONG = """\n{body}\n"""\n'  # 102 lines
+        f'PART = """\nlocal n = 1\n"""\nWHOLE = (\n    PART\n    + """\nreturn n\n"""\n)\n'
+        f'TEXT = """\n{body.replace("redis.call", "a line of prose")}\n"""\n'  # not Lua
+    )
+    assert long_lua(ast.parse(source), 100) == ["LONG:1 (102 lines)"]
+    assert long_lua(ast.parse(source), 102) == []

@@ -12,9 +12,9 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import FixedLease, Spawn, client_call, wait_until
-from worker.clock import FakeClock
-from worker.reaper import OrphanReaper
-from worker.registry import WriteWitness
+from worker.core.clock import FakeClock
+from worker.duties.reaper import OrphanReaper
+from worker.duties.registry import WriteWitness
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 

@@ -18,14 +18,14 @@ import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.connection import Connection as AsyncConnection
 
-from worker.clock import Clock, FakeClock, SystemClock
-from worker.component import Component, Group
-from worker.ids import LockValue
+from worker.core.clock import Clock, FakeClock, SystemClock
+from worker.core.component import Component, Group
+from worker.core.ids import LockValue
+from worker.core.metrics import Metrics
 from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
 from worker.leadership.maintainer import LeaderWork
 from worker.leadership.static import StaticLeader
-from worker.metrics import Metrics
 from worker.storage import Acquired, Store
 from worker.storage import keys as K
 

@@ -12,8 +12,8 @@ import pytest
 import structlog
 
 from tests.conftest import client_call, wait_until
-from worker import logs
-from worker.logs import configure_logging
+from worker.core import logs
+from worker.core.logs import configure_logging
 
 SECRET = "s3cr3t-Pw"
 

@@ -19,7 +19,7 @@ import redis as redis_sync
 
 from tests.conftest import CliRun, Spawn, WorkerProc, client_call, wait_until
 from tests.test_edges import consumer_restarts, http_get, wait_ready
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow

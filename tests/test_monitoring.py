@@ -23,9 +23,9 @@ from tests.test_operations import http_get, ledger, metric_samples, sample, wait
 from worker.app import App
 from worker.client import Client
 from worker.context import JobContext
-from worker.embedded import free_port
-from worker.metrics import Metrics
-from worker.serializer import msgpack_dumps
+from worker.core.metrics import Metrics
+from worker.core.serializer import msgpack_dumps
+from worker.runtime.embedded import free_port
 
 # -- worker_job_wait_seconds ----------------------------------------------------------------------
 

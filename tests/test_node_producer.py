@@ -24,7 +24,7 @@ import redis as redis_sync
 from tests.conftest import Spawn, wait_until
 from tests.docpages import ROOT, page, section
 from worker.consumer.envelope import validate
-from worker.serializer import json_loads
+from worker.core.serializer import json_loads
 from worker.storage.keys import Keys
 
 pytestmark = pytest.mark.timeout(60)

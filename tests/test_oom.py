@@ -21,7 +21,7 @@ from tests import test_edges
 from tests.conftest import Spawn, wait_until
 from tests.realredis import RealRedis
 from tests.test_edges import enqueue_jobs, http_get, instance_records, led_hash, report, wait_ready
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.apps.ledger import app as ledger_app
 from tests.conftest import ROOT, CliRun, Spawn, WorkerProc, wait_until
 from worker.client import Client
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)

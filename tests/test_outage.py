@@ -1,4 +1,4 @@
-"""worker/outage.py: what counts as a Redis outage, and riding one out (the real-process tests
+"""worker/core/outage.py: what counts as a Redis outage, and riding one out (the real-process tests
 are tests/test_refused_writes.py and tests/test_poll_failover.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 
-from worker.clock import SystemClock
-from worker.errors import NotReplicated
-from worker.outage import redis_outage, ride_out
+from worker.core.clock import SystemClock
+from worker.core.errors import NotReplicated
+from worker.core.outage import redis_outage, ride_out
 
 
 def test_outage_kinds_are_named() -> None:

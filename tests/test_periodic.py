@@ -9,7 +9,12 @@ import pytest
 from arq.jobs import deserialize_job
 
 from tests.conftest import FixedLease
-from worker.clock import FakeClock
+from worker.core.clock import FakeClock
+from worker.core.errors import LeadershipLost
+from worker.core.ids import JobIds
+from worker.core.metrics import Metrics
+from worker.core.schedule import Every
+from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.duties.periodic import (
     MAX_SLEEP_S,
     ON_TIME_MS,
@@ -17,11 +22,6 @@ from worker.duties.periodic import (
     PeriodicEnqueuer,
     plan_ticks,
 )
-from worker.errors import LeadershipLost
-from worker.ids import JobIds
-from worker.metrics import Metrics
-from worker.schedule import Every
-from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 

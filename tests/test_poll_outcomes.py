@@ -17,10 +17,11 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import FixedLease, Spawn, client_call, wait_until
-from worker.clock import FakeClock
-from worker.duties.poller import SWEEP_GRACE_S, InflightHook, PollerDef, PollingScheduler, shard_of
-from worker.ids import JobIds
-from worker.serializer import msgpack_dumps
+from worker.core.clock import FakeClock
+from worker.core.ids import JobIds
+from worker.core.serializer import msgpack_dumps
+from worker.duties.poller import SWEEP_GRACE_S, InflightHook, PollingScheduler
+from worker.polls import PollerDef, shard_of
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 

@@ -12,11 +12,12 @@ from arq.jobs import deserialize_job
 from tests.conftest import FixedLease
 from worker.app import App
 from worker.client import Client
-from worker.clock import FakeClock
-from worker.duties.poller import PollerDef, PollingScheduler
-from worker.errors import LeadershipLost
-from worker.ids import JobIds
-from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.core.clock import FakeClock
+from worker.core.errors import LeadershipLost
+from worker.core.ids import JobIds
+from worker.core.serializer import msgpack_dumps, msgpack_loads
+from worker.duties.poller import PollingScheduler
+from worker.polls import PollerDef
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K
 

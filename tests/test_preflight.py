@@ -16,9 +16,9 @@ from tests.conftest import CliRun, Spawn, wait_until
 from tests.realredis import RealRedis
 from tests.test_cli import assert_config_error
 from tests.test_operations import http_get, ledger, wait_ready
-from worker.embedded import free_port
-from worker.errors import ConfigError
-from worker.preflight import check_redis_contract
+from worker.core.errors import ConfigError
+from worker.runtime.embedded import free_port
+from worker.runtime.preflight import check_redis_contract
 from worker.settings import Settings
 from worker.storage.server import read_eviction_policy
 

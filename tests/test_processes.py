@@ -29,11 +29,11 @@ from tests.test_faults import (
     tick_ledger,
     wait_ticks_settled,
 )
-from worker.clock import FakeClock
-from worker.component import Backoff
-from worker.embedded import free_port
-from worker.errors import ConfigError
-from worker.processes import Launcher, Supervisor, exit_status
+from worker.core.clock import FakeClock
+from worker.core.component import Backoff
+from worker.core.errors import ConfigError
+from worker.runtime.embedded import free_port
+from worker.runtime.processes import Launcher, Supervisor, exit_status
 from worker.settings import load_settings
 
 # -- fakes ------------------------------------------------------------------------------------

@@ -15,22 +15,22 @@ from prometheus_client import generate_latest
 
 from tests.conftest import FixedLease
 from worker.app import App
-from worker.checks import HealthChecks
-from worker.clock import FakeClock, SystemClock
-from worker.component import Group, Health, supervise
 from worker.context import Context
+from worker.core.clock import FakeClock, SystemClock
+from worker.core.component import Group, Health, supervise
+from worker.core.errors import ConfigError
+from worker.core.metrics import Metrics
+from worker.duties.checks import HealthChecks
 from worker.duties.keyed import KeyedService
 from worker.duties.periodic import ERROR_NOTE, PeriodicEnqueuer, TickHook, freshness
+from worker.duties.registry import Heartbeat
 from worker.duties.services import Service
-from worker.errors import ConfigError
-from worker.health import HealthServer
-from worker.metrics import Metrics
-from worker.registry import Heartbeat
-from worker.roles import plan
+from worker.runtime.health import HealthServer
+from worker.runtime.roles import plan
+from worker.runtime.state import ProcessState
 from worker.settings import Settings
 from worker.storage import FencedStore, PeriodicRuns, Store
 from worker.storage import keys as K
-from worker.views import ProcessState
 
 KEYS = K.Keys("t:")
 
@@ -391,7 +391,7 @@ def test_health_parts_are_judged_only_while_the_parent_runs() -> None:
 
 
 async def test_status_shows_the_last_success_and_failure(r: Any) -> None:
-    from worker import status
+    from worker.ops import status
 
     app, store = periodic_app(), Store(r, KEYS)
     now = 1_700_000_000_000

@@ -16,7 +16,7 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -22,8 +22,8 @@ from tests.conftest import FixedLease, Spawn, wait_until
 from tests.timings import FAST_ENV
 from tests.topology import Cluster
 from worker.client import Client
-from worker.errors import LeadershipLost, ShardFenced
-from worker.ids import shard_index
+from worker.core.errors import LeadershipLost, ShardFenced
+from worker.core.ids import shard_index
 from worker.storage import FencedStore, open_store
 from worker.storage.keys import Keys
 from worker.storage.shards import shard_prefixes, slot_of_prefix
@@ -186,7 +186,7 @@ def test_jobs_written_unannounced_in_every_shard_start_within_a_second_on_an_idl
 ) -> None:
     """What a plain arq client writes (the record, a ``ZADD``, no wake-up) in each shard's
     queue: the leader's look covers every shard (one ``ZRANGE`` each) and announces it."""
-    from worker.serializer import get_serializer, job_payload
+    from worker.core.serializer import get_serializer, job_payload
     from worker.storage import keys as K
 
     prefixes = shard_prefixes(key_prefix, N)

@@ -31,8 +31,8 @@ from tests.conftest import Spawn, WorkerProc, wait_until
 from tests.realredis import RealRedis
 from tests.test_edges import http_get, report, wait_ready
 from tests.test_oom import fill_memory, free_memory, refused
-from worker.duties.poller import shard_of
-from worker.embedded import free_port
+from worker.polls import shard_of
+from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow

@@ -13,15 +13,15 @@ from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import FixedLease
 from worker.app import App
-from worker.clock import FakeClock, RedisClock, ms
-from worker.component import Health
-from worker.dead import DeadLetters
-from worker.errors import LeadershipLost
-from worker.health import HealthServer
-from worker.metrics import Metrics
-from worker.reaper import OrphanReaper
-from worker.registry import CLOCK_SYNC_S, RECORD_EVERY_S, Heartbeat, WriteWitness
-from worker.roles import SPECS, plan
+from worker.consumer.dead import DeadLetters
+from worker.core.clock import FakeClock, RedisClock, ms
+from worker.core.component import Health
+from worker.core.errors import LeadershipLost
+from worker.core.metrics import Metrics
+from worker.duties.reaper import OrphanReaper
+from worker.duties.registry import CLOCK_SYNC_S, RECORD_EVERY_S, Heartbeat, WriteWitness
+from worker.runtime.health import HealthServer
+from worker.runtime.roles import SPECS, plan
 from worker.settings import Settings
 from worker.storage import FencedStore, Store
 from worker.storage import keys as K

@@ -17,21 +17,22 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+import structlog.testing
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.conftest import FixedLease
 from tests.topology import Node, free_port_pair, wait_for
 from worker.app import App
 from worker.client import Client
-from worker.clock import SystemClock
 from worker.consumer import Consumer, ConsumerConfig
+from worker.consumer.dead import DeadLetters
 from worker.context import Context, JobContext
-from worker.dead import DeadLetters
-from worker.errors import NotReplicated
+from worker.core.clock import SystemClock
+from worker.core.errors import NotReplicated
+from worker.core.redisurl import Replication
+from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
-from worker.redisurl import Replication
-from worker.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
 from worker.storage import DueTicks, FencedStore, NewJob, Renewal, Store
 from worker.storage import keys as K
@@ -341,7 +342,7 @@ def detached(pair: Pair) -> Any:
 async def test_auto_waits_while_a_replica_is_attached_goes_on_without_one_and_waits_again(
     r: Any, pair: Pair
 ) -> None:
-    from worker.durability import ReplicaView
+    from worker.core.durability import ReplicaView
 
     auto = Replication(1, 200, adaptive=True, view=ReplicaView(grace_s=1.0))
     store = Store(r, KEYS, auto)
@@ -371,7 +372,7 @@ async def test_auto_waits_while_a_replica_is_attached_goes_on_without_one_and_wa
 
 
 async def test_a_dead_letter_requeue_honours_the_policy(r: Any, pair: Pair) -> None:
-    from worker.dead import retry_dead
+    from worker.consumer.dead import retry_dead
 
     store = Store(r, KEYS, WAIT1)
     dead = DeadLetters(store, SystemClock(), instance_id="i-1", max_entries=100)
@@ -406,7 +407,7 @@ async def test_dead_retry_from_the_command_line_waits_for_the_replicas(
 
 
 def test_attached_replicas_are_online_and_recent() -> None:
-    from worker.durability import ReplicaView, attached_replicas
+    from worker.core.durability import ReplicaView, attached_replicas
 
     online = {"ip": "10.0.0.2", "port": 6379, "state": "online", "offset": 10, "lag": 0}
     info = {
@@ -428,3 +429,23 @@ def test_attached_replicas_are_online_and_recent() -> None:
     assert view.observe({"master_replid": "b"}, 1) == 0 and view.degraded
     assert view.observe({"master_replid": "a"}, 1) == 1  # "a" is still in its grace period
     assert ReplicaView().observe({"master_replid": "c"}, 1) == 0  # first seen without any
+
+
+def test_degraded_durability_is_said_once_per_primary_not_once_per_view() -> None:
+    """Every store keeps its own view (one per queue shard, one per client): a primary that
+    runs without a replica is said once by the process, not once per view and look."""
+    from worker.core.durability import ReplicaView
+
+    lines: list[str] = []
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(20):
+            view = ReplicaView()
+            for _ in range(5):
+                assert view.observe({"master_replid": "lonely"}, 1) == 0 and view.degraded
+        lines = [e["event"] for e in logs if "durability" in e["event"]]
+        assert len(lines) == 1 and lines[0].startswith("durability degraded"), lines
+        online = {"state": "online", "offset": 1, "lag": 0}
+        ReplicaView().observe({"master_replid": "lonely", "slave0": online}, 1)
+        ReplicaView().observe({"master_replid": "lonely", "slave0": online}, 1)
+        lines = [e["event"] for e in logs if "durability" in e["event"]]
+    assert len(lines) == 2 and lines[1].startswith("durability restored"), lines

@@ -14,7 +14,7 @@ import redis as redis_sync
 from tests.apps.ledger import app as ledger_app
 from tests.conftest import CliRun, Spawn, WorkerProc, wait_until
 from worker.client import Client
-from worker.clock import ms
+from worker.core.clock import ms
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from worker.errors import ConfigError
-from worker.schedule import Cron, Every, make_schedule
+from worker.core.errors import ConfigError
+from worker.core.schedule import Cron, Every, make_schedule
 
 MIN = 60_000
 HOUR = 60 * MIN

@@ -1,4 +1,4 @@
-"""Every Lua script in worker/keys.py, against fakeredis AND the real server.
+"""Every Lua script of worker/storage, against fakeredis AND the real server.
 
 Each test runs twice (``r`` is parametrized): fakeredis's Lua emulation and the real engine must
 agree, because unit tests of the components run on fakeredis while production runs the real one.
@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from worker.ids import JobIds, LockValue
-from worker.storage import Acquired, LeaderChange, Refused, Renewal, Store
+from worker.core.ids import JobIds, LockValue
+from worker.storage import Acquired, Finish, LeaderChange, Refused, Renewal, Store
+from worker.storage import claims as claims_lua
 from worker.storage import dead as dead_lua
 from worker.storage import election as election_lua
 from worker.storage import initializer as initializer_lua
@@ -25,6 +28,7 @@ from worker.storage import leases as leases_lua
 from worker.storage import periodic as periodic_lua
 from worker.storage import poller as poller_lua
 from worker.storage import registry as registry_lua
+from worker.storage.jobs import Retention
 
 KEYS = K.Keys("t:")
 KEYS_ids = JobIds("t:")
@@ -333,7 +337,7 @@ async def test_boot_marker_is_created_once(r: Any) -> None:
 async def test_leader_renew_records_server_time(r: Any) -> None:
     store = Store(r, KEYS)
     won = await store.acquire("tok", 5000)
-    assert won is not None
+    assert isinstance(won, Acquired)
     await r.hset(KEYS.leader_state, "renewed_ms", 0)
     assert await store.renew_lock(won.lock, 3000)
     assert int(await r.hget(KEYS.leader_state, "renewed_ms")) > T
@@ -854,6 +858,272 @@ async def test_unique_enqueue(r: Any) -> None:
     assert await _unique(r, "k", T, b"x") == 0
     assert await r.exists(K.ARQ_JOB + "k") == 0
     assert await r.zscore(KEYS.queue, "k") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Composed scripts: every fragment's path (FINISH, CLAIM; ACQUIRE above and below)
+# ---------------------------------------------------------------------------------------------
+
+
+async def _claim(store: Store, limit: int = 10, queues: tuple[str, ...] = ("default",)) -> Any:
+    return await store.claim(
+        "me",
+        "me/1",
+        now_ms=T,
+        limit=limit,
+        in_progress_ttl_ms=60_000,
+        holds_ttl_ms=60_000,
+        max_payload=1000,
+        retry_ttl_ms=60_000,
+        queues=queues,
+    )
+
+
+async def test_finish_every_transition_in_one_batch(r: Any) -> None:
+    """Transitions, indexes, statistics and the wake-up in one FINISH: the whole dataset after
+    it, on both engines."""
+    store = Store(r, KEYS)
+    where = {"ok": "default", "bad": "mail", "again": "default", "later": "mail"}
+    where |= {"stay": "default", "stolen": "default"}
+    for jid, queue in where.items():
+        await r.zadd(KEYS.queue_of(queue), {jid: T - 10})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await r.zadd(KEYS.abort, {"ok": T, "elsewhere": T})
+    await _claim(store, queues=("default", "mail"))
+    await r.set(K.ARQ_IN_PROGRESS + "stolen", b"other/9")  # reaped and claimed elsewhere
+    runs = [
+        Finish("done", "ok", "me/1", b"r", 5000, task="send", run_ms=30),
+        Finish("failed", "bad", "me/1", queue="mail", failure=b"{}", failure_ttl_ms=9000,
+               task="send", run_ms=400_000),
+        Finish("retry", "again", "me/1", score_ms=T + 3000),
+        Finish("defer", "later", "me/1", score_ms=T + 2000, queue="mail"),
+        Finish("retry", "stay", "me/1"),  # no score: stays where it is (parked)
+        Finish("done", "stolen", "me/1", b"mine", 5000, task="send", run_ms=1),
+    ]  # fmt: skip
+    p = await _subscribe(r, KEYS.wake)
+    try:
+        out = await store.finish("me", runs, now_ms=T)
+        woken = await _next_message(p, 5.0)
+    finally:
+        await p.aclose()
+    assert (out.done, out.retried, out.refused) == (2, 3, 1)
+    assert woken is not None and woken["data"] == str(T + 2000).encode()  # the earliest
+    minute, hour = T // 60_000, T // 3_600_000
+    slot = f"s{minute // 10}:send"
+    job, retry = K.ARQ_JOB.encode(), K.ARQ_RETRY.encode()
+    parked = T + 60_000
+    assert await snapshot(r) == {
+        K.ARQ_RESULT.encode() + b"ok": ("string", b"r", True),
+        KEYS.failure("bad").encode(): ("string", b"{}", True),
+        **{job + j: ("string", b"p", False) for j in (b"again", b"later", b"stay", b"stolen")},
+        K.ARQ_IN_PROGRESS.encode() + b"stolen": ("string", b"other/9", False),
+        retry + b"again": ("string", b"1", True),
+        retry + b"later": ("string", b"0", True),  # the deferral gave its try back
+        retry + b"stay": ("string", b"1", True),
+        retry + b"stolen": ("string", b"1", True),
+        KEYS.queue.encode(): (
+            "zset",
+            [(b"again", T + 3000), (b"stay", parked), (b"stolen", parked)],
+            False,
+        ),
+        KEYS.queue_of("mail").encode(): ("zset", [(b"later", T + 2000)], False),
+        KEYS.abort.encode(): ("zset", [(b"elsewhere", T)], False),
+        KEYS.done.encode(): ("zset", [(b"ok", T)], False),
+        KEYS.failures.encode(): ("zset", [(b"bad", T)], False),
+        KEYS.stats("default", hour).encode(): ("hash", {f"{minute}:done".encode(): b"1"}, True),
+        KEYS.stats("mail", hour).encode(): ("hash", {f"{minute}:failed".encode(): b"1"}, True),
+        KEYS.task_stats(hour).encode(): (
+            "hash",
+            {
+                f"{minute}:send:d".encode(): b"1",
+                f"{minute}:send:f".encode(): b"1",
+                f"{slot}:ms".encode(): b"400030",
+                f"{slot}:2".encode(): b"1",  # 30 ms: the second bucket (<= 50 ms)
+                f"{slot}:{len(K.TASK_BUCKETS_MS) + 1}".encode(): b"1",  # beyond every bucket
+            },
+            True,
+        ),
+    }  # the holds set: empty, gone
+
+
+async def test_finish_retention_trims_at_most_what_a_batch_brings(r: Any) -> None:
+    """Retention's bound: a batch trims at most TRIM_MAX (1000) more recent failures than it
+    adds, by age and by count, their records with them; completions by rank."""
+    store = Store(r, KEYS)
+    old = {f"old{i:04}": T - 10**8 + i for i in range(1005)}
+    await r.zadd(KEYS.failures, old)
+    await r.mset({KEYS.failure(j): b"{}" for j in old})
+    await r.zadd(KEYS.done, {f"d{i}": T - 10 + i for i in range(5)})
+    for jid in ("f1", "d9"):
+        await r.zadd(KEYS.queue, {jid: T - 10})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await _claim(store)
+    runs = [
+        Finish("failed", "f1", "me/1", failure=b"{}", failure_ttl_ms=60_000),
+        Finish("done", "d9", "me/1"),
+    ]
+    keep = Retention(failures=5000, failures_ms=60_000, done=2)
+    await store.finish("me", runs, now_ms=T, retention=keep)
+    # by age: 1001 of the 1005 old ones (TRIM_MAX + the 1 added), the rest at the next batch
+    assert await r.zrange(KEYS.failures, 0, -1) == [
+        *(f"old{i}".encode() for i in range(1001, 1005)),
+        b"f1",
+    ]
+    assert await r.exists(*(KEYS.failure(f"old{i:04}") for i in range(1005))) == 4
+    assert await r.zrange(KEYS.done, 0, -1) == [b"d4", b"d9"]
+    # by count: as many as 1001 beyond the kept number
+    fresh = {f"new{i:04}": T - 1000 + i / 10 for i in range(1005)}
+    await r.zadd(KEYS.failures, fresh)
+    await r.zadd(KEYS.queue, {"f2": T - 10})
+    await r.set(K.ARQ_JOB + "f2", b"p")
+    await _claim(store)
+    keep = Retention(failures=3, failures_ms=10**9, done=2)
+    await store.finish(
+        "me", [Finish("failed", "f2", "me/1", failure=b"{}")], now_ms=T, retention=keep
+    )
+    # 1011 entries, 3 kept: 1001 of the oldest trimmed (TRIM_MAX + 1), 10 left
+    left = await r.zrange(KEYS.failures, 0, -1)
+    assert len(left) == 10 and left[-1] == b"f2" and b"old1004" not in left
+    assert await r.exists(KEYS.failure("old1004"), KEYS.failure("f1")) == 1  # f1's record
+
+
+async def test_claim_every_path_in_one_round(r: Any) -> None:
+    """Foreign ids, markers held, stale and too long, bad records, abort requests and the
+    second queue, in one CLAIM under a hash-tagged prefix."""
+    keys = K.Keys("{t}:")
+    store = Store(r, keys)
+    ids = ["x:foreign", "held", "stale", "long", "free", "big", "hash", "missing", "badtry", "ab"]
+    ids = [ids[0], *(f"{{t}}:{j}" for j in ids[1:])]
+    await r.zadd(keys.queue, {jid: T - 100 + 10 * n for n, jid in enumerate(ids)})
+    await r.zadd(keys.queue, {"{t}:future": T + 1})
+    await r.zadd(keys.queue_of("low"), {"{t}:low1": T - 5, "{t}:low2": T - 4})
+    for jid in [*ids, "{t}:low1", "{t}:low2"]:
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await r.set(K.ARQ_JOB + "{t}:big", b"x" * 2000)
+    await r.delete(K.ARQ_JOB + "{t}:hash", K.ARQ_JOB + "{t}:missing")
+    await r.hset(K.ARQ_JOB + "{t}:hash", "f", "x")
+    await r.hset(K.ARQ_RETRY + "{t}:badtry", "n", 1)
+    await r.set(K.ARQ_IN_PROGRESS + "{t}:held", b"1", px=30_000)  # arq's own Worker runs it
+    await r.set(K.ARQ_IN_PROGRESS + "{t}:stale", b"1")  # no TTL: taken over
+    await r.set(K.ARQ_IN_PROGRESS + "{t}:long", b"1", px=10**9)  # cut to the marker TTL
+    await r.zadd(keys.abort, {"{t}:ab": T, "{t}:gone": T})
+    got = await _claim(store, limit=9, queues=("default", "low"))
+    assert (got.aborts_pending, got.stale) == (2, 2)
+    summary = [
+        (j.job_id, j.score_ms, j.try_, j.payload, j.size, j.queue, j.aborted) for j in got.jobs
+    ]
+    assert summary == [
+        ("x:foreign", T - 100, -1, None, claims_lua.FOREIGN, "default", False),
+        ("{t}:stale", T - 80, 1, b"p", 1, "default", False),
+        ("{t}:free", T - 60, 1, b"p", 1, "default", False),
+        ("{t}:big", T - 50, 1, None, 2000, "default", False),
+        ("{t}:hash", T - 40, 1, None, -1, "default", False),
+        ("{t}:missing", T - 30, 1, None, 0, "default", False),
+        ("{t}:badtry", T - 20, -1, b"p", 1, "default", False),
+        ("{t}:ab", T - 10, 1, b"p", 1, "default", True),
+        ("{t}:low1", T - 5, 1, b"p", 1, "low", False),  # the limit: 9 ids, the foreign one too
+    ]
+    parked = float(T + 60_000)
+    claimed = [j.job_id.encode() for j in got.jobs[1:]]
+    assert sorted(await r.smembers(keys.holds("me"))) == sorted(claimed)
+    assert 0 < await r.pttl(keys.holds("me")) <= 60_000
+    assert await r.zrange(keys.queue, 0, -1, withscores=True) == [
+        (b"{t}:held", T - 90),
+        (b"{t}:long", T - 70),
+        (b"{t}:future", T + 1),
+        *sorted((j, parked) for j in claimed[:-1]),
+    ]
+    assert await r.zrange(keys.queue_of("low"), 0, -1, withscores=True) == [
+        (b"{t}:low2", T - 4),
+        (b"{t}:low1", parked),
+    ]
+    assert await r.get(K.ARQ_JOB + "x:foreign") == b"p"  # never touched
+    assert await r.exists(K.ARQ_IN_PROGRESS + "x:foreign", K.ARQ_RETRY + "x:foreign") == 0
+    assert await r.get(K.ARQ_IN_PROGRESS + "{t}:held") == b"1"
+    assert 0 < await r.pttl(K.ARQ_IN_PROGRESS + "{t}:held") <= 30_000
+    assert await r.get(K.ARQ_IN_PROGRESS + "{t}:long") == b"1"
+    assert 0 < await r.pttl(K.ARQ_IN_PROGRESS + "{t}:long") <= 60_000
+    assert await r.get(K.ARQ_IN_PROGRESS + "{t}:stale") == b"me/1"
+    assert await r.type(K.ARQ_RETRY + "{t}:badtry") == b"hash"
+    assert 0 < await r.pttl(K.ARQ_RETRY + "{t}:free") <= 60_000
+
+
+async def test_claim_reads_past_at_most_claim_skips_held_jobs(r: Any) -> None:
+    store = Store(r, KEYS)
+    held = {f"h{i:04}": T - 2000 + i for i in range(claims_lua.CLAIM_SKIPS)}
+    await r.zadd(KEYS.queue, {**held, "free": T})
+    async with r.pipeline(transaction=False) as pipe:
+        for jid in held:
+            pipe.set(K.ARQ_IN_PROGRESS + jid, b"1", px=60_000)
+        await pipe.execute()
+    assert (await _claim(store)).jobs == []  # CLAIM_SKIPS held: the round ends there
+    await r.delete(K.ARQ_IN_PROGRESS + "h0000")
+    assert [j.job_id for j in (await _claim(store)).jobs] == ["h0000", "free"]
+
+
+async def test_claim_takes_ids_outside_the_users_key_patterns_off_the_queue(
+    redis_url: str,
+) -> None:
+    """CLAIM_FOREIGN's ``denied``: on the real server only (fakeredis refuses the whole call
+    where the server refuses the one command inside it)."""
+    admin = aioredis.Redis.from_url(redis_url)
+    user = f"claim{uuid.uuid4().hex[:6]}"
+    patterns = ["~t:*", "~arq:job:t:*", "~arq:in-progress:t:*", "~arq:retry:t:*"]
+    await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", *patterns, "+@all")
+    limited = aioredis.Redis.from_url(redis_url.replace("://", f"://{user}:pw@"))
+    try:
+        await admin.zadd(KEYS.queue, {"other": T - 20, "t:mine": T - 10})
+        await admin.set(K.ARQ_JOB + "other", b"p")
+        await admin.set(K.ARQ_JOB + "t:mine", b"p")
+        got = await _claim(Store(limited, KEYS))
+        assert [(j.job_id, j.size) for j in got.jobs] == [
+            ("other", claims_lua.FOREIGN),
+            ("t:mine", 1),
+        ]
+        assert await admin.zrange(KEYS.queue, 0, -1) == [b"t:mine"]
+        assert await admin.get(K.ARQ_JOB + "other") == b"p"  # never touched
+        assert await admin.exists(K.ARQ_IN_PROGRESS + "other", K.ARQ_RETRY + "other") == 0
+    finally:
+        await limited.aclose()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
+
+
+@pytest.mark.parametrize(
+    ("before", "reason", "gap"),
+    [
+        ("history", "first", BOUND),  # a history but no counter or state: someone led
+        ("counter", "after expiry", BOUND),  # a counter but no state
+        ("unreadable renew", "after expiry", BOUND),
+        ("renewed long ago", "after expiry", 0),
+    ],
+)
+async def test_acquire_gap_of_every_previous_state(
+    r: Any, before: str, reason: str, gap: int
+) -> None:
+    store = Store(r, KEYS)
+    if before == "history":
+        await r.lpush(KEYS.leader_history, "1|1|first|a")
+    elif before == "counter":
+        await r.set(KEYS.leader_epoch, 5)
+    else:
+        renewed = "zz" if before == "unreadable renew" else "1000"
+        await r.hset(KEYS.leader_state, mapping={"epoch": "5", "renewed_ms": renewed})
+    won = await store.acquire("tokA", 5000, bound_ms=BOUND, instance="a")
+    assert isinstance(won, Acquired) and won.gap_ms == gap
+    assert (await store.leader_history())[0].reason == reason
+
+
+async def test_a_refused_campaign_below_the_counter_writes_nothing(r: Any) -> None:
+    """A floor above the holder's epoch but not above the counter: the counter is read, not
+    written."""
+    store = Store(r, KEYS)
+    await r.set(KEYS.leader, "5:other", px=5000)
+    await r.set(KEYS.leader_epoch, AHEAD)
+    before = await snapshot(r)
+    refused = await store.acquire("tokB", 5000, floor=AHEAD - 1)
+    assert isinstance(refused, Refused) and refused.holder == LockValue(5, "other")
+    assert refused.malformed == () and await snapshot(r) == before
 
 
 async def test_mutex_release_only_by_owner(r: Any) -> None:

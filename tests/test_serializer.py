@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from arq.jobs import deserialize_job, deserialize_result, serialize_job, serialize_result
 
-from worker.budget import MAX_DEPTH, OverBudget, json_record
-from worker.serializer import (
+from worker.core.budget import MAX_DEPTH, OverBudget, json_record
+from worker.core.serializer import (
     PickleWarning,
     get_serializer,
     job_payload,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
 from worker.settings import DEMO_APP, Settings, load_settings, mask_url
 
 

@@ -13,15 +13,15 @@ import redis.asyncio as aioredis
 from tests.conftest import wait_until
 from worker.app import App
 from worker.client import Client
-from worker.clock import SystemClock
 from worker.consumer import Consumer, ConsumerConfig
 from worker.consumer.claims import Claims
+from worker.consumer.dead import DeadLetters
+from worker.consumer.limits import LimitsHook
 from worker.context import Context, JobContext
-from worker.dead import DeadLetters
-from worker.embedded import free_port
-from worker.ids import shard_index
-from worker.limits import LimitsHook
-from worker.serializer import msgpack_dumps, msgpack_loads
+from worker.core.clock import SystemClock
+from worker.core.ids import shard_index
+from worker.core.serializer import msgpack_dumps, msgpack_loads
+from worker.runtime.embedded import free_port
 from worker.settings import Settings
 from worker.storage import Shards, open_shards
 from worker.storage.keys import Keys

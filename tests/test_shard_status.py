@@ -11,13 +11,13 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import CliRun
-from worker import doctor, snapshot, status
 from worker.app import App
-from worker.backlog import QueueMetrics
-from worker.clock import FakeClock
-from worker.doctor.work import check_shards
-from worker.metrics import Metrics
-from worker.snapshot import ShardState
+from worker.core.clock import FakeClock
+from worker.core.metrics import Metrics
+from worker.duties.backlog import QueueMetrics
+from worker.ops import doctor, snapshot, status
+from worker.ops.doctor.work import check_shards
+from worker.ops.snapshot import ShardState
 from worker.storage import keys as K
 from worker.storage.shards import shard_prefixes, slot_of_prefix
 from worker.storage.store import open_shards
@@ -181,8 +181,8 @@ def test_status_and_doctor_commands_print_the_shards(
 async def test_the_jobs_listing_pages_through_every_shard(r: Any) -> None:
     """``worker jobs``/the console's Jobs view with 3 shards: every queued job once, shard by
     shard, pages of at most ``limit`` with a cursor; one shard lists only its own."""
-    from worker import jobsview
-    from worker.serializer import job_payload, msgpack_dumps
+    from worker.core.serializer import job_payload, msgpack_dumps
+    from worker.ops import jobsview
 
     stores = open_shards(r, K.Keys(PREFIX), None, 3)
     expected = []
@@ -245,8 +245,8 @@ async def test_done_and_failed_listings_merge_every_shard_newest_first(r: Any) -
     failures merged newest first, paged by time; the failure record read in the job's shard."""
     from arq.jobs import serialize_result
 
-    from worker import jobsview
-    from worker.serializer import msgpack_dumps
+    from worker.core.serializer import msgpack_dumps
+    from worker.ops import jobsview
 
     stores = open_shards(r, K.Keys(PREFIX), None, 3)
     done = []
@@ -280,8 +280,8 @@ async def test_done_and_failed_listings_merge_every_shard_newest_first(r: Any) -
 async def test_the_running_listing_reads_every_shards_holds(r: Any) -> None:
     """``worker jobs --state running`` with 3 shards: a live instance's holds in every shard
     (its claims are held where its jobs are), by id; one shard sees only its own."""
-    from worker import jobsview
-    from worker.serializer import job_payload, msgpack_dumps
+    from worker.core.serializer import job_payload, msgpack_dumps
+    from worker.ops import jobsview
 
     stores = open_shards(r, K.Keys(PREFIX), None, 3)
     await r.zadd(stores[0].keys.instances, {"c-1": NOW})

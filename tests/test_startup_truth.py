@@ -20,7 +20,7 @@ import redis as redis_sync
 
 from tests.conftest import ROOT, CliRun, wait_until
 from worker.app import load_app
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
 
 USER = "startup-bob"
 

@@ -15,8 +15,8 @@ import redis as redis_sync
 
 from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_operations import ledger
-from worker.clock import SystemClock
-from worker.ids import LockValue
+from worker.core.clock import SystemClock
+from worker.core.ids import LockValue
 from worker.leadership.static import StaticLeader
 from worker.storage import Acquired, Refused, Store
 from worker.storage import election as election_lua
@@ -156,7 +156,7 @@ def test_lock_without_expiry_is_flagged_and_replaced(
 
 
 def test_status_renders_a_lock_without_expiry() -> None:
-    from worker import status
+    from worker.ops import status
 
     data: dict[str, Any] = {
         "at": "2023-11-14T22:13:50+00:00",

@@ -10,12 +10,12 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from worker import status
 from worker.app import App
 from worker.cli import cluster
-from worker.clock import FakeClock
-from worker.errors import ConfigError
-from worker.registry import Heartbeat
+from worker.core.clock import FakeClock
+from worker.core.errors import ConfigError
+from worker.duties.registry import Heartbeat
+from worker.ops import status
 from worker.settings import Settings
 from worker.storage import Store
 from worker.storage import keys as K
@@ -288,7 +288,7 @@ def test_render_shows_the_eviction_policy() -> None:
     }
 
     def line(policy: str | None, allowed: bool) -> str:
-        from worker.preflight import NOEVICTION, eviction_verdict
+        from worker.runtime.preflight import NOEVICTION, eviction_verdict
 
         rd = {
             "maxmemory_policy": policy,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from worker.clock import SystemClock
+from worker.core.clock import SystemClock
 from worker.storage import Store, subscriptions
 from worker.storage import keys as K
 

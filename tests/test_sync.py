@@ -15,9 +15,9 @@ import pytest
 
 from tests.docpages import python_block
 from worker import App, JobContext
-from worker.clock import FakeClock
-from worker.errors import ConfigError
-from worker.jobs import JobDef
+from worker.core.clock import FakeClock
+from worker.core.errors import ConfigError
+from worker.core.jobdefs import JobDef
 from worker.sync import SyncThreads, SyncThreadsHook, is_sync
 from worker.testing import Harness
 

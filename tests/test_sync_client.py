@@ -18,7 +18,7 @@ from arq.jobs import JobStatus
 
 from tests.conftest import Spawn, wait_until
 from worker import SyncClient
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
 from worker.sync_client import ClientClosed
 
 

@@ -17,7 +17,7 @@ import redis as redis_sync
 
 from tests.conftest import Spawn, WorkerProc, wait_until
 from worker.client import Client
-from worker.embedded import free_port
+from worker.runtime.embedded import free_port
 
 pytestmark = pytest.mark.timeout(120)
 APP = "tests.apps.syncjobs:app"

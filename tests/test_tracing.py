@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.conftest import CliRun, Spawn
 from tests.test_consumer import KEYS, Loop, eventually
 from worker import App, Client, JobContext
-from worker.serializer import job_payload, msgpack_dumps
+from worker.core.serializer import job_payload, msgpack_dumps
 from worker.storage import NewJob
 from worker.tracing import KEY, Tracing
 
@@ -174,7 +174,7 @@ async def test_records_without_or_with_a_hostile_context_still_run(
 async def test_tracing_off_adds_nothing_to_the_record(fake_arq: Any) -> None:
     client = Client(fake_arq, keys=KEYS, serialize=msgpack_dumps)
     jid = await client.enqueue("anything", 1)
-    from worker.serializer import msgpack_loads
+    from worker.core.serializer import msgpack_loads
 
     record = msgpack_loads(await fake_arq.get(f"arq:job:{jid}"))
     assert set(record) == {"t", "f", "a", "k", "et"}
@@ -252,9 +252,9 @@ async def test_a_poll_dispatch_is_one_create_span_per_job_linked_from_one_send(
 ) -> None:
     from tests.conftest import FixedLease
     from tests.test_poller import LOCK, NOW, client, make_app
-    from worker.clock import FakeClock
+    from worker.core.clock import FakeClock
+    from worker.core.serializer import msgpack_loads
     from worker.duties.poller import PollingScheduler
-    from worker.serializer import msgpack_loads
     from worker.storage import FencedStore, Store
 
     app = make_app(shards=1)

@@ -21,10 +21,10 @@ from arq.connections import RedisSettings, create_pool
 from tests.conftest import Spawn, wait_until
 from tests.timings import FAST_ENV
 from worker.client import Client
-from worker.clock import FakeClock, ms
-from worker.serializer import get_serializer
+from worker.core.clock import FakeClock, ms
+from worker.core.serializer import get_serializer
+from worker.duties.unannounced import UnannouncedJobs
 from worker.storage.keys import Keys
-from worker.unannounced import UnannouncedJobs
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,4 +1,5 @@
-"""The loop watchdog (worker/watchdog.py): a blocked event loop is noticed from a thread, the
+"""The loop watchdog (worker/runtime/watchdog.py): a blocked event loop is noticed from a thread,
+the
 ends of finished runs are recorded and the leadership is given up while the loop is blocked.
 
 The real-process test blocks a real loop with ``time.sleep`` right after a tick finished
@@ -25,16 +26,16 @@ from tests.soak import size
 from tests.test_consumer import KEYS, Loop, eventually
 from tests.test_edges import record_of, report, settle
 from worker.app import App
-from worker.clock import FakeClock, ms
 from worker.context import JobContext
-from worker.ids import LockValue
+from worker.core.clock import FakeClock, ms
+from worker.core.ids import LockValue
+from worker.core.metrics import Metrics
+from worker.core.serializer import msgpack_loads
 from worker.leadership.base import LeaderTiming
 from worker.leadership.elector import LeaderElector
-from worker.metrics import Metrics
-from worker.serializer import msgpack_loads
+from worker.runtime.watchdog import LoopWatchdog, blocked_threshold_s
 from worker.storage import Acquired, Store
 from worker.storage import keys as K
-from worker.watchdog import LoopWatchdog, blocked_threshold_s
 
 APP = "tests.apps.loopblock:app"
 #: How long the task blocks A's loop: past B's takeover (lease TTL 3 s) and its reaping of A

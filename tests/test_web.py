@@ -18,10 +18,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tests.apps.ledger import app as ledger
 from worker.client import Client
-from worker.clock import FakeClock, ms
-from worker.dead import DeadLetters
-from worker.errors import ConfigError
-from worker.serializer import get_serializer, job_payload
+from worker.consumer.dead import DeadLetters
+from worker.core.clock import FakeClock, ms
+from worker.core.errors import ConfigError
+from worker.core.serializer import get_serializer, job_payload
 from worker.storage import Finish
 from worker.storage import keys as K
 from worker.web import create_app

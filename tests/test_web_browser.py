@@ -32,7 +32,7 @@ import redis as redis_sync
 
 from tests.conftest import Spawn, client_call, wait_until
 from worker import demo
-from worker.ids import LockValue
+from worker.core.ids import LockValue
 
 pytestmark = pytest.mark.slow
 
@@ -522,7 +522,7 @@ def test_ids_with_braces_open_and_spoofing_characters_show_escaped(
     sharded app) opens in the Jobs view; a job id written with a line break and a right-to-left
     override (by plain redis-py: enqueue refuses them now) is shown escaped, in the table, the
     detail and the cancel confirmation, whose text it cannot spoof."""
-    from worker.serializer import get_serializer, job_payload
+    from worker.core.serializer import get_serializer, job_payload
 
     prefix = "{b" + uuid.uuid4().hex[:6] + "}:"
     port = _free_port()

@@ -19,7 +19,7 @@ from arq.jobs import serialize_result
 from tests.apps.ledger import app as ledger
 from tests.test_consumer import KEYS, Loop, eventually
 from worker.client import Client
-from worker.serializer import job_payload, msgpack_dumps
+from worker.core.serializer import job_payload, msgpack_dumps
 from worker.web import create_app
 
 pytestmark = pytest.mark.timeout(90)

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from worker.embedded import EmbeddedServer, death_signal_hook, find_server_binary
+from worker.runtime.embedded import EmbeddedServer, death_signal_hook, find_server_binary
 
 
 def free_port_pair(offset: int = 10000) -> int:

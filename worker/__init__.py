@@ -15,9 +15,9 @@ from worker.arqcompat import from_arq
 from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
-from worker.duties.poller import BoundPoller
-from worker.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
-from worker.jobs import JobOutcome
+from worker.core.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
+from worker.core.jobdefs import JobOutcome
+from worker.polls import BoundPoller
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
 from worker.version import __version__

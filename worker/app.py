@@ -38,18 +38,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from worker.broadcast import BroadcastDef, OnStart
-from worker.checks import HealthCheckDef
+from worker.consumer.limits import parse_rate
 from worker.context import Context, JobContext
+from worker.core.errors import ConfigError
+from worker.core.jobdefs import JobDef, JobOutcome
+from worker.core.retry import RetryDelay, as_delay
+from worker.core.schedule import make_schedule
+from worker.core.topics import BroadcastDef, OnStart
+from worker.duties.checks import HealthCheckDef
 from worker.duties.initializer import InitializerDef
 from worker.duties.periodic import CatchUp, PeriodicDef
-from worker.duties.poller import PollerDef
 from worker.duties.services import Cardinality, ServiceDef, ServiceKeys
-from worker.errors import ConfigError
-from worker.jobs import JobDef, JobOutcome
-from worker.limits import parse_rate
-from worker.retry import RetryDelay, as_delay
-from worker.schedule import make_schedule
+from worker.polls import PollerDef
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.sync import sync_job
 
@@ -129,7 +129,7 @@ class App:
         ``queue``: where its jobs wait (consumers take queues in priority order, see
         :attr:`App.queues`). ``retry_on``/``retry_delay``: exceptions retried automatically
         while tries remain, and the wait before each retry (seconds, or a callable of the try
-        number; see :mod:`worker.retry`). ``max_concurrency``: at most this many run at once
+        number; see :mod:`worker.core.retry`). ``max_concurrency``: at most this many run at once
         across the cluster; ``rate``: at most ``"N/s"`` (``/m``, ``/h``) start cluster-wide.
         Jobs over a limit wait (deferred), they never fail for it.
         """
@@ -294,7 +294,7 @@ class App:
         ``async def fn(ctx, data) -> None``. A topic may have several handlers; each runs once
         per message, in order, retried with backoff up to ``tries`` runs. ``on_start``:
         ``"latest"`` hands a starting process the topic's newest message, ``"none"`` only what
-        is sent after (see :mod:`worker.broadcast`)."""
+        is sent after (see :mod:`worker.duties.broadcast`)."""
         _check_name("broadcast topic", topic)
         if on_start not in ("latest", "none"):
             raise ConfigError(f"on_broadcast on_start={on_start!r}: use 'latest' or 'none'")
@@ -368,7 +368,7 @@ class App:
 
     def on_job_end(self, fn: JobEndHook) -> JobEndHook:
         """Run ``async def fn(ctx, outcome)`` after every run that started, with its
-        :class:`~worker.jobs.JobOutcome` (``status``: success, failed, retry, cancelled,
+        :class:`~worker.core.jobdefs.JobOutcome` (``status``: success, failed, retry, cancelled,
         timeout or dead; ``error``, ``result``, ``duration_s``, ``job_try``, ``task``,
         ``job_id``). The run's end is recorded before the hook runs: a hook that raises or
         hangs (cancelled after ``WORKER_JOB_HOOK_TIMEOUT_S``) is logged and changes nothing."""

@@ -22,10 +22,10 @@ from urllib.parse import quote
 
 from worker.app import App, _check_name, _job_fn, load_app
 from worker.context import Context, JobContext
+from worker.core.errors import ConfigError
+from worker.core.jobdefs import JobDef, JobOutcome
+from worker.core.schedule import Cron
 from worker.duties.periodic import PeriodicDef
-from worker.errors import ConfigError
-from worker.jobs import JobDef, JobOutcome
-from worker.schedule import Cron
 from worker.storage.keys import DEFAULT_QUEUE
 
 #: arq's options that become this framework's settings (``WORKER_*``), by :func:`arq_environ`.

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.ids import check_id
+from worker.core.ids import check_id
 
 #: Jobs per round trip of ``enqueue_many`` unless told (bounds the script's run time and the
 #: request's size: ~0.6 ms of server time and ~100 KB for 500 small jobs).

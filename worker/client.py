@@ -16,12 +16,13 @@ key prefix, serializer), so the two cannot disagree::
 
 Plain arq works too: ``arq.create_pool(RedisSettings.from_dsn(url), **arq_options(settings))``
 (:func:`arq_options`: the queue name derived from the key prefix, ``Keys(prefix).queue``, and
-the serializer pair of :func:`worker.serializer.get_serializer`).
+the serializer pair of :func:`worker.core.serializer.get_serializer`).
 
-Connections come from :func:`worker.connection.connect_redis` (re-exported here): one server,
+Connections come from :func:`worker.storage.connection.connect_redis` (re-exported here): one
+server,
 a Sentinel-managed primary or a Redis Cluster. With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``,
 by default with Sentinel or Cluster the attached replicas, up to one) an ``enqueue`` returns
-only once the replicas have the job, and raises :class:`~worker.errors.NotReplicated`
+only once the replicas have the job, and raises :class:`~worker.core.errors.NotReplicated`
 otherwise.
 """
 
@@ -39,21 +40,21 @@ from arq.constants import expires_extra_ms
 from arq.jobs import Job
 from redis.asyncio import Redis
 
-from worker.broadcast import MAX_BYTES as MAX_BROADCAST_BYTES
-from worker.broadcast import publish
 from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
-from worker.clock import Clock, RedisClock, ms, on_server_time
-from worker.connection import connect_redis, connect_shards
-from worker.duties.poller import BoundPoller, Pollers, due_ms
-from worker.errors import ConfigError, PayloadTooLarge, UnknownTask
-from worker.ids import check_id
-from worker.preflight import wait_for_redis
-from worker.redisurl import RedisTarget, Replication, parse_redis_url
-from worker.serializer import Serialize, SerializerName, get_serializer, job_payload
+from worker.core.clock import Clock, RedisClock, ms, on_server_time
+from worker.core.errors import ConfigError, PayloadTooLarge, UnknownTask
+from worker.core.ids import check_id
+from worker.core.redisurl import RedisTarget, Replication, parse_redis_url
+from worker.core.serializer import Serialize, SerializerName, get_serializer, job_payload
+from worker.core.topics import MAX_BYTES as MAX_BROADCAST_BYTES
+from worker.core.topics import publish
+from worker.polls import BoundPoller, Pollers, due_ms
 from worker.settings import Settings, load_settings
 from worker.storage import NewJob, QueuedJob, Store, open_store, server
 from worker.storage import keys as K
+from worker.storage.connection import connect_redis, connect_shards
 from worker.storage.keys import DEFAULT_QUEUE
+from worker.storage.ready import wait_for_redis
 from worker.storage.sharded import Shards
 from worker.storage.shards import shard_prefixes
 from worker.storage.store import open_shards
@@ -148,7 +149,7 @@ class Client:
     ) -> Client:
         """Connect to ``url`` with the same settings the workers use (prefix, serializer).
         ``url`` may be a ``redis+sentinel://`` or ``redis+cluster://`` URL (or a parsed
-        :class:`~worker.redisurl.RedisTarget`, which carries Sentinel credentials).
+        :class:`~worker.core.redisurl.RedisTarget`, which carries Sentinel credentials).
         ``wait_replicas``: replicas an enqueue waits for, strictly (``None``, as
         ``WORKER_REDIS_WAIT_REPLICAS=auto``: with Sentinel or Cluster the attached ones, up to
         1, else 0). ``tracing="otel"``: a PRODUCER span per enqueue, as
@@ -327,7 +328,7 @@ class Client:
         options of :meth:`enqueue`: ``unique_key``, ``job_id``, ``defer_by``, ``defer_until``,
         ``queue``, ``shard_key``, each choosing the job's shard as there) or a tuple
         ``(function, args[, kwargs])``. Every function is checked first: an unknown one raises
-        :class:`~worker.errors.UnknownTask` and nothing is sent. Each chunk is written
+        :class:`~worker.core.errors.UnknownTask` and nothing is sent. Each chunk is written
         atomically per shard, after the previous chunk was answered (each next chunk is built
         meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
         if chunk_size < 1:
@@ -404,7 +405,7 @@ class Client:
         return self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
 
     def check_function(self, function: str) -> None:
-        """Raise :class:`~worker.errors.UnknownTask` if the client's app does not declare
+        """Raise :class:`~worker.core.errors.UnknownTask` if the client's app does not declare
         ``function`` (a task or a periodic job); a client without an app accepts any name, as
         arq does."""
         if isinstance(self.app, _Declares):
@@ -457,9 +458,9 @@ class Client:
     async def broadcast(self, topic: str, data: Any = None) -> int | None:
         """Send ``data`` (any value the serializer takes) to the ``@app.on_broadcast(topic)``
         handlers of every live process, whatever its role, this one included; a process that
-        is reconnecting catches up (see :mod:`worker.broadcast`). Returns the message's
+        is reconnecting catches up (see :mod:`worker.duties.broadcast`). Returns the message's
         sequence number in its topic, or ``None`` when refused because it was sent from a
-        handler it would trigger again (a loop). :class:`~worker.broadcast.BroadcastTooLarge`
+        handler it would trigger again (a loop). :class:`~worker.duties.broadcast.BroadcastTooLarge`
         when ``data`` serializes to more than ``WORKER_MAX_BROADCAST_BYTES``."""
         return await publish(
             self.store,

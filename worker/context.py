@@ -33,16 +33,16 @@ from arq.connections import ArqRedis
 
 from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import Client
-from worker.clock import Clock, ms
-from worker.duties.poller import BoundPoller
-from worker.errors import LeadershipLost
-from worker.outage import RIDE_OUT_S
+from worker.core.clock import Clock, ms
+from worker.core.errors import LeadershipLost
+from worker.core.outage import RIDE_OUT_S
+from worker.core.views import LeaderView
+from worker.polls import BoundPoller
 from worker.progress import Progress, checked
 from worker.settings import Settings
 from worker.storage import FencedPipeline, FencedStore, Store
 from worker.storage import keys as K
 from worker.sync import SyncHelpers, SyncThreads
-from worker.views import LeaderView
 
 
 @dataclass

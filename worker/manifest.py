@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from worker.app import App
-from worker.checks import HealthCheckDef
+from worker.core.errors import ConfigError
+from worker.core.jobdefs import JobDef
+from worker.core.schedule import Cron, Every, Schedule
+from worker.duties.checks import HealthCheckDef
 from worker.duties.initializer import InitBatch, InitializerDef
 from worker.duties.periodic import PeriodicDef
-from worker.duties.poller import PollerDef
 from worker.duties.services import ServiceDef
-from worker.errors import ConfigError
-from worker.jobs import JobDef
-from worker.schedule import Cron, Every, Schedule
+from worker.polls import PollerDef
 from worker.version import __version__
 
 #: Bumped when the manifest's shape changes incompatibly; older readers ignore newer shapes.

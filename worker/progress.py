@@ -9,7 +9,7 @@ import math
 
 import structlog
 
-from worker.clock import Clock, ms
+from worker.core.clock import Clock, ms
 from worker.storage import Store
 
 log = structlog.get_logger("worker.consumer")

@@ -23,9 +23,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from worker.errors import ConfigError
-from worker.ids import hash_tag
-from worker.redisurl import URL_PASSWORD_HINT, RedisTarget, Replication, mask_url, parse_redis_url
+from worker.core.errors import ConfigError
+from worker.core.ids import hash_tag
+from worker.core.redisurl import (
+    URL_PASSWORD_HINT,
+    RedisTarget,
+    Replication,
+    mask_url,
+    parse_redis_url,
+)
 
 __all__ = [
     "URL_PASSWORD_HINT",
@@ -74,7 +80,7 @@ def default_instance_name() -> str:
 
 def check_redis_url(url: str, name: str = "WORKER_REDIS_URL") -> None:
     """Raise ``ValueError`` (one line, password masked) unless the framework can use ``url``
-    (see :func:`worker.redisurl.parse_redis_url`)."""
+    (see :func:`worker.core.redisurl.parse_redis_url`)."""
     parse_redis_url(url, name)
 
 
@@ -262,7 +268,8 @@ class Settings(BaseSettings):
 
     def _check_processes(self) -> None:
         """``--processes N``: every child is instance ``<name>-<i>`` on health port
-        ``base + i`` (see :mod:`worker.processes`), and each is a separate leader candidate."""
+        ``base + i`` (see :mod:`worker.runtime.processes`), and each is a separate leader
+        candidate."""
         n = self.processes
         if n == 1:
             return
@@ -334,7 +341,7 @@ class Settings(BaseSettings):
         return 1 if scheme.endswith(("+sentinel", "+cluster")) else 0
 
     def replication(self) -> Replication:
-        """The ``WAIT`` policy of durable writes (see :class:`worker.redisurl.Replication`):
+        """The ``WAIT`` policy of durable writes (see :class:`worker.core.redisurl.Replication`):
         ``auto`` waits for the attached replicas (adaptive), a number is strict."""
         return Replication(
             self.wait_replicas(),

@@ -40,8 +40,8 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from worker.clock import Clock, ms
-from worker.jobs import JobDef, JobHook, TaskFn
+from worker.core.clock import Clock, ms
+from worker.core.jobdefs import JobDef, JobHook, TaskFn
 
 log = structlog.get_logger("worker.sync")
 

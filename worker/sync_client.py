@@ -31,9 +31,9 @@ from arq.jobs import JobResult, JobStatus
 
 from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
-from worker.duties.poller import Pollers
-from worker.redisurl import RedisTarget
-from worker.serializer import SerializerName
+from worker.core.redisurl import RedisTarget
+from worker.core.serializer import SerializerName
+from worker.polls import Pollers
 from worker.settings import Settings, load_settings
 from worker.storage.keys import DEFAULT_QUEUE
 

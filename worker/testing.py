@@ -16,7 +16,7 @@
 The harness builds the same ``Context`` a worker process gives your code (``ctx.state``,
 ``ctx.enqueue``, ``ctx.mutex``, ``ctx.once``, ``ctx.poller``), on fakeredis by default (``pip
 install 'fakeredis[lua]'``) or on a Redis you pass. Startup hooks run on entry, shutdown hooks
-on exit. Time is a :class:`~worker.clock.FakeClock` you can advance. For the full process,
+on exit. Time is a :class:`~worker.core.clock.FakeClock` you can advance. For the full process,
 ``python -m worker run --burst`` runs every due job and exits.
 """
 
@@ -30,10 +30,10 @@ from arq.connections import ArqRedis
 
 from worker.app import App
 from worker.client import Client
-from worker.clock import FakeClock, ms
 from worker.consumer import validate
 from worker.context import Context, JobContext
-from worker.serializer import get_serializer
+from worker.core.clock import FakeClock, ms
+from worker.core.serializer import get_serializer
 from worker.settings import Settings
 from worker.storage import keys as K
 

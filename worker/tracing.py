@@ -13,8 +13,8 @@ job protocol: arq's records and queues), ``messaging.destination.name`` = the qu
 ``process``; plus ``worker.task``, ``worker.job_try``, and for duty jobs ``worker.tick`` (ISO)
 and ``worker.leader_epoch``. A failed run's span carries its error as a log line and a failure
 record do: secrets (Redis URL passwords, ``password=``) masked and the texts capped (the
-message at 2,000 characters, the traceback at 16 KiB: :func:`worker.logs.error_text`,
-:func:`worker.logs.traceback_text`), in the status and in its ``exception`` event.
+message at 2,000 characters, the traceback at 16 KiB: :func:`worker.core.logs.error_text`,
+:func:`worker.core.logs.traceback_text`), in the status and in its ``exception`` event.
 
 Batched enqueues (the leader's ticks, a poll dispatch) get one ``create`` PRODUCER span per
 job, which is that job's parent, and one ``send`` CLIENT span for the script call, linked to
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from arq.worker import Retry, RetryJob
 
-from worker.errors import ConfigError
-from worker.jobs import JobHook, JobOutcome, JobRun
-from worker.logs import error_text, traceback_text
+from worker.core.errors import ConfigError
+from worker.core.jobdefs import JobHook, JobOutcome, JobRun
+from worker.core.logs import error_text, traceback_text
 from worker.settings import OTEL_MISSING
 from worker.version import __version__
 

@@ -2,7 +2,7 @@
 
 ``run`` (the default) runs a worker process; ``plan`` shows what a role runs; ``status``,
 ``health``, ``doctor`` and ``dead`` look at the cluster; ``trigger``, ``pause``, ``resume``,
-``handoff`` and the ``dead`` actions act on it through :class:`worker.actions.Operations`, the
+``handoff`` and the ``dead`` actions act on it through :class:`worker.ops.actions.Operations`, the
 console's door, so each is audited. ``worker COMMAND --help`` lists a command's own options.
 
 - :mod:`worker.cli.parser`: the commands, their options and help;

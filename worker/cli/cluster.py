@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from worker import admin, dead, doctor, snapshot, status
 from worker.app import App
 from worker.cli.common import run_async
+from worker.consumer import dead
+from worker.core.terminal import safe, say
+from worker.ops import admin, doctor, snapshot, status
 from worker.settings import Settings
-from worker.terminal import safe, say
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -18,7 +19,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def show_status(settings: Settings, app: App | None, *, as_json: bool) -> int:
-    """``status`` of ``app`` (``None``: the one the live instances run, see ``worker.admin``)."""
+    """``status`` of ``app`` (``None``: the one the live instances run, see
+    ``worker.ops.admin``)."""
     async with admin.connect(settings, "status") as a:
         app = app or await admin.resolve_app(settings, a.store)
         snap = await snapshot.read(
@@ -31,7 +33,7 @@ async def show_status(settings: Settings, app: App | None, *, as_json: bool) -> 
 
 
 def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
-    """The N-replica acceptance checklist (``worker.doctor``); exit 1 if a check fails."""
+    """The N-replica acceptance checklist (``worker.ops.doctor``); exit 1 if a check fails."""
 
     async def run() -> doctor.Report:
         async with admin.connect(settings, "doctor") as a:

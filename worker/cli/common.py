@@ -9,8 +9,8 @@ from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
 from worker.app import App
+from worker.core.terminal import say
 from worker.settings import Settings
-from worker.terminal import say
 
 T = TypeVar("T")
 EXIT_CONFIG = 2
@@ -34,7 +34,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 def setup_logging(settings: Settings) -> None:
     """Logging of a long-lived command (``run``, ``web``)."""
-    from worker.logs import configure_logging
+    from worker.core.logs import configure_logging
 
     # Lines from the main task say component=runtime; each component's task rebinds its name.
     configure_logging(
@@ -50,7 +50,7 @@ def setup_logging(settings: Settings) -> None:
 async def admin_target(settings: Settings, what: str) -> tuple[Settings, App]:
     """The Redis (configured, else the local embedded server) and the app (the one the live
     instances run, unless ``--app``) that a long-lived admin command works on."""
-    from worker import admin
+    from worker.ops import admin
 
     async with admin.connect(settings, what) as a:
         app = await admin.resolve_app(settings, a.store)

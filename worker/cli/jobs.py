@@ -1,5 +1,5 @@
-"""``jobs`` and ``job``: the jobs read model (:mod:`worker.jobsview`) printed, and ``job ID
---retry`` / ``--cancel``, one :class:`~worker.actions.Operations` call each (audited)."""
+"""``jobs`` and ``job``: the jobs read model (:mod:`worker.ops.jobsview`) printed, and ``job ID
+--retry`` / ``--cancel``, one :class:`~worker.ops.actions.Operations` call each (audited)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import datetime as dt
 import json
 from typing import Any
 
-from worker import admin, jobsview
 from worker.cli.common import run_async
 from worker.cli.operate import operations
-from worker.serializer import get_serializer
+from worker.core.serializer import get_serializer
+from worker.core.terminal import safe, say
+from worker.ops import admin, jobsview
 from worker.settings import Settings
-from worker.terminal import safe, say
 
 #: How long ``job ID --cancel`` waits for a running job to stop (the bound is 2 s).
 CANCEL_WAIT_S = 5.0

@@ -14,9 +14,9 @@ import worker.cli.operate as operate
 import worker.cli.process as process
 from worker.cli.common import fail
 from worker.cli.parser import build, with_command
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
+from worker.core.terminal import say
 from worker.settings import Settings, load_settings
-from worker.terminal import say
 
 Command = Callable[[Settings, argparse.Namespace], int]
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.command not in ("run", "web"):
             # what the one-shot commands print is stdout's; a warning met on the way (a
             # malformed Redis entry skipped) goes to stderr (run and web configure their own)
-            from worker.logs import configure_logging
+            from worker.core.logs import configure_logging
 
             configure_logging("WARNING", settings.log_format)
         code = COMMANDS[args.command](settings, args)

@@ -1,5 +1,5 @@
 """``trigger``, ``pause``, ``resume``, ``handoff`` and the ``dead`` actions: each one call of
-:class:`worker.actions.Operations` (the console's door, audited), then its result printed."""
+:class:`worker.ops.actions.Operations` (the console's door, audited), then its result printed."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import argparse
 from collections.abc import AsyncIterator, Container
 from contextlib import asynccontextmanager
 
-from worker import admin
-from worker.actions import Actor, Operations
 from worker.app import App
 from worker.cli.common import admin_target, run_async
 from worker.client import Client
-from worker.errors import ConfigError
-from worker.ids import DutyKind, parse_duty
-from worker.serializer import get_serializer
+from worker.core.errors import ConfigError
+from worker.core.ids import DutyKind, parse_duty
+from worker.core.serializer import get_serializer
+from worker.core.terminal import say
+from worker.ops import admin
+from worker.ops.actions import Actor, Operations
 from worker.settings import Settings
-from worker.terminal import say
 
 
 @asynccontextmanager

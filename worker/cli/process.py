@@ -13,16 +13,16 @@ import structlog
 
 from worker import arqcompat
 from worker.cli.common import admin_target, run_async, setup_logging
-from worker.errors import ConfigError
+from worker.core.errors import ConfigError
+from worker.core.terminal import say
 from worker.settings import Settings, likely_typos
-from worker.terminal import say
 
 log = structlog.get_logger("worker.cli")
 
 
 def cmd_plan(settings: Settings, _: argparse.Namespace) -> int:
     """Print which components the role enables and disables; no Redis needed."""
-    from worker.roles import plan
+    from worker.runtime.roles import plan
 
     app = arqcompat.load(settings.app)
     p = plan(settings.role, app, settings)
@@ -35,7 +35,7 @@ def cmd_plan(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     """Run a worker process in its role until SIGTERM/SIGINT (or, ``--burst``, until no job
     is due)."""
-    from worker.runtime import Runtime
+    from worker.runtime.process import Runtime
 
     if args.burst:
         settings = _burst_settings(settings)
@@ -51,21 +51,23 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
                 f"WORKER_REDIS_URL is required for role {settings.role!r}: a private embedded "
                 "server cannot be shared between processes (only --role all runs one)"
             )
-        from worker.embedded import EmbeddedServer
+        from worker.runtime.embedded import EmbeddedServer
 
         embedded = EmbeddedServer()
         url = embedded.start()
     try:
         if embedded is not None:
             announced = _announce_embedded(settings, url)
-        if settings.processes > 1:  # a parent: N children, each a Runtime (worker.processes)
-            from worker.processes import run_processes
+        if (
+            settings.processes > 1
+        ):  # a parent: N children, each a Runtime (worker.runtime.processes)
+            from worker.runtime.processes import run_processes
 
             return run_processes(settings, redis_url=url, environ=os.environ)
         return run_async(Runtime(settings, app, redis_url=url, burst=args.burst).run())
     finally:
         if embedded is not None:
-            from worker import local
+            from worker.runtime import local
 
             local.withdraw(announced)
             embedded.stop()
@@ -85,7 +87,7 @@ def _burst_settings(settings: Settings) -> Settings:
 
 def _announce_embedded(settings: Settings, url: str) -> Path | None:
     """Say where the private server is, ready to paste, and tell local admin commands."""
-    from worker import local
+    from worker.runtime import local
 
     path = local.announce("embedded", {"url": url, "instance": settings.instance_name})
     n = settings.processes
@@ -108,7 +110,7 @@ def _announce_embedded(settings: Settings, url: str) -> Path | None:
 
 def cmd_health(settings: Settings, args: argparse.Namespace) -> int:
     """Exit 0 if the worker(s) asked about answer ``/healthz`` with 200, else 1."""
-    from worker import local
+    from worker.runtime import local
 
     if args.instance is None and settings.health_port_explicit:
         if not settings.health_port:

@@ -1,7 +1,7 @@
 """The consumer, in parts: fetch loop, one-job executor, batched completer, claims and guard.
 
 :class:`Consumer` (:mod:`.consumer`) assembles them; features attach through
-:class:`worker.jobs.JobHook`. This module only re-exports.
+:class:`worker.core.jobdefs.JobHook`. This module only re-exports.
 """
 
 from worker.consumer.config import ConsumerConfig

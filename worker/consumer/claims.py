@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from worker.clock import Clock, ms
 from worker.consumer.guard import ClaimGuard
-from worker.jobs import JobHook
+from worker.core.clock import Clock, ms
+from worker.core.jobdefs import JobHook
 from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")

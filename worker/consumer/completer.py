@@ -14,10 +14,10 @@ import threading
 
 import structlog
 
-from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.guard import ClaimGuard
-from worker.metrics import Metrics
+from worker.core.clock import Clock, ms
+from worker.core.metrics import Metrics
 from worker.storage import Finish, Retention
 from worker.storage.jobs import DEFAULT_RETENTION
 from worker.storage.sharded import Shards

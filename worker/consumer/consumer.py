@@ -20,7 +20,7 @@ but the loop is the framework's, for what arq's ``Worker`` cannot give:
 - **durable under a failover** (with a WAIT policy): a batch runs only once the replicas
   confirmed its claim; ends the replicas did not confirm are sent again, same tokens, until
   they are; a claim whose reply was lost is given back before claiming again;
-- **features hook in** (:class:`worker.jobs.JobHook`: limits, periodic results, poll items),
+- **features hook in** (:class:`worker.core.jobdefs.JobHook`: limits, periodic results, poll items),
   registered by the wiring; the consumer knows none of them.
 
 One job's run is :mod:`.executor`'s; wake-ups are :mod:`.wakeups`'.
@@ -36,19 +36,19 @@ from collections.abc import Sequence
 import structlog
 from redis.exceptions import RedisError
 
-from worker.clock import Clock, ms
-from worker.component import Component
 from worker.consumer.claims import Claims, Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import FINAL_FLUSH_S, HEALTH_EVERY_S, SUMMARY_EVERY_S, ConsumerConfig
+from worker.consumer.dead import DeadLetters
 from worker.consumer.executor import Executor
 from worker.consumer.fetch import Fetcher
 from worker.consumer.wakeups import Wakeups
 from worker.context import Context
-from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook
-from worker.metrics import Metrics
-from worker.serializer import Deserialize, Serialize
+from worker.core.clock import Clock, ms
+from worker.core.component import Component
+from worker.core.jobdefs import JobDef, JobHook
+from worker.core.metrics import Metrics
+from worker.core.serializer import Deserialize, Serialize
 from worker.storage import Store
 from worker.storage.keys import with_lanes
 from worker.storage.sharded import Shards

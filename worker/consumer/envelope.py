@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.budget import OverBudget
-from worker.serializer import Deserialize
+from worker.core.budget import OverBudget
+from worker.core.serializer import Deserialize
 from worker.storage import FOREIGN, Claimed
 from worker.storage.keys import Keys
 

@@ -19,10 +19,10 @@ from typing import Any
 import structlog
 from arq.worker import Retry, RetryJob
 
-from worker.clock import Clock, ms
 from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
+from worker.consumer.dead import DeadLetters
 from worker.consumer.envelope import BadJob, decode_record
 from worker.consumer.failures import (
     RunFacts,
@@ -37,12 +37,12 @@ from worker.consumer.failures import (
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
-from worker.dead import DeadLetters
-from worker.jobs import JobDef, JobHook, JobOutcome, JobRun, Outcome, overriding, status_of
-from worker.logs import capped
-from worker.metrics import Children, Metrics
+from worker.core.clock import Clock, ms
+from worker.core.jobdefs import JobDef, JobHook, JobOutcome, JobRun, Outcome, overriding, status_of
+from worker.core.logs import capped
+from worker.core.metrics import Children, Metrics
+from worker.core.serializer import Deserialize, Serialize
 from worker.progress import Progress
-from worker.serializer import Deserialize, Serialize
 from worker.storage import FOREIGN, Claimed, Finish
 from worker.storage.sharded import Shards
 

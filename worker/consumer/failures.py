@@ -1,5 +1,6 @@
 """A failed run's record: the text of its error and traceback (masked, capped: 16 KiB stored,
-8 KiB in a log line; :func:`worker.logs.error_text` and :func:`worker.logs.traceback_text`,
+8 KiB in a log line; :func:`worker.core.logs.error_text` and
+:func:`worker.core.logs.traceback_text`,
 which a trace span's error uses too) and the JSON FINISH keeps at ``<prefix>failure:<id>``
 (``Keys.failure``)."""
 
@@ -12,10 +13,10 @@ from typing import Any, Literal
 import structlog
 
 from worker.consumer.results import ResultFor
-from worker.logs import TRACEBACK_BYTES as TRACEBACK_BYTES
-from worker.logs import capped, head_tail, mask_text
-from worker.logs import error_text as error_text
-from worker.logs import traceback_text as traceback_text
+from worker.core.logs import TRACEBACK_BYTES as TRACEBACK_BYTES
+from worker.core.logs import capped, head_tail, mask_text
+from worker.core.logs import error_text as error_text
+from worker.core.logs import traceback_text as traceback_text
 from worker.storage import Claimed
 
 log = structlog.get_logger("worker.consumer")

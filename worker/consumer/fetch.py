@@ -24,12 +24,12 @@ from collections.abc import Sequence
 import structlog
 from redis.exceptions import RedisError
 
-from worker.clock import Clock, ms
 from worker.consumer.claims import Claims, Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import MAX_CLAIM, RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.executor import Executor
 from worker.consumer.wakeups import Wakeups
+from worker.core.clock import Clock, ms
 from worker.storage import FOREIGN, Claimed, Finish, Store
 from worker.storage.keys import is_duty_lane, with_lanes
 from worker.storage.sharded import Shards

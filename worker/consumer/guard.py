@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Coroutine, Generator
 from typing import Any
 
-from worker.clock import Clock
+from worker.core.clock import Clock
 
 
 class ClaimGuard:

@@ -9,9 +9,9 @@ from typing import Any
 from arq.jobs import serialize_result
 from arq.worker import Retry, RetryJob
 
-from worker.clock import ms
-from worker.jobs import JobDef
-from worker.serializer import Serialize
+from worker.core.clock import ms
+from worker.core.jobdefs import JobDef
+from worker.core.serializer import Serialize
 from worker.storage import Claimed
 
 

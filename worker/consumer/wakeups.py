@@ -5,7 +5,7 @@ here turns it into "claim now" (:attr:`Wakeups.woken`) or a timer for a deferred
 (:attr:`Wakeups.next_due`). A lost message costs at most the fallback poll: short while the
 subscription is down (:attr:`Wakeups.subscribed` false: a look at once when it breaks, and
 every ``idle_poll_max_s``), long while it is up (``idle_poll_subscribed_s``: a job nobody
-announced is announced by the leader, :mod:`worker.unannounced`); a look at once
+announced is announced by the leader, :mod:`worker.duties.unannounced`); a look at once
 when it is back, for what was announced meanwhile.
 
 The leader's duties announce a duty lane job on ``<prefix>wake:duty`` instead: it wakes an idle
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.clock import Clock, ms
+from worker.core.clock import Clock, ms
 from worker.storage.sharded import Shards
 
 #: A quiet wake subscription is pinged this often (one command), so a dead one is noticed.

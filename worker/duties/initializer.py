@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from worker.clock import Clock, ms
-from worker.component import Component
 from worker.context import Context
-from worker.duties.poller import PollerDef
-from worker.metrics import Metrics
+from worker.core.clock import Clock, ms
+from worker.core.component import Component
+from worker.core.metrics import Metrics
+from worker.polls import PollerDef
 from worker.storage import FencedStore
 
 log = structlog.get_logger("worker.initializer")

@@ -28,9 +28,9 @@ from typing import TypeVar
 
 import structlog
 
-from worker.clock import Clock, ms
-from worker.component import Backoff, Component, supervise
 from worker.context import Context
+from worker.core.clock import Clock, ms
+from worker.core.component import Backoff, Component, supervise
 from worker.duties.services import ServiceDef, run_service
 from worker.storage import Store
 

@@ -13,7 +13,7 @@ instance and error class, and since when the job has failed without a success), 
 call per run's end. ``status`` shows it; the leader's enqueuer exports the age of each job's
 last success (``worker_periodic_last_success_age_seconds``) and, for jobs declared with
 ``max_staleness``, reports a stale job in ``/status``, the probes' bodies and
-``worker_periodic_stale``, without failing a probe (see :mod:`worker.health`); ``doctor``
+``worker_periodic_stale``, without failing a probe (see :mod:`worker.runtime.health`); ``doctor``
 fails on it.
 """
 
@@ -30,13 +30,13 @@ import structlog
 from arq.constants import expires_extra_ms
 
 from worker.client import Client
-from worker.clock import Clock, ms, on_server_time
-from worker.component import LoopComponent
-from worker.ids import JobIds
-from worker.jobs import JobDef, JobHook, Outcome, TaskFn
-from worker.metrics import Metrics
-from worker.schedule import Schedule
-from worker.serializer import Serialize, job_payload
+from worker.core.clock import Clock, ms, on_server_time
+from worker.core.component import LoopComponent
+from worker.core.ids import JobIds
+from worker.core.jobdefs import JobDef, JobHook, Outcome, TaskFn
+from worker.core.metrics import Metrics
+from worker.core.schedule import Schedule
+from worker.core.serializer import Serialize, job_payload
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
 from worker.storage.keys import DEFAULT_QUEUE, duty_lane
 from worker.tracing import Batch, Tracing

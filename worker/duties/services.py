@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from worker.clock import Clock
-from worker.component import Component
 from worker.context import Context
-from worker.views import LeaderView
+from worker.core.clock import Clock
+from worker.core.component import Component
+from worker.core.views import LeaderView
 
 Cardinality = Literal["singleton", "per_process", "per_key"]
 #: ``async def fn(ctx, stop[, key])``, or an async generator whose every yield reports progress.

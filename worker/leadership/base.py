@@ -15,10 +15,10 @@ from typing import Protocol
 
 import structlog
 
-from worker.clock import Clock
-from worker.component import Component
-from worker.ids import EPOCH_LIMIT, LockValue
-from worker.metrics import Metrics
+from worker.core.clock import Clock
+from worker.core.component import Component
+from worker.core.ids import EPOCH_LIMIT, LockValue
+from worker.core.metrics import Metrics
 
 log = structlog.get_logger("worker.leader")
 
@@ -54,7 +54,7 @@ class LeadershipListener(Protocol):
 
 class Leadership(Component):
     """The lease state every implementation shares; implements
-    :class:`~worker.views.LeaderView`. Transitions are announced to the registered
+    :class:`~worker.core.views.LeaderView`. Transitions are announced to the registered
     :class:`LeadershipListener` s (:meth:`listen`)."""
 
     def __init__(

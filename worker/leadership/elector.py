@@ -10,7 +10,7 @@ when
 - a renew answers "not yours" (a message on a channel is only a hint to renew at once: see
   :meth:`LeaderElector._listen`), or
 - any fenced write is refused (:meth:`Leadership.lost`, called by the fenced store), or
-- the event loop stays blocked past the renew deadline (:mod:`worker.watchdog`): from its
+- the event loop stays blocked past the renew deadline (:mod:`worker.runtime.watchdog`): from its
   thread, the watchdog drops the lock (not a clean release: the next holder's services still
   wait out this holder's safety bound), so a standby takes over before the lease expires, and
   the elector steps down as soon as the loop runs again, or
@@ -42,11 +42,11 @@ from uuid import uuid4
 
 import structlog
 
-from worker import malformed as M
-from worker.clock import Clock, ms
-from worker.ids import LockValue
+from worker.core import malformed as M
+from worker.core.clock import Clock, ms
+from worker.core.ids import LockValue
+from worker.core.metrics import Metrics
 from worker.leadership.base import Leadership, LeaderTiming
-from worker.metrics import Metrics
 from worker.storage import Acquired, Refused, Renewal, Store
 
 log = structlog.get_logger("worker.leader")

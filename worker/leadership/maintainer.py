@@ -12,8 +12,8 @@ import os
 
 import structlog
 
-from worker.component import Group
-from worker.ids import LockValue
+from worker.core.component import Group
+from worker.core.ids import LockValue
 
 log = structlog.get_logger("worker.leader")
 

@@ -7,10 +7,10 @@ from uuid import uuid4
 
 import structlog
 
-from worker.clock import Clock, ms
-from worker.ids import LockValue
+from worker.core.clock import Clock, ms
+from worker.core.ids import LockValue
+from worker.core.metrics import Metrics
 from worker.leadership.base import Leadership
-from worker.metrics import Metrics
 from worker.storage import Store
 
 log = structlog.get_logger("worker.leader")

@@ -27,13 +27,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from worker import budget as B
-from worker import malformed as M
-from worker import resharding
-from worker.errors import NotReplicated
-from worker.ids import JobIds
-from worker.redisurl import Replication
+from worker.core import budget as B
+from worker.core import malformed as M
+from worker.core.errors import NotReplicated
+from worker.core.ids import JobIds
+from worker.core.redisurl import Replication
 from worker.storage import keys as K
+from worker.storage import resharding
 
 
 def _s(value: Any) -> str:
@@ -52,7 +52,7 @@ def _score(key: str, member: Any, value: Any) -> int | None:
 
 def _object(key: str, raw: Any) -> dict[str, Any] | None:
     """A JSON object record, ``None`` when absent; one that is not a JSON object within the
-    decode budget (:func:`worker.budget.json_record`: written by someone else, nested too deep,
+    decode budget (:func:`worker.core.budget.json_record`: written by someone else, nested too deep,
     ``NaN``, a huge number), or whose ``*_ms`` field is not a time in range, is logged once and
     reads as absent."""
     if not raw:
@@ -137,7 +137,7 @@ class StoreBase:
         script the server does not know (``NOSCRIPT``: a new primary, a restart) is loaded and
         the round trip repeated. Without a policy the acknowledgement is vacuous: ``replicas``
         (0). An adaptive policy (``auto``) needs only the replicas ``INFO`` shows attached, up
-        to ``replicas`` (see :mod:`worker.durability`): none attached counts as confirmed."""
+        to ``replicas`` (see :mod:`worker.core.durability`): none attached counts as confirmed."""
         rep = self.replication
         asked = rep.view.expect(rep.replicas) if rep.adaptive else rep.replicas
         for attempt in range(2):

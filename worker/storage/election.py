@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from worker import malformed as M
-from worker import resharding
-from worker.ids import EPOCH_AHEAD_MS, EPOCH_LIMIT, LockValue, parse_epoch
+from worker.core import malformed as M
+from worker.core.ids import EPOCH_AHEAD_MS, EPOCH_LIMIT, LockValue, parse_epoch
 from worker.storage import keys as K
+from worker.storage import resharding
 from worker.storage.leases import LeaseOps
 
 #: How long a renew waits out ``TRYAGAIN`` (a resharding of the app's slot) before it renews
@@ -91,7 +91,8 @@ class Refused:
 
 
 #: Lua: ``epoch_of(text, now)``, an epoch read from Redis or given by a caller, validated as
-#: :func:`worker.ids.parse_epoch` does and at most :data:`worker.ids.EPOCH_AHEAD_MS` ahead of
+#: :func:`worker.core.ids.parse_epoch` does and at most :data:`worker.core.ids.EPOCH_AHEAD_MS`
+#: ahead of
 #: the server's clock ``now`` (ms): its number, or ``nil`` for anything else (``1e+14``, a
 #: 20-digit number, one a year ahead). Epochs are written with ``string.format('%d', n)``,
 #: never with ``..`` (which writes a double of 15 digits or more as ``1e+14``).
@@ -500,7 +501,7 @@ class ElectionOps(LeaseOps):
 
     async def lease_counters(self) -> tuple[int | str | None, dict[str, str]]:
         """The epoch counter (its text, at most 40 characters, when it is not an epoch the
-        framework writes: :func:`worker.ids.parse_epoch`) and the lease state hash
+        framework writes: :func:`worker.core.ids.parse_epoch`) and the lease state hash
         (``epoch``, ``renewed_ms``, ``released``)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.leader_epoch)

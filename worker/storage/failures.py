@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from worker import malformed as M
+from worker.core import malformed as M
 from worker.storage.base import StoreBase, _object, _s
 
 

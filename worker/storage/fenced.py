@@ -1,7 +1,7 @@
 """The leader's writes: each fenced script checks the lease in the same atomic step.
 
-:class:`FencedBase` reads the lock value from a :class:`~worker.views.LeaderView` and maps a
-refusal to :class:`~worker.errors.LeadershipLost` after telling the view (stepping down is
+:class:`FencedBase` reads the lock value from a :class:`~worker.core.views.LeaderView` and maps a
+refusal to :class:`~worker.core.errors.LeadershipLost` after telling the view (stepping down is
 that one call); :class:`FencedPipeline` is a ``MULTI``/``EXEC`` that commits only while the
 lease is this process's. The fenced scripts themselves live beside their callers
 (``worker.storage.periodic``, ``.poller``, ``.initializer``, ``.registry``) and start with
@@ -16,12 +16,12 @@ from typing import Any
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError, WatchError
 
-from worker import malformed as M
-from worker.errors import LeadershipLost, ShardFenced
-from worker.ids import LockValue, parse_epoch
+from worker.core import malformed as M
+from worker.core.errors import LeadershipLost, ShardFenced
+from worker.core.ids import LockValue, parse_epoch
+from worker.core.views import LeaderView
 from worker.storage import keys as K
 from worker.storage.base import StoreBase
-from worker.views import LeaderView
 
 #: The head of every fenced script: refuse unless KEYS[1] (the lock) holds ARGV[1].
 FENCE = """
@@ -126,7 +126,7 @@ class FencedBase:
         """Raise this queue shard's fence to the lease epoch (see :data:`RAISE_FENCE`): a new
         leader's first act in a shard. :class:`ShardFenced` if the fence is above the epoch
         (a newer leader raised it, or someone else wrote it). A fence that was not an epoch is
-        overwritten, logged once and counted (:mod:`worker.malformed`)."""
+        overwritten, logged once and counted (:mod:`worker.core.malformed`)."""
         now, before = await self._run_token(RAISE_FENCE, [], [])
         text = before.decode(errors="replace") if isinstance(before, bytes) else str(before)
         if text and parse_epoch(text) is None:

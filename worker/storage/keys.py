@@ -1,7 +1,7 @@
 """Every Redis key name the framework uses, under one prefix; no Lua and no Redis access.
 
 The scripts live beside their one caller in the other modules of :mod:`worker.storage`, and
-:mod:`worker.ids` builds and parses ids (the Cluster hash tag included).
+:mod:`worker.core.ids` builds and parses ids (the Cluster hash tag included).
 
 All keys live under one configurable prefix (``WORKER_KEY_PREFIX``, default ``worker:``) so
 several apps can share a Redis. The only exceptions are arq's own per-job keys
@@ -27,7 +27,8 @@ from arq.constants import (
     retry_key_prefix,
 )
 
-from worker.ids import hash_tag
+from worker.core.ids import hash_tag
+from worker.core.jobdefs import DEFAULT_QUEUE
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -50,7 +51,6 @@ ARQ_RETRY = retry_key_prefix
 ARQ_ABORT = abort_jobs_ss
 
 #: The queue jobs go to unless their task names another.
-DEFAULT_QUEUE = "default"
 
 #: What a queue's duty lane is named after: ``<queue>:duty`` (a queue name has no ``:``, so no
 #: queue of the app's own can be named so). The leader's duties (periodic ticks, poll jobs)

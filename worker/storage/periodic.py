@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from worker import budget as B
-from worker import malformed as M
+from worker.core import budget as B
+from worker.core import malformed as M
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s
 from worker.storage.fenced import FENCE, FencedBase

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.asyncio.client import Pipeline
 
-from worker import malformed as M
+from worker.core import malformed as M
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
 from worker.storage.fenced import FENCE, FencedBase

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from worker.durability import attached_replicas
+from worker.core.durability import attached_replicas
 from worker.storage.base import _s
 
 

@@ -3,7 +3,7 @@ or routing key meets, and the consumer's per-job operations spread over the shar
 concern. Sends no command itself: every call is one shard :class:`Store`'s.
 
 Shard 0 is home (every singleton key lives there); a job id names its shard by its prefix
-(:func:`worker.ids.shard_index`). With one shard every method is the home store's own call,
+(:func:`worker.core.ids.shard_index`). With one shard every method is the home store's own call,
 without grouping: the unsharded hot path costs nothing more.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from redis.asyncio import Redis
 
-from worker.ids import shard_index
+from worker.core.ids import shard_index
 from worker.storage.jobs import DEFAULT_RETENTION, Finish, FinishOutcome, Retention
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.storage.shards import shard_of

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from worker.ids import hash_tag
+from worker.core.ids import hash_tag
 
 __all__ = ["MAX_SHARDS", "shard_of", "shard_prefixes", "slot_of_prefix"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from worker.redisurl import Replication
+from worker.core.redisurl import Replication
 from worker.storage.broadcast import BroadcastOps
 from worker.storage.claims import ClaimOps
 from worker.storage.dataset import DatasetOps
@@ -52,7 +52,7 @@ class Store(
 
 class FencedStore(FencedPeriodicOps, FencedPollerOps, FencedInitializerOps, FencedRegistryOps):
     """The writes only the leader may make, over a :class:`Store` and a
-    :class:`~worker.views.LeaderView` (see :mod:`worker.storage.fenced`)."""
+    :class:`~worker.core.views.LeaderView` (see :mod:`worker.storage.fenced`)."""
 
     store: Store
 
@@ -73,7 +73,7 @@ def open_shards(
     """One :class:`Store` per queue shard (``WORKER_QUEUE_SHARDS``), home first, each over the
     key names of its shard's prefix (see :mod:`worker.storage.shards`): over ``redis`` alone,
     or over ``clients``, one per shard (home first: on Redis Cluster each shard's slot is
-    served by its own connection, :func:`worker.connection.connect_shards`). With ``n == 1``
+    served by its own connection, :func:`worker.storage.connection.connect_shards`). With ``n == 1``
     the only one is the home store over ``keys``."""
     prefixes = shard_prefixes(keys.prefix, n)
     conns = list(clients) if clients is not None else [redis] * n

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from redis.asyncio.client import PubSub
 
-from worker.clock import Clock
+from worker.core.clock import Clock
 from worker.storage.base import StoreBase, _s
 
 #: A subscriber's handler: ``(channel, data)`` of one message; it must not block.

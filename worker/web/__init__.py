@@ -1,7 +1,7 @@
 """The operator console: ``python -m worker web``, one page and a small JSON API over Redis.
 
 It reads only Redis (the cluster may be running or not) and acts through
-:mod:`worker.actions`, the same code as the command line. :func:`create_app` builds it as an
+:mod:`worker.ops.actions`, the same code as the command line. :func:`create_app` builds it as an
 aiohttp application (to mount into another one); :func:`serve` runs it alone.
 """
 

@@ -1,8 +1,9 @@
 """The console's JSON views: what the page shows, read from Redis only.
 
 :func:`overview` is one document for every panel but the dead letters, from one read of the
-cluster's read model (:func:`worker.snapshot.read`, what ``status`` and ``doctor`` read): its
-status view (:func:`worker.status.view`), the doctor's verdict on it (:func:`worker.doctor.judge`,
+cluster's read model (:func:`worker.ops.snapshot.read`, what ``status`` and ``doctor`` read): its
+status view (:func:`worker.ops.status.view`), the doctor's verdict on it
+(:func:`worker.ops.doctor.judge`,
 at most every :data:`DOCTOR_EVERY_S`, the snapshot then read with the checks' part), per-minute
 throughput per queue, leadership history and the operators' recent actions. Dead letters are
 paged (:func:`dead_page`: records without their payloads, so a page costs about what it
@@ -21,11 +22,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker import doctor, snapshot, status
 from worker.app import App
 from worker.client import Client
-from worker.clock import ms
-from worker.serializer import json_loads, msgpack_loads
+from worker.core.clock import ms
+from worker.core.serializer import json_loads, msgpack_loads
+from worker.ops import doctor, snapshot, status
 
 #: How often the doctor's checklist runs for the banner (it reads more than the overview).
 DOCTOR_EVERY_S = 5.0

@@ -4,14 +4,14 @@
 the workers' :class:`~worker.App`; it can be served alone (:func:`serve`) or mounted into an
 existing aiohttp application (``parent.add_subapp("/ops/", create_app(...))``: the page uses
 relative URLs). Reads go through :mod:`worker.web.api`; actions through
-:class:`worker.actions.Operations`, the same code the command line runs.
+:class:`worker.ops.actions.Operations`, the same code the command line runs.
 
 Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/overview``,
 ``GET /api/dead?page=&size=``, ``GET /api/dead/{job_id}``, and the actions ``POST
 /api/dead/requeue`` and ``/api/dead/purge`` (``{"ids": [...]}`` or ``{"all": true}``),
 ``/api/periodic/trigger`` (``{"name"}``), ``/api/pause`` and ``/api/resume`` (``{"kind":
 "periodic"|"poller", "name"}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
-(:mod:`worker.web.jobs`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
+(:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
 ``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
 ``/api/jobs/cancel`` (``{"id": "<job id>"}``).
 """
@@ -32,12 +32,13 @@ import structlog
 from aiohttp import web
 
 import worker.web.api as api
-import worker.web.jobs as jobs
-from worker.actions import Actor, Operations, Outcome
+import worker.web.jobsapi as jobs
 from worker.app import App
 from worker.client import Client
-from worker.errors import ConfigError
-from worker.httpguard import (
+from worker.core.errors import ConfigError
+from worker.core.ids import DUTY_KINDS, DutyKind
+from worker.ops.actions import Actor, Operations, Outcome
+from worker.runtime.httpguard import (
     BROWSER_HEADER_TIMEOUT_S,
     GuardedSite,
     allowed_hosts,
@@ -45,7 +46,6 @@ from worker.httpguard import (
     one_request,
     parse_hosts,
 )
-from worker.ids import DUTY_KINDS, DutyKind
 from worker.settings import Settings, mask_url
 from worker.web.auth import Guard, Handler, operator, secure_headers
 
@@ -321,9 +321,10 @@ async def serve(
 ) -> int:
     """Run the console until SIGTERM/SIGINT (``python -m worker web``). ``host``, ``port``,
     ``auth`` and ``allow_remote`` override the settings; ``ready`` is called with the URL
-    once listening. Its listener bounds connections and header time (:mod:`worker.httpguard`)."""
-    from worker import doctor
-    from worker.preflight import bind_listeners
+    once listening. Its listener bounds connections and header time
+    (:mod:`worker.runtime.httpguard`)."""
+    from worker.ops import doctor
+    from worker.runtime.preflight import bind_listeners
 
     view_needs_token = settings.web_auth if auth is None else auth
     token = settings.web_token.get_secret_value() if settings.web_token is not None else None

@@ -1,0 +1,88 @@
+"""Cluster-wide limits on a task: at most N running at once, at most N starting per period.
+
+A credential-refresh storm multiplied by the replica count, and "an in-process limiter times
+N replicas is no limit", are the reason: the limits live in Redis, so they hold across every
+consumer.
+
+- ``max_concurrency=N``: a sorted set of slots (job id -> lease expiry). A run takes a slot
+  before it starts and gives it back when it ends; the consumer renews its slots while the
+  jobs run, so a SIGKILLed consumer's slots come back when their short lease expires.
+- ``rate="N/s"`` (``/m``, ``/h``): a generic cell rate algorithm (one timestamp in Redis):
+  N starts per period, bursts of up to N.
+
+A job over a limit is deferred (put back, its try given back), never failed: the consumer
+asks :class:`LimitsHook` (registered in ``worker/runtime/roles.py``) before each job starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+
+from worker.core.clock import Clock, ms
+from worker.core.errors import ConfigError
+from worker.core.jobdefs import JobDef, JobHook
+from worker.storage import Store
+
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)s?\s*$")
+_UNIT_S = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
+_UNIT_S |= {"h": 3600.0, "hour": 3600.0}
+#: Lease of a concurrency slot, renewed while its job runs (a dead holder's slot comes back
+#: after at most this long).
+SLOT_LEASE_S = 10.0
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``"100/s"`` -> ``(100, 1.0)``; also ``"5/10s"``, ``"30/m"``, ``"1000/h"``."""
+    m = _RATE.match(text)
+    if not m or int(m.group(1)) < 1:
+        raise ConfigError(f"task rate={text!r}: use N/s, N/m or N/h (e.g. '100/s', '5/10s')")
+    per = float(m.group(2) or 1) * _UNIT_S[m.group(3)]
+    if per <= 0:
+        raise ConfigError(f"task rate={text!r}: the period must be positive")
+    return int(m.group(1)), per
+
+
+class LimitsHook(JobHook):
+    """Consumer hook: a limited task's job takes its concurrency slot and rate allowance before
+    it starts (deferred, its try given back, while either is not free), renews its slot while it
+    runs, and gives the slot back when it ends."""
+
+    def __init__(self, store: Store, clock: Clock, *, slot_lease_s: float = SLOT_LEASE_S) -> None:
+        self.store = store
+        self.clock = clock
+        self.slot_lease_s = slot_lease_s
+        self.slots: dict[str, str] = {}  # job id -> task, concurrency slots held
+
+    async def admit(self, job: JobDef, job_id: str) -> int | None:
+        if not (job.max_concurrency or job.rate):
+            return None
+        now = ms(self.clock.time())
+        wait = 0
+        if job.max_concurrency:
+            lease = ms(self.slot_lease_s)
+            wait = await self.store.take_slot(job.name, job_id, now, lease, job.max_concurrency)
+            if not wait:
+                self.slots[job_id] = job.name
+        if not wait and job.rate:
+            wait = await self.store.take_rate(job.name, now, *job.rate)
+            if wait and self.slots.pop(job_id, None) is not None:
+                await self.store.release_slot(job.name, job_id)  # not starting after all
+        if not wait:
+            return None
+        return now + min(wait, 1000) + random.randint(0, 50)  # look again soon; spread the herd
+
+    async def release(self, job: JobDef, job_id: str) -> None:
+        if self.slots.pop(job_id, None) is not None:
+            with contextlib.suppress(Exception):
+                await self.store.release_slot(job.name, job_id)
+
+    async def renew(self) -> None:
+        """Keep the concurrency slots of running jobs."""
+        if not self.slots:
+            return
+        by_task: dict[str, list[str]] = {}
+        for job_id, task in self.slots.items():
+            by_task.setdefault(task, []).append(job_id)
+        await self.store.renew_slots(by_task, ms(self.clock.time() + self.slot_lease_s))

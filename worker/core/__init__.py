@@ -1,0 +1,3 @@
+"""The core: what every wing shares and that does no Redis I/O and reads no settings — time,
+identifiers, payload serializers, schedules, retry policies, the component lifecycle, metrics,
+logs, job definitions and hooks, and the narrow views components get of the runtime."""

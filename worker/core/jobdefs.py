@@ -1,0 +1,143 @@
+"""What a consumer runs: job definitions, and the hooks features attach to every job.
+
+The consumer knows no feature by name. A feature that needs something per job (limits hold a
+job back until it has a slot; periodic jobs decode their tick from the job id; pollers settle
+an item when its job ends) registers a :class:`JobHook` in the wiring (``worker/runtime/roles.py``);
+the consumer calls every hook, in the order registered, for every job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from worker.core.retry import RetryDelay
+
+TaskFn = Callable[..., Awaitable[Any]]
+#: How a run of a job ended: ``retry`` covers arq's ``Retry`` and cancellation (it runs again).
+#: The metrics' ``outcome`` label; :class:`JobOutcome` tells the finer :data:`Status`.
+Outcome = Literal["success", "failure", "retry"]
+#: How a run ended, as hooks see it: ``success``; ``failed`` (raised, will not run again);
+#: ``retry`` (runs again: arq's ``Retry``, a ``retry_on`` error with tries left, its claim
+#: taken over, a shutdown cut); ``cancelled`` (aborted); ``timeout`` (its ``timeout_s``
+#: expired); ``dead`` (a ``retry_on`` error with no tries left: set aside as a dead letter).
+Status = Literal["success", "failed", "retry", "cancelled", "timeout", "dead"]
+
+
+#: The queue a task\'s jobs go to unless it names one (arq\'s own queue key, ``arq:queue``).
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How one run of a job ended, as ``@app.on_job_end`` hooks receive it.
+
+    ``error`` is what the run raised (``None`` on success); ``result`` what it returned;
+    ``duration_s`` how long the function ran (monotonic); ``job_try`` the try (1 first)."""
+
+    status: Status
+    task: str
+    job_id: str
+    job_try: int
+    duration_s: float
+    error: BaseException | None = None
+    result: Any = None
+
+
+def status_of(
+    outcome: Outcome, error: BaseException | None, *, timed_out: bool, dead: bool
+) -> Status:
+    """The :data:`Status` of a run from its internal :data:`Outcome`: a failure is
+    ``cancelled`` when the run was cancelled (an abort), ``dead`` when it was set aside,
+    ``timeout`` when the job's own timeout cut it, else ``failed``."""
+    if outcome != "failure":
+        return outcome
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
+    if dead:
+        return "dead"
+    return "timeout" if timed_out else "failed"
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One run as :meth:`JobHook.started` and :meth:`JobHook.finished` see it: the job, its
+    id, the queue it was claimed from, the try, the ``ctx`` the function gets (a
+    :class:`~worker.context.JobContext`) and the job's record (arq's map, with any extra
+    field a feature wrote at enqueue)."""
+
+    job: JobDef
+    job_id: str
+    queue: str
+    job_try: int
+    ctx: Any
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class JobDef:
+    """A function consumers run under ``name``. ``timeout_s``/``max_tries``/``keep_result_s``
+    override the process defaults when set. ``queue`` is where its jobs wait; ``retry_on`` and
+    ``retry_delay`` retry it automatically (see :mod:`worker.core.retry`); ``max_concurrency`` and
+    ``rate`` limit it cluster-wide (see :mod:`worker.consumer.limits`)."""
+
+    name: str
+    fn: TaskFn
+    timeout_s: float | None = None
+    max_tries: int | None = None
+    keep_result_s: float | None = None
+    queue: str = DEFAULT_QUEUE
+    retry_on: tuple[type[BaseException], ...] = ()
+    retry_delay: RetryDelay | None = None
+    max_concurrency: int | None = None
+    rate: tuple[int, float] | None = None  # (jobs, per seconds)
+
+
+class JobHook:
+    """Per-job behaviour a feature adds to the consumer. Every step is optional (a no-op
+    here); a feature overrides the ones it needs. For each job, in this order:
+
+    1. :meth:`admit` before it starts: ``None`` lets it start; a time defers it;
+    2. :meth:`context` for its ``ctx``;
+    3. :meth:`started` just before the function runs (in hook order);
+    4. :meth:`release` once the run admitted is over (also when a later hook deferred it);
+    5. :meth:`ended` with how the run ended (the internal :data:`Outcome`);
+    6. :meth:`finished` with the run's :class:`JobOutcome` (in reverse hook order, so a hook
+       listed first wraps the others, as a tracing span does).
+
+    :meth:`started` and :meth:`finished` are called only when a hook overrides them, and
+    only for runs that started (not for a job set aside before it ran).
+
+    And :meth:`renew` with every claim check while jobs run (keep their leases).
+    """
+
+    async def admit(self, job: JobDef, job_id: str) -> int | None:
+        """``None`` to let the job start now; else the time (epoch ms) to look again: the job
+        is deferred, its try given back (a concurrency slot or rate allowance not free)."""
+        return None
+
+    def context(self, job_id: str) -> Mapping[str, Any]:
+        """Extra values for the job's ``ctx`` (e.g. ``tick_ms``); empty when not concerned."""
+        return {}
+
+    async def release(self, job: JobDef, job_id: str) -> None:
+        """The run :meth:`admit` let start is over: give back what it took."""
+
+    async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
+        """Called once a run ended (never raises into the consumer: errors are logged)."""
+
+    async def started(self, run: JobRun) -> None:
+        """The function is about to run (after admission and ``ctx``)."""
+
+    async def finished(self, run: JobRun, outcome: JobOutcome) -> None:
+        """The run :meth:`started` announced ended, its end handed to the completer."""
+
+    async def renew(self) -> None:
+        """With each claim check while jobs run (errors count as a failed check)."""
+
+
+def overriding(hooks: Sequence[JobHook], *steps: str) -> list[JobHook]:
+    """The hooks whose class overrides one of ``steps`` (the consumer calls only those)."""
+    return [h for h in hooks if any(getattr(type(h), s) is not getattr(JobHook, s) for s in steps)]
