@@ -150,15 +150,16 @@ class Fetcher:
     async def _claim_shard(self, store: Store, shard: int) -> int:
         """One shard's claims: into the shared slots (lanes first), then, while a duty job
         announced due was left unclaimed, its lanes alone into the duty slots."""
-        started, now = 0, ms(self.clock.time())
+        started, now, drained = 0, ms(self.clock.time()), False
         free = min(self.shared_free(), MAX_CLAIM)
         if free > 0:
             n = await self._claim(store, free, self.queues)
             started += n
-            if n < free and not self.unconfirmed:
-                self.wakeups.duty_claimed(shard, now)  # read every due lane job (none left)
+            drained = n < free and not self.unconfirmed  # no due lane job left unclaimed
+            if drained:
+                self.wakeups.duty_claimed(shard, now)
         free = min(self.duty_free(), MAX_CLAIM)
-        if free > 0 and not self.unconfirmed and self._duty_due(shard, now):
+        if free > 0 and not drained and not self.unconfirmed and self._duty_due(shard, now):
             n = await self._claim(store, free, self.lanes)
             started += n
             if n < free and not self.unconfirmed:
