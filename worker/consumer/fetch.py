@@ -101,7 +101,8 @@ class Fetcher:
 
     async def should_claim(self) -> bool:
         """Claim when busy, woken by an enqueue, or an announced due time came; an idle
-        consumer otherwise looks at the head of the queue only (one command)."""
+        consumer otherwise looks at the head of its queues only (one command each; the duty
+        lanes too only while the wake-ups are not subscribed, or just after they were not)."""
         now = ms(self.clock.time())
         w = self.wakeups
         if self.running or w.woken or self.unconfirmed or self.claims.in_doubt or self.config.burst:
@@ -110,7 +111,9 @@ class Fetcher:
         if w.next_due is not None and w.next_due <= now:
             w.next_due = None
             return True
-        due = await self.store.queue_head(self.queues)
+        lanes = w.look_lanes or not w.subscribed  # lane jobs are announced: see Wakeups
+        due = await self.store.queue_head(self.queues if lanes else self.config.queues)
+        w.look_lanes = False
         if due is None:
             return False
         if due <= now:

@@ -38,6 +38,9 @@ class Wakeups:
         self.next_due: int | None = None  # a deferred job announced for this time (ms)
         #: the wake channel is subscribed (pinged when quiet): the fallback poll may be rare
         self.subscribed = False
+        #: the next fallback look reads the duty lanes too: every job written there is
+        #: announced, so only while (or right after) the subscription was down can one be missed
+        self.look_lanes = True
         #: per shard index, the due times (ms) of duty lane jobs announced and not yet claimed
         self.duty: dict[int, list[int]] = {}
         #: channel -> (its shard's index, a duty channel); set by :meth:`listen`
@@ -72,6 +75,7 @@ class Wakeups:
         """The subscription came up or broke: look at the queues at once either way (a broken
         one hears nothing; one back may have missed announcements)."""
         self.subscribed = subscribed
+        self.look_lanes = True
         self.event.set()
 
     def _message(self, channel: str, data: bytes) -> None:
