@@ -353,7 +353,7 @@ def _backlog(w: Wiring, _: Any) -> Component:
 def _unannounced(w: Wiring, _: Any) -> Component:
     return UnannouncedJobs(
         w.client.shards.stores,
-        w.app.queue_names(),
+        with_lanes(w.app.queue_names()),  # a lane job parked by a consumer that died, too
         w.clock,
         interval_s=w.settings.unannounced_look_s,
     )
