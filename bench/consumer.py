@@ -39,7 +39,8 @@ a trace context (a CONSUMER span with a remote parent per run), rounds interleav
     python bench/consumer.py --tracing        # 20k jobs, 3 rounds: overhead in us/job
 
 --against DIR compares OURS with OURS run from another checkout (``git archive <commit> | tar
--x -C DIR``: a regression check), rounds interleaved the same way.
+-x -C DIR``: a regression check), rounds interleaved the same way; repeat it to compare with
+several checkouts in one run (``ours-against-1``, ``ours-against-2``, ...).
 """
 
 from __future__ import annotations
@@ -276,7 +277,10 @@ def main() -> None:
     ap.add_argument("--cpu-ms", type=float, default=1.0, help="--processes: CPU per burn job (1)")
     ap.add_argument("--tracing", action="store_true", help="compare tracing off with otel")
     ap.add_argument(
-        "--against", metavar="DIR", help="compare ours with ours run from another checkout"
+        "--against",
+        metavar="DIR",
+        action="append",
+        help="compare ours with ours run from another checkout (repeat for several)",
     )
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(VARIANTS)}")
     args = ap.parse_args()
@@ -284,9 +288,11 @@ def main() -> None:
     if args.tracing:
         variants = TRACING_VARIANTS
     if args.against:
-        root = str(Path(args.against).resolve())
-        other = VARIANTS["ours"]._replace(label=f"ours from {root}", root=root)
-        variants = {"ours": VARIANTS["ours"], "ours-against": other}
+        variants = {"ours": VARIANTS["ours"]}
+        for i, where in enumerate(args.against):
+            root = str(Path(where).resolve())
+            name = "ours-against" + (f"-{i + 1}" if len(args.against) > 1 else "")
+            variants[name] = VARIANTS["ours"]._replace(label=f"ours from {root}", root=root)
     if args.only:
         wanted = [v.strip() for v in args.only.split(",") if v.strip()]
         if unknown := set(wanted) - set(variants) or ("ours" not in wanted and {"ours"}):

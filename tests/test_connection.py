@@ -199,7 +199,7 @@ async def test_tls_reaches_data_nodes_and_sentinels() -> None:
     )
     try:
         pool = r.connection_pool
-        assert pool.connection_class is SentinelManagedSSLConnection
+        assert issubclass(pool.connection_class, SentinelManagedSSLConnection)
         assert pool.connection_kwargs["ssl_cert_reqs"] == "none"
         sentinels = pool.sentinel_manager.sentinels  # type: ignore[attr-defined]
         assert [s.connection_pool.connection_kwargs["ssl_cert_reqs"] for s in sentinels] == [
@@ -208,6 +208,26 @@ async def test_tls_reaches_data_nodes_and_sentinels() -> None:
         ]
     finally:
         await r.aclose(close_connection_pool=True)
+
+
+def test_every_pool_packs_commands_in_c_into_the_same_bytes() -> None:
+    """Every pool's connections pack with hiredis (as redis-py's synchronous client does): the
+    bytes are redis-py's own packer's, and what it refuses (a bool) is refused alike."""
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    from worker.storage.packing import Packing, packing
+
+    for url in ("redis://h:1/0", "unix:///tmp/r.sock", "rediss+sentinel://h1:1/m"):
+        r = connect_redis(url, queue_name="q", serialize=SER, deserialize=DE)
+        assert issubclass(r.connection_pool.connection_class, Packing), url
+    args = ("EVALSHA", "ab" * 20, 2, "k\u00e9y", b"\x00\xffbin", -7, 1.5, 2**70, memoryview(b"mv"))
+    fast = packing(Connection)(host="h")
+    packed = fast.pack_command(*args)
+    assert b"".join(packed) == b"".join(Connection(host="h").pack_command(*args))
+    assert b"".join(fast.pack_command("CONFIG GET", "x")).startswith(b"*3\r\n")
+    with pytest.raises(DataError):
+        fast.pack_command("SET", "k", True)
 
 
 # -- a real Sentinel set ------------------------------------------------------------------------

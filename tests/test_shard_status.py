@@ -102,7 +102,7 @@ def shard(i: int, node: str | None) -> ShardState:
 
 def snap_with(shards: list[ShardState], masters: int) -> snapshot.ClusterSnapshot:
     return snapshot.ClusterSnapshot(
-        NOW, PREFIX, None, -2, [], "noeviction", "CONFIG GET", {}, {}, [], {}, 0,
+        NOW, PREFIX, None, -2, [], "noeviction", "CONFIG GET", [], 0,
         shards=shards, cluster_masters=masters,
     )  # fmt: skip
 

@@ -290,6 +290,9 @@ class SyncThreadsHook(JobHook):
         self.clock = clock
         self._deferring = False
 
+    def concerns(self, job: JobDef) -> bool:
+        return is_sync(job.fn)
+
     async def admit(self, job: JobDef, job_id: str) -> int | None:
         if not self.threads.all_stuck or not is_sync(job.fn):
             self._deferring = False

@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Container
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from worker.app import App
 from worker.cli.common import admin_target, run_async
 from worker.client import Client
+from worker.core.dutykinds import Kind
 from worker.core.errors import ConfigError
-from worker.core.ids import DutyKind, parse_duty
+from worker.core.ids import parse_duty
 from worker.core.serializer import get_serializer
 from worker.core.terminal import say
+from worker.duties import kinds
 from worker.ops import admin
 from worker.ops.actions import Actor, Operations
 from worker.settings import Settings
@@ -42,15 +44,18 @@ async def operations(
 
 
 def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
-    """Enqueue one run of a periodic job now."""
+    """Enqueue one run of a duty now (of a kind that can be run now)."""
 
     async def run() -> int:
         async with operations(settings, "trigger") as ops:
-            job = ops.app.periodics.get(args.job)
+            known = [(k, k.declared(ops.app)) for k in kinds.triggerable()]
+            job = next((d[args.job] for _, d in known if args.job in d), None)
             if job is None:
+                nouns = " or ".join(k.noun for k, _ in known)
+                names = ", ".join(n for _, d in known for n in d)
                 raise ConfigError(
-                    f"trigger: app {ops.app.name!r} has no periodic job {args.job!r}; it has: "
-                    f"{', '.join(ops.app.periodics) or 'none'}"
+                    f"trigger: app {ops.app.name!r} has no {nouns} {args.job!r}; it has: "
+                    f"{names or 'none'}"
                 )
             outcome = await ops.trigger(args.job)
         admin.flush_notes()
@@ -64,12 +69,12 @@ def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
-    """Pause a periodic job or a poller cluster-wide."""
+    """Pause a duty (of a kind that pauses) cluster-wide."""
     return run_async(_pause(settings, args.name, pause=True))
 
 
 def cmd_resume(settings: Settings, args: argparse.Namespace) -> int:
-    """Resume a paused periodic job or poller."""
+    """Resume a paused duty."""
     return run_async(_pause(settings, args.name, pause=False))
 
 
@@ -77,44 +82,40 @@ async def _pause(settings: Settings, name: str, *, pause: bool) -> int:
     what = "pause" if pause else "resume"
     async with operations(settings, what) as ops:
         kind, bare = _duty(ops.app, name, what)
-        outcome = await (ops.pause(kind, bare) if pause else ops.resume(kind, bare))
+        outcome = await (ops.pause(kind.name, bare) if pause else ops.resume(kind.name, bare))
     admin.flush_notes()
     changed = outcome.details.get("changed")
-    label = f"periodic job {bare!r}" if kind == "periodic" else f"poller {bare!r}"
+    label = f"{kind.noun} {bare!r}"
     if pause:
-        effect = "ticks are skipped, not caught up" if kind == "periodic" else "items wait"
         state = "paused" if changed else "was already paused"
-        say(f"{label} {state} cluster-wide ({effect}; `worker resume {bare}` to undo)")
+        say(f"{label} {state} cluster-wide ({kind.pause_effect}; `worker resume {bare}` to undo)")
     else:
         say(f"{label} {'resumed' if changed else 'was not paused'}")
     return 0
 
 
-def _duty(app: App, name: str, what: str) -> tuple[DutyKind, str]:
-    """The kind and name of the duty ``name`` names (``periodic:NAME``/``poller:NAME``, or a
-    bare name that only one kind has)."""
-    parsed = parse_duty(name)
+def _duty(app: App, name: str, what: str) -> tuple[Kind, str]:
+    """The kind and name of the duty ``name`` names (``<kind>:NAME``, or a bare name that only
+    one kind that pauses has)."""
+    parsed = parse_duty(name, (k.name for k in kinds.pausable()))
     if parsed is not None:
-        kind, bare = parsed
-        if bare not in (app.periodics if kind == "periodic" else app.pollers):
-            raise ConfigError(f"{what}: app {app.name!r} has no {kind} {bare!r}")
-        return parsed
-    kinds: tuple[tuple[DutyKind, Container[str]], ...] = (
-        ("periodic", app.periodics),
-        ("poller", app.pollers),
-    )
-    found = [kind for kind, known in kinds if name in known]
+        kind_name, bare = parsed
+        kind = next(k for k in kinds.pausable() if k.name == kind_name)
+        if bare not in kind.declared(app):
+            raise ConfigError(f"{what}: app {app.name!r} has no {kind_name} {bare!r}")
+        return kind, bare
+    pausable = kinds.pausable()
+    found = [k for k in pausable if name in k.declared(app)]
     if len(found) == 1:
         return found[0], name
     if found:
         raise ConfigError(
-            f"{what}: {name!r} is a periodic job and a poller; write periodic:{name} or "
-            f"poller:{name}"
+            f"{what}: {name!r} is a {' and a '.join(k.noun for k in found)}; write "
+            + " or ".join(f"{k.name}:{name}" for k in found)
         )
-    raise ConfigError(
-        f"{what}: app {app.name!r} has no periodic job or poller {name!r}; periodic jobs: "
-        f"{', '.join(app.periodics) or 'none'}; pollers: {', '.join(app.pollers) or 'none'}"
-    )
+    nouns = " or ".join(k.noun for k in pausable)
+    listed = "; ".join(f"{k.plural}: {', '.join(k.declared(app)) or 'none'}" for k in pausable)
+    raise ConfigError(f"{what}: app {app.name!r} has no {nouns} {name!r}; {listed}")
 
 
 async def dead_action(settings: Settings, args: argparse.Namespace) -> int:

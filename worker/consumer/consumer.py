@@ -137,6 +137,7 @@ class Consumer(Component):
                 self.wakeups.event.clear()
                 try:
                     claimed = await fetch.claim_round() if await fetch.should_claim() else 0
+                    self._count_figures()
                     if completer.pending:
                         await completer.flush()
                     now = self.clock.monotonic()
@@ -164,6 +165,11 @@ class Consumer(Component):
                 await asyncio.gather(checker, listener, return_exceptions=True)
                 with contextlib.suppress(Exception):
                     await self.store.clear_health(self.instance_id)
+
+    def _count_figures(self) -> None:
+        """The runs' figures noted since the last round, into the metrics (once a round)."""
+        if self.executor.figures is not None:
+            self.executor.figures.apply()
 
     def _unreachable(self, exc: BaseException, backoff: float) -> None:
         """One warning line per failed round, at most one a second (the retries between are
@@ -202,6 +208,7 @@ class Consumer(Component):
             tasks = [r.task for r in running.values() if r.task is not None]
             remaining = deadline - self.clock.monotonic()
             await asyncio.wait(tasks, timeout=max(0.0, min(0.5, remaining)))
+            self._count_figures()
             await completer.flush_quietly()
         late = [r.task for r in running.values() if r.task is not None]
         if late:
@@ -209,6 +216,7 @@ class Consumer(Component):
             for t in late:
                 t.cancel()
             await asyncio.wait(late, timeout=5)
+        self._count_figures()
         # Ends not written (or not confirmed) yet: a few more tries, bounded (a Redis that is
         # away, or a failover in progress, must not hold the shutdown up).
         until = self.clock.monotonic() + FINAL_FLUSH_S

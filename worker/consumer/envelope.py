@@ -32,6 +32,25 @@ class BadJob(Exception):
 def validate(record: Any) -> Envelope:
     """``(function, args, kwargs, try, enqueue ms)`` of an arq job record, or :class:`BadJob`
     naming the field that is wrong. Checked before anything else touches it."""
+    if type(record) is dict:  # the usual record, of the decoders' own types: checked at once
+        fn, args, kwargs = record.get("f"), record.get("a", ()), record.get("k", {})
+        job_try, enqueued = record.get("t"), record.get("et")
+        if (
+            type(fn) is str
+            and 0 < len(fn) <= 256
+            and (type(args) is list or type(args) is tuple)
+            and type(kwargs) is dict
+            and (job_try is None or (type(job_try) is int and 0 <= job_try < 10**6))
+            and type(enqueued) is int
+            and 0 <= enqueued <= MAX_ENQUEUE_MS
+            and (not kwargs or all(type(k) is str for k in kwargs))
+        ):
+            return fn, tuple(args), kwargs, job_try, enqueued
+    return _checked(record)
+
+
+def _checked(record: Any) -> Envelope:
+    """:func:`validate` field by field, naming the first that is wrong."""
     if not isinstance(record, dict):
         raise BadJob(f"malformed payload: a {type(record).__name__}, not a map", "malformed")
     fn, args, kwargs = record.get("f"), record.get("a", ()), record.get("k", {})

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -38,20 +39,32 @@ from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
 from worker.context import Context, JobContext
 from worker.core.clock import Clock, ms
-from worker.core.jobdefs import JobDef, JobHook, JobOutcome, JobRun, Outcome, overriding, status_of
+from worker.core.jobdefs import HookPlan, JobDef, JobHook, JobRun, Outcome
 from worker.core.logs import capped
-from worker.core.metrics import Children, Metrics
+from worker.core.metrics import JobFigures, Metrics
 from worker.core.serializer import Deserialize, Serialize
 from worker.progress import Progress
-from worker.storage import FOREIGN, Claimed, Finish
+from worker.storage import FOREIGN, Claimed, Finish, Store
 from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
 
 
+@dataclass(frozen=True)
+class _Task:
+    """What every run of one task uses, settled once: its limits and its hooks' plan."""
+
+    job: JobDef
+    plan: HookPlan
+    max_tries: int
+    timeout_s: float
+    keep_s: float
+
+
 class Executor:
     """Runs one job at a time per call (many calls run concurrently); holds no state of its
-    own besides the counters in :attr:`totals`."""
+    own besides the counters in :attr:`totals` and the figures noted for the metrics
+    (:attr:`figures`, counted once per round by :meth:`JobFigures.apply`)."""
 
     def __init__(
         self,
@@ -71,13 +84,19 @@ class Executor:
     ) -> None:
         self.jobs = {j.name: j for j in jobs}
         self.hooks = list(hooks)
-        # only the hooks that override a step are called for it (a no-op await per job saved)
-        self._admit, self._release = overriding(hooks, "admit"), overriding(hooks, "release")
-        self._runs = overriding(hooks, "started", "finished")
-        self._contexts, self._ends = overriding(hooks, "context"), overriding(hooks, "ended")
-        if metrics is not None:  # each metric child looked up once per label values
-            self._count, self._seconds = Children(metrics.jobs), Children(metrics.job_seconds)
-            self._wait = Children(metrics.job_wait)
+        c = config
+        self._tasks = {
+            j.name: _Task(
+                j,
+                HookPlan.of(self.hooks, j),  # only the hooks concerned, only their steps
+                j.max_tries if j.max_tries is not None else c.max_tries,
+                j.timeout_s or c.job_timeout_s,
+                j.keep_result_s if j.keep_result_s is not None else c.keep_result_s,
+            )
+            for j in jobs
+        }
+        self.figures = JobFigures(metrics) if metrics is not None else None
+        self._failures_ms = config.retention.failures_ms
         self.context = context
         self.store = store
         self.serialize, self.deserialize = serializer
@@ -106,33 +125,34 @@ class Executor:
             record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
                 c, self.deserialize, store.keys, self.config.max_payload_bytes
             )
-            job = self.jobs.get(fn_name)
-            if job is None:
+            task = self._tasks.get(fn_name)
+            if task is None:
                 raise BadJob(f"unknown function {fn_name!r}", "unknown")
-            run.function = job.name  # a task the app defines: its runs are counted per task
+            run.function = fn_name  # a task the app defines: its runs are counted per task
         except BadJob as bad:
             self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
+        job, plan, max_tries = task.job, task.plan, task.max_tries
         job_try = c.try_
         if enqueue_try and enqueue_try > job_try:
             job_try = enqueue_try
             await store.raise_try(job_id, job_try, RETRY_TTL_MS)
-        max_tries = job.max_tries if job.max_tries is not None else self.config.max_tries
         queue_key = store.keys.queue_of(c.queue)
         result_for = ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
         if job_try > max_tries:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
-        if not await self._admitted(job, c, run):
+        if plan.admit and not await self._admitted(plan, job, c, run):
             return  # deferred: it waits (for a slot, say), its try given back
         self._waited(c, fn_name, start_ms)
-        timeout = job.timeout_s or self.config.job_timeout_s
-        keep = job.keep_result_s if job.keep_result_s is not None else self.config.keep_result_s
-        ctx = self._context(c, run, job_try, enqueued_ms)
+        timeout, keep = task.timeout_s, task.keep_s
+        ctx = self._context(plan, c, run, job_try, enqueued_ms, store)
         ctx.make_progress = partial(Progress, store, job_id, ms(timeout + keep), self.clock)
-        hooked = await self._started(job, c, job_try, ctx, record) if self._runs else None
+        hooked = JobRun(job, job_id, c.queue, job_try, ctx, record) if plan.runs else None
+        if hooked is not None:
+            await plan.started(hooked)
         started = self.clock.monotonic()
         outcome: Outcome = "success"
         error: BaseException | None = None
@@ -172,89 +192,52 @@ class Executor:
             self._end(c, run, "done", data, ms(keep))
             self.totals["complete"] += 1
         finally:
-            await self._over(job, ctx, outcome, started)
-        await self._ended(job_id, args, outcome)
+            took = await self._over(plan, job, ctx, outcome, started)
+        if plan.ends:
+            await plan.ended(job_id, args, outcome)
         if hooked is not None:
-            took = self.clock.monotonic() - started
-            await self._finished(hooked, outcome, error, result, scope.expired(), took)
+            await plan.finished(hooked, outcome, error, result, scope.expired(), took)
 
-    async def _over(self, job: JobDef, ctx: JobContext, outcome: Outcome, started: float) -> None:
+    async def _over(
+        self, plan: HookPlan, job: JobDef, ctx: JobContext, outcome: Outcome, started: float
+    ) -> float:
         """The run is over (however it ended): its last progress written, what the admitting
-        hooks took given back, its metrics counted."""
+        hooks took given back, its figures noted; how long it ran."""
         progress = ctx.progress_writer  # made by the run's first ctx.progress(): most have none
         if progress is not None and progress.pending:  # the last value, before the end
             await progress.flush()
-        for hook in self._release:
+        for hook in plan.release:
             with contextlib.suppress(Exception):
                 await hook.release(job, ctx.job_id)
-        if self.metrics is not None:
-            self._count(job.name, outcome).inc()
-            self._seconds(job.name).observe(self.clock.monotonic() - started)
-
-    async def _ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
-        for hook in self._ends:
-            try:
-                await hook.ended(job_id, args, outcome)
-            except Exception as exc:
-                log.warning("job hook failed", job_id=job_id, error=str(exc))
+        took = self.clock.monotonic() - started
+        if self.figures is not None:
+            self.figures.runs.append((job.name, outcome, took))
+        return took
 
     def _waited(self, c: Claimed, task: str, start_ms: int) -> None:
-        """Observe ``worker_job_wait_seconds``: from the job's due time (its score) to its start,
+        """Note ``worker_job_wait_seconds``: from the job's due time (its score) to its start,
         both on the Redis server's clock. Only the app's task names are labels."""
-        if self.metrics is not None:
-            label = task if task in self.jobs else "<unknown>"
-            self._wait(c.queue, label).observe(max(0, start_ms - c.score_ms) / 1000)
+        if self.figures is not None:
+            label = task if task in self._tasks else "<unknown>"
+            self.figures.waits.append((c.queue, label, max(0, start_ms - c.score_ms) / 1000))
 
-    async def _started(
-        self, job: JobDef, c: Claimed, job_try: int, ctx: JobContext, record: dict[str, Any]
-    ) -> JobRun:
-        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
-        hooked = JobRun(job, c.job_id, c.queue, job_try, ctx, record)
-        for hook in self._runs:
-            try:
-                await hook.started(hooked)
-            except Exception:
-                log.exception("job hook failed", job_id=c.job_id, step="started")
-        return hooked
-
-    async def _finished(
-        self,
-        hooked: JobRun,
-        outcome: Outcome,
-        error: BaseException | None,
-        result: Any,
-        timed_out: bool,
-        duration_s: float,
-    ) -> None:
-        """Tell the hooks how the run ended (in reverse order), once its end is handed to the
-        completer: a hook can neither change nor delay it."""
-        job = hooked.job
-        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
-        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
-        ended = JobOutcome(
-            status, job.name, hooked.job_id, hooked.job_try, duration_s, error, result
-        )
-        for hook in reversed(self._runs):
-            try:
-                await hook.finished(hooked, ended)
-            except Exception:
-                log.exception("job hook failed", job_id=hooked.job_id, step="finished")
-
-    async def _admitted(self, job: JobDef, c: Claimed, run: Run) -> bool:
+    async def _admitted(self, plan: HookPlan, job: JobDef, c: Claimed, run: Run) -> bool:
         """Every hook lets the job start; else it is deferred to the time the first refusing
         hook named, and the hooks that had let it start give back what they took."""
-        for i, hook in enumerate(self._admit):
+        for i, hook in enumerate(plan.admit):
             due_ms = await hook.admit(job, c.job_id)
             if due_ms is not None:
-                for earlier in self._admit[:i]:
+                for earlier in plan.admit[:i]:
                     await earlier.release(job, c.job_id)
                 self._end(c, run, "defer", score_ms=due_ms)
                 return False
         return True
 
-    def _context(self, c: Claimed, run: Run, job_try: int, enqueued_ms: int) -> JobContext:
+    def _context(
+        self, plan: HookPlan, c: Claimed, run: Run, job_try: int, enqueued_ms: int, store: Store
+    ) -> JobContext:
         extra: dict[str, Any] = {}
-        for hook in self._contexts:
+        for hook in plan.context:
             extra.update(hook.context(c.job_id))
         ctx = JobContext(
             {
@@ -268,14 +251,14 @@ class Executor:
             self.context,
             **extra,
         )
-        ctx.claim = (self.store.of(c.job_id), run.token)  # for ctx.still_claimed()
+        ctx.claim = (store, run.token)  # for ctx.still_claimed()
         return ctx
 
     def _end(
         self, c: Claimed, run: Run, kind: str, data: bytes | None = None, keep_ms: int = 0,
         *, score_ms: int | None = None, failure: bytes | None = None,
     ) -> None:  # fmt: skip
-        failure_ttl = max(keep_ms, self.config.retention.failures_ms)
+        failure_ttl = max(keep_ms, self._failures_ms)
         run_ms = max(round((self.clock.monotonic() - run.started) * 1000), 0)  # per-task counts
         finish = Finish(
             kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,

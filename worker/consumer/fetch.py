@@ -238,8 +238,9 @@ class Fetcher:
 
     def start(self, jobs: Sequence[Claimed], token: str) -> None:
         """Start each claimed job as a task of its own."""
+        now = self.clock.monotonic()  # the batch starts at once
         for job in jobs:
-            run = self.running[job.job_id] = Run(job.job_id, token, started=self.clock.monotonic())
+            run = self.running[job.job_id] = Run(job.job_id, token, started=now)
             run.duty = is_duty_lane(job.queue)
             self.duty_running += run.duty
             run.ended = job.size == FOREIGN  # never claimed: no claim to check (another slot)

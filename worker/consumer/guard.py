@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Coroutine, Generator
+from types import CoroutineType
 from typing import Any
 
 from worker.core.clock import Clock
@@ -53,7 +54,8 @@ class ClaimGuard:
                 fut.set_result(None)
 
     def guard(self, aw: Awaitable[Any], job_id: str) -> Awaitable[Any]:
-        coro = aw if isinstance(aw, Coroutine) else _await(aw)
+        # an async def's coroutine, told by its exact type first (the ABC check costs more)
+        coro = aw if type(aw) is CoroutineType or isinstance(aw, Coroutine) else _await(aw)
         return _Guarded(coro, job_id, self)
 
 

@@ -55,6 +55,9 @@ class LimitsHook(JobHook):
         self.slot_lease_s = slot_lease_s
         self.slots: dict[str, str] = {}  # job id -> task, concurrency slots held
 
+    def concerns(self, job: JobDef) -> bool:
+        return bool(job.max_concurrency or job.rate)
+
     async def admit(self, job: JobDef, job_id: str) -> int | None:
         if not (job.max_concurrency or job.rate):
             return None

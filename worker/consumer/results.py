@@ -28,7 +28,7 @@ class JobFailed(Exception):
     """Stands in arq's result record for a job that never ran (arq's ``JobExecutionFailed``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per run: not frozen, whose __init__ costs 3x
 class ResultFor:
     """Builds arq's result record for one run."""
 

@@ -8,29 +8,24 @@ may take it apart again (a round-trip test pins each pair).
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 from uuid import uuid4
 
 from worker.core.errors import InvalidId
 
-#: The kinds of duty an operator pauses and resumes by name.
-DutyKind = Literal["periodic", "poller"]
-DUTY_KINDS: tuple[DutyKind, ...] = ("periodic", "poller")
 
-
-def duty(kind: DutyKind, name: str) -> str:
+def duty(kind: str, name: str) -> str:
     """A duty's name ``<kind>:<name>`` (``periodic:report``): what the paused set holds and
-    what ``pause``/``resume`` accept."""
+    what ``pause``/``resume`` accept (the kinds: :mod:`worker.duties.kinds`)."""
     return f"{kind}:{name}"
 
 
-def parse_duty(text: str) -> tuple[DutyKind, str] | None:
-    """``(kind, name)`` of a duty name, ``None`` when ``text`` names no kind."""
+def parse_duty(text: str, kinds: Iterable[str]) -> tuple[str, str] | None:
+    """``(kind, name)`` of a duty name, ``None`` when ``text`` names none of ``kinds``."""
     kind, sep, name = text.partition(":")
-    for known in DUTY_KINDS:
-        if sep and name and kind == known:
-            return known, name
+    if sep and name and kind in set(kinds):
+        return kind, name
     return None
 
 

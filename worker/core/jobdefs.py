@@ -3,7 +3,8 @@
 The consumer knows no feature by name. A feature that needs something per job (limits hold a
 job back until it has a slot; periodic jobs decode their tick from the job id; pollers settle
 an item when its job ends) registers a :class:`JobHook` in the wiring (``worker/runtime/roles.py``);
-the consumer calls every hook, in the order registered, for every job.
+the consumer calls every hook, in the order registered, for every job the hook concerns
+(:meth:`JobHook.concerns`) and only for the steps it overrides (:class:`HookPlan`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import structlog
+
 from worker.core.retry import RetryDelay
+
+log = structlog.get_logger("worker.consumer")
 
 TaskFn = Callable[..., Awaitable[Any]]
 #: How a run of a job ended: ``retry`` covers arq's ``Retry`` and cancellation (it runs again).
@@ -111,7 +116,14 @@ class JobHook:
     only for runs that started (not for a job set aside before it ran).
 
     And :meth:`renew` with every claim check while jobs run (keep their leases).
+
+    Steps 1-6 are called only for the tasks :meth:`concerns` names (asked once per task).
     """
+
+    def concerns(self, job: JobDef) -> bool:
+        """Whether this hook has anything to do with ``job``'s runs (every job unless a
+        feature says otherwise): a hook's per-job steps cost nothing for the others."""
+        return True
 
     async def admit(self, job: JobDef, job_id: str) -> int | None:
         """``None`` to let the job start now; else the time (epoch ms) to look again: the job
@@ -141,3 +153,63 @@ class JobHook:
 def overriding(hooks: Sequence[JobHook], *steps: str) -> list[JobHook]:
     """The hooks whose class overrides one of ``steps`` (the consumer calls only those)."""
     return [h for h in hooks if any(getattr(type(h), s) is not getattr(JobHook, s) for s in steps)]
+
+
+@dataclass(frozen=True)
+class HookPlan:
+    """The hooks one task's runs call at each step: those that concern the task and override
+    the step, in hook order (empty for most tasks: no hook work at all)."""
+
+    admit: tuple[JobHook, ...] = ()
+    context: tuple[JobHook, ...] = ()
+    runs: tuple[JobHook, ...] = ()  # started and finished
+    release: tuple[JobHook, ...] = ()
+    ends: tuple[JobHook, ...] = ()  # ended
+
+    @classmethod
+    def of(cls, hooks: Sequence[JobHook], job: JobDef) -> HookPlan:
+        mine = [h for h in hooks if h.concerns(job)]
+        return cls(
+            admit=tuple(overriding(mine, "admit")),
+            context=tuple(overriding(mine, "context")),
+            runs=tuple(overriding(mine, "started", "finished")),
+            release=tuple(overriding(mine, "release")),
+            ends=tuple(overriding(mine, "ended")),
+        )
+
+    async def started(self, run: JobRun) -> None:
+        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
+        for hook in self.runs:
+            try:
+                await hook.started(run)
+            except Exception:
+                log.exception("job hook failed", job_id=run.job_id, step="started")
+
+    async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
+        """Tell the hooks that have an ``ended`` step how the run ended (in order)."""
+        for hook in self.ends:
+            try:
+                await hook.ended(job_id, args, outcome)
+            except Exception as exc:
+                log.warning("job hook failed", job_id=job_id, error=str(exc))
+
+    async def finished(
+        self,
+        run: JobRun,
+        outcome: Outcome,
+        error: BaseException | None,
+        result: Any,
+        timed_out: bool,
+        duration_s: float,
+    ) -> None:
+        """Tell the hooks how the run ended (in reverse order), once its end is handed to the
+        completer: a hook can neither change nor delay it."""
+        job = run.job
+        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
+        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
+        ended = JobOutcome(status, job.name, run.job_id, run.job_try, duration_s, error, result)
+        for hook in reversed(self.runs):
+            try:
+                await hook.finished(run, ended)
+            except Exception:
+                log.exception("job hook failed", job_id=run.job_id, step="finished")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -10,6 +11,8 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from worker.core import malformed
+
+Labels = tuple[str, ...]
 
 # Counters and histograms export a `*_created` series each by default: it doubles the series
 # for no use here (process start is `worker_info`'s and the scrape's business).
@@ -261,6 +264,59 @@ class Children:
         if child is None:
             child = self._by[labels] = self.metric.labels(*labels)
         return child
+
+
+def observe_many(child: Any, values: Sequence[float]) -> None:
+    """``child.observe(v)`` for every ``v``, each bucket and the sum counted once: the
+    histogram's buckets found by bisection (prometheus_client's own ``observe`` walks them and
+    takes a lock per bucket and per sum, per value). A child without the parts this relies on
+    observes each value."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets, total = getattr(child, "_buckets", None), getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for v in values:
+            child.observe(v)
+        return
+    counts = [0] * len(bounds)
+    for v in values:
+        counts[bisect_left(bounds, v)] += 1
+    total.inc(sum(values))
+    for i, n in enumerate(counts):
+        if n:
+            buckets[i].inc(n)
+
+
+class JobFigures:
+    """The consumer's per-job figures (``worker_jobs``, ``worker_job_duration_seconds``,
+    ``worker_job_wait_seconds``), noted in plain lists as runs start and end and counted into
+    the metrics once per round (:meth:`apply`): a labelled child's ``inc`` or ``observe`` per
+    job cost more than the rest of a no-op job's bookkeeping."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._count, self._seconds = Children(metrics.jobs), Children(metrics.job_seconds)
+        self._wait = Children(metrics.job_wait)
+        #: (task, outcome, seconds) per run ended; (queue, task, seconds) per run started
+        self.runs: list[tuple[str, str, float]] = []
+        self.waits: list[tuple[str, str, float]] = []
+
+    def apply(self) -> None:
+        """Count what was noted since the last call."""
+        runs, self.runs = self.runs, []
+        waits, self.waits = self.waits, []
+        counts: dict[tuple[str, str], int] = {}
+        seconds: dict[str, list[float]] = {}
+        for task, outcome, took in runs:
+            counts[task, outcome] = counts.get((task, outcome), 0) + 1
+            seconds.setdefault(task, []).append(took)
+        for labels, n in counts.items():
+            self._count(*labels).inc(n)
+        for task, values in seconds.items():
+            observe_many(self._seconds(task), values)
+        waited: dict[Labels, list[float]] = {}
+        for queue, task, wait in waits:
+            waited.setdefault((queue, task), []).append(wait)
+        for where, values in waited.items():
+            observe_many(self._wait(*where), values)
 
 
 class _Malformed(Collector):

@@ -13,15 +13,17 @@ import asyncio
 import datetime as dt
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Component
+from worker.core.dutykinds import Kind, RowContext, table
 from worker.core.metrics import Metrics
 from worker.polls import PollerDef
-from worker.storage import FencedStore
+from worker.storage import FencedStore, Store
 
 log = structlog.get_logger("worker.initializer")
 
@@ -135,3 +137,57 @@ class Initializer(Component):
         if self.metrics is not None:
             self.metrics.init_items.labels(self.init.name).inc(added)
         return added
+
+
+# -- the operator side's view of initializers (see worker.core.dutykinds) ----------------------
+async def _read(store: Store, app: Any, now_ms: int) -> dict[str, dict[str, str]]:
+    """Each initializer's state hash."""
+    return {i.name: await store.init_state(i.name) for i in app.initializers.values()}
+
+
+def _rows(state: dict[str, dict[str, str]], app: Any, at: RowContext) -> list[dict[str, Any]]:
+    out = []
+    for init in app.initializers.values():
+        st, version = state.get(init.name, {}), init.version
+        out.append(
+            {
+                "name": init.name,
+                "version": version,
+                "stored_version": st.get("version"),
+                "done": st.get("done") == "1" and st.get("version") == version,
+                "batches": int(st.get("batches", 0)),
+                "items": int(st.get("items", 0)),
+                "cursor": st.get("cursor") or None,
+            }
+        )
+    return out
+
+
+def _render(rows: list[dict[str, Any]], at: str) -> list[str]:
+    if not rows:
+        return []
+    head = ["INITIALIZER", "VERSION", "DONE", "BATCHES", "ITEMS", "CURSOR"]
+    cells = [
+        [
+            i["name"],
+            i["version"],
+            "yes" if i["done"] else "no",
+            i["batches"],
+            i["items"],
+            i["cursor"],
+        ]
+        for i in rows
+    ]
+    return ["", *table(head, cells)]
+
+
+KIND = Kind(
+    name="initializer",
+    noun="initializer",
+    plural="initializers",
+    status_key="initializers",
+    declared=lambda app: app.initializers,
+    read=_read,
+    rows=_rows,
+    render=_render,
+)

@@ -24,13 +24,14 @@ import hashlib
 import inspect
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
 from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Backoff, Component, supervise
+from worker.core.dutykinds import Kind, RowContext, table
 from worker.duties.services import ServiceDef, run_service
 from worker.storage import Store
 
@@ -211,3 +212,50 @@ class KeyedService(Component):
                 await self._stop_key(key, release=release)
             except Exception as exc:
                 log.warning("stopping per-key loop failed", key=key, error=str(exc))
+
+
+# -- the operator side's view of per_key services (see worker.core.dutykinds) ------------------
+async def _read(store: Store, app: Any, now_ms: int) -> dict[str, tuple[int, dict[str, str]]]:
+    """Each per_key service: its member processes and which instance runs each key."""
+    return {
+        sv.name: await store.service_keys(sv.name)
+        for sv in app.services.values()
+        if sv.cardinality == "per_key"
+    }
+
+
+def _rows(
+    state: dict[str, tuple[int, dict[str, str]]], app: Any, at: RowContext
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "processes": processes,
+            "keys": {k: at.instance_name(o) for k, o in leased.items()},
+        }
+        for name, (processes, leased) in state.items()
+    ]
+
+
+def _render(rows: list[dict[str, Any]], at: str) -> list[str]:
+    out: list[str] = []
+    for sv in rows:
+        out += [
+            "",
+            f"per_key service {sv['name']}: {len(sv['keys'])} keys running "
+            f"on {sv['processes']} processes",
+            *table(["KEY", "INSTANCE"], [[k, o] for k, o in sv["keys"].items()]),
+        ]
+    return out
+
+
+KIND = Kind(
+    name="per_key",
+    noun="per_key service",
+    plural="per_key services",
+    status_key="per_key_services",
+    declared=lambda app: {n: s for n, s in app.services.items() if s.cardinality == "per_key"},
+    read=_read,
+    rows=_rows,
+    render=_render,
+)

@@ -363,6 +363,9 @@ class TickHook(JobHook):
         self.instance_id = instance_id
         self._open: dict[str, tuple[str, int, _ErrorNote]] = {}
 
+    def concerns(self, job: JobDef) -> bool:
+        return job.name in self.names  # a periodic job runs under its own name
+
     def context(self, job_id: str) -> Mapping[str, Any]:
         parsed = self.ids.parse_periodic(job_id)
         if parsed is None or parsed[0] not in self.names:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
@@ -27,11 +28,13 @@ from arq.constants import expires_extra_ms
 
 from worker.core.clock import Clock, SystemClock, ms, on_server_time
 from worker.core.component import LoopComponent
+from worker.core.dutykinds import Kind, RowContext, Snapshot, lag, table
 from worker.core.ids import JobIds
-from worker.core.jobdefs import JobHook, Outcome
+from worker.core.jobdefs import JobDef, JobHook, Outcome
 from worker.core.metrics import Metrics
 from worker.core.outage import RIDE_OUT_S, ride_out
 from worker.core.serializer import Serialize, job_payload
+from worker.core.verdict import Check, Limits, num
 from worker.polls import PollerDef
 from worker.storage import FencedStore, NewJob, Store
 from worker.storage.keys import DEFAULT_QUEUE
@@ -179,8 +182,8 @@ class InflightHook(JobHook):
         self.clock: Clock = clock or SystemClock()
         self.ride_out_s = ride_out_s
 
-    def context(self, job_id: str) -> Mapping[str, Any]:
-        return {}
+    def concerns(self, job: JobDef) -> bool:
+        return any(p.task == job.name for p in self.pollers.values())  # a poll item's task
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         if outcome == "retry":
@@ -222,3 +225,110 @@ class InflightHook(JobHook):
         await on_server_time(self.clock, self.store.server_time_ms)
         due = ms(self.clock.time() + p.failure_delay_s)
         return await self.store.poll_requeue(shard_key, p.name, item, job_id, due)
+
+
+# -- the operator side's view of pollers (see worker.core.dutykinds) ---------------------------
+@dataclass(frozen=True)
+class PollerState:
+    """One poller: per shard ``(waiting, due)`` and oldest score, and jobs in flight."""
+
+    shards: list[tuple[int, int]]
+    heads: list[int | None]
+    in_flight: int
+
+
+async def _read(store: Store, app: Any, now_ms: int) -> dict[str, PollerState]:
+    out = {}
+    for p in app.pollers.values():
+        keys = [store.keys.poll_shard(p.name, s) for s in range(p.shards)]
+        out[p.name] = PollerState(
+            shards=await store.shard_backlog(keys, now_ms),
+            heads=await store.queue_heads(keys),
+            in_flight=await store.poll_in_flight(p.name),
+        )
+    return out
+
+
+def _rows(state: dict[str, PollerState], app: Any, at: RowContext) -> list[dict[str, Any]]:
+    return [_row(state[p.name], p.name, p.task, at) for p in app.pollers.values()]
+
+
+def _row(state: PollerState, name: str, task: str, at: RowContext) -> dict[str, Any]:
+    shards: list[dict[str, Any]] = [
+        {"shard": s, "waiting": w, "due": d, "lag_s": lag(head, at.now_ms)}
+        for s, ((w, d), head) in enumerate(zip(state.shards, state.heads, strict=True))
+    ]
+    lags = [s["lag_s"] for s in shards if s["lag_s"] is not None]
+    return {
+        "name": name,
+        "task": task,
+        "paused": at.is_paused(KIND_NAME, name),
+        "in_flight": state.in_flight,
+        "waiting": sum(s["waiting"] for s in shards),
+        "due": sum(s["due"] for s in shards),
+        "lag_s": max(lags) if lags else None,
+        "shards": shards,
+    }
+
+
+def _render(rows: list[dict[str, Any]], at: str) -> list[str]:
+    if not rows:
+        return []
+    head = ["POLLER", "TASK", "WAITING", "DUE", "IN FLIGHT", "PER SHARD (due)"]
+    cells = [
+        [
+            p["name"] + (" (PAUSED)" if p.get("paused") else ""),
+            p["task"],
+            p["waiting"],
+            p["due"],
+            p["in_flight"],
+            " ".join(str(s["due"]) for s in p["shards"]),
+        ]
+        for p in rows
+    ]
+    return ["", *table(head, cells)]
+
+
+def check_pollers(snap: Snapshot, app: Any, limits: Limits) -> Check:
+    """No poller's oldest due item has waited longer than ``max_lag_s``."""
+    if not app.pollers:
+        return Check("pollers", "ok", "no pollers declared")
+    lags: dict[str, float] = {}
+    for name, state in snap.duties[KIND_NAME].items():
+        heads = state.heads
+        due = [h for h in heads if h is not None and h <= snap.now_ms]
+        lags[name] = (snap.now_ms - min(due)) / 1000 if due else 0.0
+    behind = {n: lag for n, lag in lags.items() if lag > limits.max_lag_s}
+    worst = max(lags.values(), default=0.0)
+    data = {"lag_s": {n: round(v, 1) for n, v in lags.items()}, "limit_s": limits.max_lag_s}
+    if behind:
+        return Check(
+            "pollers",
+            "fail",
+            f"{num(len(behind), 'poller')} lagging more than {limits.max_lag_s:g}s (no leader "
+            "dispatching, or consumers too few for the item rate)",
+            [f"{n}: oldest due item waits {v:.0f}s" for n, v in sorted(behind.items())],
+            data,
+        )
+    return Check(
+        "pollers",
+        "ok",
+        f"{num(len(lags), 'poller')} keeping up (oldest due item {worst:.1f}s; limit "
+        f"{limits.max_lag_s:g}s)",
+        data=data,
+    )
+
+
+KIND_NAME = "poller"
+KIND = Kind(
+    name=KIND_NAME,
+    noun="poller",
+    plural="pollers",
+    status_key="pollers",
+    declared=lambda app: app.pollers,
+    read=_read,
+    rows=_rows,
+    render=_render,
+    pause_effect="items wait",
+    checks=(check_pollers,),
+)

@@ -1,13 +1,12 @@
 """Operator actions, one implementation for the console and the command line.
 
-Re-queue and purge dead letters, run a periodic job now, pause and resume a periodic job or a
-poller, ask the leader for a planned handoff. Each action returns an :class:`Outcome` and is
-recorded with who asked, through what and when: one structlog line (``operator action``) and
-an entry in the capped ``<prefix>audit`` list the console shows. The work itself is done by
-the modules that own it (:mod:`worker.consumer.dead`, :func:`worker.duties.periodic.trigger`,
+Re-queue and purge dead letters, run a duty now, pause and resume a duty (the kinds that
+allow it, :mod:`worker.duties.kinds`), ask the leader for a planned handoff. Each action returns
+an :class:`Outcome` and is recorded with who asked, through what and when: one structlog line
+(``operator action``) and an entry in the capped ``<prefix>audit`` list the console shows. The
+work is done by the modules that own it (:mod:`worker.consumer.dead`, the kind's ``trigger``,
 :meth:`Store.pause <worker.storage.Store.pause>`, :meth:`Store.request_handoff
-<worker.storage.Store.request_handoff>`), so an action has the same effect whichever door it
-came through.
+<worker.storage.Store.request_handoff>`): the same effect whichever door an action came through.
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ from worker.app import App
 from worker.client import Client
 from worker.consumer import dead
 from worker.core.clock import ms, on_server_time
-from worker.core.ids import DUTY_KINDS, DutyKind, duty
+from worker.core.ids import duty
 from worker.core.serializer import Deserialize, Serialize, msgpack_dumps, msgpack_loads
-from worker.duties.periodic import trigger as trigger_periodic
+from worker.duties import kinds
 from worker.ops import jobsview
 from worker.ops.jobrecords import queue_name
 
@@ -289,38 +288,37 @@ class Operations:
     async def _all_dead(self) -> list[str]:
         return [j for s in self.client.shards.stores for j in await dead.all_dead_ids(s)]
 
-    # -- periodic jobs and pollers ------------------------------------------------------------
+    # -- duties: run one now, pause, resume (see worker.duties.kinds) -------------------------
     async def trigger(self, name: str) -> Outcome:
-        """Run periodic job ``name`` once now (:func:`worker.duties.periodic.trigger`)."""
-        job = self.app.periodics.get(name)
-        if job is None:
+        """Run duty ``name`` once now (of a kind with a ``trigger``)."""
+        kind = next((k for k in kinds.triggerable() if name in k.declared(self.app)), None)
+        if kind is None or kind.trigger is None:
+            nouns = " or ".join(k.noun for k in kinds.triggerable())
             return await self._record(
-                Outcome("trigger", name, ok=False, message=f"no periodic job {name!r}")
+                Outcome("trigger", name, ok=False, message=f"no {nouns} {name!r}")
             )
-        job_id = await trigger_periodic(self.client, job)
-        if job_id is None:
-            message = f"{name}: a run for this instant is already enqueued"
-        else:
-            message = f"{name}: enqueued {job_id}"
+        job_id = await kind.trigger(self.client, kind.declared(self.app)[name])
+        enqueued = "a run for this instant is already enqueued" if job_id is None else ""
+        message = f"{name}: {enqueued or f'enqueued {job_id}'}"
         return await self._record(
             Outcome(
                 "trigger", name, ok=job_id is not None, message=message, details={"job": job_id}
             )
         )
 
-    async def pause(self, kind: DutyKind, name: str) -> Outcome:
-        """Pause a periodic job (its ticks are skipped) or a poller (nothing is dispatched),
-        cluster-wide (:meth:`Store.pause <worker.storage.Store.pause>`)."""
+    async def pause(self, kind: str, name: str) -> Outcome:
+        """Pause duty ``name`` of ``kind`` cluster-wide (what that does: the kind's
+        ``pause_effect``), see :meth:`Store.pause <worker.storage.Store.pause>`."""
         return await self._set_paused(kind, name, paused=True)
 
-    async def resume(self, kind: DutyKind, name: str) -> Outcome:
+    async def resume(self, kind: str, name: str) -> Outcome:
         return await self._set_paused(kind, name, paused=False)
 
-    async def _set_paused(self, kind: DutyKind, name: str, *, paused: bool) -> Outcome:
+    async def _set_paused(self, kind: str, name: str, *, paused: bool) -> Outcome:
         action = "pause" if paused else "resume"
-        known = self.app.periodics if kind == "periodic" else self.app.pollers
+        known = next((k for k in kinds.pausable() if k.name == kind), None)
         target = duty(kind, name)
-        if kind not in DUTY_KINDS or name not in known:
+        if known is None or name not in known.declared(self.app):
             return await self._record(
                 Outcome(action, target, ok=False, message=f"no {kind} {name!r}")
             )

@@ -22,7 +22,8 @@ from typing import Any
 from worker.app import App
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.ids import LockValue
-from worker.storage import PeriodicRuns, Store
+from worker.duties import kinds
+from worker.storage import Store
 from worker.storage.keys import duty_lane
 from worker.storage.server import read_attached, read_eviction_policy, read_slot_owners
 from worker.storage.shards import slot_of_prefix
@@ -64,15 +65,6 @@ class QueueState:
 
 
 @dataclass(frozen=True)
-class PollerState:
-    """One poller: per shard ``(waiting, due)`` and oldest score, and jobs in flight."""
-
-    shards: list[tuple[int, int]]
-    heads: list[int | None]
-    in_flight: int
-
-
-@dataclass(frozen=True)
 class ShardState:
     """One queue shard: its ``index`` (0: the home), key ``prefix``, hash ``slot``, the
     ``node`` (``host:port``) serving that slot on a Redis Cluster (``None``: not a cluster, or
@@ -107,19 +99,12 @@ class ClusterSnapshot:
     instances: list[Instance]
     policy: str | None
     policy_source: str
-    periodic_last: dict[str, int]
-    periodic_runs: dict[str, PeriodicRuns]
     queues: list[QueueState]
-    pollers: dict[str, PollerState]
     dead_letters: int
     paused: set[str] = field(default_factory=set)
-    #: periodic job name -> the newest tick enqueued as a job (absent: none ever was;
-    #: ``periodic_last`` is where planning resumes, a slot skipped included)
-    periodic_enqueued: dict[str, int] = field(default_factory=dict)
-    #: initializer name -> its state hash
-    initializers: dict[str, dict[str, str]] = field(default_factory=dict)
-    #: per_key service name -> (member processes, key -> owner instance id)
-    per_key: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
+    #: each duty kind's state (kind name -> what its ``Kind.read`` returned), see
+    #: :mod:`worker.duties.kinds`
+    duties: dict[str, Any] = field(default_factory=dict)
     # -- what only the doctor's checks read (``checks=True``) --
     #: the counter, or its text when it is not an epoch (written by someone else)
     epoch_counter: int | str | None = None
@@ -144,10 +129,6 @@ class ClusterSnapshot:
         """The earliest score over every queue."""
         heads = [q.head_ms for q in self.queues if q.head_ms is not None]
         return min(heads) if heads else None
-
-    @property
-    def poller_heads(self) -> dict[str, list[int | None]]:
-        return {name: p.heads for name, p in self.pollers.items()}
 
 
 async def read(
@@ -184,21 +165,10 @@ async def read(
         instances=[Instance(i, hb, rec) for i, hb, rec in await store.instances()],
         policy=policy,
         policy_source=source,
-        periodic_last=await store.periodic_last(),
-        periodic_runs=await store.periodic_runs(),
-        periodic_enqueued=await store.periodic_enqueued(),
         queues=queues,
-        pollers={
-            p.name: await _poller(store, p.name, p.shards, now_ms) for p in app.pollers.values()
-        },
         dead_letters=sum(d for _, d in per_shard) if per_shard else await store.dead_count(),
         paused=await store.paused(),
-        initializers={i.name: await store.init_state(i.name) for i in app.initializers.values()},
-        per_key={
-            sv.name: await store.service_keys(sv.name)
-            for sv in app.services.values()
-            if sv.cardinality == "per_key"
-        },
+        duties={kind.name: await kind.read(store, app, now_ms) for kind in kinds.KINDS},
     )
     if checks:
         snap.epoch_counter, snap.lease_state = await store.lease_counters()
@@ -256,12 +226,3 @@ def _shards(
         fence = fences[i] if i < len(fences) else None
         out.append(ShardState(i, store.keys.prefix, slot, node, queues, dead, fence))
     return out
-
-
-async def _poller(store: Store, name: str, shards: int, now_ms: int) -> PollerState:
-    keys = [store.keys.poll_shard(name, s) for s in range(shards)]
-    return PollerState(
-        shards=await store.shard_backlog(keys, now_ms),
-        heads=await store.queue_heads(keys),
-        in_flight=await store.poll_in_flight(name),
-    )

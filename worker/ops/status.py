@@ -1,34 +1,26 @@
 """``python -m worker status``: the cluster as Redis sees it, as a table or JSON.
 
 The apps on the key prefix (one is right; several share a queue and a leader lock), instances
-with app, role and heartbeat age, the leader with epoch and lease, queue depth, periodic
-last/next tick and last success/failure (time, tick, error class), poller backlog per shard,
-initializer state, dead letters and the server's eviction policy. No secrets: the Redis URL is
-masked.
+with app, role and heartbeat age, the leader with epoch and lease, queue depth, each duty
+kind's rows (as the kind describes them, see :mod:`worker.duties.kinds`), dead letters and the
+server's eviction policy. No secrets: the Redis URL is masked.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from arq.connections import ArqRedis
 
 from worker.app import App
 from worker.core.clock import Clock
-from worker.core.ids import duty
-from worker.duties.periodic import PeriodicDef, freshness
+from worker.core.dutykinds import RowContext, iso, lag, table
+from worker.duties import kinds
 from worker.ops import snapshot
 from worker.ops.snapshot import ClusterSnapshot
 from worker.runtime.preflight import NOEVICTION, eviction_verdict
 from worker.storage import keys as K
 from worker.storage import open_store
-
-
-def _iso(tick_ms: int | None) -> str | None:
-    if tick_ms is None:
-        return None
-    return dt.datetime.fromtimestamp(tick_ms / 1000, dt.UTC).isoformat(timespec="seconds")
 
 
 async def collect(
@@ -54,17 +46,18 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
             "queue": q.name,
             "depth": q.depth,
             "due": q.due,
-            "oldest_due_age_s": _lag(q.head_ms, now),
+            "oldest_due_age_s": lag(q.head_ms, now),
         }
         for q in snap.queues
     ]
     instances = _instances(snap)
+    context = RowContext(now, snap.paused, instances)
     apps: dict[str, int] = {}
     for inst in instances:
         if inst["alive"] and isinstance(inst.get("app"), str):
             apps[inst["app"]] = apps.get(inst["app"], 0) + 1
     return {
-        "at": _iso(now),
+        "at": iso(now),
         "redis": {
             "maxmemory_policy": snap.policy,
             "source": snap.policy_source,
@@ -79,17 +72,7 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
         "leader": _leader(snap, instances),
         "queue": {k: queues[0][k] for k in ("name", "depth", "due")},
         "queues": queues,
-        "periodic": [_periodic(snap, pd) for pd in app.periodics.values()],
-        "pollers": [_poller(snap, p.name, p.task) for p in app.pollers.values()],
-        "initializers": [_initializer(snap, i.name, i.version) for i in app.initializers.values()],
-        "per_key_services": [
-            {
-                "name": name,
-                "processes": processes,
-                "keys": {k: _name_of(instances, o) for k, o in leased.items()},
-            }
-            for name, (processes, leased) in snap.per_key.items()
-        ],
+        **{k.status_key: k.rows(snap.duties[k.name], app, context) for k in kinds.KINDS},
         "dead_letters": snap.dead_letters,
         **({"shards": _shards(snap)} if snap.shards else {}),
     }
@@ -106,7 +89,7 @@ def _shards(snap: ClusterSnapshot) -> list[dict[str, Any]]:
             "depth": sh.depth,
             "due": sh.due,
             "queues": {q.name: {"depth": q.depth, "due": q.due} for q in sh.queues},
-            "oldest_due_age_s": _lag(
+            "oldest_due_age_s": lag(
                 min((q.head_ms for q in sh.queues if q.head_ms is not None), default=None),
                 snap.now_ms,
             ),
@@ -127,10 +110,6 @@ def _instances(snap: ClusterSnapshot) -> list[dict[str, Any]]:
     return out
 
 
-def _name_of(instances: list[dict[str, Any]], instance_id: str) -> Any:
-    return next((i.get("name") for i in instances if i.get("id") == instance_id), instance_id)
-
-
 def _leader(snap: ClusterSnapshot, instances: list[dict[str, Any]]) -> dict[str, Any]:
     lock, pttl = snap.lock, snap.lock_pttl_ms
     leader: dict[str, Any] = {"held": lock is not None}
@@ -145,106 +124,6 @@ def _leader(snap: ClusterSnapshot, instances: list[dict[str, Any]]) -> dict[str,
         leader["instance"] = holder.get("name") if holder else None
         leader["lease_age_s"] = holder.get("lease_age_s") if holder else None
     return leader
-
-
-def _periodic(snap: ClusterSnapshot, pd: PeriodicDef) -> dict[str, Any]:
-    run = snap.periodic_runs.get(pd.name)
-    fresh = freshness(pd, run, snap.now_ms)
-    last = snap.periodic_enqueued.get(pd.name)
-    upcoming = pd.schedule.next(snap.now_ms)
-    return {
-        "name": pd.name,
-        "schedule": pd.schedule.describe(),
-        # the newest tick enqueued as a job: None when none ever was (not the schedule's
-        # previous slot, which a new job records as planned without running it)
-        "last_tick": _iso(last),
-        "last_tick_ms": last,
-        "last_tick_age_s": None if last is None else round((snap.now_ms - last) / 1000, 1),
-        "next_tick": _iso(upcoming),
-        "next_tick_ms": upcoming,
-        "last_success": _run_end(run.success if run else None),
-        "last_failure": _run_end(run.failure if run else None),
-        "failing_since": _iso(run.failing_since_ms if run else None),
-        "success_age_s": None if fresh.success_age_s is None else round(fresh.success_age_s, 1),
-        "max_staleness_s": pd.max_staleness_s,
-        "stale": fresh.stale,
-        "catch_up": pd.catch_up,
-        "queue": pd.queue,
-        "paused": duty("periodic", pd.name) in snap.paused,
-    }
-
-
-def _poller(snap: ClusterSnapshot, name: str, task: str) -> dict[str, Any]:
-    state = snap.pollers[name]
-    shards: list[dict[str, Any]] = [
-        {"shard": s, "waiting": w, "due": d, "lag_s": _lag(head, snap.now_ms)}
-        for s, ((w, d), head) in enumerate(zip(state.shards, state.heads, strict=True))
-    ]
-    lags = [s["lag_s"] for s in shards if s["lag_s"] is not None]
-    return {
-        "name": name,
-        "task": task,
-        "paused": duty("poller", name) in snap.paused,
-        "in_flight": state.in_flight,
-        "waiting": sum(s["waiting"] for s in shards),
-        "due": sum(s["due"] for s in shards),
-        "lag_s": max(lags) if lags else None,
-        "shards": shards,
-    }
-
-
-def _initializer(snap: ClusterSnapshot, name: str, version: str) -> dict[str, Any]:
-    st = snap.initializers.get(name, {})
-    return {
-        "name": name,
-        "version": version,
-        "stored_version": st.get("version"),
-        "done": st.get("done") == "1" and st.get("version") == version,
-        "batches": int(st.get("batches", 0)),
-        "items": int(st.get("items", 0)),
-        "cursor": st.get("cursor") or None,
-    }
-
-
-def _lag(head_ms: int | None, now_ms: int) -> float | None:
-    """How long the oldest due entry of a sorted set (its lowest score) has waited, in
-    seconds; ``None`` when nothing is due."""
-    if head_ms is None or head_ms > now_ms:
-        return None
-    return round((now_ms - head_ms) / 1000, 1)
-
-
-def _run_end(rec: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A recorded run end with readable times."""
-    if rec is None:
-        return None
-    return {**rec, "at": _iso(rec.get("at_ms")), "tick": _iso(rec.get("tick_ms"))}
-
-
-def _ago(at_iso: str | None, now_iso: str) -> str | None:
-    if at_iso is None:
-        return None
-    delta = dt.datetime.fromisoformat(now_iso) - dt.datetime.fromisoformat(at_iso)
-    return f"{max(0, round(delta.total_seconds()))}s ago"
-
-
-def _failure_cell(rec: dict[str, Any] | None, now_iso: str) -> str | None:
-    if rec is None:
-        return None
-    return f"{_ago(rec.get('at'), now_iso)} {rec.get('error') or '?'}"
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    cells = [[("-" if c is None else str(c)) for c in r] for r in rows]
-    widths = [
-        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
-    ]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [
-        fmt.format(*headers),
-        fmt.format(*("-" * w for w in widths)),
-        *(fmt.format(*r) for r in cells),
-    ]
 
 
 def _apps_line(apps: dict[str, int], prefix: str) -> str:
@@ -264,7 +143,7 @@ def _apps_line(apps: dict[str, int], prefix: str) -> str:
 def render(status: dict[str, Any]) -> str:
     """A readable multi-table view of :func:`collect`'s result."""
     out: list[str] = [f"cluster status at {status['at']}", "", *_summary(status)]
-    out += _table(
+    out += table(
         ["INSTANCE", "APP", "ROLE", "LEADER", "IN FLIGHT", "HEARTBEAT", "HOST", "PID", "VERSION"],
         [
             [
@@ -282,33 +161,8 @@ def render(status: dict[str, Any]) -> str:
         ],
     )
     out += _shard_table(status)
-    out += _periodic_table(status)
-    if status["pollers"]:
-        out += [
-            "",
-            *_table(
-                ["POLLER", "TASK", "WAITING", "DUE", "IN FLIGHT", "PER SHARD (due)"],
-                [
-                    [
-                        p["name"] + (" (PAUSED)" if p.get("paused") else ""),
-                        p["task"],
-                        p["waiting"],
-                        p["due"],
-                        p["in_flight"],
-                        " ".join(str(s["due"]) for s in p["shards"]),
-                    ]
-                    for p in status["pollers"]
-                ],
-            ),
-        ]
-    out += _initializer_table(status)
-    for sv in status.get("per_key_services", []):
-        out += [
-            "",
-            f"per_key service {sv['name']}: {len(sv['keys'])} keys running "
-            f"on {sv['processes']} processes",
-            *_table(["KEY", "INSTANCE"], [[k, o] for k, o in sv["keys"].items()]),
-        ]
+    for kind in kinds.KINDS:
+        out += kind.render(status.get(kind.status_key, []), status["at"])
     return "\n".join(out)
 
 
@@ -348,49 +202,4 @@ def _shard_table(status: dict[str, Any]) -> list[str]:
         for s in shards
     ]
     head = ["SHARD", "PREFIX", "SLOT", "NODE", "JOBS", "DUE", "OLDEST DUE (s)"]
-    return ["", *_table(head, rows)]
-
-
-def _periodic_table(status: dict[str, Any]) -> list[str]:
-    if not status["periodic"]:
-        return []
-    return [
-        "",
-        *_table(
-            ["PERIODIC", "SCHEDULE", "LAST TICK", "NEXT TICK", "LAST SUCCESS", "LAST FAILURE"],
-            [
-                [
-                    p["name"] + (" (PAUSED)" if p.get("paused") else ""),
-                    p["schedule"],
-                    p["last_tick"] or "never",
-                    p["next_tick"],
-                    (_ago((p.get("last_success") or {}).get("at"), status["at"]) or "-")
-                    + (" STALE" if p.get("stale") else ""),
-                    _failure_cell(p.get("last_failure"), status["at"]),
-                ]
-                for p in status["periodic"]
-            ],
-        ),
-    ]
-
-
-def _initializer_table(status: dict[str, Any]) -> list[str]:
-    if not status["initializers"]:
-        return []
-    return [
-        "",
-        *_table(
-            ["INITIALIZER", "VERSION", "DONE", "BATCHES", "ITEMS", "CURSOR"],
-            [
-                [
-                    i["name"],
-                    i["version"],
-                    "yes" if i["done"] else "no",
-                    i["batches"],
-                    i["items"],
-                    i["cursor"],
-                ]
-                for i in status["initializers"]
-            ],
-        ),
-    ]
+    return ["", *table(head, rows)]

@@ -18,7 +18,7 @@ CLAIM_SKIPS = 1000
 FOREIGN = -2
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per job claimed: not frozen, whose __init__ costs 3x
 class Claimed:
     """A job this consumer now holds. ``payload`` is ``None`` when it was not read: ``size`` is
     then 0 (missing: the job expired), -1 (not a string), :data:`FOREIGN` (an id outside the
@@ -89,8 +89,129 @@ return released
 """
 
 
-#: Run by :meth:`ClaimOps.claim` (below).
-CLAIM = """
+#: CLAIM's ids it never touches: ``foreign`` takes an id outside the app's hash slot or its
+#: Redis user's key patterns (``denied``) off its queue and reports it (size ``FOREIGN``).
+CLAIM_FOREIGN = """
+local function foreign(q, id, score)
+  redis.call('ZREM', KEYS[q], id)
+  left = left - 1
+  out[#out + 1] = id
+  out[#out + 1] = score
+  out[#out + 1] = -1
+  out[#out + 1] = -2
+  out[#out + 1] = q
+  out[#out + 1] = 0
+end
+local function denied(err)
+  local text = type(err) == 'table' and tostring(err.err) or tostring(err)
+  return string.find(text, 'ACL', 1, true) or string.find(text, 'NOPERM', 1, true)
+    or string.find(text, 'ermission', 1, true)
+end
+"""
+
+#: CLAIM's in-progress marker: ``mark`` sets it under the caller's token (``mine``), takes over
+#: a stale one or leaves one someone else holds (``held``, cut down when too long), or finds
+#: the id's keys out of the Redis user's reach (``foreign``).
+CLAIM_MARKER = """
+local function mark(id)
+  local marker = ARGV[8] .. id
+  local ok, set = pcall(redis.call, 'SET', marker, ARGV[3], 'NX', 'PX', ttl)
+  if not ok then
+    if not denied(set) then
+      error(set)
+    end
+    return 'foreign'
+  elseif set then
+    return 'mine'
+  end
+  local pttl = redis.call('PTTL', marker)
+  if pttl == -1 then
+    redis.call('SET', marker, ARGV[3], 'XX', 'PX', ttl)
+    out[2] = out[2] + 1
+    return 'mine'
+  end
+  if pttl > ttl then
+    redis.call('PEXPIRE', marker, ttl)
+    out[2] = out[2] + 1
+  end
+  return 'held'
+end
+"""
+
+#: CLAIM's read of a claimed job: ``read`` counts the try, reads at most ARGV[6] + 1 bytes of
+#: the payload and reports the job.
+CLAIM_READ = """
+local function read(q, id, score)
+  local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
+  if not ok then
+    try = -1
+  elseif try == 1 then
+    redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
+  end
+  local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
+  if not okp then
+    payload = -1
+  elseif #payload == 0 then
+    payload = 0
+  elseif #payload > max then
+    payload = redis.call('STRLEN', ARGV[7] .. id)
+  end
+  out[#out + 1] = id
+  out[#out + 1] = score
+  out[#out + 1] = try
+  out[#out + 1] = payload
+  out[#out + 1] = q
+  out[#out + 1] = (asked and redis.call('ZSCORE', KEYS[2], id)) and 1 or 0
+end
+"""
+
+#: CLAIM's round: the queues in priority order, due ids read past those held by others
+#: (``mark``), each claimed one parked at the marker's expiry (one ``ZADD XX`` per read).
+CLAIM_QUEUES = """
+for q = 3, #KEYS do
+  if left <= 0 or skips <= 0 then
+    break
+  end
+  local offset = 0
+  while left > 0 and skips > 0 do
+    local due = redis.call(
+      'ZRANGEBYSCORE', KEYS[q], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', offset, left)
+    if #due == 0 then
+      break
+    end
+    local parked = {}
+    for i = 1, #due, 2 do
+      local id = due[i]
+      -- an id outside the slot: its job keys live in another slot, reading them would fail
+      -- the whole script
+      local got = 'foreign'
+      if tag == '' or string.sub(id, 1, #tag) == tag then
+        got = mark(id)
+      end
+      if got == 'foreign' then
+        foreign(q, id, due[i + 1])
+      elseif got == 'held' then
+        offset = offset + 1
+        skips = skips - 1
+      else
+        claimed[#claimed + 1] = id
+        parked[#parked + 1] = park
+        parked[#parked + 1] = id
+        left = left - 1
+        read(q, id, due[i + 1])
+      end
+    end
+    if #parked > 0 then
+      redis.call('ZADD', KEYS[q], 'XX', unpack(parked))
+    end
+  end
+end
+"""
+
+#: Run by :meth:`ClaimOps.claim` (below): its state, then :data:`CLAIM_FOREIGN`,
+#: :data:`CLAIM_MARKER`, :data:`CLAIM_READ`, :data:`CLAIM_QUEUES`, then the holds set.
+CLAIM = (
+    """
 -- Claim up to ARGV[2] due jobs for one consumer, from its queues in priority order (the first
 -- queue is drained before the next is read): per job an in-progress marker holding the
 -- caller's claim token (SET NX: a job claimed by anyone else, arq's own Worker included, is
@@ -136,103 +257,19 @@ local ttl = tonumber(ARGV[4])
 local park = tonumber(ARGV[1]) + ttl
 local tag = ARGV[11] or ''
 local skips = CLAIM_SKIPS
-local function foreign(q, id, score)
-  redis.call('ZREM', KEYS[q], id)
-  left = left - 1
-  out[#out + 1] = id
-  out[#out + 1] = score
-  out[#out + 1] = -1
-  out[#out + 1] = -2
-  out[#out + 1] = q
-  out[#out + 1] = 0
-end
-local function denied(err)
-  local text = type(err) == 'table' and tostring(err.err) or tostring(err)
-  return string.find(text, 'ACL', 1, true) or string.find(text, 'NOPERM', 1, true)
-    or string.find(text, 'ermission', 1, true)
-end
-for q = 3, #KEYS do
-  if left <= 0 or skips <= 0 then
-    break
-  end
-  local offset = 0
-  while left > 0 and skips > 0 do
-    local due = redis.call(
-      'ZRANGEBYSCORE', KEYS[q], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', offset, left)
-    if #due == 0 then
-      break
-    end
-    local parked = {}
-    for i = 1, #due, 2 do
-      local id = due[i]
-      local mine = false
-      if tag ~= '' and string.sub(id, 1, #tag) ~= tag then
-        -- its job keys live in another slot: reading them would fail the whole script
-        foreign(q, id, due[i + 1])
-      else
-        local marker = ARGV[8] .. id
-        local ok, set = pcall(redis.call, 'SET', marker, ARGV[3], 'NX', 'PX', ttl)
-        if not ok then
-          if not denied(set) then
-            error(set)
-          end
-          foreign(q, id, due[i + 1])
-        elseif set then
-          mine = true
-        else
-          local pttl = redis.call('PTTL', marker)
-          if pttl == -1 then
-            redis.call('SET', marker, ARGV[3], 'XX', 'PX', ttl)
-            out[2] = out[2] + 1
-            mine = true
-          else
-            if pttl > ttl then
-              redis.call('PEXPIRE', marker, ttl)
-              out[2] = out[2] + 1
-            end
-            offset = offset + 1
-            skips = skips - 1
-          end
-        end
-      end
-      if mine then
-        claimed[#claimed + 1] = id
-        parked[#parked + 1] = park
-        parked[#parked + 1] = id
-        left = left - 1
-        local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
-        if not ok then
-          try = -1
-        elseif try == 1 then
-          redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
-        end
-        local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
-        if not okp then
-          payload = -1
-        elseif #payload == 0 then
-          payload = 0
-        elseif #payload > max then
-          payload = redis.call('STRLEN', ARGV[7] .. id)
-        end
-        out[#out + 1] = id
-        out[#out + 1] = due[i + 1]
-        out[#out + 1] = try
-        out[#out + 1] = payload
-        out[#out + 1] = q
-        out[#out + 1] = (asked and redis.call('ZSCORE', KEYS[2], id)) and 1 or 0
-      end
-    end
-    if #parked > 0 then
-      redis.call('ZADD', KEYS[q], 'XX', unpack(parked))
-    end
-  end
-end
+"""
+    + CLAIM_FOREIGN
+    + CLAIM_MARKER
+    + CLAIM_READ
+    + CLAIM_QUEUES
+    + """
 if #claimed > 0 then
   redis.call('SADD', KEYS[1], unpack(claimed))
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
 end
 return out
-""".replace("CLAIM_SKIPS", str(CLAIM_SKIPS))
+"""
+).replace("CLAIM_SKIPS", str(CLAIM_SKIPS))
 
 
 class ClaimOps(StoreBase):

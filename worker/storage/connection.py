@@ -43,11 +43,11 @@ from redis.exceptions import ResponseError
 
 from worker.core.redisurl import DISCOVERY_TIMEOUT_S, RedisTarget, parse_redis_url
 from worker.storage import resharding
+from worker.storage.packing import Packing, packing
 
 __all__ = ["SlotPool", "connect_redis", "connect_shards"]
 
 # -- connection pools -----------------------------------------------------------------------
-
 
 #: How often a Sentinel pool asks the Sentinels who the primary is while its connections stay
 #: up (a background question, never on a command's path).
@@ -126,7 +126,7 @@ class _SentinelPool(SentinelConnectionPool):
                     await sentinel.aclose()
 
 
-class _SlotConnection(Connection):
+class _SlotConnection(Packing, Connection):
     """A connection to whichever cluster primary serves the pool's hash slot, asked anew on
     every (re)connect. It remembers the commands whose replies it has not read yet, so that
     one redirected by a migration of the slot (``ASK``, ``TRYAGAIN``, ``MOVED``) is sent again
@@ -366,6 +366,7 @@ def connect_redis(
                 **tls,
                 **common,
             )
+    pool.connection_class = packing(pool.connection_class)
     return ArqRedis(
         pool,
         job_serializer=serialize,

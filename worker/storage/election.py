@@ -113,10 +113,80 @@ local function server_ms()
 end
 """
 
-#: Run by :meth:`ElectionOps.acquire` (below).
+#: ACQUIRE's refusal: ``refuse`` answers a campaign while another process holds the lock,
+#: raising the epoch counter to the caller's valid floor.
+ACQUIRE_REFUSAL = """
+local function refuse(current, pttl)
+  -- the holder's epoch came from the counter: only a floor above it needs the counter read
+  -- (a standby's refused campaign, once per lease TTL, stays three commands)
+  local held = string.match(current, '^(%d+):') or '0'
+  if #ARGV[3] > #held or (#ARGV[3] == #held and ARGV[3] > held) then
+    local floor = epoch_of(ARGV[3], server_ms())
+    if not floor then
+      return {'', pttl, current, 'floor'}
+    end
+    local counter = redis.call('GET', KEYS[2])
+    if not (counter and string.match(counter, '^%d+$') and tonumber(counter) >= floor) then
+      redis.call('SET', KEYS[2], string.format('%d', floor))
+    end
+  end
+  return {'', pttl, current, ''}
+end
+"""
+
+#: ACQUIRE's gap: ``gap_after`` reads how the previous lease ended (the lease state) and
+#: answers how long singleton services wait, and why this acquisition happens.
+ACQUIRE_GAP = """
+local function gap_after(current, stale, raw, floor, now)
+  local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released', 'released_why')
+  local bound = tonumber(ARGV[4])
+  local gap = bound
+  local why = 'first'
+  local renewed = prev[2] and epoch_of(prev[2], now)
+  if stale then
+    gap = bound
+    why = 'replaced'
+  elseif current then
+    gap = 0
+    why = 'retried'
+  elseif prev[1] and prev[3] == prev[1] then
+    gap = 0
+    why = 'after release'
+    if prev[4] == 'handoff' then
+      why = 'after handoff'
+    end
+  elseif prev[2] then
+    -- an unreadable renew time: wait the whole bound
+    gap = renewed and math.max(0, renewed + bound - now) or bound
+    why = 'after expiry'
+  elseif raw then
+    why = 'after expiry'
+  elseif floor > 0 then
+    why = 'data loss'
+  end
+  if why == 'first' and redis.call('LLEN', KEYS[4]) == 0 then
+    gap = 0  -- a fresh cluster: no epoch, no lease state, no history; nobody can hold a lease
+  end
+  return gap, why
+end
+"""
+
+#: ACQUIRE's record of a new lease: ``record`` writes the lease state, voids a handoff
+#: request, appends to the history and announces the lock.
+ACQUIRE_RECORD = """
+local function record(value, epoch, at, why)
+  redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', at, 'released', '', 'released_why', '')
+  redis.call('DEL', KEYS[5])
+  redis.call('LPUSH', KEYS[4], epoch .. '|' .. at .. '|' .. why .. '|' .. ARGV[6])
+  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[7]) - 1)
+  redis.call('PUBLISH', ARGV[5], value)
+end
+"""
+
+#: Run by :meth:`ElectionOps.acquire` (below): with :data:`EPOCH_OF`,
+#: :data:`ACQUIRE_REFUSAL`, :data:`ACQUIRE_GAP` and :data:`ACQUIRE_RECORD`.
 ACQUIRE = (
-    EPOCH_OF
-    + """
+    """
 -- Acquire the leader lease if nobody holds it; a new epoch for every acquisition: the fencing
 -- token of that leadership, max(counter + 1, the caller's floor + 1, the server's clock in ms).
 -- Strictly increasing within a dataset; after any data loss (restart from an old snapshot, a
@@ -158,6 +228,12 @@ ACQUIRE = (
 -- separated, or "")}; or, when another process holds the lock, {"", the lock's PTTL in ms,
 -- the holder's lock value, what was malformed} (the caller learns the current epoch, and when
 -- to campaign next; the epoch counter is raised to the caller's valid floor).
+"""
+    + EPOCH_OF
+    + ACQUIRE_REFUSAL
+    + ACQUIRE_GAP
+    + ACQUIRE_RECORD
+    + """
 if ARGV[8] == '1' then
   local left = redis.call('PTTL', KEYS[1])
   if left > 0 then
@@ -169,20 +245,7 @@ local pttl = current and redis.call('PTTL', KEYS[1])
 local stale = pttl == -1
 local mine = current and string.sub(current, -(#ARGV[1] + 1)) == ':' .. ARGV[1]
 if current and not stale and not mine then
-  -- the holder's epoch came from the counter: only a floor above it needs the counter read
-  -- (a standby's refused campaign, once per lease TTL, stays three commands)
-  local held = string.match(current, '^(%d+):') or '0'
-  if #ARGV[3] > #held or (#ARGV[3] == #held and ARGV[3] > held) then
-    local floor = epoch_of(ARGV[3], server_ms())
-    if not floor then
-      return {'', pttl, current, 'floor'}
-    end
-    local counter = redis.call('GET', KEYS[2])
-    if not (counter and string.match(counter, '^%d+$') and tonumber(counter) >= floor) then
-      redis.call('SET', KEYS[2], string.format('%d', floor))
-    end
-  end
-  return {'', pttl, current, ''}
+  return refuse(current, pttl)
 end
 local raw = redis.call('GET', KEYS[2])
 local now = server_ms()
@@ -199,45 +262,12 @@ local counter = raw and epoch_of(raw, now)
 if raw and not counter then
   table.insert(bad, 'counter')
 end
-local prev = redis.call('HMGET', KEYS[3], 'epoch', 'renewed_ms', 'released', 'released_why')
-local bound = tonumber(ARGV[4])
-local gap = bound
-local why = 'first'
-local renewed = prev[2] and epoch_of(prev[2], now)
-if stale then
-  gap = bound
-  why = 'replaced'
-elseif current then
-  gap = 0
-  why = 'retried'
-elseif prev[1] and prev[3] == prev[1] then
-  gap = 0
-  why = 'after release'
-  if prev[4] == 'handoff' then
-    why = 'after handoff'
-  end
-elseif prev[2] then
-  -- an unreadable renew time: wait the whole bound
-  gap = renewed and math.max(0, renewed + bound - now) or bound
-  why = 'after expiry'
-elseif raw then
-  why = 'after expiry'
-elseif floor > 0 then
-  why = 'data loss'
-end
-if why == 'first' and redis.call('LLEN', KEYS[4]) == 0 then
-  gap = 0  -- a fresh cluster: no epoch, no lease state, no history; nobody can hold a lease
-end
+local gap, why = gap_after(current, stale, raw, floor, now)
 local epoch = string.format('%d', math.max((counter or 0) + 1, floor + 1, now))
-local at = string.format('%d', now)
 redis.call('SET', KEYS[2], epoch)
 local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-redis.call('HSET', KEYS[3], 'epoch', epoch, 'renewed_ms', at, 'released', '', 'released_why', '')
-redis.call('DEL', KEYS[5])
-redis.call('LPUSH', KEYS[4], epoch .. '|' .. at .. '|' .. why .. '|' .. ARGV[6])
-redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[7]) - 1)
-redis.call('PUBLISH', ARGV[5], value)
+record(value, epoch, string.format('%d', now), why)
 return {value, gap, stale and current or '', table.concat(bad, ',')}
 """
 )

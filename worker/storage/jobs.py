@@ -20,7 +20,7 @@ class NewJob:
     score_ms: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per run: not frozen, whose __init__ costs 3x
 class Finish:
     """How one run ended: ``done`` (succeeded) or ``failed`` (will not run again), ``result``
     kept for ``result_ttl_ms`` if any; or ``retry`` / ``defer`` (at ``score_ms`` if given,
@@ -88,7 +88,195 @@ return 1
 """
 
 
-#: Run by :meth:`JobOps.finish` (below).
+#: FINISH's statistics: ``count_end`` counts a finished run in its queue's per-minute
+#: throughput and its task's counters; ``write_counts`` writes the batch's counts.
+FINISH_STATISTICS = (
+    """
+-- Statistics, per batch. Per queue: one HINCRBY per outcome in the minute, one PEXPIRE. Per
+-- task: one HINCRBY per outcome in the minute, one for the summed run time and one per
+-- run-time bucket met in the 10-minute slot, one PEXPIRE.
+local BUCKETS = {"""
+    + ", ".join(str(b) for b in K.TASK_BUCKETS_MS)
+    + """}
+local function bucket(run_ms)
+  for k, bound in ipairs(BUCKETS) do
+    if run_ms <= bound then
+      return k
+    end
+  end
+  return #BUCKETS + 1
+end
+local counts, tasks = {}, {}
+local function count_end(q, op, task, run_ms)
+  counts[q] = counts[q] or {done = 0, failed = 0}
+  counts[q][op] = counts[q][op] + 1
+  if task ~= '' then
+    local t = tasks[task] or {d = 0, f = 0, ms = 0, b = {}}
+    tasks[task] = t
+    run_ms = math.max(tonumber(run_ms) or 0, 0)
+    if op == 'done' then t.d = t.d + 1 else t.f = t.f + 1 end
+    t.ms = t.ms + run_ms
+    local k = bucket(run_ms)
+    t.b[k] = (t.b[k] or 0) + 1
+  end
+end
+local function write_counts()
+  local n = tonumber(ARGV[7])
+  for q, c in pairs(counts) do
+    local stats = KEYS[q + n]
+    for outcome, count in pairs(c) do
+      if count > 0 then
+        redis.call('HINCRBY', stats, ARGV[6] .. ':' .. outcome, count)
+      end
+    end
+    redis.call('PEXPIRE', stats, ARGV[8])
+  end
+  if next(tasks) == nil then
+    return
+  end
+  local per_task = KEYS[5 + 2 * n]
+  local slot = 's' .. math.floor(tonumber(ARGV[6]) / 10) .. ':'
+  for name, t in pairs(tasks) do
+    for kind, count in pairs({d = t.d, f = t.f}) do
+      if count > 0 then
+        redis.call('HINCRBY', per_task, ARGV[6] .. ':' .. name .. ':' .. kind, count)
+      end
+    end
+    redis.call('HINCRBY', per_task, slot .. name .. ':ms', t.ms)
+    for k, count in pairs(t.b) do
+      redis.call('HINCRBY', per_task, slot .. name .. ':' .. k, count)
+    end
+  end
+  redis.call('PEXPIRE', per_task, ARGV[8])
+end
+"""
+)
+
+#: FINISH's retention of the recent completions (``keep_completions``) and failures
+#: (``keep_failures``, their records deleted with them).
+FINISH_RETENTION = """
+-- Retention. The recent completions keep the ARGV[11] newest; the recent failures lose those
+-- older than ARGV[13] ms, then the oldest beyond ARGV[12], their records deleted with them: at
+-- most TRIM_MAX more than the batch adds, each way (a call costs what its batch brings).
+local TRIM_MAX = 1000
+local function forget_failures(ids)
+  if #ids == 0 then
+    return
+  end
+  local records = {}
+  for i, id in ipairs(ids) do
+    records[i] = ARGV[10] .. id
+  end
+  redis.call('DEL', unpack(records))
+  redis.call('ZREM', KEYS[4], unpack(ids))
+end
+local function keep_completions()
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[11]) + 1))
+end
+local function keep_failures(now, added)
+  local most = TRIM_MAX + added
+  local oldest = string.format('(%d', tonumber(now) - tonumber(ARGV[13]))
+  forget_failures(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', oldest, 'LIMIT', 0, most))
+  local excess = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[12])
+  if excess > 0 then
+    forget_failures(redis.call('ZRANGE', KEYS[4], 0, math.min(excess, most) - 1))
+  end
+end
+"""
+
+#: FINISH's indexes: ``index_ends`` adds the batch's completions (``succeeded``) and failures
+#: (``failed``) to the recent ones, then applies :data:`FINISH_RETENTION`.
+FINISH_INDEXES = """
+-- Indexes. A "done" id joins the recent completions, a "failed" one with a failure record the
+-- recent failures, scored now (one ZADD per CHUNK ids), each index then trimmed (retention).
+local CHUNK = 1000
+local succeeded, failed = {}, {}
+local function zadd(key, ids, score)
+  for i = 1, #ids, CHUNK do
+    local args = {}
+    for j = i, math.min(i + CHUNK - 1, #ids) do
+      args[#args + 1] = score
+      args[#args + 1] = ids[j]
+    end
+    redis.call('ZADD', key, unpack(args))
+  end
+end
+local function index_ends(now)
+  if #succeeded > 0 then
+    zadd(KEYS[3], succeeded, now)
+    keep_completions()
+  end
+  if #failed > 0 then
+    zadd(KEYS[4], failed, now)
+    keep_failures(now, #failed)
+  end
+end
+"""
+
+#: FINISH's transitions: each run's end while its claim holds, then the batch's deletions and
+#: queue removals in one call each.
+FINISH_TRANSITIONS = """
+-- Transitions. A run whose marker no longer holds its token is refused (nothing written).
+-- "done" / "failed": the result kept (if any), a failure record kept (PX) and noted for the
+-- index, the job, marker and try counter deleted, off its queue (and the abort requests),
+-- counted. "retry" / "defer": the marker deleted, the job back at the given score ("" for
+-- where it is; the earliest is announced), "defer" giving back its try.
+local done, retried, refused = 0, 0, 0
+local ids, dels = {}, {}
+local finished = {}
+local earliest = nil
+for i = 14, #ARGV, 10 do
+  local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local q = tonumber(ARGV[i + 5])
+  local queue = KEYS[q]
+  ids[#ids + 1] = id
+  if redis.call('GET', ARGV[2] .. id) ~= token then
+    refused = refused + 1
+  elseif op == 'done' or op == 'failed' then
+    if data ~= '' then
+      redis.call('SET', ARGV[4] .. id, data, 'PX', ttl)
+    end
+    if op == 'done' then
+      succeeded[#succeeded + 1] = id
+    elseif ARGV[i + 6] ~= '' then
+      redis.call('SET', ARGV[10] .. id, ARGV[i + 6], 'PX', ARGV[i + 7])
+      failed[#failed + 1] = id
+    end
+    dels[#dels + 1] = ARGV[1] .. id
+    dels[#dels + 1] = ARGV[2] .. id
+    dels[#dels + 1] = ARGV[3] .. id
+    finished[queue] = finished[queue] or {}
+    table.insert(finished[queue], id)
+    count_end(q, op, ARGV[i + 8], ARGV[i + 9])
+    done = done + 1
+  else
+    dels[#dels + 1] = ARGV[2] .. id
+    if op == 'defer' then
+      redis.call('DECR', ARGV[3] .. id)
+    end
+    if data ~= '' then
+      redis.call('ZADD', queue, 'XX', data, id)
+      if earliest == nil or tonumber(data) < earliest then
+        earliest = tonumber(data)
+      end
+    end
+    retried = retried + 1
+  end
+end
+if #dels > 0 then
+  redis.call('DEL', unpack(dels))
+end
+local aborts = redis.call('ZCARD', KEYS[2]) > 0
+for queue, gone in pairs(finished) do
+  redis.call('ZREM', queue, unpack(gone))
+  if aborts then
+    redis.call('ZREM', KEYS[2], unpack(gone))
+  end
+end
+"""
+
+#: Run by :meth:`JobOps.finish` (below): :data:`FINISH_TRANSITIONS`, then
+#: :data:`FINISH_INDEXES` (with :data:`FINISH_RETENTION`) and :data:`FINISH_STATISTICS`.
 FINISH = (
     """
 -- Finish a batch of job runs, each only while the caller's claim holds (the in-progress marker
@@ -128,148 +316,15 @@ FINISH = (
 --              token, result payload ("" for none) or the score to run again at, result TTL in
 --              ms ("" for none), the index of the job's queue in KEYS, failure record ("" for
 --              none), its TTL in ms, task ("" for none: not counted per task), run time in ms
--- Per task and batch: one HINCRBY per outcome in the minute, one for the summed run time and
--- one per run-time bucket met in the 10-minute slot, one PEXPIRE.
 -- Returns: {done, retried, refused (claim lost)} ("done" counts failed runs too)
-local TRIM_MAX, CHUNK = 1000, 1000
-local BUCKETS = {"""
-    + ", ".join(str(b) for b in K.TASK_BUCKETS_MS)
-    + """}
-local function bucket(run_ms)
-  for k, bound in ipairs(BUCKETS) do
-    if run_ms <= bound then
-      return k
-    end
-  end
-  return #BUCKETS + 1
-end
-local tasks = {}
-local function zadd(key, ids, score)
-  for i = 1, #ids, CHUNK do
-    local args = {}
-    for j = i, math.min(i + CHUNK - 1, #ids) do
-      args[#args + 1] = score
-      args[#args + 1] = ids[j]
-    end
-    redis.call('ZADD', key, unpack(args))
-  end
-end
-local function forget_failures(ids)
-  if #ids == 0 then
-    return
-  end
-  local records = {}
-  for i, id in ipairs(ids) do
-    records[i] = ARGV[10] .. id
-  end
-  redis.call('DEL', unpack(records))
-  redis.call('ZREM', KEYS[4], unpack(ids))
-end
-local done, retried, refused = 0, 0, 0
-local ids, dels = {}, {}
-local finished = {}
-local counts = {}
-local succeeded, failed = {}, {}
-local earliest = nil
-local now = ARGV[9]
-for i = 14, #ARGV, 10 do
-  local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local q = tonumber(ARGV[i + 5])
-  local queue = KEYS[q]
-  ids[#ids + 1] = id
-  if redis.call('GET', ARGV[2] .. id) ~= token then
-    refused = refused + 1
-  elseif op == 'done' or op == 'failed' then
-    if data ~= '' then
-      redis.call('SET', ARGV[4] .. id, data, 'PX', ttl)
-    end
-    if op == 'done' then
-      succeeded[#succeeded + 1] = id
-    elseif ARGV[i + 6] ~= '' then
-      redis.call('SET', ARGV[10] .. id, ARGV[i + 6], 'PX', ARGV[i + 7])
-      failed[#failed + 1] = id
-    end
-    dels[#dels + 1] = ARGV[1] .. id
-    dels[#dels + 1] = ARGV[2] .. id
-    dels[#dels + 1] = ARGV[3] .. id
-    finished[queue] = finished[queue] or {}
-    table.insert(finished[queue], id)
-    counts[q] = counts[q] or {done = 0, failed = 0}
-    counts[q][op] = counts[q][op] + 1
-    if ARGV[i + 8] ~= '' then
-      local t = tasks[ARGV[i + 8]] or {d = 0, f = 0, ms = 0, b = {}}
-      tasks[ARGV[i + 8]] = t
-      local run_ms = math.max(tonumber(ARGV[i + 9]) or 0, 0)
-      if op == 'done' then t.d = t.d + 1 else t.f = t.f + 1 end
-      t.ms = t.ms + run_ms
-      local k = bucket(run_ms)
-      t.b[k] = (t.b[k] or 0) + 1
-    end
-    done = done + 1
-  else
-    dels[#dels + 1] = ARGV[2] .. id
-    if op == 'defer' then
-      redis.call('DECR', ARGV[3] .. id)
-    end
-    if data ~= '' then
-      redis.call('ZADD', queue, 'XX', data, id)
-      if earliest == nil or tonumber(data) < earliest then
-        earliest = tonumber(data)
-      end
-    end
-    retried = retried + 1
-  end
-end
-if #dels > 0 then
-  redis.call('DEL', unpack(dels))
-end
-local aborts = redis.call('ZCARD', KEYS[2]) > 0
-for queue, gone in pairs(finished) do
-  redis.call('ZREM', queue, unpack(gone))
-  if aborts then
-    redis.call('ZREM', KEYS[2], unpack(gone))
-  end
-end
-if #succeeded > 0 then
-  zadd(KEYS[3], succeeded, now)
-  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[11]) + 1))
-end
-if #failed > 0 then
-  zadd(KEYS[4], failed, now)
-  local most = TRIM_MAX + #failed
-  local oldest = string.format('(%d', tonumber(now) - tonumber(ARGV[13]))
-  forget_failures(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', oldest, 'LIMIT', 0, most))
-  local excess = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[12])
-  if excess > 0 then
-    forget_failures(redis.call('ZRANGE', KEYS[4], 0, math.min(excess, most) - 1))
-  end
-end
-local n = tonumber(ARGV[7])
-for q, c in pairs(counts) do
-  local stats = KEYS[q + n]
-  for outcome, count in pairs(c) do
-    if count > 0 then
-      redis.call('HINCRBY', stats, ARGV[6] .. ':' .. outcome, count)
-    end
-  end
-  redis.call('PEXPIRE', stats, ARGV[8])
-end
-if next(tasks) ~= nil then
-  local per_task = KEYS[5 + 2 * n]
-  local slot = 's' .. math.floor(tonumber(ARGV[6]) / 10) .. ':'
-  for name, t in pairs(tasks) do
-    for kind, count in pairs({d = t.d, f = t.f}) do
-      if count > 0 then
-        redis.call('HINCRBY', per_task, ARGV[6] .. ':' .. name .. ':' .. kind, count)
-      end
-    end
-    redis.call('HINCRBY', per_task, slot .. name .. ':ms', t.ms)
-    for k, count in pairs(t.b) do
-      redis.call('HINCRBY', per_task, slot .. name .. ':' .. k, count)
-    end
-  end
-  redis.call('PEXPIRE', per_task, ARGV[8])
-end
+"""
+    + FINISH_STATISTICS
+    + FINISH_RETENTION
+    + FINISH_INDEXES
+    + FINISH_TRANSITIONS
+    + """
+index_ends(ARGV[9])
+write_counts()
 if #ids > 0 then
   redis.call('SREM', KEYS[1], unpack(ids))
 end

@@ -9,8 +9,9 @@ relative URLs). Reads go through :mod:`worker.web.api`; actions through
 Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/overview``,
 ``GET /api/dead?page=&size=``, ``GET /api/dead/{job_id}``, and the actions ``POST
 /api/dead/requeue`` and ``/api/dead/purge`` (``{"ids": [...]}`` or ``{"all": true}``),
-``/api/periodic/trigger`` (``{"name"}``), ``/api/pause`` and ``/api/resume`` (``{"kind":
-"periodic"|"poller", "name"}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
+``/api/<kind>/trigger`` for each kind that runs one now (``{"name"}``), ``/api/pause`` and
+``/api/resume`` (``{"kind": "<kind>", "name"}``, a kind that pauses; the kinds:
+:mod:`worker.duties.kinds`), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
 (:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
 ``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
 ``/api/jobs/cancel`` (``{"id": "<job id>"}``).
@@ -36,7 +37,7 @@ import worker.web.jobsapi as jobs
 from worker.app import App
 from worker.client import Client
 from worker.core.errors import ConfigError
-from worker.core.ids import DUTY_KINDS, DutyKind
+from worker.duties import kinds
 from worker.ops.actions import Actor, Operations, Outcome
 from worker.runtime.httpguard import (
     BROWSER_HEADER_TIMEOUT_S,
@@ -99,7 +100,8 @@ def create_app(
     r.add_get(r"/api/dead/{job_id:[\s\S]+}", _dead_detail)
     r.add_post("/api/dead/requeue", _action(_requeue))
     r.add_post("/api/dead/purge", _action(_purge))
-    r.add_post("/api/periodic/trigger", _action(_trigger))
+    for kind in kinds.triggerable():
+        r.add_post(f"/api/{kind.name}/trigger", _action(_trigger))
     r.add_post("/api/pause", _action(_pause))
     r.add_post("/api/resume", _action(_resume))
     r.add_post("/api/leader/handoff", _action(_handoff))
@@ -276,12 +278,12 @@ def _name(body: dict[str, Any]) -> str:
     return name
 
 
-def _kind(body: dict[str, Any]) -> DutyKind:
+def _kind(body: dict[str, Any]) -> str:
     kind = body.get("kind")
-    for known in DUTY_KINDS:
-        if kind == known:
-            return known
-    raise _bad('"kind" is "periodic" or "poller"')
+    for known in kinds.pausable():
+        if kind == known.name:
+            return known.name
+    raise _bad('"kind" is ' + " or ".join(f'"{k.name}"' for k in kinds.pausable()))
 
 
 async def _requeue(ops: Operations, body: dict[str, Any]) -> Outcome:

@@ -1,12 +1,12 @@
 """``python -m worker doctor``: the N-replica acceptance checklist, run against a live cluster.
 
-It reads Redis only (plus the app, for the jobs and pollers it declares) and judges what a
-correct deployment at N replicas must look like: exactly one leader with a sane
-epoch, a Redis that never evicts, every registered instance heartbeating, one app version, clocks
-that agree, periodic jobs on schedule and succeeding, pollers and the queue keeping up, no dead
-letters, no holds sets nobody owns. Each check answers ✓ (ok), ! (warning: shown, does not fail)
-or ✗ (fails: the command exits 1) with a one-line explanation and, where useful, the offending
-instances or jobs below it.
+It reads Redis only (plus the app, for the duties it declares) and judges what a correct
+deployment at N replicas must look like: exactly one leader with a sane epoch, a Redis that
+never evicts, every registered instance heartbeating, one app version, clocks that agree, each
+duty kind's own checks (:mod:`worker.duties.kinds`: schedules kept, items dispatched), the
+queue keeping up, no dead letters, no holds sets nobody owns. Each check answers ✓ (ok), !
+(warning: shown, does not fail) or ✗ (fails: the command exits 1) with a one-line explanation
+and, where useful, the offending instances or jobs below it.
 
 :func:`diagnose` reads a :class:`~worker.ops.snapshot.ClusterSnapshot` (the read model ``status``
 and the console read too; "now" being the Redis server's clock) and runs every check on it;
@@ -27,6 +27,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from worker.app import App
+from worker.core.verdict import MARKS, Check, Limits, Status, iso
+from worker.duties import kinds
 from worker.ops import snapshot
 from worker.ops.doctor.instances import (
     check_clock_skew,
@@ -37,12 +39,8 @@ from worker.ops.doctor.instances import (
     check_versions,
 )
 from worker.ops.doctor.lease import check_durability, check_epochs, check_eviction, check_leader
-from worker.ops.doctor.verdict import MARKS, Check, Limits, Status, iso
 from worker.ops.doctor.work import (
     check_dead_letters,
-    check_periodic_schedule,
-    check_periodic_success,
-    check_pollers,
     check_queue,
     check_shards,
 )
@@ -104,11 +102,21 @@ async def diagnose(
 
 def judge(snap: ClusterSnapshot, app: App, limits: Limits) -> Report:
     """Every check on one snapshot (pure); ``shards`` only with more than one queue shard."""
-    checks = [*CHECKS, check_shards] if snap.shards else CHECKS
+    checks = [*checklist(), check_shards] if snap.shards else checklist()
     return Report(snap.now_ms, snap.prefix, [check(snap, app, limits) for check in checks])
 
 
-CHECKS: Sequence[Callable[[Snapshot, App, Limits], Check]] = (
+Checker = Callable[[Snapshot, App, Limits], Check]
+
+
+def checklist() -> list[Checker]:
+    """The checks in order: the cluster's, each duty kind's own (:mod:`worker.duties.kinds`),
+    then the queue's."""
+    duties: list[Checker] = [check for kind in kinds.KINDS for check in kind.checks]
+    return [*_CLUSTER, *duties, *_QUEUE]
+
+
+_CLUSTER: tuple[Checker, ...] = (
     check_leader,
     check_epochs,
     check_eviction,
@@ -118,13 +126,10 @@ CHECKS: Sequence[Callable[[Snapshot, App, Limits], Check]] = (
     check_neighbours,
     check_clock_skew,
     check_readiness,
-    check_periodic_schedule,
-    check_periodic_success,
-    check_pollers,
-    check_queue,
-    check_dead_letters,
-    check_orphaned_holds,
 )
+_QUEUE: tuple[Checker, ...] = (check_queue, check_dead_letters, check_orphaned_holds)
+#: the checklist as the package's kinds make it (``judge`` reads :func:`checklist` each time)
+CHECKS: Sequence[Checker] = tuple(checklist())
 
 
 def render(report: Report) -> str:

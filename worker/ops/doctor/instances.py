@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from worker.app import App
-from worker.ops.doctor.verdict import Check, Limits, num
+from worker.core.verdict import Check, Limits, num
 from worker.ops.snapshot import ClusterSnapshot
 
 

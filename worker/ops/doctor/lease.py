@@ -8,7 +8,7 @@ from worker.app import App
 from worker.core import malformed as M
 from worker.core.durability import describe
 from worker.core.ids import EPOCH_AHEAD_MS
-from worker.ops.doctor.verdict import Check, Limits
+from worker.core.verdict import Check, Limits
 from worker.ops.snapshot import ClusterSnapshot, Instance
 from worker.runtime.preflight import ALLOW_EVICTION, NOEVICTION
 

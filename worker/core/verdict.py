@@ -1,14 +1,25 @@
 """What a doctor check answers (:class:`Check`), the thresholds it judges by (:class:`Limits`)
-and the phrases the checks share."""
+and the phrases the checks share: the doctor's vocabulary, which the duty kinds' own checks
+(:mod:`worker.core.dutykinds`) speak too."""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from worker.core.redisurl import Replication
-from worker.settings import Settings
+
+
+class _Settings(Protocol):
+    """What :meth:`Limits.from_settings` reads of :class:`worker.settings.Settings`."""
+
+    @property
+    def orphan_stale_s(self) -> float: ...
+    @property
+    def allow_eviction(self) -> bool: ...
+    def replication(self) -> Replication: ...
+
 
 Status = Literal["ok", "warn", "fail"]
 MARKS: dict[str, str] = {"ok": "✓", "warn": "!", "fail": "✗"}
@@ -47,7 +58,7 @@ class Limits:
     replication: Replication = field(default_factory=Replication)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
+    def from_settings(cls, settings: _Settings) -> Limits:
         return cls(
             stale_s=settings.orphan_stale_s,
             allow_eviction=settings.allow_eviction,

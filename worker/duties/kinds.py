@@ -1,0 +1,24 @@
+"""Every duty kind the operator side knows, in the order ``status`` shows them.
+
+A new kind of duty declares a :class:`worker.core.dutykinds.Kind` in its own module and is
+listed here: the cluster snapshot, ``status``, the doctor, ``pause``/``resume``/``trigger``
+(CLI, actions and console) then read, show, judge and act on it without naming it. They read
+this list when they run (``kinds.KINDS``), not when they are imported.
+"""
+
+from __future__ import annotations
+
+from worker.core.dutykinds import Kind
+from worker.duties import initializer, keyed, periodic_kind, poller
+
+KINDS: tuple[Kind, ...] = (periodic_kind.KIND, poller.KIND, initializer.KIND, keyed.KIND)
+
+
+def pausable() -> tuple[Kind, ...]:
+    """The kinds an operator pauses and resumes by name (``<kind>:<name>``)."""
+    return tuple(k for k in KINDS if k.pausable)
+
+
+def triggerable() -> tuple[Kind, ...]:
+    """The kinds an operator runs one of now (``trigger``)."""
+    return tuple(k for k in KINDS if k.trigger is not None)
