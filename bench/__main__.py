@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "depose": ("bench.depose", "a live primary deposed: WAIT-confirmed writes lost, by policy"),
     "cluster": ("bench.cluster", "3-node Redis Cluster: per-node load, commands per job"),
     "idle": ("bench.idle", "idle fleet: commands/s per idle role, wake latency, reap, takeover"),
+    "fleet": ("bench.fleet", "100 near-idle processes: commands/s, claim rounds per enqueued job"),
     "jobs": ("bench.jobs", "jobs listing with 1M queued; cancel latency of running jobs"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
     "soak": ("bench.soak", "the suite's shortened fault scenarios at their original sizes"),

@@ -58,8 +58,8 @@ from tests.topology import Cluster
 
 def fill(r: redis_sync.Redis, prefix: str, n: int, due_ms: int) -> None:
     """``n`` no-op jobs in ``prefix``'s queue, ids starting with the prefix (its slot)."""
-    from arq.constants import expires_extra_ms, job_key_prefix
-
+    from worker.core.codec import EXPIRES_EXTRA_MS as expires_extra_ms
+    from worker.core.codec import JOB_KEY_PREFIX as job_key_prefix
     from worker.core.serializer import get_serializer, job_payload
 
     ser, _ = get_serializer("msgpack")

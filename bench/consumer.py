@@ -10,9 +10,9 @@ poll_delay 0.05 s) and tuned arq on uvloop (to separate the loop from the rest).
 is left unconfigured (no per-job lines), which favours the baseline.
 
 Each run: fresh keyspace, start the worker and wait until it polls (ours: until every consumer
-process is subscribed to the wake channel), pre-fill N jobs due at a moment T0 a little ahead
-(so start-up and filling are not timed) and, for ours, announce T0 on the wake channel once (one
-``PUBLISH`` of the due time, what ``enqueue_many`` sends for a batch due at one moment: without
+process waits on the wake marker), pre-fill N jobs due at a moment T0 a little ahead
+(so start-up and filling are not timed) and, for ours, announce T0 on the wake marker once (one
+``ZADD`` of the due time, what ``enqueue_many`` sets for a batch due at one moment: without
 it the fill is a plain arq client's, unannounced, and an idle consumer with no leader finds it
 at its 30 s fallback look, which the bench would time instead of the consumer; the consumer
 sets a timer and claims at T0, as every build since the wake channel did), then time T0 ->
@@ -181,29 +181,29 @@ def health_key_exists(r: redis_sync.Redis, kind: str, processes: int = 1) -> boo
     return bool(r.exists(f"{ARQ_QUEUE}:health-check"))
 
 
-def wake_channel() -> str:
+def wake_marker() -> str:
     from worker.storage.keys import Keys
 
-    return Keys(PREFIX).wake
+    return Keys(PREFIX).wake_marker
 
 
 def subscribed(r: redis_sync.Redis, processes: int) -> bool:
-    """Every consumer process listens on the wake channel (an announcement before would be
-    lost)."""
-    return int(r.pubsub_numsub(wake_channel())[0][1]) >= processes
+    """Every consumer process waits on the wake marker (``BZPOPMIN``, and a second one on the
+    duty lanes' marker; an announcement before would wake fewer of them)."""
+    waiting = [c for c in r.client_list() if c.get("cmd") == "bzpopmin"]
+    return len(waiting) >= 2 * processes
 
 
 def announce(r: redis_sync.Redis, due_ms: int) -> None:
-    """The batch's due time on the wake channel, as the framework's enqueue publishes it."""
-    r.publish(wake_channel(), str(due_ms))
+    """The batch's due time on the wake marker, as the framework's enqueue sets it."""
+    r.zadd(wake_marker(), {"wake": due_ms}, lt=True)
 
 
 def fill(
     r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.0, traced: bool = False
 ) -> None:
-    from arq.constants import expires_extra_ms, job_key_prefix
-    from arq.jobs import serialize_job
-
+    from worker.core.codec import EXPIRES_EXTRA_MS as expires_extra_ms
+    from worker.core.codec import JOB_KEY_PREFIX as job_key_prefix
     from worker.core.serializer import get_serializer, job_payload
 
     ser, _ = get_serializer("msgpack")
@@ -217,7 +217,9 @@ def fill(
                 {"otel": {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}} if traced else None
             )
             payload = job_payload(fn, args, {}, due_ms, ser, extra=extra)
-        else:
+        else:  # arq's own Worker reads its default, pickle (the bench's arq variants need arq)
+            from arq.jobs import serialize_job
+
             payload = serialize_job("noop", (i,), {}, None, due_ms, serializer=None)
         pipe.set(job_key_prefix + job_id, payload, px=expires_extra_ms)
         pipe.zadd(queue, {job_id: due_ms})

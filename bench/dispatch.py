@@ -134,9 +134,7 @@ async def run_variant(url: str, name: str, poller: PollerDef, n: int) -> dict[st
     r = redis_sync.Redis.from_url(url)
     fill(r, poller, n)
     if name == "ours":  # the client the runtime builds
-        redis = connect_redis(
-            url, queue_name=KEYS.queue, serialize=SERIALIZE, deserialize=DESERIALIZE
-        )
+        redis = connect_redis(url, queue_name=KEYS.queue)
     else:  # what a naive poller on plain arq would use
         redis = await create_pool(
             RedisSettings.from_dsn(url),
@@ -182,7 +180,7 @@ async def inflight_after_jobs_finish(url: str, n: int = 1000) -> str:
 
     r = redis_sync.Redis.from_url(url)
     fill(r, poller, n)
-    redis = connect_redis(url, queue_name=KEYS.queue, serialize=SERIALIZE, deserialize=DESERIALIZE)
+    redis = connect_redis(url, queue_name=KEYS.queue)
     await drain_ours(redis, poller)
     await redis.aclose()
     key = KEYS.poll_inflight(poller.name)

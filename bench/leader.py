@@ -109,10 +109,8 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
         for i in range(2)
     ]
     keys = K.Keys(PREFIX)
-    ser, de = get_serializer("msgpack")
-    redis = connect_redis(
-        url, queue_name=keys.queue, serialize=ser, deserialize=de, client_name="bench-enqueuer"
-    )
+    ser, _ = get_serializer("msgpack")
+    redis = connect_redis(url, queue_name=keys.queue, client_name="bench-enqueuer")
     r.set(keys.leader, LOCK)
     enqueuer = PeriodicEnqueuer(
         list(apps.many_periodic_app.periodics.values()),
@@ -177,10 +175,8 @@ async def per_key(url: str, window: float, n_keys: int) -> dict[str, Any]:
     r = redis_sync.Redis.from_url(url)
     r.flushall()
     keys = K.Keys(PREFIX)
-    ser, de = get_serializer("msgpack")
-    redis = connect_redis(
-        url, queue_name=keys.queue, serialize=ser, deserialize=de, client_name="bench-keys"
-    )
+    ser, _ = get_serializer("msgpack")
+    redis = connect_redis(url, queue_name=keys.queue, client_name="bench-keys")
     app = App("bench-keys")
     app.service(cardinality="per_key", keys=[f"k{i:05d}" for i in range(n_keys)])(holder)
     store = open_store(redis, keys, None)

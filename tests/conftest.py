@@ -19,13 +19,11 @@ import fakeredis
 import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
-from arq.connections import ArqRedis
 
 from tests.realredis import RealRedis
 from tests.timings import FAST_ENV
 from worker.client import Client
 from worker.core.ids import LockValue
-from worker.core.serializer import get_serializer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,17 +117,6 @@ def rsync(redis_url: str) -> Iterator[redis_sync.Redis]:
     client.close()
 
 
-@pytest.fixture
-async def real_arq(redis_url: str) -> Any:
-    """An async ArqRedis on the real server with the default (msgpack) serializer."""
-    ser, de = get_serializer("msgpack")
-    client = ArqRedis.from_url(redis_url)
-    client.job_serializer, client.job_deserializer = ser, de
-    client.default_queue_name = "worker:queue"
-    yield client
-    await client.aclose()
-
-
 @pytest.fixture(params=["fake", "real"])
 async def r(request: pytest.FixtureRequest) -> Any:
     """An async client on fakeredis (with Lua) AND, as a second run, on the real server: unit
@@ -144,7 +131,7 @@ async def r(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture
 async def fake_arq() -> Any:
-    """An async fakeredis client (with Lua) for fast unit tests; stands in for ArqRedis."""
+    """An async fakeredis client (with Lua) for fast unit tests; stands in for the Redis client."""
     client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
     yield client
     await client.aclose()

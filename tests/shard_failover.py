@@ -190,8 +190,7 @@ class ShardKill:
         slow on this box to build a backlog ahead of two consumers). They count as
         acknowledged once every replica has caught up (:meth:`_replicated`): ids and the
         moment (wall time)."""
-        from arq.constants import expires_extra_ms, job_key_prefix
-
+        from tests.arqfmt import expires_extra_ms, job_key_prefix
         from worker.core.serializer import get_serializer, job_payload
 
         ser, _ = get_serializer("msgpack")

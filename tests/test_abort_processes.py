@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import redis as redis_sync
-from arq.jobs import JobResult, deserialize_result
 
+from tests.arqfmt import JobResult, deserialize_result
 from tests.conftest import Spawn, client_call, wait_until
 from worker.client import Client
 from worker.core.serializer import msgpack_loads

@@ -5,7 +5,8 @@ The real-process test runs arq's README demo (tests/apps/arq_demo.py, with a cro
 second) as three ``--role all`` processes and enqueues with a real arq client: every cron tick
 runs once, every job once, each process opens and closes its session. The unit tests pin the
 mapping (functions, ``arq.func`` options, cron fields, hooks, settings, the Redis URL) and the
-refusals (one line naming the option).
+refusals (one line naming the option). They need arq (``pip install 'fenced-worker[arq]'``):
+without it they skip, except where ``WORKER_REQUIRE_ARQ=1`` (CI's arq environment).
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import redis as redis_sync
-from arq import create_pool, cron, func
-from arq.connections import RedisSettings
 
+from tests.arqfmt import require_arq
 from tests.conftest import ROOT, CliRun, WorkerProc
 from tests.docpages import python_block
 from tests.timings import FAST_ENV
@@ -33,6 +33,10 @@ from worker.arqcompat import arq_environ, redis_url
 from worker.core.ids import JobIds
 from worker.manifest import describe, manifest
 from worker.testing import Harness
+
+require_arq(module_level=True)
+from arq import create_pool, cron, func  # noqa: E402 (arq only once it is known to be there)
+from arq.connections import RedisSettings  # noqa: E402
 
 SPEC = "tests.apps.arq_demo:WorkerSettings"
 

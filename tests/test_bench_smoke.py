@@ -54,6 +54,10 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "jobs": (["--jobs", "1000", "--cancels", "1"], r"cancel"),
     "web": (["--smoke"], r"\| api/overview +\|"),
     "idle": (["--smoke"], r"\| consumer +\| [\d.]+ "),
+    "fleet": (
+        ["--consumers", "1", "--alls", "1", "--window", "2", "--settle", "2"],
+        r"\| commands per enqueued job \(over idle\) +\| [\d.-]+ ",
+    ),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
 }
 

@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from arq import create_pool
-from arq.connections import RedisSettings
-from arq.jobs import JobStatus
 
+from tests.arqfmt import JobStatus, require_arq
 from worker.app import App
 from worker.client import Client, arq_options
 from worker.context import JobContext
@@ -75,7 +73,7 @@ async def test_from_env_uses_the_workers_settings(
     env.setenv("WORKER_SERIALIZER", "json")
     client = await Client.from_env(app=app)
     try:
-        assert client.keys == K.Keys("shop:") and client.redis.default_queue_name == "shop:queue"
+        assert client.keys == K.Keys("shop:") and client.keys.queue == "shop:queue"
         job_id = await client.enqueue("send_receipt", 42)
         assert job_id is not None
         assert rsync.zscore("shop:queue", job_id) is not None
@@ -104,6 +102,10 @@ async def test_from_env_uses_the_workers_settings(
 
 
 async def test_from_settings_and_plain_arq_agree(env: pytest.MonkeyPatch, redis_url: str) -> None:
+    require_arq()
+    from arq import create_pool
+    from arq.connections import RedisSettings
+
     settings = load_settings(redis_url=redis_url)
     env.setenv("WORKER_KEY_PREFIX", "billing:")
     plain_settings = load_settings(redis_url=redis_url)
@@ -112,7 +114,7 @@ async def test_from_settings_and_plain_arq_agree(env: pytest.MonkeyPatch, redis_
     try:
         assert client.keys.queue == "worker:queue"
         job = await pool.enqueue_job("send_receipt", 7, _job_id="plain-1")
-        assert job is not None and await job.status() is JobStatus.queued
+        assert job is not None and await job.status() == JobStatus.queued  # arq's enum
         assert await pool.zscore("billing:queue", "plain-1") is not None  # from the prefix
     finally:
         await pool.aclose()

@@ -21,12 +21,8 @@ from worker.client import Client
 from worker.core.errors import ConfigError
 from worker.core.logs import mask_text
 from worker.core.redisurl import mask_url, parse_redis_url
-from worker.core.serializer import get_serializer
 from worker.settings import load_settings
 from worker.storage.connection import SlotPool, connect_redis
-
-SER, DE = get_serializer("msgpack")
-
 
 # -- parsing ------------------------------------------------------------------------------------
 
@@ -194,8 +190,6 @@ async def test_tls_reaches_data_nodes_and_sentinels() -> None:
     r = connect_redis(
         "rediss+sentinel://h1:1,h2:2/m?ssl_cert_reqs=none",
         queue_name="q",
-        serialize=SER,
-        deserialize=DE,
     )
     try:
         pool = r.connection_pool
@@ -219,7 +213,7 @@ def test_every_pool_packs_commands_in_c_into_the_same_bytes() -> None:
     from worker.storage.packing import Packing, packing
 
     for url in ("redis://h:1/0", "unix:///tmp/r.sock", "rediss+sentinel://h1:1/m"):
-        r = connect_redis(url, queue_name="q", serialize=SER, deserialize=DE)
+        r = connect_redis(url, queue_name="q")
         assert issubclass(r.connection_pool.connection_class, Packing), url
     args = ("EVALSHA", "ab" * 20, 2, "k\u00e9y", b"\x00\xffbin", -7, 1.5, 2**70, memoryview(b"mv"))
     fast = packing(Connection)(host="h")
@@ -281,7 +275,7 @@ async def test_a_pool_leaves_a_primary_deposed_while_it_still_serves(
     Before (redis-py's pool alone): the writes went to the deposed primary until it was
     reconfigured (10.2 s after the switch in the run this test was written against)."""
     target = parse_redis_url(sentinels.url(), sentinel_password="sentinel-pw")
-    r = connect_redis(target, queue_name="conn:queue", serialize=SER, deserialize=DE)
+    r = connect_redis(target, queue_name="conn:queue")
 
     async def where() -> int:
         async with r.pipeline(transaction=False) as pipe:
@@ -376,9 +370,7 @@ def cluster() -> Iterator[Cluster]:
 async def test_cluster_pool_serves_the_app_slot_and_follows_its_failover(
     cluster: Cluster,
 ) -> None:
-    r = connect_redis(
-        cluster.url(), queue_name="{conn}:queue", serialize=SER, deserialize=DE, socket_timeout_s=5
-    )
+    r = connect_redis(cluster.url(), queue_name="{conn}:queue", socket_timeout_s=5)
     try:
         slot = key_slot(b"{conn}:queue")
         assert isinstance(r.connection_pool, SlotPool) and r.connection_pool.slot == slot
@@ -406,5 +398,19 @@ async def test_cluster_pool_serves_the_app_slot_and_follows_its_failover(
                 assert time.monotonic() - started < 30
                 await asyncio.sleep(0.1)
         assert cluster.owner(slot) is not old
+    finally:
+        await r.aclose(close_connection_pool=True)
+
+
+async def test_a_client_without_a_connection_cap_serves_many_commands_at_once(
+    redis_url: str,
+) -> None:
+    """``max_connections=None`` means no cap on every redis-py: 6 and later cap an async pool
+    at 100 by default, which failed the 101st concurrent command (``MaxConnectionsError``;
+    a consumer running more jobs than that at once failed the rest)."""
+    r = connect_redis(redis_url, queue_name="cap:queue")
+    try:
+        replies = await asyncio.gather(*(r.blpop(["cap:none"], timeout=0.5) for _ in range(150)))
+        assert replies == [None] * 150
     finally:
         await r.aclose(close_connection_pool=True)

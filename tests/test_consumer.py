@@ -11,9 +11,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from arq.jobs import Job, JobStatus, SerializationError, deserialize_result
-from arq.worker import Retry
 
+from tests.arqfmt import Job, JobStatus, Retry, SerializationError, deserialize_result
 from worker.app import App
 from worker.client import Client
 from worker.consumer import BadJob, ClaimGuard, Consumer, ConsumerConfig, validate
@@ -556,7 +555,7 @@ async def test_duty_slots_run_a_duty_job_while_user_jobs_fill_every_shared_slot(
 ) -> None:
     """With ``concurrency=2`` and ``duty_slots=1``: two user jobs hold both shared slots, three
     more wait, and the third never takes the duty slot; a job in the duty lane, announced on
-    ``wake:duty``, starts in it at once, ahead of every queued user job."""
+    the duty marker, starts in it at once, ahead of every queued user job."""
     app = App("t")
     release = asyncio.Event()
     started: list[str] = []
@@ -579,7 +578,7 @@ async def test_duty_slots_run_a_duty_job_while_user_jobs_fill_every_shared_slot(
         await asyncio.sleep(0.3)
         assert len(started) == 2 and "duty" not in started  # the duty slot is not a user job's
         await lp.client.enqueue("duty", queue="default:duty")
-        await r.publish(KEYS.wake_duty, round(time.time() * 1000))
+        await r.zadd(KEYS.wake_duty_marker, {"wake": round(time.time() * 1000)}, lt=True)
         await eventually(lambda: "duty" in started, what="the duty job in its slot")
         assert len(started) == 3 and started[2] == "duty" and lp.consumer.in_flight == 2
     finally:
@@ -777,9 +776,10 @@ def test_the_consumer_knows_no_feature_and_stays_in_small_parts() -> None:
 async def test_the_fallback_look_is_rare_while_subscribed_and_at_once_when_the_wake_ups_break(
     redis_url: str, loops: list[Loop]
 ) -> None:
-    """Subscribed, an idle consumer looks at the queue every ``idle_poll_subscribed_s`` (30 s
-    here: enqueues wake it); once the wake subscription breaks it looks at once and then every
-    ``idle_poll_max_s``, so a job nobody announced (a plain arq client) is not left waiting."""
+    """Waiting on the wake marker, an idle consumer looks at the queue every
+    ``idle_poll_subscribed_s`` (30 s here: enqueues wake it); once that wait breaks it looks at
+    once and then every ``idle_poll_max_s``, so a job nobody announced (a plain arq client) is
+    not left waiting."""
     import redis.asyncio as aioredis
 
     r = aioredis.Redis.from_url(redis_url)
@@ -804,7 +804,9 @@ async def test_the_fallback_look_is_rare_while_subscribed_and_at_once_when_the_w
     await plain.store.redis.zadd(lp.client.keys.queue, {"plain-1": 1})
     await asyncio.sleep(0.5)
     assert ran == []  # the next look is 30 s away
-    await r.client_kill_filter(_type="pubsub")  # the wake subscription breaks
+    for c in await r.client_list():  # the wait on the wake marker breaks
+        if c.get("cmd") == "bzpopmin":
+            await r.client_kill_filter(_id=c["id"])
     await eventually(lambda: ran == ["plain-1"], within=5, what="the look after the break")
     await eventually(lambda: wakeups.subscribed, what="subscribed again")
     await lp.halt()

@@ -12,11 +12,9 @@ from typing import Any
 import msgpack
 import pytest
 import redis as redis_sync
-from arq.connections import RedisSettings, create_pool
-from arq.jobs import JobStatus
-from arq.worker import async_check_health
 
 from tests.apps.ledger import app as ledger_app
+from tests.arqfmt import JobStatus, require_arq
 from tests.conftest import Spawn, WorkerProc, wait_until
 from worker.client import Client
 from worker.core.clock import ms
@@ -141,6 +139,9 @@ def test_unknown_function_dead_lettered(
 async def test_plain_arq_client_enqueues_work(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
+    require_arq()
+    from arq.connections import RedisSettings, create_pool
+
     prefix = spawn.prefix  # type: ignore[attr-defined]
     start_consumer(spawn, rsync)
     ser, de = get_serializer("msgpack")
@@ -180,6 +181,10 @@ async def test_plain_arq_client_enqueues_work(
 async def test_arq_health_check_is_per_instance(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
+    require_arq()
+    from arq.connections import RedisSettings
+    from arq.worker import async_check_health
+
     prefix = spawn.prefix  # type: ignore[attr-defined]
     keys = K.Keys(prefix)
     c1 = start_consumer(spawn, rsync, "c1")

@@ -7,9 +7,8 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from arq.constants import expires_extra_ms
-from arq.jobs import deserialize_job
 
+from tests.arqfmt import deserialize_job, expires_extra_ms
 from tests.conftest import FixedLease
 from worker.app import App
 from worker.client import Client

@@ -37,10 +37,9 @@ from typing import Any
 import msgpack
 import pytest
 import redis as redis_sync
-from arq.connections import ArqRedis
-from arq.constants import expires_extra_ms
-from arq.jobs import Job
+import redis.asyncio as aioredis
 
+from tests.arqfmt import Job, expires_extra_ms
 from tests.conftest import Spawn, WorkerProc, wait_until
 from tests.realredis import RealRedis
 from tests.soak import size
@@ -748,7 +747,7 @@ def test_graceful_sigterm_never_runs_a_job_twice(
 
 async def _results(url: str, job_ids: Sequence[str]) -> dict[str, tuple[bool, Any] | None]:
     """Each job's arq result: ``(success, value)``, or ``None`` without a result."""
-    pool = ArqRedis.from_url(url)
+    pool = aioredis.Redis.from_url(url)
     try:
         out: dict[str, tuple[bool, Any] | None] = {}
         for jid in job_ids:

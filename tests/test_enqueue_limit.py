@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import redis as redis_sync
-from arq.jobs import deserialize_result
 
+from tests.arqfmt import deserialize_result
 from tests.conftest import Spawn, client_call, wait_until
 from worker import PayloadTooLarge, SyncClient
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client

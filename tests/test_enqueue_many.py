@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 import redis as redis_sync
-from arq.constants import expires_extra_ms
-from arq.jobs import deserialize_job_raw
 
+from tests.arqfmt import deserialize_job_raw, expires_extra_ms
 from tests.conftest import Spawn, wait_until
 from tests.test_consumer_integration import start_consumer
 from worker.app import App

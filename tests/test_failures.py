@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import structlog
-from arq.jobs import Job
 
+from tests.arqfmt import Job
 from tests.conftest import Spawn, client_call, wait_until
 from tests.test_consumer import Loop, eventually, loops
 from worker.app import App

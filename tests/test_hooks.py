@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 import structlog
-from arq.jobs import Job, JobStatus
-from arq.worker import Retry
 
+from tests.arqfmt import Job, JobStatus, Retry
 from tests.docpages import python_block, python_blocks, section
 from tests.test_consumer import KEYS, Loop, eventually
 from worker import App, JobContext, JobOutcome

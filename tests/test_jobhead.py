@@ -8,8 +8,8 @@ import pickle
 
 import msgpack
 import pytest
-from arq.jobs import serialize_result
 
+from tests.arqfmt import serialize_result
 from worker.core.jobhead import HEAD_BYTES, TAIL_BYTES
 from worker.core.serializer import (
     Deserialize,

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from arq.jobs import serialize_result
 from redis import asyncio as aioredis
 
+from tests.arqfmt import serialize_result
 from worker import App, JobContext
 from worker.client import Client
 from worker.core.serializer import job_payload, msgpack_dumps

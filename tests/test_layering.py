@@ -1,7 +1,8 @@
 """The layering stays honest: worker/'s import graph has no cycles (type-only imports and
 subpackages included), no folder imports upward or sideways, no Redis command outside the
 storage package, every script has one caller, modules, functions and Lua scripts stay small,
-and only the wiring module and the command line decide anything by role."""
+only the wiring module and the command line decide anything by role, only the codec names the
+fields of arq's records, and only the arq-interop module may import arq."""
 
 from __future__ import annotations
 
@@ -254,6 +255,115 @@ def test_every_script_is_used_by_exactly_one_function() -> None:
                         users[ref].add(f"{name}.{fn.name}")
     wrong = {s: sorted(u) for s, u in users.items() if len(u) != 1}
     assert users and not wrong, f"scripts not used by exactly one function: {wrong}"
+
+
+# -- arq's wire format: one codec, and arq imported by the interop module alone ---------------
+
+#: The module that reads and writes arq's job and result records (their field names).
+CODEC = "core.codec"
+#: Where ``import arq`` may appear (lazily: arq is an extra, ``fenced-worker[arq]``).
+ARQ_INTEROP = {"arqcompat"}
+#: The records' field names (``"id"`` left out: too common a key to tell a record by).
+RECORD_FIELDS = {"t", "f", "a", "k", "et", "s", "r", "st", "ft", "q"}
+
+
+def _field(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value in RECORD_FIELDS
+
+
+def record_field_uses(tree: ast.Module) -> list[int]:
+    """Lines that name a record's field: a dict literal with two or more of the fields as
+    keys (``{"f": fn, "a": args}``), a subscript (``record["f"]``), a lookup
+    (``record.get("f")``, ``.pop``, ``.setdefault``), a comparison or membership test
+    (``key == "a"``, ``"k" in record``)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            hit = sum(_field(k) for k in node.keys) >= 2
+        elif isinstance(node, ast.Subscript):
+            hit = _field(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            lookup = node.func.attr in ("get", "pop", "setdefault")
+            hit = lookup and bool(node.args) and _field(node.args[0])
+        elif isinstance(node, ast.Compare):
+            hit = any(_field(x) for x in (node.left, *node.comparators))
+        else:
+            continue
+        if hit:
+            out.append(node.lineno)
+    return sorted(set(out))
+
+
+def arq_imports(tree: ast.Module) -> list[int]:
+    """Lines importing arq (``import arq``, ``import arq.jobs``, ``from arq.x import y``)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n == "arq" or n.startswith("arq.") for n in names):
+            out.append(node.lineno)
+    return out
+
+
+def test_only_the_codec_names_the_record_fields() -> None:
+    found = {
+        name: lines
+        for name, tree in modules().items()
+        if name != CODEC and (lines := record_field_uses(tree))
+    }
+    assert not found, f"arq record fields named outside worker/core/codec.py: {found}"
+
+
+def test_the_record_field_finder_finds_them() -> None:
+    tree = ast.parse(
+        "def f(record, key, rec):\n"
+        "    data = {'t': None, 'f': fn, 'a': [], 'k': {}, 'et': 1}\n"
+        "    record['f']\n"
+        "    record.get('et')\n"
+        "    key == 'a'\n"
+        "    'k' in record\n"
+        "    {'id': 1, 'name': 'x'}; rec.get('id'); rec['name']; {'f': 1}\n"
+    )
+    assert record_field_uses(tree) == [2, 3, 4, 5, 6]
+
+
+def test_arq_is_imported_by_the_interop_module_alone() -> None:
+    found = {
+        name: lines
+        for name, tree in modules().items()
+        if name not in ARQ_INTEROP and (lines := arq_imports(tree))
+    }
+    assert not found, f"arq imported outside {sorted(ARQ_INTEROP)}: {found}"
+
+
+def test_the_arq_import_finder_finds_them() -> None:
+    tree = ast.parse(
+        "import arq\nfrom arq.jobs import Job\nimport arq.worker as w\n"
+        "def f():\n    from arq import cron\n"
+        "import arquebus\nfrom worker import arqcompat\nfrom . import arq\n"
+    )
+    assert arq_imports(tree) == [1, 2, 3, 5]
+
+
+def test_the_codec_and_the_retry_requests_need_nothing_but_the_standard_library() -> None:
+    """The wire format and the retry requests import the standard library only (no Redis
+    client, no arq, no settings): a producer or tool can take them as they are."""
+    import sys
+
+    for name in (CODEC, "core.retry"):
+        for node in ast.walk(modules()[name]):
+            if isinstance(node, ast.Import):
+                roots = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                roots = [node.module.split(".")[0]]
+            else:
+                continue
+            bad = [r for r in roots if r not in sys.stdlib_module_names and r != "__future__"]
+            assert not bad, f"worker.{name} imports {bad}"
 
 
 # -- the wings: bottom to top ----------------------------------------------------------------

@@ -102,3 +102,94 @@ def test_wheel_and_sdist_build_and_pass_twine_check(tmp_path: Path) -> None:
         or n.endswith((".pyc", ".rdb", ".log"))
     ]
     assert not junk, junk
+
+
+APP_MODULE = """
+from worker import App, JobContext
+
+app = App("pkgcheck")
+
+
+@app.task
+async def greet(ctx: JobContext, name: str) -> str:
+    return f"hello {name} from redis-py " + __import__("redis").__version__
+"""
+
+CLIENT_SCRIPT = """
+import asyncio, sys
+import worker
+
+
+async def main(url: str, prefix: str) -> None:
+    client = await worker.Client.connect(url, key_prefix=prefix)
+    try:
+        job_id = await client.enqueue("greet", "wheel")
+        print(await client.job(job_id).result(timeout=90, poll_delay=0.1))
+        print((await client.job(job_id).status()).value)
+    finally:
+        await client.close()
+
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.slow
+def test_the_wheel_runs_a_job_beside_redis_py_8_and_fastapi(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """``pip install fenced-worker`` into an environment that already has redis-py 8 and
+    FastAPI keeps them (no arq, which pins redis<6), and a worker from that environment runs a
+    job its client enqueued, on a real server. Before: the install failed to resolve."""
+    import os
+
+    from tests.timings import FAST_ENV
+
+    dist = tmp_path / "dist"
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)]
+    subprocess.run([*build, str(ROOT)], capture_output=True, timeout=240, check=True)
+    (wheel,) = dist.glob("*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], timeout=120, check=True)
+    py, pip = str(venv / "bin" / "python"), [str(venv / "bin" / "python"), "-m", "pip"]
+    quiet = ["install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *quiet, "redis>=8,<9", "fastapi"], timeout=600, check=True)
+    done = subprocess.run(
+        [*pip, *quiet, str(wheel)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    probe = "import importlib.util as u, redis; print(redis.__version__, u.find_spec('arq'))"
+    versions = subprocess.run(
+        [py, "-c", probe],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.split()  # fmt: skip
+    assert versions[0].startswith("8.") and versions[1] == "None", versions
+
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "pkgapp.py").write_text(APP_MODULE)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "PYTHON"))},
+        **FAST_ENV,
+        "WORKER_REDIS_URL": redis_url,
+        "WORKER_KEY_PREFIX": key_prefix,
+        "WORKER_APP": "pkgapp:app",
+        "PYTHONPATH": str(app_dir),  # the app only: the package comes from the wheel
+    }
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(venv / "bin" / "worker"), "run", "--role", "all", "--instance-name", "pkg"],
+            env=env, cwd=app_dir, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            client = subprocess.run(
+                [py, "-c", CLIENT_SCRIPT, redis_url, key_prefix],
+                env=env, cwd=app_dir, capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    said = client.stdout.split("\n")
+    assert client.returncode == 0, client.stderr + log.read_text(errors="replace")[-3000:]
+    assert said[0] == f"hello wheel from redis-py {versions[0]}" and said[1] == "complete", said

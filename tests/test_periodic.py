@@ -6,8 +6,8 @@ from typing import Any
 
 import fakeredis
 import pytest
-from arq.jobs import deserialize_job
 
+from tests.arqfmt import deserialize_job
 from tests.conftest import FixedLease
 from worker.core.clock import FakeClock
 from worker.core.errors import LeadershipLost

@@ -7,8 +7,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from arq.jobs import deserialize_job
 
+from tests.arqfmt import deserialize_job
 from tests.conftest import FixedLease
 from worker.app import App
 from worker.client import Client

@@ -407,8 +407,8 @@ def test_plan_and_build_read_the_same_rows() -> None:
         "heartbeat", "health-server", "loop-watchdog", "consumer", "service:loop",
     ]  # fmt: skip
     assert consumer.disabled == [
-        "leader-election", "poller:cards", "periodic", "orphan-reaper", "queue-metrics",
-        "unannounced-jobs",
+        "leader-election", "poller:cards", "periodic", "schedules", "orphan-reaper",
+        "queue-metrics", "unannounced-jobs",
         "service:single",
     ]  # fmt: skip
     assert leader.enabled == consumer.enabled + consumer.disabled and leader.disabled == []

@@ -20,8 +20,8 @@ from worker.storage import keys as K
 pytestmark = pytest.mark.timeout(120)
 
 SINGLETONS = {
-    "leader-election", "initializer:seed", "poller:items", "periodic", "orphan-reaper",
-    "queue-metrics", "unannounced-jobs",
+    "leader-election", "initializer:seed", "poller:items", "periodic", "schedules",
+    "orphan-reaper", "queue-metrics", "unannounced-jobs",
 }  # fmt: skip
 EVERYWHERE = {"consumer", "heartbeat"}
 

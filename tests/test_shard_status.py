@@ -243,8 +243,7 @@ def test_throughput_series_are_summed_minute_by_minute_over_the_shards() -> None
 async def test_done_and_failed_listings_merge_every_shard_newest_first(r: Any) -> None:
     """``worker jobs --state done|failed`` with 3 shards: each shard's recent successes and
     failures merged newest first, paged by time; the failure record read in the job's shard."""
-    from arq.jobs import serialize_result
-
+    from tests.arqfmt import serialize_result
     from worker.core.serializer import msgpack_dumps
     from worker.ops import jobsview
 

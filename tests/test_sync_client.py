@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import redis as redis_sync
-from arq.jobs import JobStatus
 
+from tests.arqfmt import JobStatus
 from tests.conftest import Spawn, wait_until
 from worker import SyncClient
 from worker.core.errors import ConfigError

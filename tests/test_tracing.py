@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from arq.worker import Retry
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tests.arqfmt import Retry
 from tests.conftest import CliRun, Spawn
 from tests.test_consumer import KEYS, Loop, eventually
 from worker import App, Client, JobContext

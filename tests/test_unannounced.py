@@ -10,17 +10,20 @@ wake channel, heard by the test)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 import random
 import time
+import uuid
 
 import pytest
 import redis as redis_sync
-from arq.connections import RedisSettings, create_pool
+import redis.asyncio as aioredis
 
 from tests.conftest import Spawn, wait_until
 from tests.timings import FAST_ENV
 from worker.client import Client
+from worker.core import codec
 from worker.core.clock import FakeClock, ms
 from worker.core.serializer import get_serializer
 from worker.duties.unannounced import UnannouncedJobs
@@ -52,7 +55,27 @@ async def enqueue_at_random_moments(enqueue: object) -> None:
 
 
 async def with_arq(redis_url: str, prefix: str) -> None:
+    """arq's own client (``enqueue_job``: no announcement); without arq installed, its two
+    writes made here (the record, the queue entry), as any producer written from
+    docs/protocol.md that does not announce."""
     ser, de = get_serializer("msgpack")
+    if importlib.util.find_spec("arq") is None:
+        r = aioredis.Redis.from_url(redis_url)
+
+        async def enqueue(fn: str, *args: object) -> None:
+            jid, now = uuid.uuid4().hex, ms(time.time())
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.set(codec.JOB_KEY_PREFIX + jid, codec.encode_job(fn, args, {}, now, ser))
+                pipe.zadd(Keys(prefix).queue, {jid: now})
+                await pipe.execute()
+
+        try:
+            await enqueue_at_random_moments(enqueue)
+        finally:
+            await r.aclose()
+        return
+    from arq.connections import RedisSettings, create_pool
+
     pool = await create_pool(
         RedisSettings.from_dsn(redis_url),
         default_queue_name=Keys(prefix).queue,
@@ -117,14 +140,15 @@ class FakeShard:
     def __init__(self) -> None:
         self.head: dict[str, tuple[str, int] | None] = {}
         self.announced: list[int] = []
+        self.duty: list[int] = []  # announced on the duty marker
         self.looks = 0
 
     async def heads(self, queues: list[str]) -> list[tuple[str, int] | None]:
         self.looks += 1
         return [self.head.get(q) for q in queues]
 
-    async def announce(self, due_ms: int) -> None:
-        self.announced.append(due_ms)
+    async def announce(self, due_ms: int, *, duty: bool = False) -> None:
+        (self.duty if duty else self.announced).append(due_ms)
 
 
 async def test_a_late_head_is_announced_once_per_shard_and_a_fresh_one_not_at_all() -> None:
@@ -146,3 +170,19 @@ async def test_a_late_head_is_announced_once_per_shard_and_a_fresh_one_not_at_al
     clock.advance(0.5)
     await look.tick()
     assert home.announced == [now - 2000, now - 300] and other.announced == [now - 100]
+
+
+async def test_a_late_duty_lane_head_is_announced_on_the_duty_marker() -> None:
+    """A late head in a duty lane (a tick a consumer that died had claimed) goes to the duty
+    marker, which a consumer whose shared slots are all busy waits on too; a queue's late head
+    to the wake marker, each once."""
+    clock = FakeClock()
+    now = ms(clock.time())
+    shard = FakeShard()
+    look = UnannouncedJobs([shard], ["default:duty", "default"], clock, interval_s=0.5)  # type: ignore[list-item]
+    shard.head = {"default:duty": ("t", now - 1000), "default": ("a", now - 2000)}
+    await look.tick()
+    assert (shard.duty, shard.announced) == ([now - 1000], [now - 2000])
+    clock.advance(0.5)
+    await look.tick()
+    assert (shard.duty, shard.announced) == ([now - 1000], [now - 2000])

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
-from arq.jobs import Job
 
+from tests.arqfmt import Job
 from tests.conftest import Spawn, wait_until
 from tests.realredis import RealRedis
 from tests.soak import size

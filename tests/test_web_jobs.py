@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
-from arq.jobs import serialize_result
 
 from tests.apps.ledger import app as ledger
+from tests.arqfmt import serialize_result
 from tests.test_consumer import KEYS, Loop, eventually
 from worker.client import Client
 from worker.core.serializer import job_payload, msgpack_dumps

@@ -59,6 +59,14 @@ def wait_for(
     raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last!r})")
 
 
+def sentinel_state(reply: Any) -> dict[str, Any]:
+    """A ``SENTINEL MASTER``/``REPLICAS`` entry as a dict: redis-py up to 6 leaves the flat list
+    of names and values, 7 on parses it (``flags`` becomes a set)."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
 class Node:
     """One data node (primary or replica, or a cluster node) with a fixed port and directory,
     restartable in place."""
@@ -244,8 +252,7 @@ class SentinelSet:
 
     def _sentinel_ready(self, port: int) -> bool:
         with self.sentinel_client(port) as c:
-            state = c.execute_command("SENTINEL", "MASTER", self.master)
-            info = dict(zip(state[::2], state[1::2], strict=True))
+            info = sentinel_state(c.execute_command("SENTINEL", "MASTER", self.master))
             replicas = c.execute_command("SENTINEL", "REPLICAS", self.master)
         return (
             int(info.get("num-other-sentinels", 0)) >= len(self.sentinel_ports) - 1
@@ -337,9 +344,9 @@ class SentinelSet:
             with self.sentinel_client(self.sentinel_ports[0]) as c:
                 replicas = c.execute_command("SENTINEL", "REPLICAS", self.master)
             for flat in replicas:
-                info = dict(zip(flat[::2], flat[1::2], strict=True))
+                info = sentinel_state(flat)
                 if (
-                    info.get("flags") == "slave"
+                    info.get("flags") in ("slave", {"slave"})
                     and info.get("master-link-status") == "ok"
                     and int(info.get("master-link-down-time", 1)) == 0
                 ):

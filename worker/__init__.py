@@ -1,8 +1,10 @@
-"""Role-split background workers on arq: consumers scale out, singleton duties run once.
+"""Role-split background workers speaking arq's job format: consumers scale out, singleton
+duties run once.
 
 Public API::
 
     from worker import App, Client, Context, JobContext, JobOutcome, SyncClient
+    from worker import Retry, JobStatus     # raise Retry(defer=...) in a task; Job.status()
 
 An arq app moves in unchanged: ``worker.from_arq(WorkerSettings)`` is its :class:`App`, and
 ``python -m worker --arq-settings module:WorkerSettings`` runs it (docs/moving-from-arq.md).
@@ -15,8 +17,10 @@ from worker.arqcompat import from_arq
 from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
+from worker.core.codec import JobResult, JobStatus
 from worker.core.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
 from worker.core.jobdefs import JobOutcome
+from worker.core.retry import Retry, RetryJob
 from worker.polls import BoundPoller
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
@@ -31,9 +35,13 @@ __all__ = [
     "InvalidId",
     "JobContext",
     "JobOutcome",
+    "JobResult",
     "JobSpec",
+    "JobStatus",
     "LeadershipLost",
     "PayloadTooLarge",
+    "Retry",
+    "RetryJob",
     "Settings",
     "SyncClient",
     "UnknownTask",

@@ -1,7 +1,7 @@
 """Enqueueing from anywhere (web apps, tasks, initializers): jobs, unique jobs, poll items.
 
-A :class:`Client` wraps an :class:`arq.connections.ArqRedis` configured with the framework's
-queue name and serializer, so what it writes is exactly what the consumers read. A web app
+A :class:`Client` wraps a ``redis.asyncio.Redis`` with the framework's key names and
+serializer, so what it writes is exactly what the consumers read. A web app
 reads the same ``WORKER_*`` settings as the workers (Redis URL or ``WORKER_REDIS_URL_FILE``,
 key prefix, serializer), so the two cannot disagree::
 
@@ -10,7 +10,7 @@ key prefix, serializer), so the two cannot disagree::
     await client.enqueue("activate", pkg_id, unique_key=f"activate:{pkg_id}")
     await client.enqueue_many([("send_report", (n,)) for n in range(1000)])  # 2 round trips
     await client.poller("cards").schedule("card-17", delay=30)
-    info = await client.job(job_id).result_info()     # arq's Job: status, result
+    info = await client.job(job_id).result_info()     # status, result (as arq's Job)
     await client.broadcast("pricing", {"version": 7})  # every process's handlers
     await client.close()
 
@@ -35,17 +35,21 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import uuid4
 
-from arq.connections import ArqRedis
-from arq.constants import expires_extra_ms
-from arq.jobs import Job
 from redis.asyncio import Redis
 
 from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
+from worker.core import codec
 from worker.core.clock import Clock, RedisClock, ms, on_server_time
 from worker.core.errors import ConfigError, PayloadTooLarge, UnknownTask
 from worker.core.ids import check_id
 from worker.core.redisurl import RedisTarget, Replication, parse_redis_url
-from worker.core.serializer import Serialize, SerializerName, get_serializer, job_payload
+from worker.core.serializer import (
+    Deserialize,
+    Serialize,
+    SerializerName,
+    get_serializer,
+    loads_for,
+)
 from worker.core.topics import MAX_BYTES as MAX_BROADCAST_BYTES
 from worker.core.topics import publish
 from worker.polls import BoundPoller, Pollers, due_ms
@@ -53,8 +57,10 @@ from worker.settings import Settings, load_settings
 from worker.storage import NewJob, QueuedJob, Store, open_store, server
 from worker.storage import keys as K
 from worker.storage.connection import connect_redis, connect_shards
+from worker.storage.handle import Job
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.storage.ready import wait_for_redis
+from worker.storage.schedules import Schedules
 from worker.storage.sharded import Shards
 from worker.storage.shards import shard_prefixes
 from worker.storage.store import open_shards
@@ -98,13 +104,14 @@ class Client:
 
     def __init__(
         self,
-        redis: ArqRedis,
+        redis: Redis,
         *,
         keys: K.Keys,
         serialize: Serialize,
+        deserialize: Deserialize | None = None,
         app: Pollers | None = None,
         clock: Clock | None = None,
-        expires_ms: int = expires_extra_ms,
+        expires_ms: int = codec.EXPIRES_EXTRA_MS,
         store: Store | None = None,
         origin: str | None = None,
         replication: Replication | None = None,
@@ -131,6 +138,8 @@ class Client:
         #: the Redis server's clock by default: a due time means the same on every host
         self.clock = clock or RedisClock()
         self._serialize = serialize
+        #: reads result and job records (:meth:`job`); by default the pair of ``serialize``
+        self._deserialize = deserialize or loads_for(serialize)
         self._expires_ms = expires_ms
 
     @classmethod
@@ -167,8 +176,6 @@ class Client:
             target,
             shard_prefixes(key_prefix, queue_shards),
             queue_name=keys.queue,
-            serialize=serialize,
-            deserialize=deserialize,
         )
         try:
             await server.ping(clients[0])
@@ -183,6 +190,7 @@ class Client:
             clients[0],
             keys=keys,
             serialize=serialize,
+            deserialize=deserialize,
             app=app,
             replication=replication,
             tracing=tracer,
@@ -214,8 +222,6 @@ class Client:
             target,
             shard_prefixes(settings.key_prefix, n),
             queue_name=keys.queue,
-            serialize=serialize,
-            deserialize=deserialize,
         )
         redis = clients[0]
         try:
@@ -228,6 +234,7 @@ class Client:
             redis,
             keys=keys,
             serialize=serialize,
+            deserialize=deserialize,
             app=app,
             clock=clock,
             replication=replication,
@@ -310,7 +317,7 @@ class Client:
         await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
-        payload = job_payload(function, args, kwargs, now, self._serialize, extra=extra)
+        payload = codec.encode_job(function, args, kwargs, now, self._serialize, extra=extra)
         self._sized(function, payload)
         ttl = self._expires_ms + max(0, score - now)
         ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
@@ -370,7 +377,9 @@ class Client:
             score = due_ms(s.defer_until, 0.0, self.clock) if s.defer_until else None
             score = now + ms(s.defer_by) if score is None else score
             extra = spans.create(s.function, jid, queue) if spans is not None else None
-            payload = job_payload(s.function, s.args, s.kwargs, now, self._serialize, extra=extra)
+            payload = codec.encode_job(
+                s.function, s.args, s.kwargs, now, self._serialize, extra=extra
+            )
             self._sized(s.function, payload)
             ttl = self._expires_ms + max(0, score - now)
             batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl)))
@@ -445,15 +454,13 @@ class Client:
         return store.ids.unique(unique_key)
 
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> Job:
-        """arq's :class:`~arq.jobs.Job` for ``job_id`` in ``queue``: ``await job.status()``,
+        """A :class:`~worker.storage.handle.Job` for ``job_id`` in ``queue`` (arq's ``Job``
+        methods): ``await job.status()``,
         ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
         store = self.shards.of(job_id)  # the job's queue shard
-        return Job(
-            job_id,
-            store.redis,
-            _queue_name=store.keys.queue_of(queue),
-            _deserializer=self.redis.job_deserializer,
-        )
+        if self._deserialize is None:
+            raise ValueError("Client(serialize=<custom>) reads jobs only with deserialize=...")
+        return Job(job_id, store.redis, store.keys.queue_of(queue), self._deserialize)
 
     async def broadcast(self, topic: str, data: Any = None) -> int | None:
         """Send ``data`` (any value the serializer takes) to the ``@app.on_broadcast(topic)``
@@ -476,6 +483,18 @@ class Client:
         if self.app is None:
             raise RuntimeError("Client was created without app=...; pollers need the app")
         return BoundPoller(self.app.pollers[name], self.store, self.clock)
+
+    @property
+    def schedules(self) -> Schedules:
+        """Run-time schedules of the app's tasks (:class:`~worker.storage.schedules.Schedules`)."""
+        return Schedules(self.store, self._schedulable)
+
+    def _schedulable(self, task: str) -> None:
+        tasks = getattr(self.app, "tasks", None)
+        if not isinstance(tasks, dict):
+            raise ConfigError("schedules need the app: make the client with app=...")
+        if task not in tasks:
+            raise UnknownTask(task, getattr(self.app, "name", "app"), sorted(tasks))
 
 
 async def _close_all(clients: Sequence[Redis]) -> None:

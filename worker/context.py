@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import Client
@@ -54,7 +54,7 @@ class Context:
     """
 
     settings: Settings
-    redis: ArqRedis
+    redis: Redis
     client: Client
     clock: Clock
     instance_id: str
@@ -281,7 +281,7 @@ class JobContext(dict[str, Any]):
         return self.context.state
 
     @property
-    def redis(self) -> ArqRedis:
+    def redis(self) -> Redis:
         return self.context.redis
 
     async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:

@@ -27,11 +27,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from arq.jobs import JobResult, JobStatus
-
 from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
+from worker.core.codec import JobResult, JobStatus
 from worker.core.redisurl import RedisTarget
+from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import SerializerName
 from worker.polls import Pollers
 from worker.settings import Settings, load_settings
@@ -162,6 +162,12 @@ class SyncClient:
         """:meth:`Client.broadcast`."""
         return self._submit(self.client.broadcast(topic, data))
 
+    @property
+    def schedules(self) -> SyncSchedules:
+        """:attr:`Client.schedules`, synchronous: ``upsert``, ``remove``, ``list``, ``get``."""
+        self._check()
+        return SyncSchedules(self)
+
     def run(self, call: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
         """Any async :class:`Client` call, from this thread:
         ``client.run(lambda c: c.poller("cards").schedule("card-1", delay=5))``."""
@@ -224,7 +230,7 @@ class SyncClient:
 
 
 class SyncJob:
-    """One job, seen from synchronous code (arq's :class:`~arq.jobs.Job` underneath)."""
+    """One job, seen from synchronous code (:class:`~worker.storage.handle.Job` underneath)."""
 
     def __init__(self, client: SyncClient, job_id: str, queue: str = DEFAULT_QUEUE) -> None:
         self.client = client
@@ -250,3 +256,23 @@ class SyncJob:
     def abort(self) -> None:
         """:meth:`SyncClient.abort` of this job."""
         self.client.abort(self.job_id)
+
+
+class SyncSchedules:
+    """:class:`~worker.storage.schedules.Schedules` for synchronous code (same arguments)."""
+
+    def __init__(self, client: SyncClient) -> None:
+        self._client = client
+
+    def upsert(self, name: str, task: str, *args: Any, **options: Any) -> ScheduleSpec:
+        """:meth:`Schedules.upsert <worker.storage.schedules.Schedules.upsert>`."""
+        return self._client.run(lambda c: c.schedules.upsert(name, task, *args, **options))
+
+    def remove(self, name: str) -> bool:
+        return self._client.run(lambda c: c.schedules.remove(name))
+
+    def list(self) -> list[ScheduleSpec]:
+        return self._client.run(lambda c: c.schedules.list())
+
+    def get(self, name: str) -> ScheduleSpec | None:
+        return self._client.run(lambda c: c.schedules.get(name))

@@ -26,7 +26,7 @@ import datetime as dt
 from types import TracebackType
 from typing import Any
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker.app import App
 from worker.client import Client
@@ -55,10 +55,11 @@ class Harness:
         self.keys = K.Keys(key_prefix)
         self.serialize, self.deserialize = get_serializer("msgpack")
         self._own_redis = redis is None
-        self.redis: ArqRedis = redis if redis is not None else _fake_redis()
+        self.redis: Redis = redis if redis is not None else _fake_redis()
         settings = settings or Settings.model_construct(key_prefix=key_prefix)
         self.client = Client(
-            self.redis, keys=self.keys, serialize=self.serialize, app=app, clock=self.clock,
+            self.redis, keys=self.keys, serialize=self.serialize, deserialize=self.deserialize,
+            app=app, clock=self.clock,
             max_payload_bytes=settings.max_payload_bytes,
         )  # fmt: skip
         self.context = Context(
@@ -149,7 +150,7 @@ class Harness:
         return ran
 
 
-def _fake_redis() -> ArqRedis:
+def _fake_redis() -> Redis:
     try:
         import fakeredis
     except ImportError:  # pragma: no cover - a clear message for a missing test dependency
@@ -157,5 +158,5 @@ def _fake_redis() -> ArqRedis:
             "worker.testing runs on fakeredis by default: pip install 'fakeredis[lua]' "
             "(or pass redis=... to Harness)"
         ) from None
-    client: ArqRedis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())  # type: ignore[assignment]
+    client: Redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
     return client

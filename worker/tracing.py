@@ -32,11 +32,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from arq.worker import Retry, RetryJob
-
 from worker.core.errors import ConfigError
 from worker.core.jobdefs import JobHook, JobOutcome, JobRun
 from worker.core.logs import error_text, traceback_text
+from worker.core.retry import is_retry
 from worker.settings import OTEL_MISSING
 from worker.version import __version__
 
@@ -312,9 +311,9 @@ def failing(span: Span) -> Iterator[None]:
 
 
 def _is_failure(outcome: JobOutcome) -> bool:
-    """A run that failed: not a success, an abort, arq's ``Retry`` or a cut-short run."""
+    """A run that failed: not a success, an abort, a ``Retry`` or a cut-short run."""
     if outcome.status in ("failed", "dead", "timeout"):
         return True
     if outcome.status != "retry" or outcome.error is None:
         return False
-    return not isinstance(outcome.error, Retry | RetryJob | asyncio.CancelledError)
+    return not (isinstance(outcome.error, asyncio.CancelledError) or is_retry(outcome.error))

@@ -16,10 +16,9 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import jobs
-from arq.jobs import JobStatus
 from fastapi import Depends, FastAPI, HTTPException, Request
 
-from worker import Client
+from worker import Client, JobStatus
 
 
 @asynccontextmanager

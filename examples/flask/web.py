@@ -17,10 +17,9 @@ import atexit
 from typing import Any
 
 import reports
-from arq.jobs import JobStatus
 from flask import Flask, abort
 
-from worker import SyncClient
+from worker import JobStatus, SyncClient
 
 
 def create_app(client: SyncClient | None = None) -> Flask:

@@ -46,7 +46,10 @@ def ledger() -> aioredis.Redis:
     global _ledger
     if _ledger is None:
         _ledger = aioredis.Redis.from_url(
-            os.environ["EDGE_LEDGER_URL"], socket_timeout=10, socket_connect_timeout=5
+            os.environ["EDGE_LEDGER_URL"],
+            socket_timeout=10,
+            socket_connect_timeout=5,
+            max_connections=2**31,  # uncapped, as in redis-py 5 (6+ caps at 100)
         )
     return _ledger
 

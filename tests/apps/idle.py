@@ -3,6 +3,7 @@ this host's clock) in ``<prefix>idle:starts``. No periodic job, so an idle fleet
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -15,3 +16,11 @@ app = App("idle")
 async def stamp(ctx: JobContext, sent: float) -> None:
     prefix = os.environ["WORKER_KEY_PREFIX"]
     await ctx.redis.rpush(f"{prefix}idle:starts", time.time() - sent)
+
+
+@app.task
+async def nap(ctx: JobContext, sent: float, seconds: float) -> None:
+    """Like ``stamp``, then holds its slot for ``seconds``."""
+    prefix = os.environ["WORKER_KEY_PREFIX"]
+    await ctx.redis.rpush(f"{prefix}idle:starts", time.time() - sent)
+    await asyncio.sleep(seconds)

@@ -12,6 +12,7 @@ import worker.cli.cluster as cluster
 import worker.cli.jobs as jobs
 import worker.cli.operate as operate
 import worker.cli.process as process
+import worker.cli.runtime_schedules as schedules
 from worker.cli.common import fail
 from worker.cli.parser import build, with_command
 from worker.core.errors import ConfigError
@@ -34,6 +35,7 @@ COMMANDS: dict[str, Command] = {
     "handoff": operate.cmd_handoff,
     "jobs": jobs.cmd_jobs,
     "job": jobs.cmd_job,
+    "schedule": schedules.cmd_schedule,
 }
 
 

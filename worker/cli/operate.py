@@ -31,8 +31,8 @@ async def operations(
         app = app or await admin.resolve_app(settings, a.store)
         serializer = get_serializer(settings.serializer)  # what the consumers read
         client = Client(
-            a.redis, keys=a.keys, serialize=serializer[0], app=app, store=a.store,
-            shards=a.shards, max_payload_bytes=settings.max_payload_bytes,
+            a.redis, keys=a.keys, serialize=serializer[0], deserialize=serializer[1], app=app,
+            store=a.store, shards=a.shards, max_payload_bytes=settings.max_payload_bytes,
         )  # fmt: skip
         yield Operations(
             client,

@@ -66,6 +66,7 @@ def build() -> argparse.ArgumentParser:
     _cluster_commands(command)
     _action_commands(command)
     _job_commands(command)
+    _schedule_commands(command)
     return p
 
 
@@ -219,6 +220,41 @@ def _action_commands(command: AddCommand) -> None:
         "at once; waits and prints who leads (exit 1 if refused or nothing moved).",
     )
     handoff.add_argument("--force", action="store_true", help="ask even with no live standby")
+
+
+def _schedule_commands(command: AddCommand) -> None:
+    """``schedule add|rm|list|show|backfill``: run-time schedules."""
+    p = command(
+        "schedule",
+        "add, change, remove, list or backfill run-time schedules",
+        "Schedules made at run time (client.schedules): a task of the app once per tick of a "
+        "cron (in a time zone) or an interval, ticked by the leader with the guarantees of "
+        "@app.periodic. A change takes effect at the next tick, without a restart.",
+    )
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = sub.add_parser("add", help="create a schedule or replace its definition")
+    add.add_argument("name", metavar="NAME")
+    add.add_argument("task", metavar="TASK", help="a task the app declares")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", help="five-field cron expression, e.g. '0 7 * * *'")
+    when.add_argument("--every", type=float, metavar="SECONDS", help="an interval (>= 1 s)")
+    add.add_argument("--tz", default="UTC", help="time zone of --cron (default UTC)")
+    add.add_argument("--args", default="[]", metavar="JSON", help="positional arguments (list)")
+    add.add_argument("--kwargs", default="{}", metavar="JSON", help="keyword arguments (object)")
+    add.add_argument("--catch-up", default="all", choices=("all", "latest", "skip"))
+    add.add_argument("--catch-up-limit", type=int, default=10)
+    add.add_argument("--overlap", default="allow", choices=("allow", "skip"))
+    rm = sub.add_parser("rm", help="remove a schedule (it never ticks again)")
+    rm.add_argument("name", metavar="NAME")
+    ls = sub.add_parser("list", help="every schedule")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    show = sub.add_parser("show", help="one schedule, its last tick and skipped overlaps")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    fill = sub.add_parser("backfill", help="enqueue the ticks of a past range, each once")
+    fill.add_argument("name", metavar="NAME")
+    fill.add_argument("--from", dest="start", required=True, help="ISO 8601 time (UTC if bare)")
+    fill.add_argument("--to", dest="end", required=True, help="ISO 8601 time (UTC if bare)")
 
 
 #: Options that take a value (to find the command in ``worker --app X status`` and to see

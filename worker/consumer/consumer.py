@@ -46,11 +46,10 @@ from worker.consumer.wakeups import Wakeups
 from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Component
-from worker.core.jobdefs import JobDef, JobHook
+from worker.core.jobdefs import JobDef, JobHook, with_lanes
 from worker.core.metrics import Metrics
 from worker.core.serializer import Deserialize, Serialize
 from worker.storage import Store
-from worker.storage.keys import with_lanes
 from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
@@ -101,7 +100,12 @@ class Consumer(Component):
             jobs, self.hooks, context, shards, serializer, clock, self.guard, self.completer,
             instance_id=instance_id, config=config, dead=dead, metrics=metrics,
         )  # fmt: skip
-        self.wakeups = Wakeups(shards, clock)
+        self.wakeups = Wakeups(  # room: the fetcher's free slots (it is built next)
+            shards,
+            clock,
+            room=lambda: self.fetch.shared_free() > 0,
+            duty_room=lambda: self.fetch.shared_free() > 0 or self.fetch.duty_free() > 0,
+        )
         self.fetch = Fetcher(
             shards, clock, self.claims, self.completer, self.executor, self.wakeups,
             instance_id=instance_id, config=config, in_progress_ttl_ms=ms(max(timeouts) + 10),

@@ -26,8 +26,8 @@ import hashlib
 from typing import Any
 
 import structlog
-from arq.constants import expires_extra_ms
 
+from worker.core import codec
 from worker.core.clock import Clock, SystemClock, ms
 from worker.core.logs import TEXT_CHARS, capped
 from worker.core.metrics import Metrics
@@ -122,7 +122,7 @@ def task_of(payload: bytes) -> str | None:
     unpickled: a dead letter is hostile input), cut to 256 characters; else ``None``."""
     for loads in (msgpack_loads, json_loads):
         try:
-            fn = loads(payload).get("f") if payload else None
+            fn = codec.job_fields(loads(payload)).function if payload else None
         except Exception:
             continue
         return fn[:256] if isinstance(fn, str) else None
@@ -167,7 +167,7 @@ async def retry_dead(store: Store, job_id: str, clock: Clock | None = None) -> s
     payload = base64.b64decode(payload_b64) if payload_b64 else b""
     now = ms((clock or SystemClock()).time())
     queue = str(rec.get("queue") or DEFAULT_QUEUE) if rec else DEFAULT_QUEUE
-    result = await store.dead_retry(job_id, payload, expires_extra_ms, now, queue)
+    result = await store.dead_retry(job_id, payload, codec.EXPIRES_EXTRA_MS, now, queue)
     return {1: "requeued", 0: "live", -1: "missing"}[result]
 
 

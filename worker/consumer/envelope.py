@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.core import codec
 from worker.core.budget import OverBudget
 from worker.core.serializer import Deserialize
 from worker.storage import FOREIGN, Claimed
@@ -29,12 +30,16 @@ class BadJob(Exception):
         self.kind = kind
 
 
+#: The job record's field names (:mod:`worker.core.codec`), as module globals for the hot path.
+_F, _A, _K, _T, _ET = codec.FUNCTION, codec.ARGS, codec.KWARGS, codec.TRY, codec.ENQUEUED
+
+
 def validate(record: Any) -> Envelope:
     """``(function, args, kwargs, try, enqueue ms)`` of an arq job record, or :class:`BadJob`
     naming the field that is wrong. Checked before anything else touches it."""
     if type(record) is dict:  # the usual record, of the decoders' own types: checked at once
-        fn, args, kwargs = record.get("f"), record.get("a", ()), record.get("k", {})
-        job_try, enqueued = record.get("t"), record.get("et")
+        fn, args, kwargs = record.get(_F), record.get(_A, ()), record.get(_K, {})
+        job_try, enqueued = record.get(_T), record.get(_ET)
         if (
             type(fn) is str
             and 0 < len(fn) <= 256
@@ -53,24 +58,25 @@ def _checked(record: Any) -> Envelope:
     """:func:`validate` field by field, naming the first that is wrong."""
     if not isinstance(record, dict):
         raise BadJob(f"malformed payload: a {type(record).__name__}, not a map", "malformed")
-    fn, args, kwargs = record.get("f"), record.get("a", ()), record.get("k", {})
-    job_try, enqueued = record.get("t"), record.get("et")
+    fn, args, kwargs, job_try, enqueued = codec.job_fields(record)
     if not isinstance(fn, str) or not fn or len(fn) > 256:
-        raise BadJob(f"malformed payload: field 'f' is {_shape(fn)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.FUNCTION!r} is {_shape(fn)}", "malformed")
     if not isinstance(args, list | tuple):
-        raise BadJob(f"malformed payload: field 'a' is {_shape(args)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.ARGS!r} is {_shape(args)}", "malformed")
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise BadJob(f"malformed payload: field 'k' is {_shape(kwargs)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.KWARGS!r} is {_shape(kwargs)}", "malformed")
     if job_try is not None and (
         isinstance(job_try, bool) or not isinstance(job_try, int) or not 0 <= job_try < 10**6
     ):
-        raise BadJob(f"malformed payload: field 't' is {_shape(job_try)}", "malformed")
+        raise BadJob(f"malformed payload: field {codec.TRY!r} is {_shape(job_try)}", "malformed")
     if (
         isinstance(enqueued, bool)
         or not isinstance(enqueued, int)
         or not 0 <= enqueued <= MAX_ENQUEUE_MS
     ):
-        raise BadJob(f"malformed payload: field 'et' is {_shape(enqueued)}", "malformed")
+        raise BadJob(
+            f"malformed payload: field {codec.ENQUEUED!r} is {_shape(enqueued)}", "malformed"
+        )
     return fn, tuple(args), kwargs, job_try, enqueued
 
 

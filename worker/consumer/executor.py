@@ -18,7 +18,6 @@ from functools import partial
 from typing import Any
 
 import structlog
-from arq.worker import Retry, RetryJob
 
 from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
@@ -42,6 +41,7 @@ from worker.core.clock import Clock, ms
 from worker.core.jobdefs import HookPlan, JobDef, JobHook, JobRun, Outcome
 from worker.core.logs import capped
 from worker.core.metrics import JobFigures, Metrics
+from worker.core.retry import is_retry
 from worker.core.serializer import Deserialize, Serialize
 from worker.progress import Progress
 from worker.storage import FOREIGN, Claimed, Finish, Store
@@ -173,11 +173,11 @@ class Executor:
             error = exc
             uncancel()  # handled here: the run ends normally
             outcome = self._cancelled(c, run, result_for, start_ms, keep)
-        except Exception as exc:  # arq's Retry and RetryJob included
+        except Exception as exc:  # Retry and RetryJob (ours or arq's) included
             error = exc
             if run.aborted:  # however it ended, it ends aborted
                 outcome = self._cancelled(c, run, result_for, start_ms, keep)
-            elif isinstance(exc, (Retry, RetryJob)):  # run again, deferred as asked
+            elif is_retry(exc):  # run again, deferred as asked
                 now_ms = ms(self.clock.time())
                 self._end(c, run, "retry", score_ms=retry_score(exc, job, job_try, now_ms, c))
                 outcome = "retry"

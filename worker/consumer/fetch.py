@@ -7,12 +7,13 @@ recovery). With a WAIT policy a batch whose claim the replicas did not confirm w
 (:attr:`Fetcher.unconfirmed`) until a later check confirms it with its claim tokens unchanged;
 a claim round trip that failed marks the claims in doubt, given back before the next round.
 
-Duty lanes (:data:`worker.storage.keys.DUTY_LANE`: the leader's ticks and poll jobs) come first
+Duty lanes (:data:`worker.core.jobdefs.DUTY_LANE`: the leader's ticks and poll jobs) come first
 in every claim, and have slots of their own: ``duty_slots`` beside the ``concurrency`` shared
 ones. A duty job takes a free duty slot first, else a shared one; a user job only a shared one.
-While every shared slot is busy the loop claims nothing (no command), except on a duty
-announcement (``<prefix>wake:duty``): then one claim of that shard's lanes only, into the free
-duty slots. So a duty job waits for no user job, and the user's path sends nothing more.
+While every shared slot is busy the loop claims nothing (no command), except when it took a
+shard's duty marker (``<prefix>wakeup:duty``, :mod:`worker.consumer.wakeups`): then one claim of
+that shard's lanes only, into the free duty slots, which passes the marker on when it fills
+them. So a duty job waits for no user job, and the user's path sends nothing more.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from worker.consumer.config import MAX_CLAIM, RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.executor import Executor
 from worker.consumer.wakeups import Wakeups
 from worker.core.clock import Clock, ms
+from worker.core.jobdefs import is_duty_lane, with_lanes
 from worker.storage import FOREIGN, Claimed, Finish, Store
-from worker.storage.keys import is_duty_lane, with_lanes
 from worker.storage.sharded import Shards
 
 log = structlog.get_logger("worker.consumer")
@@ -74,7 +75,7 @@ class Fetcher:
         self.lanes = self.queues[: len(config.queues)]
         #: runs of duty lane jobs in :attr:`running` (they fill the duty slots first)
         self.duty_running = 0
-        self._lanes_looked = -1.0  # the last lanes-only look without a subscription (monotonic)
+        self._lanes_looked = -1.0  # the last lanes-only look, a marker unreadable (monotonic)
 
     def shared_free(self) -> int:
         """Shared slots free: ``concurrency`` less the user runs and the duty runs beyond the
@@ -88,7 +89,7 @@ class Fetcher:
 
     def next_delay(self, claimed: int) -> float:
         """``poll_delay_s`` while busy; idle, until the next announced due time, at most
-        ``idle_poll_max_s``, or ``idle_poll_subscribed_s`` while the wake-ups are subscribed
+        ``idle_poll_max_s``, or ``idle_poll_subscribed_s`` while every wake marker is waited on
         (the fallback for jobs nobody announced while no leader announces them)."""
         c, w = self.config, self.wakeups
         if claimed or self.running or self.unconfirmed or self.completer.resend:
@@ -102,7 +103,7 @@ class Fetcher:
     async def should_claim(self) -> bool:
         """Claim when busy, woken by an enqueue, or an announced due time came; an idle
         consumer otherwise looks at the head of its queues only (one command each; the duty
-        lanes too only while the wake-ups are not subscribed, or just after they were not)."""
+        lanes too only while a wake marker cannot be read, or just after)."""
         now = ms(self.clock.time())
         w = self.wakeups
         if self.running or w.woken or self.unconfirmed or self.claims.in_doubt or self.config.burst:
@@ -161,17 +162,32 @@ class Fetcher:
             drained = n < free and not self.unconfirmed  # no due lane job left unclaimed
             if drained:
                 self.wakeups.duty_claimed(shard, now)
+        if drained or self.unconfirmed or not self._duty_due(shard, now):
+            return started
         free = min(self.duty_free(), MAX_CLAIM)
-        if free > 0 and not drained and not self.unconfirmed and self._duty_due(shard, now):
-            n = await self._claim(store, free, self.lanes)
-            started += n
-            if n < free and not self.unconfirmed:
-                self.wakeups.duty_claimed(shard, now)
+        n = await self._claim(store, free, self.lanes) if free > 0 else 0
+        started += n
+        if self.unconfirmed:
+            return started
+        if n < free:
+            self.wakeups.duty_claimed(shard, now)
+        elif self.duty_free() > 0:
+            self.wakeups.again()  # a full batch and duty room left: there may be more due
+        elif self.wakeups.duty_pending(shard, now):  # no room for the rest: the next one's turn
+            self.wakeups.pass_on(store, duty=True)
+            self.wakeups.duty_claimed(shard, now)
         return started
+
+    def _full(self, store: Store) -> None:
+        """A claim into the shared slots filled its batch: more may be due now."""
+        if self.shared_free() > 0:
+            self.wakeups.again()  # room left: claim again at once
+        else:
+            self.wakeups.pass_on(store)  # none: the next consumer waiting takes the turn
 
     def _duty_due(self, shard: int, now_ms: int) -> bool:
         """A duty job of ``shard`` may wait for a duty slot: one was announced, or (the
-        subscription down, no announcement heard) every ``idle_poll_max_s``."""
+        marker unreadable, no announcement heard) every ``idle_poll_max_s``."""
         if self.wakeups.duty_pending(shard, now_ms):
             return True
         if self.wakeups.subscribed:
@@ -223,8 +239,8 @@ class Fetcher:
             )
             return 0
         self.start(claims.jobs, token)
-        if claims.jobs and len(claims.jobs) == free and self.shared_free() > 0:
-            self.wakeups.again()  # a full batch and room left: there may be more due right away
+        if claims.jobs and len(claims.jobs) == free and queues is not self.lanes:
+            self._full(store)
         if claims.aborts_pending:
             await self.claims.abort_requested()
         return len(claims.jobs)

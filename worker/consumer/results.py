@@ -1,24 +1,23 @@
-"""arq's result record of one run (what ``arq.jobs.Job.result_info()`` reads), as the executor
-writes it with the run's end."""
+"""The result record of one run (:func:`worker.core.codec.encode_result`: what ``Job.result_info()``
+reads, ours or arq's), as the executor writes it with the run's end."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from arq.jobs import serialize_result
-from arq.worker import Retry, RetryJob
-
+from worker.core import codec
 from worker.core.clock import ms
 from worker.core.jobdefs import JobDef
+from worker.core.retry import retry_defer_ms
 from worker.core.serializer import Serialize
 from worker.storage import Claimed
 
 
-def retry_score(exc: Retry | RetryJob, job: JobDef, job_try: int, now_ms: int, c: Claimed) -> int:
-    """When a run that raised arq's ``Retry`` (or ``RetryJob``) runs again: after the delay it
-    asked for, else the task's ``retry_delay``, else at its original score."""
-    defer_ms = exc.defer_score if isinstance(exc, Retry) else None
+def retry_score(exc: BaseException, job: JobDef, job_try: int, now_ms: int, c: Claimed) -> int:
+    """When a run that raised ``Retry`` (or ``RetryJob``, ours or arq's) runs again: after
+    the delay it asked for, else the task's ``retry_delay``, else at its original score."""
+    defer_ms = retry_defer_ms(exc)
     if defer_ms is None and job.retry_delay is not None:
         defer_ms = ms(job.retry_delay(job_try))
     return now_ms + defer_ms if defer_ms else c.score_ms
@@ -43,7 +42,7 @@ class ResultFor:
     def __call__(
         self, success: bool, result: Any, start_ms: int, finish_ms: int, serialize: Serialize
     ) -> bytes | None:
-        return serialize_result(
+        return codec.encode_result(
             self.function,
             self.args,
             self.kwargs,

@@ -148,6 +148,10 @@ class JobIds:
             return None
         return name, int(tick)
 
+    # -- run-time schedule ticks: <prefix>schedule:<name>:<tick ms> ---------------------------
+    def schedule(self, name: str, tick_ms: int) -> str:
+        return f"{self.prefix}schedule:{name}:{tick_ms}"
+
     # -- poll dispatches: <prefix>poll:<poller>:<item>:<due ms> ------------------------------
     def poll(self, poller: str, item: str, due_ms: int) -> str:
         return f"{self.prefix}poll:{poller}:{item}:{due_ms}"

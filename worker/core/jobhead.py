@@ -1,5 +1,5 @@
-"""A job or result record read in part: the fields of arq's record (``{"t", "f", "a", "k",
-"et"}``; a result adds ``"s", "r", "st", "ft", "q", "id"``) found in its first and last bytes,
+"""A job or result record read in part: the fields of arq's record (:mod:`worker.core.codec`;
+a result record adds its outcome, times and queue) found in its first and last bytes,
 without ever decoding the whole record.
 
 The jobs listing and a job's detail read a bounded head and tail of each record
@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from worker.core import codec
 from worker.core.serializer import Deserialize, json_loads, msgpack_loads
 
 #: Bytes of a record's head read for a listing, and for a job's detail.
@@ -98,8 +99,8 @@ def _msgpack_head(head: bytes) -> tuple[dict[str, Any], bool]:
     try:
         for _ in range(fields):
             key = u.unpack()
-            if key == "a":
-                out["a"], cut = _msgpack_args(u, head)
+            if key == codec.ARGS:
+                out[codec.ARGS], cut = _msgpack_args(u, head)
                 if cut:
                     return out, True
             else:
@@ -195,8 +196,8 @@ def _json_head(head: bytes) -> tuple[dict[str, Any], bool]:
             if text[i : i + 1] != ":":
                 return out, True
             i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
-            if key == "a" and text[i : i + 1] == "[":
-                out["a"], i, cut = _json_args(text, i + 1)
+            if key == codec.ARGS and text[i : i + 1] == "[":
+                out[codec.ARGS], i, cut = _json_args(text, i + 1)
                 if cut:
                     return out, True
             else:
@@ -252,6 +253,9 @@ def _json_after(tail: bytes, key: str) -> Any:
 # -- pickle (never unpickled) ------------------------------------------------------------------
 
 
+_PICKLE_HEAD = (codec.TRY, codec.FUNCTION)
+
+
 def _pickle_head(head: bytes) -> dict[str, Any]:
     """``t`` and ``f`` of a cut pickle record, read from its opcodes (nothing is run)."""
     out: dict[str, Any] = {}
@@ -264,9 +268,9 @@ def _pickle_head(head: bytes) -> dict[str, Any]:
                 if op.name == "NONE" or isinstance(arg, int | str):
                     out[want] = arg
                 want = None
-            elif isinstance(arg, str) and arg in ("t", "f") and arg not in out:
+            elif isinstance(arg, str) and arg in _PICKLE_HEAD and arg not in out:
                 want = arg
-            if "f" in out and "t" in out:
+            if all(f in out for f in _PICKLE_HEAD):
                 break
     except Exception:
         pass  # the cut, or not a pickle: what was found is kept

@@ -60,6 +60,10 @@ class Every:
         return f"every {self.period_ms / 1000:g}s"
 
 
+#: Answers a :class:`Cron` remembers (then forgets them all: bounded memory).
+MEMO = 1024
+
+
 class Cron:
     """A five-field cron expression evaluated in a time zone (DST-aware, via croniter)."""
 
@@ -86,6 +90,9 @@ class Cron:
         # its wall-clock time; one with a wildcard minute or hour keeps running in real time.
         minute, hour = expr.split()[:2]
         self._wildcard = minute.startswith("*") or hour.startswith("*")
+        # recent answers: many schedules share one cron and zone, and ask of the same instant
+        self._memo: dict[tuple[str, int], int] = {}
+        self._ticks_memo: dict[tuple[int, int, int], list[int]] = {}
 
     def _at(self, ms: int) -> dt.datetime:
         return dt.datetime.fromtimestamp(ms / 1000, tz=self.tz)
@@ -97,7 +104,23 @@ class Cron:
         t = self._at(ms)
         return t.fold == 1 and t.replace(fold=0).utcoffset() != t.utcoffset()
 
+    def _remember(self, key: tuple[str, int], value: int) -> int:
+        if len(self._memo) >= MEMO:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
+
     def latest(self, until_ms: int) -> int:
+        hit = self._memo.get(("latest", until_ms))
+        return (
+            hit if hit is not None else self._remember(("latest", until_ms), self._latest(until_ms))
+        )
+
+    def next(self, after_ms: int) -> int:
+        hit = self._memo.get(("next", after_ms))
+        return hit if hit is not None else self._remember(("next", after_ms), self._next(after_ms))
+
+    def _latest(self, until_ms: int) -> int:
         # croniter's get_prev is strict: step 1 ms past `until` so a tick exactly on it counts.
         it = croniter(self._croniter, self._at(until_ms + 1))
         t = int(it.get_prev(float) * 1000)
@@ -105,7 +128,7 @@ class Cron:
             t = int(it.get_prev(float) * 1000)
         return t
 
-    def next(self, after_ms: int) -> int:
+    def _next(self, after_ms: int) -> int:
         it = croniter(self._croniter, self._at(after_ms))
         t = int(it.get_next(float) * 1000)
         while self._repeat(t):
@@ -113,6 +136,15 @@ class Cron:
         return t
 
     def ticks(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        key = (after_ms, until_ms, limit)
+        hit = self._ticks_memo.get(key)
+        if hit is None:
+            if len(self._ticks_memo) >= MEMO:
+                self._ticks_memo.clear()
+            hit = self._ticks_memo[key] = self._ticks(after_ms, until_ms, limit)
+        return list(hit)
+
+    def _ticks(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
         if limit <= 0 or until_ms <= after_ms:
             return []
         it = croniter(self._croniter, self._at(until_ms + 1))

@@ -1,6 +1,6 @@
 """Job payload serializers: msgpack (default), JSON, and pickle as an explicit opt-in.
 
-Payloads keep arq's job record format (``{"t", "f", "a", "k", "et"}``), so a plain arq client
+Payloads keep arq's job record format (:mod:`worker.core.codec`), so a plain arq client
 configured with the same serializer pair can enqueue work and arq's tools can read it. Pickle is
 not the default because unpickling runs code: anyone who can write to Redis could run code in
 every worker.
@@ -13,13 +13,14 @@ import json
 import pickle
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Literal
 
 import msgpack
 
 from worker.core import budget as B
+from worker.core import codec
 
 SerializerName = Literal["msgpack", "json", "pickle"]
 Serialize = Callable[[dict[str, Any]], bytes]
@@ -137,6 +138,16 @@ def pickle_loads(raw: bytes) -> dict[str, Any]:
     return value
 
 
+def loads_for(dumps: Serialize) -> Deserialize | None:
+    """The deserializer paired with one of the serializers above (``None`` for another)."""
+    pairs: dict[Serialize, Deserialize] = {
+        msgpack_dumps: msgpack_loads,
+        json_dumps: json_loads,
+        pickle_dumps: pickle_loads,
+    }
+    return pairs.get(dumps)
+
+
 def get_serializer(name: SerializerName) -> tuple[Serialize, Deserialize]:
     """Return the ``(serialize, deserialize)`` pair for ``name``.
 
@@ -157,19 +168,5 @@ def get_serializer(name: SerializerName) -> tuple[Serialize, Deserialize]:
     raise ValueError(f"unknown serializer {name!r}")
 
 
-def job_payload(
-    function: str,
-    args: tuple[Any, ...] | list[Any],
-    kwargs: dict[str, Any],
-    enqueue_time_ms: int,
-    serialize: Serialize,
-    job_try: int | None = None,
-    *,
-    extra: Mapping[str, Any] | None = None,
-) -> bytes:
-    """Serialize an arq job record exactly as ``arq.jobs.serialize_job`` lays it out;
-    ``extra``: more fields, which arq ignores (the trace context of :mod:`worker.tracing`)."""
-    record = {"t": job_try, "f": function, "a": list(args), "k": kwargs, "et": enqueue_time_ms}
-    if extra:
-        record.update(extra)
-    return serialize(record)
+#: :func:`worker.core.codec.encode_job` (the job record's bytes), under its older name.
+job_payload = codec.encode_job

@@ -7,9 +7,8 @@ per the job's policy. Ticks are enqueued by a fenced script as jobs with determi
 waking up, cannot enqueue a tick twice. A consumer running a tick learns its instant from the
 job id (:class:`TickHook`), so ``ctx.tick`` is the scheduled time, not the run time.
 
-Health means progress: the same hook records how each run ended, cluster-wide, in
-one Redis hash (``<prefix>periodic:runs``: the most recent success and failure with time, tick,
-instance and error class, and since when the job has failed without a success), one script
+Health means progress: the same hook records how each run ended, cluster-wide, in one hash
+(``<prefix>periodic:runs``: the last success and failure, since when it fails), one script
 call per run's end. ``status`` shows it; the leader's enqueuer exports the age of each job's
 last success (``worker_periodic_last_success_age_seconds``) and, for jobs declared with
 ``max_staleness``, reports a stale job in ``/status``, the probes' bodies and
@@ -27,18 +26,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
-from arq.constants import expires_extra_ms
 
 from worker.client import Client
+from worker.core import codec
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.ids import JobIds
-from worker.core.jobdefs import JobDef, JobHook, Outcome, TaskFn
+from worker.core.jobdefs import JobDef, JobHook, Outcome, TaskFn, duty_lane
 from worker.core.metrics import Metrics
 from worker.core.schedule import Schedule
-from worker.core.serializer import Serialize, job_payload
+from worker.core.schedule_spec import ScheduleSpec
+from worker.core.serializer import Serialize
 from worker.storage import DueTicks, FencedStore, NewJob, PeriodicRuns, Store, TickOutcome
-from worker.storage.keys import DEFAULT_QUEUE, duty_lane
+from worker.storage.keys import DEFAULT_QUEUE
 from worker.tracing import Batch, Tracing
 
 log = structlog.get_logger("worker.periodic")
@@ -147,7 +147,9 @@ def freshness(job: PeriodicDef, runs: PeriodicRuns | None, now_ms: int) -> Fresh
     return Freshness(age, failing, limit is not None and ref is not None and ref > limit)
 
 
-def plan_ticks(job: PeriodicDef, last_ms: int | None, now_ms: int) -> tuple[list[int], int]:
+def plan_ticks(
+    job: PeriodicDef | ScheduleSpec, last_ms: int | None, now_ms: int
+) -> tuple[list[int], int]:
     """Which ticks to enqueue now, and the tick to record as last (pure; no Redis).
 
     Returns ``(ticks, advance_to)``: ``ticks`` ascending; ``advance_to`` is the newest due
@@ -283,7 +285,7 @@ class PeriodicEnqueuer(LoopComponent):
             for job, ticks, advance_to in due
         ]
         with spans.send() if spans is not None else contextlib.nullcontext():
-            outcomes = await self.store.enqueue_ticks(batch, expires_extra_ms)
+            outcomes = await self.store.enqueue_ticks(batch, codec.EXPIRES_EXTRA_MS)
         behind = []
         for (job, ticks, advance_to), out in zip(due, outcomes, strict=True):
             if out.rolled_back:
@@ -303,7 +305,7 @@ class PeriodicEnqueuer(LoopComponent):
             epoch = self.store.leader.epoch
             extra = spans.create(job.name, job_id, job.queue, tick_ms=tick, epoch=epoch)
         return NewJob(
-            job_id, job_payload(job.name, (), {}, now_ms, self.serialize, extra=extra), tick
+            job_id, codec.encode_job(job.name, (), {}, now_ms, self.serialize, extra=extra), tick
         )
 
     def _rolled_back(self, names: list[str]) -> None:

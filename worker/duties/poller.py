@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
-from arq.constants import expires_extra_ms
 
+from worker.core import codec
 from worker.core.clock import Clock, SystemClock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.dutykinds import Kind, RowContext, Snapshot, lag, table
@@ -33,7 +33,7 @@ from worker.core.ids import JobIds
 from worker.core.jobdefs import JobDef, JobHook, Outcome
 from worker.core.metrics import Metrics
 from worker.core.outage import RIDE_OUT_S, ride_out
-from worker.core.serializer import Serialize, job_payload
+from worker.core.serializer import Serialize
 from worker.core.verdict import Check, Limits, num
 from worker.polls import PollerDef
 from worker.storage import FencedStore, NewJob, Store
@@ -142,7 +142,13 @@ class PollingScheduler(LoopComponent):
         items = [(item, self._job(item, score, now_ms, spans)) for item, score in due]
         with spans.send() if spans is not None else contextlib.nullcontext():
             out = await self.store.dispatch(
-                p.name, shard_key, now_ms, ms(p.busy_defer_s), items, expires_extra_ms, self.queue
+                p.name,
+                shard_key,
+                now_ms,
+                ms(p.busy_defer_s),
+                items,
+                codec.EXPIRES_EXTRA_MS,
+                self.queue,
             )
         self.dispatched_total += out.dispatched
         self.health.extra["dispatched"] = self.dispatched_total
@@ -159,7 +165,9 @@ class PollingScheduler(LoopComponent):
         extra = None
         if spans is not None:  # tracing on: the item's own PRODUCER span, in its record
             extra = spans.create(p.task, job_id, self.queue, epoch=self.store.leader.epoch)
-        return NewJob(job_id, job_payload(p.task, (item,), {}, now_ms, self.serialize, extra=extra))
+        return NewJob(
+            job_id, codec.encode_job(p.task, (item,), {}, now_ms, self.serialize, extra=extra)
+        )
 
 
 class InflightHook(JobHook):

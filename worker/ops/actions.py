@@ -20,12 +20,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
-from arq.constants import expires_extra_ms
-from arq.jobs import deserialize_result, serialize_result
 
 from worker.app import App
 from worker.client import Client
 from worker.consumer import dead
+from worker.core import codec
 from worker.core.clock import ms, on_server_time
 from worker.core.ids import duty
 from worker.core.serializer import Deserialize, Serialize, msgpack_dumps, msgpack_loads
@@ -187,11 +186,12 @@ class Operations:
             job = self.deserialize(rec.payload) if rec.payload is not None else {}
         except Exception:
             return None
-        return serialize_result(
-            str(job.get("f") or "?"), tuple(job.get("a") or ()), dict(job.get("k") or {}),
-            int(job.get("t") or rec.tries or 0), int(job.get("et") or now), False,
+        f = codec.job_fields(job)
+        return codec.encode_result(
+            str(f.function or "?"), tuple(f.args or ()), dict(f.kwargs or {}),
+            int(f.job_try or rec.tries or 0), int(f.enqueued or now), False,
             asyncio.CancelledError(f"cancelled by {self.actor.name} ({self.actor.via})"),
-            now, now, f"{job_id}:{job.get('f')}", store.keys.queue_of(queue or "default"),
+            now, now, f"{job_id}:{f.function}", store.keys.queue_of(queue or "default"),
             job_id=job_id, serializer=self.serialize,
         )  # fmt: skip
 
@@ -226,15 +226,13 @@ class Operations:
         if rec.result is None:
             return "no result record left to run it from"
         try:
-            r = deserialize_result(rec.result, deserializer=self.deserialize)
+            r = codec.decode_result(rec.result, self.deserialize)
         except Exception as exc:
             return f"its result record does not decode ({type(exc).__name__})"
         queue = queue_name(r.queue_name, store.keys.prefix) or "default"
         now = await self._now_ms()
-        payload = self.serialize(
-            {"t": None, "f": r.function, "a": list(r.args), "k": dict(r.kwargs), "et": now}
-        )
-        out = await store.rerun_ended(job_id, queue, payload, expires_extra_ms, now)
+        payload = codec.encode_job(r.function, r.args, r.kwargs, now, self.serialize)
+        out = await store.rerun_ended(job_id, queue, payload, codec.EXPIRES_EXTRA_MS, now)
         return {1: "requeued", 0: "live", -1: "no result record left to run it from"}[out]
 
     # -- dead letters -------------------------------------------------------------------------

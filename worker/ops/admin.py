@@ -20,12 +20,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker import arqcompat
 from worker.app import App
 from worker.core.errors import ConfigError
-from worker.core.serializer import get_serializer
 from worker.core.terminal import say
 from worker.manifest import Described, describe
 from worker.runtime import local
@@ -80,7 +79,7 @@ def redis_url(settings: Settings, what: str) -> str:
 class Admin:
     """An open admin connection: the client, the key layout, the store."""
 
-    redis: ArqRedis
+    redis: Redis
     keys: K.Keys
     store: Store
     url: str
@@ -95,14 +94,11 @@ async def connect(settings: Settings, what: str) -> AsyncIterator[Admin]:
     # the configured URL with its Sentinel credentials (redis+sentinel://, redis+cluster://)
     target = settings.redis_target() if url == settings.redis_url else url
     keys = K.Keys(settings.key_prefix)
-    ser, de = get_serializer("msgpack")  # admin commands copy payloads as raw bytes
     n, rep = settings.queue_shards, settings.replication()
     clients = connect_shards(
         target or url,
         shard_prefixes(keys.prefix, n),
         queue_name=keys.queue,
-        serialize=ser,
-        deserialize=de,
     )
     redis = clients[0]
     try:

@@ -9,8 +9,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arq.jobs import deserialize_result
-
+from worker.core import codec
 from worker.core import malformed as M
 from worker.core.jobhead import read_head, read_tail
 from worker.core.serializer import Deserialize
@@ -61,12 +60,11 @@ def decode_job(
     try:
         if cut:
             data, _ = read_head(payload, deserialize)
-            data = {**read_tail(tail or b"", deserialize, ("et",)), **data}
+            data = {**read_tail(tail or b"", deserialize, codec.JOB_TAIL_FIELDS), **data}
         else:
             data = deserialize(payload)
-        fn = data.get("f")
-        args, kwargs = data.get("a") or (), data.get("k") or {}
-        et, t = data.get("et"), data.get("t")
+        fn, args, kwargs, t, et = codec.job_fields(data)
+        args, kwargs = args or (), kwargs or {}
         return Decoded(
             fn if isinstance(fn, str) else None,
             tuple(args) if isinstance(args, list | tuple) else (args,),
@@ -74,7 +72,7 @@ def decode_job(
             t if isinstance(t, int) else None,
             as_ms(et),
             cut_bytes=size if cut else None,
-            kwargs_read=not cut or "k" in data,
+            kwargs_read=not cut or codec.KWARGS in data,
         )
     except Exception as exc:
         return Decoded(error=f"job record: {type(exc).__name__}: {short(str(exc), 200)}")
@@ -177,7 +175,7 @@ def decode_result(
     if size is not None and size > len(raw):
         return _cut_result(raw, deserialize, prefix, size, tail or b"")
     try:
-        r = deserialize_result(raw, deserializer=deserialize)
+        r = codec.decode_result(raw, deserialize)
     except Exception as exc:
         return {"undecodable": f"result record: {type(exc).__name__}: {short(str(exc), 200)}"}
     d = Decoded(r.function, tuple(r.args), dict(r.kwargs))
@@ -203,23 +201,22 @@ def _cut_result(
         data, _ = read_head(head, deserialize)
     except Exception as exc:
         return {"undecodable": f"result record: {type(exc).__name__}: {short(str(exc), 200)}"}
-    data = {**read_tail(tail, deserialize, ("et", "s", "st", "ft", "q")), **data}
+    data = {**read_tail(tail, deserialize, codec.RESULT_TAIL_FIELDS), **data}
     d = decode_job(head, deserialize, size=size, tail=tail)
 
-    def num(key: str) -> int | None:
-        v = data.get(key)
+    def num(v: Any) -> int | None:
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-    success = data.get("s")
+    r = codec.result_fields(data)
     return {
         "task": d.task,
         "tries": d.tries,
-        "enqueued_ms": num("et"),
-        "started_ms": num("st"),
-        "finished_ms": num("ft"),
-        "success": success if isinstance(success, bool) else None,
-        "value": data.get("r"),
-        "queue": queue_name(data.get("q"), prefix),
+        "enqueued_ms": num(codec.job_fields(data).enqueued),
+        "started_ms": num(r.started),
+        "finished_ms": num(r.finished),
+        "success": r.success if isinstance(r.success, bool) else None,
+        "value": r.result,
+        "queue": queue_name(r.queue, prefix),
         "args": args_text(d, SUMMARY_REPR_CHARS),
         "args_full": args_repr(d),
         "kwargs_full": args_repr(d, kwargs=True),

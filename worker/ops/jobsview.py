@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar
 
+from worker.core.jobdefs import DEFAULT_QUEUE, with_lanes
 from worker.core.jobhead import DETAIL_READ, LISTING_READ
 from worker.core.serializer import Deserialize, msgpack_loads
 from worker.ops.jobrecords import (
@@ -37,7 +38,6 @@ from worker.ops.jobrecords import (
 )
 from worker.storage import Shards, Store
 from worker.storage.inspect_jobs import JobRecord
-from worker.storage.keys import DEFAULT_QUEUE, with_lanes
 
 T = TypeVar("T")
 

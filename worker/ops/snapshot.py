@@ -22,9 +22,10 @@ from typing import Any
 from worker.app import App
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.ids import LockValue
+from worker.core.jobdefs import duty_lane
+from worker.core.schedule_spec import ScheduleSpec
 from worker.duties import kinds
 from worker.storage import Store
-from worker.storage.keys import duty_lane
 from worker.storage.server import read_attached, read_eviction_policy, read_slot_owners
 from worker.storage.shards import slot_of_prefix
 
@@ -105,6 +106,10 @@ class ClusterSnapshot:
     #: each duty kind's state (kind name -> what its ``Kind.read`` returned), see
     #: :mod:`worker.duties.kinds`
     duties: dict[str, Any] = field(default_factory=dict)
+    #: run-time schedules (``client.schedules``), their newest planned tick and overlap skips
+    schedules: dict[str, ScheduleSpec] = field(default_factory=dict)
+    schedule_last: dict[str, int] = field(default_factory=dict)
+    schedule_overlaps: dict[str, int] = field(default_factory=dict)
     # -- what only the doctor's checks read (``checks=True``) --
     #: the counter, or its text when it is not an epoch (written by someone else)
     epoch_counter: int | str | None = None
@@ -165,6 +170,9 @@ async def read(
         instances=[Instance(i, hb, rec) for i, hb, rec in await store.instances()],
         policy=policy,
         policy_source=source,
+        schedules=await store.schedules_read(),
+        schedule_last=await store.schedule_state(),
+        schedule_overlaps=await store.schedule_overlaps(),
         queues=queues,
         dead_letters=sum(d for _, d in per_shard) if per_shard else await store.dead_count(),
         paused=await store.paused(),

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker.app import App
 from worker.core.clock import Clock
 from worker.core.dutykinds import RowContext, iso, lag, table
 from worker.duties import kinds
-from worker.ops import snapshot
+from worker.ops import schedules_view, snapshot
 from worker.ops.snapshot import ClusterSnapshot
 from worker.runtime.preflight import NOEVICTION, eviction_verdict
 from worker.storage import keys as K
@@ -24,7 +24,7 @@ from worker.storage import open_store
 
 
 async def collect(
-    redis: ArqRedis,
+    redis: Redis,
     keys: K.Keys,
     app: App,
     clock: Clock | None = None,
@@ -73,6 +73,7 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
         "queue": {k: queues[0][k] for k in ("name", "depth", "due")},
         "queues": queues,
         **{k.status_key: k.rows(snap.duties[k.name], app, context) for k in kinds.KINDS},
+        "schedules": schedules_view.rows(snap),
         "dead_letters": snap.dead_letters,
         **({"shards": _shards(snap)} if snap.shards else {}),
     }
@@ -163,6 +164,7 @@ def render(status: dict[str, Any]) -> str:
     out += _shard_table(status)
     for kind in kinds.KINDS:
         out += kind.render(status.get(kind.status_key, []), status["at"])
+    out += schedules_view.table(status, table)
     return "\n".join(out)
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from uuid import uuid4
 
 import structlog
-from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from worker import manifest
@@ -115,16 +114,13 @@ class Runtime:
         max_connections: int | None = None,
         closed_here: bool = True,
         prefix: str | None = None,
-    ) -> ArqRedis:
+    ) -> Redis:
         """A client of its own for ``purpose``; closed at shutdown unless ``closed_here`` is
         false (the watchdog's, made and closed in its thread's own event loop). ``prefix``: a
         queue shard's (on Redis Cluster the client reaches the primary of that shard's slot)."""
-        serialize, deserialize = self.serializer
         client = connect_redis(
             self.target,
             queue_name=self.keys.queue if prefix is None else K.Keys(prefix).queue,
-            serialize=serialize,
-            deserialize=deserialize,
             socket_timeout_s=socket_timeout_s,
             max_connections=max_connections,
             client_name=f"{self.instance_id}:{purpose}",
@@ -133,7 +129,7 @@ class Runtime:
             self._clients.append(client)
         return client
 
-    def _shards(self, purpose: str, home: ArqRedis, socket_timeout_s: float | None) -> Shards:
+    def _shards(self, purpose: str, home: Redis, socket_timeout_s: float | None) -> Shards:
         """The app's queue shards over ``home`` (one server, a Sentinel primary), or on Redis
         Cluster over ``home`` and a client of its own per other shard (its slot's primary)."""
         n = self.settings.queue_shards
@@ -146,12 +142,13 @@ class Runtime:
                 )
         return Shards(open_shards(home, self.keys, self.replication, n, clients))
 
-    def _build(self, redis: ArqRedis, store: Store, shards: Shards) -> roles.Wiring:
+    def _build(self, redis: Redis, store: Store, shards: Shards) -> roles.Wiring:
         s = self.settings
         client = Client(
             redis,
             keys=self.keys,
             serialize=self.serializer[0],
+            deserialize=self.serializer[1],
             app=self.app,
             clock=self.clock,
             store=store,

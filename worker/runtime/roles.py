@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 
 from worker.app import App
 from worker.client import Client
@@ -29,7 +29,7 @@ from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Backoff, Component, Group
 from worker.core.hooks import UserHooks
-from worker.core.jobdefs import JobHook
+from worker.core.jobdefs import JobHook, duty_lane, with_lanes
 from worker.core.metrics import Metrics
 from worker.core.serializer import Deserialize, Serialize
 from worker.core.views import ProcessView
@@ -46,6 +46,8 @@ from worker.duties.periodic import PeriodicEnqueuer, TickHook
 from worker.duties.poller import InflightHook, PollingScheduler
 from worker.duties.reaper import REAP_EVERY_S, OrphanReaper
 from worker.duties.registry import Heartbeat, WriteWitness
+from worker.duties.schedules import NAME as SCHEDULES_NAME
+from worker.duties.schedules import ScheduleEnqueuer
 from worker.duties.services import Service, ServiceDef
 from worker.duties.unannounced import NAME as UNANNOUNCED_NAME
 from worker.duties.unannounced import UnannouncedJobs
@@ -60,7 +62,6 @@ from worker.runtime.watchdog import NAME as WATCHDOG_NAME
 from worker.runtime.watchdog import LoopWatchdog, blocked_threshold_s
 from worker.settings import ROLES, Role, Settings
 from worker.storage import FencedStore, Retention, Shards, Store
-from worker.storage.keys import duty_lane, with_lanes
 from worker.sync import SyncThreads, SyncThreadsHook
 from worker.tracing import Tracing
 
@@ -80,13 +81,13 @@ class Wiring:
     clock: Clock
     metrics: Metrics
     serializer: tuple[Serialize, Deserialize]
-    redis: ArqRedis
+    redis: Redis
     client: Client
     process: ProcessView
     #: The consumer's queue shards (home first) on connections of its own.
     consumer_shards: Callable[[], Shards]
     #: A connection of its own for the broadcast listener's blocking reads.
-    broadcast_redis: Callable[[], ArqRedis]
+    broadcast_redis: Callable[[], Redis]
     leader_store: Callable[[], Store]
     singletons: Group
     #: The loop watchdog's store, on a connection of its own (called in the watchdog's thread).
@@ -327,6 +328,12 @@ def _periodic(w: Wiring, _: Any) -> Component:
     )
 
 
+def _schedules(w: Wiring, _: Any) -> Component:
+    queues = {task: w.app.queue_of(task) for task in w.app.tasks}
+    fenced = w.fence()
+    return ScheduleEnqueuer(queues, fenced.store, fenced, w.serializer[0], w.clock, w.metrics)
+
+
 def _reaper(w: Wiring, _: Any) -> Component:
     s = w.settings
     return OrphanReaper(
@@ -396,6 +403,7 @@ SPECS: tuple[Spec, ...] = (
         _poller,
     ),
     Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),
+    Spec(LEADERS, "singletons", one(SCHEDULES_NAME, lambda a, s: bool(a.tasks)), _schedules),
     Spec(LEADERS, "singletons", one("orphan-reaper"), _reaper),
     Spec(LEADERS, "singletons", one(BACKLOG_NAME), _backlog),
     Spec(

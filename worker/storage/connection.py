@@ -10,11 +10,9 @@ parsed ``WORKER_REDIS_URL``:
   ``rediss+sentinel://`` for TLS) — the primary a set of Sentinels names. The user and password
   in the URL are the data nodes' (ACL); the Sentinels' own credentials come from
   ``?sentinel_username=…&sentinel_password=…`` or ``WORKER_SENTINEL_USERNAME`` /
-  ``WORKER_SENTINEL_PASSWORD``. Every new connection asks the Sentinels for the current
-  primary, and a connection to a primary that was demoted is dropped at its first write
-  (redis-py's ``SentinelConnectionPool``); the pool also asks every second and drops the
-  connections to a primary the Sentinels no longer name (one deposed while still serving), so
-  after a failover every process finds the new primary by itself;
+  ``WORKER_SENTINEL_PASSWORD``. The pool asks the Sentinels for the primary on every new
+  connection and every second, and drops connections to one they no longer name, so after a
+  failover every process finds the new primary by itself;
 - ``redis+cluster://[user:password@]host1:7000,host2:7001`` (``rediss+cluster://``) — Redis
   Cluster. Every key of one app lives in one hash slot (a hash-tagged ``WORKER_KEY_PREFIX``
   such as ``{shop}:``), so the app talks to the one primary that serves that slot, over plain
@@ -33,13 +31,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.core.redisurl import DISCOVERY_TIMEOUT_S, RedisTarget, parse_redis_url
 from worker.storage import resharding
@@ -52,6 +50,26 @@ __all__ = ["SlotPool", "connect_redis", "connect_shards"]
 #: How often a Sentinel pool asks the Sentinels who the primary is while its connections stay
 #: up (a background question, never on a command's path).
 MASTER_CHECK_S = 1.0
+
+
+class _Sentinel(Sentinel):
+    """Its "no primary found" says why each Sentinel could not be asked (redis-py 7+ keeps
+    only ``network:ConnectionError``, not a TLS refusal's ``CERTIFICATE_VERIFY_FAILED``)."""
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        except MasterNotFoundError:
+            why: dict[str, None] = {}
+            for sentinel in self.sentinels:
+                try:
+                    await sentinel.ping()
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    why[f"{type(exc).__name__}: {exc}"] = None
+            if not why:
+                raise
+            text = f"No master found for {service_name!r}: {'; '.join(why)}"
+            raise MasterNotFoundError(text) from None
 
 
 class _SentinelPool(SentinelConnectionPool):
@@ -150,10 +168,10 @@ class _SlotConnection(Packing, Connection):
         finally:
             self._unread = pending
 
-    async def disconnect(self, nowait: bool = False) -> None:
+    async def disconnect(self, *args: Any, **kwargs: Any) -> None:  # redis-py 7+ adds error=
         self._unread.clear()
         self._multi = self._moved = False
-        await super().disconnect(nowait)
+        await super().disconnect(*args, **kwargs)
 
     def pack_command(self, *args: Any) -> list[bytes]:
         name = str(args[0]).upper() if args else ""
@@ -273,7 +291,7 @@ class SlotPool(ConnectionPool):
         pool's slot sends the command again (:class:`worker.storage.resharding.Detour`) unless it
         was
         inside a transaction; anything else is raised as it came."""
-        text = str(exc)
+        text = resharding.error_text(exc)
         kind = resharding.redirection(text, self.slot)
         if kind == "MOVED":
             self.address = None  # the next connection asks who serves the slot now
@@ -297,26 +315,29 @@ class SlotPool(ConnectionPool):
             await self.detour.close()
 
 
+#: ``max_connections`` of a pool without a cap (redis-py 5's own default).
+UNCAPPED = 2**31
+
+
 def connect_redis(
     target: RedisTarget | str,
     *,
     queue_name: str,
-    serialize: Any,
-    deserialize: Any,
     socket_timeout_s: float | None = 10.0,
     max_connections: int | None = None,
     client_name: str | None = None,
-) -> ArqRedis:
-    """An ``ArqRedis`` (arq's client, a ``redis.asyncio.Redis``) for ``target``: a single
-    server, the primary of a Sentinel set, or the cluster primary serving ``queue_name``'s hash
-    slot (every key of an app shares it). ``client_name`` shows in ``CLIENT LIST``."""
+) -> Redis:
+    """A ``redis.asyncio.Redis`` for ``target``: a single server, the primary of a Sentinel
+    set, or the cluster primary serving ``queue_name``'s hash slot (every key of an app shares
+    it). ``client_name`` shows in ``CLIENT LIST``."""
     if isinstance(target, str):
         target = parse_redis_url(target)
     common: dict[str, Any] = {
         "socket_connect_timeout": 5,
         "socket_timeout": socket_timeout_s,
         "health_check_interval": 30,
-        "max_connections": max_connections,
+        # None: not capped, on every redis-py (6 and later cap an async pool at 100 by default)
+        "max_connections": UNCAPPED if max_connections is None else max_connections,
     }
     if not target.url.startswith("unix:"):
         common["socket_keepalive"] = True
@@ -337,42 +358,22 @@ def connect_redis(
             **({"ssl": True, **tls} if target.ssl else {}),
         }
         if target.kind == "sentinel":
-            sentinel_kwargs = {
-                **discovery,
-                "username": target.sentinel_username,
-                "password": target.sentinel_password,
-            }
-            manager = Sentinel(  # type: ignore[no-untyped-call]
-                list(target.nodes), sentinel_kwargs=sentinel_kwargs
+            creds = {"username": target.sentinel_username, "password": target.sentinel_password}
+            manager = _Sentinel(  # type: ignore[no-untyped-call]
+                list(target.nodes), sentinel_kwargs={**discovery, **creds}
             )
             pool = _SentinelPool(
-                target.service,
-                manager,
-                db=target.db,
-                is_master=True,
-                ssl=target.ssl,
-                **auth,
-                **tls,
-                **common,
-            )
+                target.service, manager, db=target.db, is_master=True, ssl=target.ssl,
+                **auth, **tls, **common,
+            )  # fmt: skip
         else:
             slot = key_slot(queue_name.encode())
             pool = SlotPool(
-                target.nodes,
-                slot,
-                seed_kwargs={**discovery, **auth},
-                ssl=target.ssl,
-                **auth,
-                **tls,
-                **common,
-            )
+                target.nodes, slot, seed_kwargs={**discovery, **auth}, ssl=target.ssl,
+                **auth, **tls, **common,
+            )  # fmt: skip
     pool.connection_class = packing(pool.connection_class)
-    return ArqRedis(
-        pool,
-        job_serializer=serialize,
-        job_deserializer=deserialize,
-        default_queue_name=queue_name,
-    )
+    return Redis(connection_pool=pool)
 
 
 def connect_shards(
@@ -381,7 +382,7 @@ def connect_shards(
     *,
     queue_name: str,
     **kwargs: Any,
-) -> tuple[ArqRedis, ...]:
+) -> tuple[Redis, ...]:
     """One client per queue shard (``WORKER_QUEUE_SHARDS``; ``prefixes`` home first, as
     :func:`worker.storage.shards.shard_prefixes` gives them): on Redis Cluster each shard's
     own client to the primary serving its slot (the home one for ``queue_name``, the app's

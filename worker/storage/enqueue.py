@@ -1,6 +1,6 @@
 """The batched unique enqueue: many arq jobs written in one script call (``enqueue_many``),
-and the announcement on the wake channel for jobs a producer wrote without one (a plain arq
-client: the record and a ``ZADD``)."""
+and the queue heads the leader reads to find jobs a producer wrote without an announcement (a
+plain arq client: the record and a ``ZADD``; the announcement is :mod:`worker.storage.wake`'s)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from worker.storage.jobs import NewJob
 ENQUEUE_MANY = """
 -- Enqueue a batch of arq jobs, each unless a job or result with its id exists (what
 -- UNIQUE_ENQUEUE does for one): a later job of the batch with an id an earlier one took is
--- refused like one already in Redis. Each distinct due time of the jobs written is published
--- once on the wake channel (a batch due now: one PUBLISH).
--- KEYS    -> the arq queues the jobs go to (job i names its queue by index)
+-- refused like one already in Redis. The earliest due time of the jobs written goes to the wake
+-- marker (one ZADD LT: one idle consumer takes it), and each distinct due time is published
+-- once, '+' marked, on the wake channel for consumers of earlier versions (a batch due now:
+-- one PUBLISH).
+-- KEYS    -> the arq queues the jobs go to (job i names its queue by index), then last the
+--            wake marker
 -- ARGV[1] -> arq job key prefix
 -- ARGV[2] -> arq result key prefix
 -- ARGV[3] -> wake channel
@@ -25,6 +28,7 @@ ENQUEUE_MANY = """
 -- Returns: per job 1 if enqueued, 0 if its id exists.
 local out = {}
 local published = {}
+local earliest = nil
 for i = 4, #ARGV, 5 do
   local id = ARGV[i + 1]
   if redis.call('EXISTS', ARGV[1] .. id, ARGV[2] .. id) > 0 then
@@ -35,10 +39,16 @@ for i = 4, #ARGV, 5 do
     redis.call('ZADD', KEYS[tonumber(ARGV[i])], score, id)
     if not published[score] then
       published[score] = true
-      redis.call('PUBLISH', ARGV[3], score)
+      redis.call('PUBLISH', ARGV[3], '+' .. score)
+      if earliest == nil or tonumber(score) < tonumber(earliest) then
+        earliest = score
+      end
     end
     out[#out + 1] = 1
   end
+end
+if earliest ~= nil then
+  redis.call('ZADD', KEYS[#KEYS], 'LT', earliest, 'wake')
 end
 return out
 """
@@ -69,7 +79,8 @@ class EnqueueOps(StoreBase):
         for q in batch:
             index = queues.setdefault(self.keys.queue_of(q.queue), len(queues) + 1)
             args += [index, q.job.job_id, q.ttl_ms, q.job.score_ms, q.job.payload]
-        out, acked = await self._eval(self._script(ENQUEUE_MANY), list(queues), args)
+        keys = [*queues, self.keys.wake_marker]
+        out, acked = await self._eval(self._script(ENQUEUE_MANY), keys, args)
         written = [bool(x) for x in out]
         if not all(written) and self.replication.enabled:
             await self.confirm("enqueue (an id exists)")
@@ -90,8 +101,3 @@ class EnqueueOps(StoreBase):
             score = _score(self.keys.queue_of(q), head[0][0], head[0][1]) if head else None
             out.append((_s(head[0][0]), score) if head and score is not None else None)
         return out
-
-    async def announce(self, due_ms: int) -> None:
-        """Publish ``due_ms`` on this shard's wake channel, as an enqueue does: idle
-        consumers claim at once."""
-        await self.redis.publish(self.keys.wake, str(due_ms))

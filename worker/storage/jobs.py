@@ -70,20 +70,22 @@ UNIQUE_ENQUEUE = """
 -- Enqueue an arq job unless a job or result with the same id exists (what arq's enqueue_job
 -- does with WATCH/MULTI, in one round trip).
 -- KEYS[1] -> arq queue
+-- KEYS[2] -> wake marker (one idle consumer takes it: the earliest due time, ZADD LT)
 -- ARGV[1] -> job id
 -- ARGV[2] -> arq job key prefix
 -- ARGV[3] -> arq result key prefix
 -- ARGV[4] -> job key TTL in ms
 -- ARGV[5] -> score (due time, ms)
 -- ARGV[6] -> serialized arq job
--- ARGV[7] -> wake channel (idle consumers hear the due time)
+-- ARGV[7] -> wake channel (consumers of earlier versions hear the due time, '+' marked)
 -- Returns: 1 if enqueued, 0 if the id exists.
 if redis.call('EXISTS', ARGV[2] .. ARGV[1], ARGV[3] .. ARGV[1]) > 0 then
   return 0
 end
 redis.call('SET', ARGV[2] .. ARGV[1], ARGV[6], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[5], ARGV[1])
-redis.call('PUBLISH', ARGV[7], ARGV[5])
+redis.call('ZADD', KEYS[2], 'LT', ARGV[5], 'wake')
+redis.call('PUBLISH', ARGV[7], '+' .. ARGV[5])
 return 1
 """
 
@@ -346,7 +348,7 @@ class JobOps(StoreBase):
         ``False`` once they have the job that holds the id; :class:`NotReplicated` otherwise."""
         ok, acked = await self._eval(
             self._script(UNIQUE_ENQUEUE),
-            [self.keys.queue_of(queue)],
+            [self.keys.queue_of(queue), self.keys.wake_marker],
             [
                 job.job_id,
                 K.ARQ_JOB,

@@ -16,63 +16,27 @@ lease (paused, partitioned, replaced) can never write through one of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from arq.constants import (
-    abort_jobs_ss,
-    in_progress_key_prefix,
-    job_key_prefix,
-    result_key_prefix,
-    retry_key_prefix,
-)
-
+from worker.core import codec
 from worker.core.ids import hash_tag
 from worker.core.jobdefs import DEFAULT_QUEUE
 
 __all__ = [
     "DEFAULT_QUEUE",
-    "DUTY_LANE",
     "FENCE_ERROR",
     "HISTORY_KEEP",
     "STATS_TTL_MS",
     "TASK_BUCKETS_MS",
     "TASK_SLOT_MIN",
     "Keys",
-    "duty_lane",
-    "is_duty_lane",
-    "with_lanes",
 ]
 
-ARQ_JOB = job_key_prefix
-ARQ_RESULT = result_key_prefix
-ARQ_IN_PROGRESS = in_progress_key_prefix
-ARQ_RETRY = retry_key_prefix
-ARQ_ABORT = abort_jobs_ss
-
-#: The queue jobs go to unless their task names another.
-
-#: What a queue's duty lane is named after: ``<queue>:duty`` (a queue name has no ``:``, so no
-#: queue of the app's own can be named so). The leader's duties (periodic ticks, poll jobs)
-#: enqueue there; a consumer claims a queue's lane before the queue, with slots of its own
-#: (``WORKER_DUTY_SLOTS``). To arq it is one more sorted set of job ids: a queue like any other.
-DUTY_LANE = ":duty"
-
-
-def duty_lane(queue: str) -> str:
-    """The duty lane of ``queue`` (a queue name, see :data:`DUTY_LANE`)."""
-    return queue + DUTY_LANE
-
-
-def is_duty_lane(queue: str) -> bool:
-    return queue.endswith(DUTY_LANE)
-
-
-def with_lanes(queues: Sequence[str]) -> tuple[str, ...]:
-    """What a consumer of ``queues`` claims from, highest priority first: every queue's duty
-    lane, then the queues themselves."""
-    return (*(duty_lane(q) for q in queues), *queues)
-
+ARQ_JOB = codec.JOB_KEY_PREFIX
+ARQ_RESULT = codec.RESULT_KEY_PREFIX
+ARQ_IN_PROGRESS = codec.IN_PROGRESS_KEY_PREFIX
+ARQ_RETRY = codec.RETRY_KEY_PREFIX
+ARQ_ABORT = codec.ABORT_JOBS_SS
 
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
@@ -89,10 +53,8 @@ TASK_SLOT_MIN = 10
 
 
 def channel_scope(db: int) -> str:
-    """What the framework's pub/sub channel names end with for an app in database ``db``:
-    nothing in database 0 (a Redis Cluster has only that one), ``@db<n>`` in any other.
-    Pub/Sub is server-wide, not per database: two apps with one key prefix in two databases
-    of one server would otherwise hear each other's messages."""
+    """What the framework's pub/sub channel names end with in database ``db``: ``@db<n>``, or
+    nothing in 0 (Pub/Sub is server-wide: two databases' apps would hear each other)."""
     return f"@db{db}" if db else ""
 
 
@@ -209,9 +171,15 @@ class Keys:
         return f"{self.prefix}wake{self.scope}"
 
     @property
-    def wake_duty(self) -> str:
-        """Where the leader's duties announce a duty lane job's due time, ms (:data:`DUTY_LANE`)."""
-        return f"{self.prefix}wake:duty{self.scope}"
+    def wake_marker(self) -> str:
+        """One-member sorted set scored with the earliest due time announced: announcements
+        ``ZADD … LT`` it, one idle consumer takes it (``BZPOPMIN``) and passes it on."""
+        return f"{self.prefix}wakeup"
+
+    @property
+    def wake_duty_marker(self) -> str:
+        """:attr:`wake_marker` of the duty lanes (set by the leader's duties, see ``DUTY_LANE``)."""
+        return f"{self.prefix}wakeup:duty"
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property
@@ -234,6 +202,40 @@ class Keys:
         error]}`` of the most recent such end, ``<name>:failing_since`` -> end time (ms) of
         the first failure since the last success."""
         return f"{self.prefix}periodic:runs"
+
+    # -- run-time schedules (client.schedules) -----------------------------------------------
+    @property
+    def schedules(self) -> str:
+        """Hash: schedule name -> its definition (JSON, see :mod:`worker.core.schedule_spec`)."""
+        return f"{self.prefix}schedules"
+
+    @property
+    def schedule_versions(self) -> str:
+        """Hash: schedule name -> the version of its definition (the :attr:`schedules_gen`
+        value of its last upsert); the tick script enqueues only for a matching version."""
+        return f"{self.prefix}schedules:version"
+
+    @property
+    def schedules_gen(self) -> str:
+        """Counter raised by every upsert and removal: the leader re-reads the schedules only
+        when it moved."""
+        return f"{self.prefix}schedules:gen"
+
+    @property
+    def schedule_state(self) -> str:
+        """Hash: schedule name -> newest tick planned (ms), as :attr:`periodic_state`."""
+        return f"{self.prefix}schedules:last"
+
+    @property
+    def schedule_enqueued(self) -> str:
+        """Hash: schedule name -> job id of its newest enqueued tick (``overlap="skip"`` looks
+        whether that job has ended)."""
+        return f"{self.prefix}schedules:enqueued"
+
+    @property
+    def schedule_overlaps(self) -> str:
+        """Hash: schedule name -> ticks skipped because the previous run had not ended."""
+        return f"{self.prefix}schedules:overlaps"
 
     # -- pollers ------------------------------------------------------------------------------
     def poll_shard(self, poller: str, shard: int) -> str:

@@ -40,8 +40,17 @@ from typing import Any
 
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import Connection, SSLConnection
+from redis.exceptions import (
+    AskError,
+    ClusterCrossSlotError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 
 #: How long a command that gets ``TRYAGAIN`` is sent again before :class:`SlotMigrating`.
 PATIENCE_S = 10.0
@@ -88,6 +97,28 @@ def patience(seconds: float) -> Iterator[None]:
         _patience.reset(token)
 
 
+#: Error classes whose first word redis-py 7+ cuts from the message (redis-py 5 leaves these
+#: replies a plain ``ResponseError`` with the whole line), most specific first.
+_CUT_WORDS: tuple[tuple[type[ResponseError], str], ...] = (
+    (MovedError, "MOVED"),
+    (AskError, "ASK"),
+    (TryAgainError, "TRYAGAIN"),
+    (MasterDownError, "MASTERDOWN"),
+    (ClusterDownError, "CLUSTERDOWN"),
+    (ClusterCrossSlotError, "CROSSSLOT"),
+)
+
+
+def error_text(exc: ResponseError) -> str:
+    """The server's error line (``MOVED 3999 10.0.0.2:6379``) whatever the redis-py major:
+    newer ones raise ``MovedError("3999 10.0.0.2:6379")``, the word cut."""
+    text = str(exc)
+    for cls, word in _CUT_WORDS:
+        if isinstance(exc, cls):
+            return text if text.split(" ", 1)[0] == word else f"{word} {text}".rstrip()
+    return text
+
+
 def redirection(text: str, slot: int) -> str | None:
     """``ASK``, ``MOVED`` or ``TRYAGAIN`` when ``text`` is one about ``slot`` (``TRYAGAIN``
     names no slot: the connection serves only the app's), else ``None``."""
@@ -131,6 +162,7 @@ class Detour:
                 connection_class=self.connection_class,
                 host=address[0],
                 port=address[1],
+                max_connections=2**31,  # uncapped (redis-py 6+ caps an async pool at 100)
                 **self.kwargs,
             )
         return pool
@@ -199,7 +231,7 @@ class Detour:
             try:
                 return await self._send(address, args, kind == "ASK", raw)
             except ResponseError as exc:
-                text = str(exc)
+                text = error_text(exc)
                 if redirection(text, self.slot) is None:
                     raise
 

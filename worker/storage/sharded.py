@@ -69,10 +69,6 @@ class Shards:
         """Every shard's wake-up channel (pub/sub channels are cluster-wide)."""
         return [s.keys.wake for s in self.stores]
 
-    def duty_channels(self) -> list[str]:
-        """Every shard's duty wake-up channel (``Keys.wake_duty``), in shard order."""
-        return [s.keys.wake_duty for s in self.stores]
-
     def group(self, job_ids: Iterable[str]) -> list[tuple[Store, list[str]]]:
         """``job_ids`` by shard, in shard order (only shards with some)."""
         if self.n == 1:

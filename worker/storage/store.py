@@ -24,8 +24,10 @@ from worker.storage.operators import OperatorOps
 from worker.storage.periodic import FencedPeriodicOps, PeriodicOps
 from worker.storage.poller import FencedPollerOps, PollerOps
 from worker.storage.registry import FencedRegistryOps, RegistryOps
+from worker.storage.schedules import FencedScheduleOps, ScheduleOps
 from worker.storage.shards import shard_prefixes
 from worker.storage.subscriptions import SubscriptionOps
+from worker.storage.wake import WakeOps
 
 
 class Store(
@@ -45,12 +47,20 @@ class Store(
     OperatorOps,
     InspectJobOps,
     SubscriptionOps,
+    ScheduleOps,
+    WakeOps,
 ):
     """Every unfenced Redis operation of the framework, one part per concern (see
     :mod:`worker.storage`); build it with :func:`open_store`."""
 
 
-class FencedStore(FencedPeriodicOps, FencedPollerOps, FencedInitializerOps, FencedRegistryOps):
+class FencedStore(
+    FencedPeriodicOps,
+    FencedPollerOps,
+    FencedInitializerOps,
+    FencedRegistryOps,
+    FencedScheduleOps,
+):
     """The writes only the leader may make, over a :class:`Store` and a
     :class:`~worker.core.views.LeaderView` (see :mod:`worker.storage.fenced`)."""
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from worker.app import App
 from worker.client import Client
+from worker.core import codec
 from worker.core.clock import ms
 from worker.core.serializer import json_loads, msgpack_loads
 from worker.ops import doctor, snapshot, status
@@ -200,7 +201,7 @@ def _decode(payload: bytes, serializer: str) -> Any:
 
 def _task_of(payload: bytes, serializer: str) -> str | None:
     record = _decode(payload, serializer)
-    fn = record.get("f") if isinstance(record, dict) else None
+    fn = codec.job_fields(record).function if isinstance(record, dict) else None
     return fn[:256] if isinstance(fn, str) else None
 
 
