@@ -188,10 +188,10 @@ def wake_marker() -> str:
 
 
 def subscribed(r: redis_sync.Redis, processes: int) -> bool:
-    """Every consumer process waits on the wake marker (``BZPOPMIN``; an announcement before
-    would wake fewer of them)."""
+    """Every consumer process waits on the wake marker (``BZPOPMIN``, and a second one on the
+    duty lanes' marker; an announcement before would wake fewer of them)."""
     waiting = [c for c in r.client_list() if c.get("cmd") == "bzpopmin"]
-    return len(waiting) >= processes
+    return len(waiting) >= 2 * processes
 
 
 def announce(r: redis_sync.Redis, due_ms: int) -> None:

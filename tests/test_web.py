@@ -162,7 +162,8 @@ async def test_the_overview_reads_what_redis_holds(
     (poller,) = cluster["pollers"]
     assert poller["paused"] and poller["waiting"] == 2 and poller["due"] == 1
     assert 4.0 <= poller["lag_s"] <= 10.0
-    (queue,) = cluster["queues"]
+    queue, lane = cluster["queues"]  # the queue, then its duty lane (ticks, poll jobs)
+    assert lane["name"] == "web:queue:default:duty" and lane["depth"] == 0
     assert queue["depth"] == 1 and 2.0 <= queue["oldest_due_age_s"] <= 10.0
     assert (queue["done_last_hour"], queue["failed_last_hour"]) == (1, 1)
     assert len(queue["throughput"]) == 60 and queue["throughput"][-1][1:] == [1, 1]

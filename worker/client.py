@@ -342,7 +342,7 @@ class Client:
         meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        specs = checked(jobs, self.check_function)
+        specs = await checked(jobs, self.check_function, chunk_size)
         out: list[str | None] = []
         sending: asyncio.Future[list[str | None]] | None = None
         for lo in range(0, len(specs), chunk_size):

@@ -38,8 +38,6 @@ ARQ_IN_PROGRESS = codec.IN_PROGRESS_KEY_PREFIX
 ARQ_RETRY = codec.RETRY_KEY_PREFIX
 ARQ_ABORT = codec.ABORT_JOBS_SS
 
-#: The queue jobs go to unless their task names another.
-
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
 
@@ -55,10 +53,8 @@ TASK_SLOT_MIN = 10
 
 
 def channel_scope(db: int) -> str:
-    """What the framework's pub/sub channel names end with for an app in database ``db``:
-    nothing in database 0 (a Redis Cluster has only that one), ``@db<n>`` in any other.
-    Pub/Sub is server-wide, not per database: two apps with one key prefix in two databases
-    of one server would otherwise hear each other's messages."""
+    """What the framework's pub/sub channel names end with in database ``db``: ``@db<n>``, or
+    nothing in 0 (Pub/Sub is server-wide: two databases' apps would hear each other)."""
     return f"@db{db}" if db else ""
 
 
@@ -179,6 +175,11 @@ class Keys:
         """One-member sorted set scored with the earliest due time announced: announcements
         ``ZADD … LT`` it, one idle consumer takes it (``BZPOPMIN``) and passes it on."""
         return f"{self.prefix}wakeup"
+
+    @property
+    def wake_duty_marker(self) -> str:
+        """:attr:`wake_marker` of the duty lanes (set by the leader's duties, see ``DUTY_LANE``)."""
+        return f"{self.prefix}wakeup:duty"
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property
