@@ -975,7 +975,8 @@ async def test_finish_every_transition_in_one_batch(r: Any) -> None:
     finally:
         await p.aclose()
     assert (out.done, out.retried, out.refused) == (2, 3, 1)
-    assert woken is not None and woken["data"] == str(T + 2000).encode()  # the earliest
+    # the earliest put back, on the wake marker and (marked) on the channel
+    assert woken is not None and woken["data"] == f"+{T + 2000}".encode()
     minute, hour = T // 60_000, T // 3_600_000
     slot = f"s{minute // 10}:send"
     job, retry = K.ARQ_JOB.encode(), K.ARQ_RETRY.encode()
@@ -996,6 +997,7 @@ async def test_finish_every_transition_in_one_batch(r: Any) -> None:
         ),
         KEYS.queue_of("mail").encode(): ("zset", [(b"later", T + 2000)], False),
         KEYS.abort.encode(): ("zset", [(b"elsewhere", T)], False),
+        KEYS.wake_marker.encode(): ("zset", [(b"wake", T + 2000)], False),
         KEYS.done.encode(): ("zset", [(b"ok", T)], False),
         KEYS.failures.encode(): ("zset", [(b"bad", T)], False),
         KEYS.stats("default", hour).encode(): ("hash", {f"{minute}:done".encode(): b"1"}, True),
@@ -1012,6 +1014,25 @@ async def test_finish_every_transition_in_one_batch(r: Any) -> None:
             True,
         ),
     }  # the holds set: empty, gone
+
+
+async def test_finish_announces_a_job_put_back_on_its_marker(r: Any) -> None:
+    """A job retried or deferred is announced like a new one: its due time on the wake marker
+    (a duty lane's on the duty marker, no channel message: consumers of earlier versions read
+    no lanes), so a consumer waiting there claims it when it is due, leader or not (a deferral
+    announced on the channel alone waited for the consumers' 30 s fallback look)."""
+    store = Store(r, KEYS)
+    for jid, queue in {"user": "default", "tick": "default:duty"}.items():
+        await r.zadd(KEYS.queue_of(queue), {jid: T - 10})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await _claim(store, queues=("default:duty", "default"))
+    await store.finish(
+        "me", [Finish("defer", "tick", "me/1", score_ms=T + 700, queue="default:duty")], now_ms=T
+    )
+    assert await r.zrange(KEYS.wake_duty_marker, 0, -1, withscores=True) == [(b"wake", T + 700)]
+    assert await r.exists(KEYS.wake_marker) == 0
+    await store.finish("me", [Finish("defer", "user", "me/1", score_ms=T + 900)], now_ms=T)
+    assert await r.zrange(KEYS.wake_marker, 0, -1, withscores=True) == [(b"wake", T + 900)]
 
 
 async def test_finish_retention_trims_at_most_what_a_batch_brings(r: Any) -> None:
