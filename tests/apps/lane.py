@@ -9,6 +9,7 @@ import os
 import time
 
 from worker import App, JobContext
+from worker.bulk import JobSpec
 
 app = App("lane")
 PREFIX = os.environ.get("WORKER_KEY_PREFIX", "worker:")
@@ -35,3 +36,18 @@ async def polled(ctx: JobContext, item: str) -> None:
 
 
 app.poller("lanepoll", task="polled", interval_s=0.5)
+
+
+@app.task
+async def noop(ctx: JobContext, n: int) -> None:
+    """A user job that does nothing (what ``fanout`` enqueues)."""
+
+
+@app.task(timeout_s=300)
+async def fanout(ctx: JobContext, n: int) -> None:
+    """``ctx.enqueue_many`` of ``n`` unique-key jobs from a task; records the seconds until the
+    ids were back and how many were written (``<prefix>lane:fanout``: ``<s>:<written>``)."""
+    began = time.monotonic()
+    ids = await ctx.enqueue_many(JobSpec("noop", (i,), unique_key=f"f{i}") for i in range(n))
+    took = time.monotonic() - began
+    await ctx.redis.set(PREFIX + "lane:fanout", f"{took:.3f}:{sum(1 for i in ids if i)}")
