@@ -342,7 +342,9 @@ async def test_pause_and_resume_a_queue_and_every_queue(
         assert out["ok"] and out["target"] == entry and out["details"] == {"changed": True}
         assert entry in await client.store.paused()
         overview = await (await http.get("/api/overview", headers=AUTH)).json()
-        assert all(q["paused"] for q in overview["cluster"]["queues"])
+        paused = {q["queue"]: q["paused"] for q in overview["cluster"]["queues"]}
+        # a queue's pause leaves its duty lane flowing (ticks, poll jobs); --all pauses it too
+        assert paused == {"default": True, "default:duty": entry == "queue:*"}
         assert (await (await http.post("/api/resume", json=body, headers=AUTH)).json())["ok"]
         assert entry not in await client.store.paused()
     audit = await client.store.audit_log(10)
