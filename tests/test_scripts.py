@@ -1348,3 +1348,25 @@ async def test_claim_skips_paused_queues_and_takes_them_again_once_resumed(r: An
     await r.srem(keys.paused, "queue:*")
     got = await _claim(store, queues=("default", "low"))
     assert [j.job_id for j in got.jobs] == ["{t}:d1", "{t}:l2"]
+
+
+async def test_a_queues_pause_leaves_its_duty_lane_flowing(r: Any) -> None:
+    """``queue:default`` paused: the lane ``default:duty`` is still claimed (ticks and poll jobs
+    of a paused queue run); ``queue:default:duty`` pauses the lane, ``queue:*`` both."""
+    keys = K.Keys("{t}:")
+    store = Store(r, keys)
+    lanes = ("default:duty", "default")
+    for jid, queue in {"{t}:tick1": "default:duty", "{t}:user": "default"}.items():
+        await r.zadd(keys.queue_of(queue), {jid: T - 10})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await r.sadd(keys.paused, "queue:default")
+    assert [j.job_id for j in (await _claim(store, queues=lanes)).jobs] == ["{t}:tick1"]
+    await r.zadd(keys.queue_of("default:duty"), {"{t}:tick2": T - 5})
+    await r.set(K.ARQ_JOB + "{t}:tick2", b"p")
+    for entry in ("queue:default:duty", "queue:*"):
+        await r.sadd(keys.paused, entry)
+        assert (await _claim(store, queues=lanes)).jobs == []
+        await r.srem(keys.paused, entry)
+    await r.srem(keys.paused, "queue:default")
+    got = await _claim(store, queues=lanes)
+    assert [j.job_id for j in got.jobs] == ["{t}:tick2", "{t}:user"]
