@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "leader": ("bench.leader", "1,000 periodic jobs every second; 10,000 per_key leases"),
     "latency": ("bench.latency", "idle wake-up and tick start latency"),
     "outbox": ("bench.outbox", "PostgreSQL outbox: commit to job start, one by one and bursts"),
+    "lane": ("bench.lane", "ticks and poll jobs behind 100,000 user jobs; enqueue_many of 200k"),
     "wait": ("bench.wait", "durable writes: WAIT 1 replica vs none (consumer, enqueue)"),
     "failover": ("bench.failover", "primary SIGKILLed under Sentinel: duplicates, losses, times"),
     "depose": ("bench.depose", "a live primary deposed: WAIT-confirmed writes lost, by policy"),

@@ -64,6 +64,10 @@ SMOKE: dict[str, tuple[list[str], str]] = {
         r"\| fair +\| [\d,]+ ",
     ),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
+    "lane": (
+        ["--jobs", "1000", "--seconds", "3", "--fanout", "2000"],
+        r"\| 2,000 from a task +\| [\d.]+ s \(2,000 written",
+    ),
 }
 
 

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import datetime as dt
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast
 from uuid import uuid4
 
 from redis.asyncio import Redis
@@ -77,14 +77,12 @@ __all__ = ["Client", "arq_options", "connect_redis"]
 DEFAULT_MAX_PAYLOAD_BYTES: int = Settings.model_fields["max_payload_bytes"].default
 
 
-@runtime_checkable
 class _Routes(Protocol):
-    """An app that knows which queue each function's jobs go to."""
+    """An app that knows which queue each function's jobs go to (told by ``hasattr``)."""
 
     def queue_of(self, function: str) -> str: ...
 
 
-@runtime_checkable
 class _Declares(Protocol):
     """An app that knows the names of the jobs it runs."""
 
@@ -384,7 +382,7 @@ class Client:
         meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        specs = checked(jobs, self.check_function)
+        specs = await checked(jobs, self.check_function, chunk_size)
         out: list[str | None] = []
         sending: asyncio.Future[list[str | None]] | None = None
         for lo in range(0, len(specs), chunk_size):
@@ -458,16 +456,17 @@ class Client:
     def queue_for(self, function: str) -> str:
         """The queue ``function``'s jobs wait in unless told: the one the task declares when
         the client knows the app, else ``default``."""
-        return self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
+        app = cast(_Routes, self.app)  # hasattr: a runtime Protocol's isinstance costs 15-37 µs
+        return app.queue_of(function) if hasattr(app, "queue_of") else DEFAULT_QUEUE
 
     def check_function(self, function: str) -> None:
         """Raise :class:`~worker.core.errors.UnknownTask` if the client's app does not declare
         ``function`` (a task or a periodic job); a client without an app accepts any name, as
         arq does."""
-        if isinstance(self.app, _Declares):
-            names = self.app.job_names()
-            if function not in names:
-                raise UnknownTask(function, self.app.name, sorted(names))
+        if hasattr(self.app, "job_names"):
+            app = cast(_Declares, self.app)
+            if function not in (names := app.job_names()):
+                raise UnknownTask(function, app.name, sorted(names))
 
     def new_job_id(self) -> str:
         """A random job id: the key prefix and a uuid (``<prefix><32 hex>``), so arq's per-job

@@ -23,6 +23,9 @@ class ConsumerConfig:
     """The consumer's slice of the settings."""
 
     concurrency: int = 100
+    #: slots only duty lane jobs may take (ticks, poll jobs), beside ``concurrency``: user jobs
+    #: filling every shared slot never hold a duty back (see :meth:`Fetcher.claim_round`)
+    duty_slots: int = 4
     poll_delay_s: float = 0.05
     idle_poll_max_s: float = 0.5
     #: the idle fallback look while the wake channel is subscribed (announcements wake it)

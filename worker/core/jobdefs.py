@@ -41,6 +41,27 @@ NO_RECORD: Mapping[str, Any] = MappingProxyType({})
 #: The queue a task\'s jobs go to unless it names one (arq\'s own queue key, ``arq:queue``).
 DEFAULT_QUEUE = "default"
 
+#: What a queue's duty lane is named after: ``<queue>:duty`` (a queue name has no ``:``, so no
+#: queue of the app's own can be named so). The leader's duties (periodic ticks, poll jobs)
+#: enqueue there; a consumer claims a queue's lane before the queue, with slots of its own
+#: (``WORKER_DUTY_SLOTS``). To arq it is one more sorted set of job ids: a queue like any other.
+DUTY_LANE = ":duty"
+
+
+def duty_lane(queue: str) -> str:
+    """The duty lane of ``queue`` (a queue name, see :data:`DUTY_LANE`)."""
+    return queue + DUTY_LANE
+
+
+def is_duty_lane(queue: str) -> bool:
+    return queue.endswith(DUTY_LANE)
+
+
+def with_lanes(queues: Sequence[str]) -> tuple[str, ...]:
+    """What a consumer of ``queues`` claims from, highest priority first: every queue's duty
+    lane, then the queues themselves."""
+    return (*(duty_lane(q) for q in queues), *queues)
+
 
 @dataclass(frozen=True)
 class JobOutcome:

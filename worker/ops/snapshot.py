@@ -22,6 +22,7 @@ from typing import Any
 from worker.app import App
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.ids import LockValue
+from worker.core.jobdefs import duty_lane
 from worker.core.schedule_spec import ScheduleSpec
 from worker.duties import kinds
 from worker.storage.server import read_attached, read_eviction_policy, read_slot_owners
@@ -171,6 +172,7 @@ async def read(
     assert now_ms is not None
     keys = store.keys
     names = app.queue_names()
+    names += [duty_lane(q) for q in names]  # then each queue's duty lane (ticks, poll jobs)
     per_shard = [await _queues(s, names, now_ms) for s in shards] if len(shards) > 1 else []
     queues = _merged(per_shard) if per_shard else (await _queues(store, names, now_ms))[0]
     lock, pttl = await store.read_lock()

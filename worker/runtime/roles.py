@@ -15,7 +15,7 @@ elector, whose listener (:class:`~worker.leadership.maintainer.LeaderWork`) star
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from redis.asyncio import Redis
@@ -30,7 +30,7 @@ from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Backoff, Component, Group
 from worker.core.hooks import UserHooks
-from worker.core.jobdefs import JobHook
+from worker.core.jobdefs import JobHook, duty_lane, with_lanes
 from worker.core.metrics import Metrics
 from worker.core.serializer import Deserialize, Serialize
 from worker.core.views import ProcessView
@@ -199,6 +199,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
     s = w.settings
     config = ConsumerConfig(
         concurrency=s.concurrency,
+        duty_slots=s.duty_slots,
         poll_delay_s=s.poll_delay_s,
         idle_poll_max_s=s.idle_poll_max_s,
         idle_poll_subscribed_s=s.idle_poll_subscribed_s,
@@ -315,14 +316,19 @@ def _initializer(w: Wiring, init: InitializerDef) -> Component:
 
 def _poller(w: Wiring, p: PollerDef) -> Component:
     queue = w.app.queue_of(p.task)
+    if w.settings.duty_slots:
+        queue = duty_lane(queue)  # poll jobs wait for no user job (the consumers' duty slots)
     return PollingScheduler(
         p, w.store, w.fence(), w.serializer[0], w.clock, w.metrics, queue, tracing=w.tracing
     )
 
 
 def _periodic(w: Wiring, _: Any) -> Component:
+    jobs = list(w.app.periodics.values())
+    if w.settings.duty_slots:  # ticks wait for no user job: each goes to its queue's duty lane
+        jobs = [replace(p, queue=duty_lane(p.queue)) for p in jobs]
     return PeriodicEnqueuer(
-        list(w.app.periodics.values()),
+        jobs,
         w.store,
         w.fence(),
         w.serializer[0],
@@ -357,7 +363,7 @@ def _reaper(w: Wiring, _: Any) -> Component:
         # (idle-cheap, long) heartbeat interval
         interval_s=min(s.heartbeat_interval_s, REAP_EVERY_S),
         metrics=w.metrics,
-        queues=w.app.queue_names(),
+        queues=with_lanes(w.app.queue_names()),
         witness=w.writes,
         # the other queue shards, fenced by token (the lease is in another hash slot)
         shards=[FencedStore(shard, w.fence().leader) for shard in w.client.shards.stores[1:]],
@@ -373,7 +379,7 @@ def _backlog(w: Wiring, _: Any) -> Component:
 def _unannounced(w: Wiring, _: Any) -> Component:
     return UnannouncedJobs(
         w.client.shards.stores,
-        w.app.queue_names(),
+        with_lanes(w.app.queue_names()),  # a lane job parked by a consumer that died, too
         w.clock,
         interval_s=w.settings.unannounced_look_s,
     )

@@ -53,10 +53,8 @@ TASK_SLOT_MIN = 10
 
 
 def channel_scope(db: int) -> str:
-    """What the framework's pub/sub channel names end with for an app in database ``db``:
-    nothing in database 0 (a Redis Cluster has only that one), ``@db<n>`` in any other.
-    Pub/Sub is server-wide, not per database: two apps with one key prefix in two databases
-    of one server would otherwise hear each other's messages."""
+    """What the framework's pub/sub channel names end with in database ``db``: ``@db<n>``, or
+    nothing in 0 (Pub/Sub is server-wide: two databases' apps would hear each other)."""
     return f"@db{db}" if db else ""
 
 
@@ -107,9 +105,8 @@ class Keys:
 
     @property
     def leader_state(self) -> str:
-        """Hash about the current lease: ``epoch``, ``renewed_ms`` (server time of the last
-        acquire/renew) and ``released`` (the epoch released cleanly), so an acquisition knows
-        how long the previous holder may still believe it leads."""
+        """Hash about the lease: ``epoch``, ``renewed_ms`` (server time of the last renew) and
+        ``released`` (the epoch released cleanly): how long a previous holder may lead."""
         return f"{self.prefix}leader:state"
 
     @property
@@ -153,9 +150,8 @@ class Keys:
 
     @property
     def abort(self) -> str:
-        """The app's sorted set of abort requests (``Client.abort``): ``<prefix>abort``, not
-        arq's shared ``arq:abort`` (``Job.abort()``), which holds every app's job ids and which a
-        Redis user limited to the app's keys cannot (and must not) reach."""
+        """The app's sorted set of abort requests (``Client.abort``), not arq's shared
+        ``arq:abort``, which a Redis user limited to the app's keys cannot reach."""
         return f"{self.prefix}abort"
 
     @property
@@ -176,6 +172,10 @@ class Keys:
         """One-member sorted set scored with the earliest due time announced: announcements
         ``ZADD … LT`` it, one idle consumer takes it (``BZPOPMIN``) and passes it on."""
         return f"{self.prefix}wakeup"
+
+    @property
+    def wake_duty_marker(self) -> str:
+        return f"{self.prefix}wakeup:duty"  # the duty lanes' (set by the leader's duties)
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property
