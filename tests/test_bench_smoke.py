@@ -68,6 +68,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
         ["--jobs", "1000", "--seconds", "3", "--fanout", "2000"],
         r"\| 2,000 from a task +\| [\d.]+ s \(2,000 written",
     ),
+    "outbox": (["--quick"], r"\| outbox, one row per commit, every 150 ms \(50\) +\| [\d.]+ "),
 }
 
 
