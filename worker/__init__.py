@@ -21,6 +21,7 @@ from worker.core.codec import JobResult, JobStatus
 from worker.core.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
 from worker.core.jobdefs import JobOutcome
 from worker.core.retry import Retry, RetryJob
+from worker.core.workflow import Job, Workflow, WorkflowInfo, chain, chord, group
 from worker.polls import BoundPoller
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "InvalidId",
+    "Job",
     "JobContext",
     "JobOutcome",
     "JobResult",
@@ -45,8 +47,13 @@ __all__ = [
     "Settings",
     "SyncClient",
     "UnknownTask",
+    "Workflow",
+    "WorkflowInfo",
     "__version__",
+    "chain",
+    "chord",
     "from_arq",
+    "group",
     "load_app",
     "load_settings",
 ]

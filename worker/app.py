@@ -36,7 +36,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from worker.consumer.limits import parse_rate
 from worker.context import Context, JobContext
@@ -107,6 +107,7 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
+        parents: Literal["args", "context"] = "args",
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -122,6 +123,7 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
+        parents: Literal["args", "context"] = "args",
     ) -> Any:
         """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run; a plain
         ``def`` runs in the process's sync threads (``WORKER_SYNC_THREADS``, :mod:`worker.sync`).
@@ -131,12 +133,15 @@ class App:
         while tries remain, and the wait before each retry (seconds, or a callable of the try
         number; see :mod:`worker.core.retry`). ``max_concurrency``: at most this many run at once
         across the cluster; ``rate``: at most ``"N/s"`` (``/m``, ``/h``) start cluster-wide.
-        Jobs over a limit wait (deferred), they never fail for it.
+        Jobs over a limit wait (deferred), they never fail for it. ``parents``: how a workflow
+        step of it gets its parents' results (first argument, or ``ctx.parents``).
         """
         on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError("task max_concurrency must be at least 1")
         parsed_rate = parse_rate(rate) if rate is not None else None
+        if parents not in ("args", "context"):
+            raise ConfigError(f"task parents: 'args' or 'context', not {parents!r}")
 
         def register(f: F) -> F:
             n = _check_name("task", name or f.__name__)
@@ -152,6 +157,7 @@ class App:
                 retry_delay=as_delay(retry_delay),
                 max_concurrency=max_concurrency,
                 rate=parsed_rate,
+                parents=parents,
             )
             return f
 

@@ -52,6 +52,7 @@ from worker.core.serializer import (
 )
 from worker.core.topics import MAX_BYTES as MAX_BROADCAST_BYTES
 from worker.core.topics import publish
+from worker.core.workflow import OnFailure, WorkflowInfo, compile_flow
 from worker.polls import BoundPoller, Pollers, due_ms
 from worker.settings import Settings, load_settings
 from worker.storage import keys as K
@@ -450,6 +451,35 @@ class Client:
         ``None`` if it has none kept (see docs/monitoring.md, "Why did my job fail?")."""
         return await self.shards.of(job_id).failure(job_id)
 
+    async def start_workflow(
+        self, flow: Any, *, on_failure: OnFailure | None = None, workflow_id: str | None = None
+    ) -> str:
+        """Start ``flow`` (a :class:`~worker.Job`, ``chain``, ``group``, ``chord`` or
+        :class:`~worker.Workflow`, see docs/workflows.md); its id. Calling it again with the
+        same ``workflow_id`` after an error starts it once."""
+        await on_server_time(self.clock, self.store.server_time_ms)
+        now, sz = ms(self.clock.time()), self._serialize
+        wf = compile_flow(flow, on_failure)
+        queues = [self._stepped(s.job.function) for s in wf.steps]
+        wid = workflow_id or uuid4().hex
+        check_id(wid, "workflow_id")
+        roots = await self.store.start_workflow(wid, wf, queues, now, sz)
+        await self.store.enqueue_steps(wid, roots, now, sz, self._expires_ms)
+        return wid
+
+    async def workflow(self, workflow_id: str) -> WorkflowInfo | None:
+        """The workflow's state and each step's (state, result, error); ``None`` when unknown."""
+        return await self.store.read_workflow(workflow_id, self._reads())
+
+    async def cancel_workflow(self, workflow_id: str) -> bool:
+        """Cancel it: no step starts once this returned, running steps are aborted (as
+        :meth:`abort`). ``False`` when it was not running."""
+        return await self.store.cancel_workflow(workflow_id, ms(self.clock.time()))
+
+    def _stepped(self, function: str) -> str:
+        self.check_function(function)
+        return self.queue_for(function)
+
     def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""
         store = self.shards.for_key(unique_key if shard_key is None else shard_key)
@@ -460,9 +490,12 @@ class Client:
         methods): ``await job.status()``,
         ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
         store = self.shards.of(job_id)  # the job's queue shard
+        return Job(job_id, store.redis, store.keys.queue_of(queue), self._reads())
+
+    def _reads(self) -> Deserialize:
         if self._deserialize is None:
             raise ValueError("Client(serialize=<custom>) reads jobs only with deserialize=...")
-        return Job(job_id, store.redis, store.keys.queue_of(queue), self._deserialize)
+        return self._deserialize
 
     async def broadcast(self, topic: str, data: Any = None) -> int | None:
         """Send ``data`` (any value the serializer takes) to the ``@app.on_broadcast(topic)``

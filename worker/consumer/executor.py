@@ -110,6 +110,7 @@ class Executor:
         self.config = config
         self.dead = dead
         self.metrics = metrics
+        self._held: dict[str, list[Finish]] = {}  # ends the hooks settle first (JobHook.settle)
 
     async def run(self, c: Claimed, run: Run) -> None:
         """Run ``c`` to its end; bookkeeping never leaves a run unaccounted for."""
@@ -117,6 +118,7 @@ class Executor:
             await self.execute(c, run)
         except BaseException as exc:
             log.error("job bookkeeping failed", job_id=c.job_id, error=repr(exc))
+            self._held.pop(c.job_id, None)
             self._end(c, run, "retry", score_ms=c.score_ms)
 
     async def execute(self, c: Claimed, run: Run) -> None:
@@ -152,9 +154,7 @@ class Executor:
         timeout, keep = task.timeout_s, task.keep_s
         ctx = self._context(plan, c, run, job_try, enqueued_ms, store)
         ctx.make_progress = partial(Progress, store, job_id, ms(timeout + keep), self.clock)
-        hooked = JobRun(job, job_id, c.queue, job_try, ctx, record) if plan.runs else None
-        if hooked is not None:
-            await plan.started(hooked)
+        hooked = await self._started(plan, run, JobRun(job, job_id, c.queue, job_try, ctx, record))
         started = self.clock.monotonic()
         outcome: Outcome = "success"
         error: BaseException | None = None
@@ -195,6 +195,8 @@ class Executor:
             self.totals["complete"] += 1
         finally:
             took = await self._over(plan, job, ctx, outcome, started)
+        if hooked is not None and plan.settles:
+            await self._settle(c, run, plan, hooked, outcome, error, result, scope.expired(), took)
         if plan.ends:
             await plan.ended(job_id, args, outcome)
         if hooked is not None:
@@ -215,6 +217,21 @@ class Executor:
         if self.figures is not None:
             self.figures.runs.append((job.name, outcome, took))
         return took
+
+    async def _started(self, plan: HookPlan, run: Run, hooked: JobRun) -> JobRun | None:
+        """The run starts (a hook's veto: it ends cancelled, as an abort); ends held to settle."""
+        if plan.settles:
+            self._held[hooked.job_id] = []
+        hooks = plan.runs or plan.settles
+        run.aborted |= bool(hooks) and not await plan.started(hooked)
+        return hooked if hooks else None
+
+    async def _settle(self, c: Claimed, run: Run, plan: HookPlan, *end: Any) -> None:
+        """The run's end to the completer once the hooks settled it; unsettled: a retry."""
+        held, again = self._held.pop(c.job_id, []), ms(self.clock.time()) + 1000
+        retry = Finish("retry", c.job_id, run.token, score_ms=again, queue=c.queue)
+        for finish in held if await plan.settle(*end) else [retry]:
+            self.completer.end(finish)
 
     def _waited(self, c: Claimed, task: str, start_ms: int) -> None:
         """Note ``worker_job_wait_seconds``: from the job's due time (its score) to its start,
@@ -266,7 +283,8 @@ class Executor:
             kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
             failure=failure, failure_ttl_ms=failure_ttl, task=run.function, run_ms=run_ms,
         )  # fmt: skip
-        self.completer.end(finish)
+        held = self._held.get(c.job_id)
+        (self.completer.end if held is None else held.append)(finish)
 
     def _facts(self, c: Claimed, rf: ResultFor | None, start_ms: int) -> RunFacts:
         """What a failure record says of the run besides its error."""

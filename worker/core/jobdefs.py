@@ -98,6 +98,14 @@ class JobDef:
     retry_delay: RetryDelay | None = None
     max_concurrency: int | None = None
     rate: tuple[int, float] | None = None  # (jobs, per seconds)
+    #: how a workflow step of this task gets its parents' results: its first argument after
+    #: ``ctx`` (``args``) or ``ctx.parents`` (``context``)
+    parents: Literal["args", "context"] = "args"
+
+
+class SkipRun(Exception):
+    """Raised by a hook's :meth:`JobHook.started`: the run does not start and ends cancelled,
+    as an aborted job does (a cancelled workflow's step)."""
 
 
 class JobHook:
@@ -111,6 +119,10 @@ class JobHook:
     5. :meth:`ended` with how the run ended (the internal :data:`Outcome`);
     6. :meth:`finished` with the run's :class:`JobOutcome` (in reverse hook order, so a hook
        listed first wraps the others, as a tracing span does).
+
+    Between 4 and 5, :meth:`settle` with the run's :class:`JobOutcome`, before its end is
+    handed to the completer: what must be written before the job is finished (a workflow's
+    fan-in). :meth:`started` may raise :class:`SkipRun`: the run does not start.
 
     :meth:`started` and :meth:`finished` are called only when a hook overrides them, and
     only for runs that started (not for a job set aside before it ran).
@@ -146,6 +158,10 @@ class JobHook:
     async def finished(self, run: JobRun, outcome: JobOutcome) -> None:
         """The run :meth:`started` announced ended, its end handed to the completer."""
 
+    async def settle(self, run: JobRun, outcome: JobOutcome) -> None:
+        """The run ended; its end waits until every hook settled it. Raising makes the run a
+        retry (it runs again): the write must be safe to repeat."""
+
     async def renew(self) -> None:
         """With each claim check while jobs run (errors count as a failed check)."""
 
@@ -165,6 +181,7 @@ class HookPlan:
     runs: tuple[JobHook, ...] = ()  # started and finished
     release: tuple[JobHook, ...] = ()
     ends: tuple[JobHook, ...] = ()  # ended
+    settles: tuple[JobHook, ...] = ()  # settle
 
     @classmethod
     def of(cls, hooks: Sequence[JobHook], job: JobDef) -> HookPlan:
@@ -175,15 +192,35 @@ class HookPlan:
             runs=tuple(overriding(mine, "started", "finished")),
             release=tuple(overriding(mine, "release")),
             ends=tuple(overriding(mine, "ended")),
+            settles=tuple(overriding(mine, "settle")),
         )
 
-    async def started(self, run: JobRun) -> None:
-        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
+    async def started(self, run: JobRun) -> bool:
+        """Tell the hooks that have a ``started`` step that the run begins (in order);
+        ``False`` when one of them raised :class:`SkipRun` (the run must not start)."""
         for hook in self.runs:
             try:
                 await hook.started(run)
+            except SkipRun:
+                return False
             except Exception:
                 log.exception("job hook failed", job_id=run.job_id, step="started")
+        return True
+
+    async def settle(
+        self, run: JobRun, outcome: Outcome, error: BaseException | None, result: Any,
+        timed_out: bool, duration_s: float,
+    ) -> bool:  # fmt: skip
+        """Have every hook with a ``settle`` step settle the run's end (in order); ``False``
+        when one failed (the run must run again)."""
+        ended = _outcome(run, outcome, error, result, timed_out, duration_s)
+        for hook in self.settles:
+            try:
+                await hook.settle(run, ended)
+            except Exception:
+                log.exception("job hook failed", job_id=run.job_id, step="settle")
+                return False
+        return True
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         """Tell the hooks that have an ``ended`` step how the run ended (in order)."""
@@ -204,12 +241,19 @@ class HookPlan:
     ) -> None:
         """Tell the hooks how the run ended (in reverse order), once its end is handed to the
         completer: a hook can neither change nor delay it."""
-        job = run.job
-        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
-        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
-        ended = JobOutcome(status, job.name, run.job_id, run.job_try, duration_s, error, result)
+        ended = _outcome(run, outcome, error, result, timed_out, duration_s)
         for hook in reversed(self.runs):
             try:
                 await hook.finished(run, ended)
             except Exception:
                 log.exception("job hook failed", job_id=run.job_id, step="finished")
+
+
+def _outcome(
+    run: JobRun, outcome: Outcome, error: BaseException | None, result: Any, timed_out: bool,
+    duration_s: float,
+) -> JobOutcome:  # fmt: skip
+    job = run.job
+    dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
+    status = status_of(outcome, error, timed_out=timed_out, dead=dead)
+    return JobOutcome(status, job.name, run.job_id, run.job_try, duration_s, error, result)
