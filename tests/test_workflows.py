@@ -5,15 +5,18 @@ cancelled workflow starts no step, and the failure policies."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, wait_until
+from tests.conftest import ROOT, Spawn, wait_until
+from tests.docpages import python_block
 from worker import Job, Workflow, WorkflowInfo, chain, chord, group
 from worker.client import Client
 
@@ -160,3 +163,25 @@ def test_a_failed_step_under_each_policy(
     else:  # the dependents ran, given None for the failed parent
         assert [s.state for s in info.steps[1:]] == ["done", "done", "done"]
         assert _input(rsync, prefix, info.steps[2].job_id) == [None, 1]
+
+
+def test_the_examples_of_the_workflows_page(spawn: Spawn, redis_url: str, tmp_path: Path) -> None:
+    (tmp_path / "docflows.py").write_text(python_block("workflows", "The tasks"))
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    spawn("all", name="w1", app="docflows:app", env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    code = compile(python_block("workflows", "Starting one"), "workflows.md", "exec",
+                   flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # fmt: skip
+
+    async def run(client: Client) -> dict[str, Any]:
+        names: dict[str, Any] = {"client": client}
+        await eval(code, names)  # the page's own example
+        return names
+
+    names = _call(redis_url, prefix, run)
+    chained, fanned, dag = (
+        _ended(redis_url, prefix, names[k]) for k in ("chain_id", "chord_id", "dag_id")
+    )
+    assert chained.results()[-1] == f"stored {len('<html>example.com</html>')} bytes"
+    assert fanned.results()[-1] == sum(i * 10 for i in range(100))
+    assert dag.state == "done", dag
+    assert dag.results()[-1] == "daily: [1, 2, 3] {'count': 3, 'max': 3}"
