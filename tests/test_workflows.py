@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import ROOT, Spawn, wait_until
+from tests.conftest import ROOT, CliRun, Spawn, wait_until
 from tests.docpages import python_block
 from worker import Job, Workflow, WorkflowInfo, chain, chord, group
 from worker.client import Client
@@ -63,7 +63,7 @@ def _runs(rsync: redis_sync.Redis, prefix: str, task: str) -> dict[str, int]:
 
 
 def _input(rsync: redis_sync.Redis, prefix: str, job_id: str) -> Any:
-    raw = rsync.hget(f"{prefix}flows:inputs", job_id)
+    raw: Any = rsync.hget(f"{prefix}flows:inputs", job_id)
     assert raw is not None, f"{job_id} kept no input"
     return json.loads(raw)
 
@@ -185,3 +185,33 @@ def test_the_examples_of_the_workflows_page(spawn: Spawn, redis_url: str, tmp_pa
     assert fanned.results()[-1] == sum(i * 10 for i in range(100))
     assert dag.state == "done", dag
     assert dag.results()[-1] == "daily: [1, 2, 3] {'count': 3, 'max': 3}"
+
+
+def test_the_command_line_shows_lists_and_cancels_workflows(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str, cli: CliRun
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    spawn("all", name="w1", app=APP)
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix, "WORKER_APP": APP}
+    done = _start(redis_url, prefix, chain(Job("add", 1, 2), Job("double")))
+    _ended(redis_url, prefix, done)
+    slow = _start(redis_url, prefix, chain(Job("nap", 30), Job("double")))
+    wait_until(lambda: _runs(rsync, prefix, "nap"), 30, what="the nap to start")
+
+    shown = cli("workflow", done, "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["state"] == "done"
+    assert [(s["function"], s["state"], s["result"]) for s in doc["steps"]] == [
+        ("add", "done", 3), ("double", "done", 6),
+    ]  # fmt: skip
+    table = cli("workflow", done, env=env)
+    assert table.returncode == 0 and "double" in table.stdout, table.stdout
+    listed = cli("workflows", "--state", "running", "--json", env=env)
+    assert [w["id"] for w in json.loads(listed.stdout)] == [slow]
+    cancel = cli("workflow", slow, "--cancel", env=env)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert _info(redis_url, prefix, slow).state == "cancelled"
+    assert cli("workflow", slow, "--cancel", env=env).returncode == 1  # not running any more
+    assert cli("workflow", "nope", env=env).returncode == 1
+    assert _runs(rsync, prefix, "double").keys() == {_info(redis_url, prefix, done).steps[1].job_id}

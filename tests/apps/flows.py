@@ -27,9 +27,10 @@ def _k(ctx: JobContext, name: str) -> str:
 
 
 async def _ran(ctx: JobContext, task: str, value: Any = None) -> None:
-    await ctx.redis.hincrby(_k(ctx, "runs"), f"{task}:{ctx.job_id}", 1)
+    redis: Any = ctx.redis
+    await redis.hincrby(_k(ctx, "runs"), f"{task}:{ctx.job_id}", 1)
     if value is not None:
-        await ctx.redis.hset(_k(ctx, "inputs"), ctx.job_id, json.dumps(value))
+        await redis.hset(_k(ctx, "inputs"), ctx.job_id, json.dumps(value))
 
 
 @app.task
