@@ -215,3 +215,21 @@ def test_the_command_line_shows_lists_and_cancels_workflows(
     assert cli("workflow", slow, "--cancel", env=env).returncode == 1  # not running any more
     assert cli("workflow", "nope", env=env).returncode == 1
     assert _runs(rsync, prefix, "double").keys() == {_info(redis_url, prefix, done).steps[1].job_id}
+
+
+def test_a_batch_with_on_complete_runs_its_callback_once_with_the_counts(
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+) -> None:
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    spawn("all", name="w1", app=APP)
+    spawn("consumer", name="c2", app=APP)
+    specs: list[Any] = [("square", (i,)) for i in range(50)] + [("boom", ())]
+    ids = _call(redis_url, prefix,
+                lambda c: c.enqueue_many(specs, on_complete=Job("tally", "nightly")))  # fmt: skip
+    assert len(ids) == 51 and all(ids)
+    wid = ids[0].split(":wf:", 1)[1].rsplit(":", 1)[0]
+    info = _ended(redis_url, prefix, wid)
+    tally = info.steps[-1]
+    assert tally.result == "nightly: 50 done, 1 failed"
+    assert _runs(rsync, prefix, "tally") == {tally.job_id: 1}
+    assert _input(rsync, prefix, tally.job_id) == {"done": 50, "failed": 1}

@@ -52,7 +52,9 @@ from worker.core.serializer import (
 )
 from worker.core.topics import MAX_BYTES as MAX_BROADCAST_BYTES
 from worker.core.topics import publish
-from worker.core.workflow import OnFailure, WorkflowInfo, compile_flow
+from worker.core.workflow import Job as WorkflowJob
+from worker.core.workflow import OnFailure, WorkflowInfo, compile_flow, step_job_id
+from worker.core.workflow import batch as batch_flow
 from worker.polls import BoundPoller, Pollers, due_ms
 from worker.settings import Settings, load_settings
 from worker.storage import keys as K
@@ -327,8 +329,9 @@ class Client:
         return jid if ok else None
 
     async def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
-    ) -> list[str | None]:
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK,
+        on_complete: WorkflowJob | None = None,
+    ) -> list[str | None]:  # fmt: skip
         """Enqueue many jobs, ``chunk_size`` per round trip (one script call per queue shard,
         with a WAIT policy one ``WAIT``, per chunk); per job, in order, its id or ``None`` where
         :meth:`enqueue` would return ``None``: the id is taken in Redis or by an earlier job of
@@ -340,10 +343,17 @@ class Client:
         ``(function, args[, kwargs])``. Every function is checked first: an unknown one raises
         :class:`~worker.core.errors.UnknownTask` and nothing is sent. Each chunk is written
         atomically per shard, after the previous chunk was answered (each next chunk is built
-        meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
+        meanwhile); an error in a chunk leaves the earlier ones and sends no later one.
+
+        ``on_complete=Job("done", ...)``: the jobs (without per-job options) are one workflow,
+        and that task runs once after every one of them ended, given ``{"done": n, "failed":
+        m}`` first (see docs/workflows.md)."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         specs = checked(jobs, self.check_function)
+        if on_complete is not None:
+            wid = await self.start_workflow(batch_flow(specs, on_complete))
+            return [step_job_id(self.keys.prefix, wid, i) for i in range(len(specs))]
         out: list[str | None] = []
         sending: asyncio.Future[list[str | None]] | None = None
         for lo in range(0, len(specs), chunk_size):

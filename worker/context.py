@@ -192,10 +192,10 @@ class Context:
         return await self.client.enqueue(function, *args, **kwargs)
 
     async def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK, on_complete: Any = None
     ) -> list[str | None]:
         """See :meth:`worker.client.Client.enqueue_many`."""
-        return await self.client.enqueue_many(jobs, chunk_size=chunk_size)
+        return await self.client.enqueue_many(jobs, chunk_size=chunk_size, on_complete=on_complete)
 
     async def start_workflow(self, flow: Any, **options: Any) -> str:
         """See :meth:`worker.client.Client.start_workflow`."""
@@ -327,9 +327,9 @@ class JobContext(dict[str, Any]):
         return await self.context.enqueue(function, *args, **kwargs)
 
     async def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK, on_complete: Any = None
     ) -> list[str | None]:
-        return await self.context.enqueue_many(jobs, chunk_size=chunk_size)
+        return await self.context.enqueue_many(jobs, chunk_size=chunk_size, on_complete=on_complete)
 
     async def start_workflow(self, flow: Any, **options: Any) -> str:
         return await self.context.start_workflow(flow, **options)

@@ -139,10 +139,12 @@ class SyncClient:
         )
 
     def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK, on_complete: Any = None
     ) -> list[str | None]:
         """:meth:`Client.enqueue_many`: per job its id or ``None``, one round trip per chunk."""
-        return self._submit(self.client.enqueue_many(list(jobs), chunk_size=chunk_size))
+        return self._submit(
+            self.client.enqueue_many(list(jobs), chunk_size=chunk_size, on_complete=on_complete)
+        )
 
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> SyncJob:
         """A handle on ``job_id``: :meth:`SyncJob.status`, :meth:`SyncJob.info`,

@@ -58,6 +58,12 @@ async def collect(ctx: JobContext, values: list[int]) -> int:
     return sum(v for v in values if v is not None)
 
 
+@app.task
+async def tally(ctx: JobContext, counts: dict[str, int], batch: str) -> str:
+    await _ran(ctx, "tally", counts)
+    return f"{batch}: {counts['done']} done, {counts['failed']} failed"
+
+
 @app.task(parents="context")
 async def report(ctx: JobContext, title: str) -> str:
     await _ran(ctx, "report", ctx.parents)

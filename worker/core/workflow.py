@@ -83,6 +83,9 @@ class Step:
     job: Job
     parents: tuple[int, ...]
     many: bool
+    #: it gets ``{"done": n, "failed": m}`` of its parents instead of their results (a batch's
+    #: completion callback)
+    counts: bool = False
 
 
 @dataclass
@@ -157,6 +160,23 @@ def compile_flow(flow: Any, on_failure: OnFailure | None = None) -> Workflow:
         return Workflow(policy, list(flow.steps))
     wf = Workflow(policy)
     _place(wf, _flow(flow), (), False)
+    return wf
+
+
+def batch(specs: Sequence[Any], on_complete: Job) -> Workflow:
+    """``enqueue_many(specs, on_complete=...)`` as a workflow: every spec a step (``continue``
+    on failure), then ``on_complete`` given the counts once every member ended."""
+    if not isinstance(on_complete, Job):
+        raise TypeError(f"on_complete takes a Job, not {on_complete!r}")
+    if not specs:
+        raise ValueError("on_complete needs at least one job")
+    wf = Workflow("continue")
+    for s in specs:
+        options = (s.unique_key, s.job_id, s.defer_until, s.queue, s.shard_key)
+        if any(o is not None for o in options) or s.defer_by:
+            raise ValueError(f"{s.function}: a batch with on_complete takes no per-job options")
+        wf.steps.append(Step(Job(s.function, *s.args, **s.kwargs), (), False))
+    wf.steps.append(Step(on_complete, tuple(range(len(specs))), False, counts=True))
     return wf
 
 

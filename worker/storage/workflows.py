@@ -96,7 +96,8 @@ WF_ADVANCE = """
 -- ARGV[5] -> ms to keep the workflow once it ended
 -- ARGV[6] -> TTL ms while running
 -- Returns: {state, 1 if this call ended the workflow else 0, ready...}; each ready step is
--- {index, function, queue, many, (args, kwargs), {each parent's result, false if it failed}};
+-- {index, function, queue, many, (args, kwargs), {each parent's result, false if it failed}}
+-- (many 2, a batch's callback: {parents done, parents failed} instead);
 -- {false, 0} for an unknown workflow.
 local w, i = KEYS[1], ARGV[1]
 local st = redis.call('HGET', w, 's:' .. i)
@@ -141,11 +142,18 @@ redis.call('PEXPIRE', w, ARGV[6])
 local out = {state, ended}
 for c in string.gmatch(redis.call('HGET', w, 'c:' .. i), '%d+') do
   if redis.call('HGET', w, 's:' .. c) == 'queued' then
-    local results = {}
-    for p in string.gmatch(redis.call('HGET', w, 'p:' .. c), '%d+') do
-      results[#results + 1] = redis.call('HGET', w, 'r:' .. p) or false
-    end
+    local results, done, failed = {}, 0, 0
     local f = redis.call('HMGET', w, 'f:' .. c, 'q:' .. c, 'm:' .. c, 'a:' .. c)
+    for p in string.gmatch(redis.call('HGET', w, 'p:' .. c), '%d+') do
+      if f[3] ~= '2' then
+        results[#results + 1] = redis.call('HGET', w, 'r:' .. p) or false
+      elseif redis.call('HGET', w, 's:' .. p) == 'done' then
+        done = done + 1
+      else
+        failed = failed + 1
+      end
+    end
+    if f[3] == '2' then results = {done, failed} end
     out[#out + 1] = {tonumber(c), f[1], f[2], f[3], f[4], results}
   end
 end
@@ -235,7 +243,7 @@ class WorkflowOps(StoreBase):
         children = children_of(wf.steps)
         for i, step in enumerate(wf.steps):
             own = serialize({"args": list(step.job.args), "kwargs": step.job.kwargs})
-            args += [step.job.function, queues[i], int(step.many)]
+            args += [step.job.function, queues[i], 2 if step.counts else int(step.many)]
             args += [_csv(step.parents), _csv(children[i]), own]
         keys = [workflow_key(self.keys.prefix, workflow_id), workflows_index(self.keys.prefix)]
         roots, acked = await self._eval(self._script(WF_START), keys, args, probe=True)
@@ -263,7 +271,10 @@ class WorkflowOps(StoreBase):
         ready = []
         for index, fn, queue, many, own, results in out[2:]:
             args, kwargs = _own(own, deserialize)
-            parents = [_result(r, deserialize) for r in results]
+            if _s(many) == "2":  # a batch's callback: the counts
+                parents: list[Any] = [{"done": int(results[0]), "failed": int(results[1])}]
+            else:
+                parents = [_result(r, deserialize) for r in results]
             ready.append(
                 Ready(int(index), _s(fn), _s(queue), _s(many) == "1", args, kwargs, parents)
             )
