@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("bench.fleet", "100 near-idle processes: commands/s, claim rounds per enqueued job"),
     "jobs": ("bench.jobs", "jobs listing with 1M queued; cancel latency of running jobs"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
+    "workflows": ("bench.workflows", "workflow fan-in: Redis commands and server time per member"),
     "soak": ("bench.soak", "the suite's shortened fault scenarios at their original sizes"),
 }
 

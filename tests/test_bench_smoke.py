@@ -59,6 +59,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
         ["--consumers", "1", "--alls", "1", "--window", "2", "--settle", "2"],
         r"\| commands per enqueued job \(over idle\) +\| [\d.-]+ ",
     ),
+    "workflows": (["--sizes", "50", "--rounds", "1"], r"\| 50 +\| [\d.]+ "),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
 }
 
