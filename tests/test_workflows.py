@@ -19,6 +19,7 @@ from tests.conftest import ROOT, CliRun, Spawn, wait_until
 from tests.docpages import python_block
 from worker import Job, Workflow, WorkflowInfo, chain, chord, group
 from worker.client import Client
+from worker.storage import keys as K
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -93,17 +94,28 @@ def test_a_chain_a_diamond_and_parents_in_the_context(
     assert all(s.state == "done" for i in (chained, diamond, reported) for s in i.steps)
 
 
+@pytest.mark.parametrize("leader", ["kept", "sigkilled"])
 def test_a_chord_callback_runs_once_with_every_result_across_a_sigkilled_consumer(
-    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
+    spawn: Spawn, rsync: redis_sync.Redis, redis_url: str, leader: str
 ) -> None:
+    """200 members over 2 consumers; one SIGKILLs itself right after recording a member's end
+    (before its job's end is surely written), holding up to 10 members. With ``sigkilled``
+    the leader (which reaps the dead consumer's claims) is SIGKILLed at once too: its standby
+    takes over and reaps them."""
     prefix = spawn.prefix  # type: ignore[attr-defined]
     members = 200
     env = {"FLOWS_MEMBER_S": "0.02", "WORKER_CONCURRENCY": "10"}
+    leaders = {"WORKER_QUEUES": "elsewhere"}  # they lead, they run no member
+    first = spawn("leader", name="l1", app=APP, env=leaders)
+    wait_until(lambda: rsync.get(K.Keys(prefix).leader), 30, what="l1 to lead")
+    spawn("leader", name="l2", app=APP, env=leaders)
     killer = spawn("consumer", name="c1", app=APP, env={**env, "FLOWS_KILL_AT": "60"})
-    spawn("all", name="c2", app=APP, env=env)  # the leader: it reaps the killed one's claims
+    spawn("consumer", name="c2", app=APP, env=env)
     wid = _start(redis_url, prefix, chord(group(Job("square", i) for i in range(members)),
                                           Job("collect")))  # fmt: skip
     wait_until(lambda: not killer.alive(), 60, what="the consumer to SIGKILL itself")
+    if leader == "sigkilled":
+        first.kill()
     info = _ended(redis_url, prefix, wid, timeout=120)
 
     assert info.state == "done", info
