@@ -29,6 +29,7 @@ from worker.core.workflow import (
     children_of,
     step_job_id,
 )
+from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s
 
 #: How long a running workflow's state is kept after its last step ended (refreshed by each).
@@ -185,6 +186,7 @@ WF_CANCEL = """
 -- ARGV[1] -> now ms
 -- ARGV[2] -> ms to keep it
 -- ARGV[3] -> its steps' job id prefix (the step's index follows)
+-- ARGV[4] -> arq's job key prefix
 -- Returns: {1 if cancelled now else 0, the steps that were queued or running (their jobs'
 -- abort is requested, as Client.abort does)}
 local w = KEYS[1]
@@ -199,7 +201,12 @@ for j = 0, tonumber(redis.call('HGET', w, 'n')) - 1 do
   end
 end
 redis.call('PEXPIRE', w, ARGV[2])
-for _, j in ipairs(live) do redis.call('ZADD', KEYS[2], ARGV[1], ARGV[3] .. j) end
+for _, j in ipairs(live) do
+  -- a queued step whose job is not written yet never starts (WF_BEGIN): no request to linger
+  if redis.call('EXISTS', ARGV[4] .. ARGV[3] .. j) == 1 then
+    redis.call('ZADD', KEYS[2], ARGV[1], ARGV[3] .. j)
+  end
+end
 return {1, live}
 """
 
@@ -290,10 +297,9 @@ class WorkflowOps(StoreBase):
         ``False`` when it was not running."""
         key = workflow_key(self.keys.prefix, workflow_id)
         head = step_job_id(self.keys.prefix, workflow_id, 0)[:-1]
-        out, acked = await self._eval(
-            self._script(WF_CANCEL), [key, self.keys.abort], [now_ms, CANCELLED_KEEP_MS, head],
-            probe=True,
-        )  # fmt: skip
+        args = [now_ms, CANCELLED_KEEP_MS, head, K.ARQ_JOB]
+        keys = [key, self.keys.abort]
+        out, acked = await self._eval(self._script(WF_CANCEL), keys, args, probe=True)
         if not self.replicated(acked):
             raise self._short("workflow cancel", acked)
         return bool(out[0])
