@@ -224,6 +224,8 @@ def test_the_command_line_shows_lists_and_cancels_workflows(
     cancel = cli("workflow", slow, "--cancel", env=env)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert _info(redis_url, prefix, slow).state == "cancelled"
+    audit = [json.loads(e) for e in rsync.lrange(K.Keys(prefix).audit, 0, -1)]  # type: ignore[union-attr]
+    assert [(e["action"], e["target"]) for e in audit] == [("cancel-workflow", slow)]
     assert cli("workflow", slow, "--cancel", env=env).returncode == 1  # not running any more
     assert cli("workflow", "nope", env=env).returncode == 1
     assert _runs(rsync, prefix, "double").keys() == {_info(redis_url, prefix, done).steps[1].job_id}

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 
 from worker.cli.common import run_async
+from worker.cli.operate import operations
 from worker.core.serializer import get_serializer
 from worker.core.terminal import safe, say
 from worker.ops import admin
@@ -21,12 +22,13 @@ def cmd_workflow(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _workflow(settings: Settings, args: argparse.Namespace) -> int:
     deserialize = get_serializer(settings.serializer)[1]
+    if args.cancel:  # through the one door for operator actions: audited
+        async with operations(settings, "workflow") as ops:
+            outcome = await ops.cancel_workflow(args.workflow_id)
+        admin.flush_notes()
+        say(outcome.message)
+        return 0 if outcome.ok else 1
     async with admin.connect(settings, "workflow") as a:
-        if args.cancel:
-            now = round(await a.store.server_time_ms())
-            cancelled = await a.store.cancel_workflow(args.workflow_id, now)
-            say(f"{args.workflow_id}: " + ("cancelled" if cancelled else "not running"))
-            return 0 if cancelled else 1
         info = await a.store.read_workflow(args.workflow_id, deserialize)
     admin.flush_notes()
     if info is None:
