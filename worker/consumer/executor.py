@@ -137,7 +137,7 @@ class Executor:
             self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
-        job, plan, max_tries = task.job, task.plan, task.max_tries
+        job, plan, max_tries = task.job, task.plan.for_id(job_id), task.max_tries
         job_try = c.try_
         if enqueue_try and enqueue_try > job_try:
             job_try = enqueue_try
@@ -154,7 +154,8 @@ class Executor:
         timeout, keep = task.timeout_s, task.keep_s
         ctx = self._context(plan, c, run, job_try, enqueued_ms, store)
         ctx.make_progress = partial(Progress, store, job_id, ms(timeout + keep), self.clock)
-        hooked = await self._started(plan, run, JobRun(job, job_id, c.queue, job_try, ctx, record))
+        hooked = JobRun(job, job_id, c.queue, job_try, ctx, record) if plan.hooked else None
+        run.aborted |= hooked is not None and not await self._started(plan, hooked)
         started = self.clock.monotonic()
         outcome: Outcome = "success"
         error: BaseException | None = None
@@ -180,9 +181,8 @@ class Executor:
             if run.aborted:  # however it ended, it ends aborted
                 outcome = self._cancelled(c, run, result_for, start_ms, keep)
             elif is_retry(exc):  # run again, deferred as asked
-                now_ms = ms(self.clock.time())
+                now_ms, outcome = ms(self.clock.time()), "retry"
                 self._end(c, run, "retry", score_ms=retry_score(exc, job, job_try, now_ms, c))
-                outcome = "retry"
                 self.totals["retried"] += 1
             else:
                 status: Status = "timeout" if scope.expired() else "failed"
@@ -218,13 +218,12 @@ class Executor:
             self.figures.runs.append((job.name, outcome, took))
         return took
 
-    async def _started(self, plan: HookPlan, run: Run, hooked: JobRun) -> JobRun | None:
-        """The run starts (a hook's veto: it ends cancelled, as an abort); ends held to settle."""
+    async def _started(self, plan: HookPlan, hooked: JobRun) -> bool:
+        """The run starts, unless a hook vetoed it (it ends cancelled, as an abort); its ends
+        are held while hooks settle them."""
         if plan.settles:
             self._held[hooked.job_id] = []
-        hooks = plan.runs or plan.settles
-        run.aborted |= bool(hooks) and not await plan.started(hooked)
-        return hooked if hooks else None
+        return await plan.started(hooked)
 
     async def _settle(self, c: Claimed, run: Run, plan: HookPlan, *end: Any) -> None:
         """The run's end to the completer once the hooks settled it; unsettled: a retry."""

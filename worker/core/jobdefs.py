@@ -10,6 +10,7 @@ the consumer calls every hook, in the order registered, for every job the hook c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -132,6 +133,10 @@ class JobHook:
     Steps 1-6 are called only for the tasks :meth:`concerns` names (asked once per task).
     """
 
+    #: when set, the hook concerns only jobs whose id starts with it (a workflow's steps):
+    #: any other job's run skips its steps for one string comparison
+    id_prefix: str | None = None
+
     def concerns(self, job: JobDef) -> bool:
         """Whether this hook has anything to do with ``job``'s runs (every job unless a
         feature says otherwise): a hook's per-job steps cost nothing for the others."""
@@ -182,10 +187,22 @@ class HookPlan:
     release: tuple[JobHook, ...] = ()
     ends: tuple[JobHook, ...] = ()  # ended
     settles: tuple[JobHook, ...] = ()  # settle
+    #: the job id prefixes of the hooks left out here (:attr:`JobHook.id_prefix`), and the
+    #: plan with them, for the jobs whose id starts with one (:meth:`for_id`)
+    prefixes: tuple[str, ...] = ()
+    full: HookPlan | None = None
 
     @classmethod
     def of(cls, hooks: Sequence[JobHook], job: JobDef) -> HookPlan:
         mine = [h for h in hooks if h.concerns(job)]
+        prefixes = tuple(h.id_prefix for h in mine if h.id_prefix is not None)
+        if not prefixes:
+            return cls._steps(mine)
+        plain = [h for h in mine if h.id_prefix is None]
+        return dataclasses.replace(cls._steps(plain), prefixes=prefixes, full=cls._steps(mine))
+
+    @classmethod
+    def _steps(cls, mine: Sequence[JobHook]) -> HookPlan:
         return cls(
             admit=tuple(overriding(mine, "admit")),
             context=tuple(overriding(mine, "context")),
@@ -194,6 +211,18 @@ class HookPlan:
             ends=tuple(overriding(mine, "ended")),
             settles=tuple(overriding(mine, "settle")),
         )
+
+    @property
+    def hooked(self) -> bool:
+        """Whether a run is announced to hooks (:meth:`started`, :meth:`settle`)."""
+        return bool(self.runs or self.settles)
+
+    def for_id(self, job_id: str) -> HookPlan:
+        """The plan of the job ``job_id``: with the hooks of its id's prefix, if any (one
+        string comparison for the others)."""
+        if self.full is not None and job_id.startswith(self.prefixes):
+            return self.full
+        return self
 
     async def started(self, run: JobRun) -> bool:
         """Tell the hooks that have a ``started`` step that the run begins (in order);

@@ -21,7 +21,7 @@ from worker.core.logs import error_text
 from worker.core.metrics import Metrics
 from worker.core.outage import ride_out
 from worker.core.serializer import Deserialize, Serialize
-from worker.core.workflow import parse_step
+from worker.core.workflow import parse_step, step_job_id
 from worker.storage.store import Store
 from worker.storage.workflows import result_blob
 
@@ -29,8 +29,9 @@ log = structlog.get_logger("worker.workflows")
 
 
 class WorkflowHook(JobHook):
-    """Every job whose id names a workflow step (``<prefix>wf:<id>:<step>``); any other job
-    costs a string comparison and no Redis command."""
+    """Every job whose id names a workflow step (``<prefix>wf:<id>:<step>``, its
+    :attr:`id_prefix`); any other job costs the consumer one string comparison and no Redis
+    command."""
 
     def __init__(
         self,
@@ -44,6 +45,7 @@ class WorkflowHook(JobHook):
     ) -> None:
         self.store = store
         self.prefix = store.keys.prefix
+        self.id_prefix = step_job_id(self.prefix, "", 0)[: -len(":0")]  # <prefix>wf:
         #: tasks that take their parents' results through ``ctx.parents``
         self.by_context = frozenset(j.name for j in jobs if j.parents == "context")
         self.serialize, self.deserialize = serializer
