@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from worker import Job, Workflow, chain, chord, group
+from worker import Job, SyncClient, Workflow, chain, chord, group
 from worker.core.serializer import get_serializer
 from worker.core.workflow import compile_flow, parse_step, step_job_id
 from worker.storage import keys as K
@@ -123,3 +123,18 @@ async def test_cancel_stops_every_step_and_asks_the_live_ones_to_abort(r: Any) -
     assert late.state == "cancelled" and late.ready == []
     listed = await store.list_workflows()
     assert [(w, s) for w, s, _ in listed] == [("c", "cancelled")]
+
+
+def test_a_sync_client_starts_reads_and_cancels_a_workflow(redis_url: str) -> None:
+    prefix = f"t{uuid.uuid4().hex[:6]}:"
+    with SyncClient.connect(redis_url, key_prefix=prefix) as client:  # no worker runs it
+        wid = client.start_workflow(chain(Job("a", 1), Job("b")), workflow_id="nightly-1")
+        assert wid == "nightly-1"
+        assert client.start_workflow(chain(Job("a", 1)), workflow_id=wid) == wid  # once
+        info = client.workflow(wid)
+        assert info is not None and info.state == "running"
+        assert [(s.function, s.state) for s in info.steps] == [("a", "queued"), ("b", "pending")]
+        assert client.cancel_workflow(wid) is True
+        cancelled = client.workflow(wid)
+        assert cancelled is not None and cancelled.state == "cancelled"
+        assert client.workflow("unknown") is None
