@@ -63,6 +63,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
         ["--n", "200", "--rounds", "1", "--backlog", "1000", "--quiet", "2"],
         r"\| fair +\| [\d,]+ ",
     ),
+    "workflows": (["--sizes", "50", "--rounds", "1"], r"\| 50 +\| [\d.]+ "),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
     "lane": (
         ["--jobs", "1000", "--seconds", "3", "--fanout", "2000"],

@@ -29,6 +29,7 @@ from worker.core.errors import (
 )
 from worker.core.jobdefs import JobOutcome
 from worker.core.retry import Retry, RetryJob
+from worker.core.workflow import Job, Workflow, WorkflowInfo, chain, chord, group
 from worker.polls import BoundPoller
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "InvalidId",
+    "Job",
     "JobContext",
     "JobExpired",
     "JobOutcome",
@@ -54,8 +56,13 @@ __all__ = [
     "Settings",
     "SyncClient",
     "UnknownTask",
+    "Workflow",
+    "WorkflowInfo",
     "__version__",
+    "chain",
+    "chord",
     "from_arq",
+    "group",
     "load_app",
     "load_settings",
     "outbox",

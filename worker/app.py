@@ -36,7 +36,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from worker.consumer.limits import parse_rate
 from worker.context import Context, JobContext
@@ -112,14 +112,12 @@ class App:
         rate: str | None = None,
         flow_key: FlowKeyOf | None = None,
         fair: bool = False,
-        max_concurrency_per_key: int | None = None,
-        rate_per_key: str | None = None,
+        max_concurrency_per_key: int | None = None, rate_per_key: str | None = None,
         expires_in: float | None = None,
-        coalesce: Mode | None = None,
-        debounce_s: float | None = None,
-        max_wait_s: float | None = None,
-        throttle_s: float | None = None,
-    ) -> Callable[[F], F]: ...
+        coalesce: Mode | None = None, debounce_s: float | None = None,
+        max_wait_s: float | None = None, throttle_s: float | None = None,
+        parents: Literal["args", "context"] = "args",
+    ) -> Callable[[F], F]: ...  # fmt: skip
 
     def task(
         self,
@@ -136,14 +134,12 @@ class App:
         rate: str | None = None,
         flow_key: FlowKeyOf | None = None,
         fair: bool = False,
-        max_concurrency_per_key: int | None = None,
-        rate_per_key: str | None = None,
+        max_concurrency_per_key: int | None = None, rate_per_key: str | None = None,
         expires_in: float | None = None,
-        coalesce: Mode | None = None,
-        debounce_s: float | None = None,
-        max_wait_s: float | None = None,
-        throttle_s: float | None = None,
-    ) -> Any:
+        coalesce: Mode | None = None, debounce_s: float | None = None,
+        max_wait_s: float | None = None, throttle_s: float | None = None,
+        parents: Literal["args", "context"] = "args",
+    ) -> Any:  # fmt: skip
         """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run; a plain
         ``def`` runs in the process's sync threads (``WORKER_SYNC_THREADS``, :mod:`worker.sync`).
 
@@ -156,7 +152,8 @@ class App:
         key from its arguments (``flow_key(*args, **kwargs)``) when its enqueue names none;
         ``fair``: its jobs are taken round-robin across flow keys (:attr:`flow_weights`);
         ``max_concurrency_per_key``, ``rate_per_key``: the limits above, per flow key; the
-        defaults of ``enqueue``'s ``expires_in`` and ``coalesce`` (docs/flow-control.md).
+        defaults of ``enqueue``'s ``expires_in`` and ``coalesce`` (docs/flow-control.md);
+        ``parents``: a workflow step's parents' results as first argument or ``ctx.parents``.
         """
         on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
         for what, most in (("", max_concurrency), ("_per_key", max_concurrency_per_key)):
@@ -166,6 +163,8 @@ class App:
         key_rate = parse_rate(rate_per_key) if rate_per_key is not None else None
         how = Coalesce.of(coalesce, debounce_s, max_wait_s, throttle_s)
         flow = TaskFlow.of(flow_key, expires_in, how)
+        if parents not in ("args", "context"):
+            raise ConfigError(f"task parents: 'args' or 'context', not {parents!r}")
 
         def register(f: F) -> F:
             n = _check_name("task", name or f.__name__)
@@ -185,6 +184,7 @@ class App:
                 fair=fair,
                 max_concurrency_per_key=max_concurrency_per_key,
                 rate_per_key=key_rate,
+                parents=parents,
             )
             return f
 

@@ -1,9 +1,7 @@
 """Enqueueing from anywhere (web apps, tasks, initializers): jobs, unique jobs, poll items.
 
-A :class:`Client` wraps a ``redis.asyncio.Redis`` with the framework's key names and
-serializer, so what it writes is exactly what the consumers read. A web app
-reads the same ``WORKER_*`` settings as the workers (Redis URL or ``WORKER_REDIS_URL_FILE``,
-key prefix, serializer), so the two cannot disagree::
+A :class:`Client` writes exactly what the consumers read: a web app reads the same
+``WORKER_*`` settings as the workers, so the two cannot disagree::
 
     client = await worker.Client.from_env(app=app)   # or Client.connect(url, app=app, ...)
     await client.enqueue("send_report", 42)
@@ -14,16 +12,10 @@ key prefix, serializer), so the two cannot disagree::
     await client.broadcast("pricing", {"version": 7})  # every process's handlers
     await client.close()
 
-Plain arq works too: ``arq.create_pool(RedisSettings.from_dsn(url), **arq_options(settings))``
-(:func:`arq_options`: the queue name derived from the key prefix, ``Keys(prefix).queue``, and
-the serializer pair of :func:`worker.core.serializer.get_serializer`).
-
-Connections come from :func:`worker.storage.connection.connect_redis` (re-exported here): one
-server,
-a Sentinel-managed primary or a Redis Cluster. With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``,
-by default with Sentinel or Cluster the attached replicas, up to one) an ``enqueue`` returns
-only once the replicas have the job, and raises :class:`~worker.core.errors.NotReplicated`
-otherwise.
+Plain arq works too: ``arq.create_pool(..., **arq_options(settings))``. Connections come from
+:func:`worker.storage.connection.connect_redis` (one server, a Sentinel primary or a Redis
+Cluster); with a WAIT policy an ``enqueue`` returns once the replicas have the job
+(:class:`~worker.core.errors.NotReplicated` otherwise).
 """
 
 from __future__ import annotations
@@ -31,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal, Protocol, cast
 from uuid import uuid4
 
@@ -55,6 +47,9 @@ from worker.core.serializer import (
 )
 from worker.core.topics import MAX_BYTES as MAX_BROADCAST_BYTES
 from worker.core.topics import publish
+from worker.core.workflow import Job as WorkflowJob
+from worker.core.workflow import OnFailure, WorkflowInfo, compile_flow, step_job_id
+from worker.core.workflow import batch as batch_flow
 from worker.polls import BoundPoller, Pollers, due_ms
 from worker.settings import Settings, load_settings
 from worker.storage import keys as K
@@ -168,38 +163,39 @@ class Client:
         ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`). ``queue_shards``: the workers'
         ``WORKER_QUEUE_SHARDS``. ``max_payload_bytes``: the workers'
         ``WORKER_MAX_PAYLOAD_BYTES`` (a larger job is refused: :class:`PayloadTooLarge`)."""
-        tracer = tracing_for(tracing)
         target = parse_redis_url(url) if isinstance(url, str) else url
         adaptive = wait_replicas is None
         if wait_replicas is None:
             wait_replicas = 0 if target.kind == "single" else 1
+        wait_ms = max(1, round(wait_timeout_s * 1000))
+        replication = Replication(wait_replicas, wait_ms, adaptive=adaptive)
+        return await cls._open(
+            target, key_prefix, serializer, replication, queue_shards, server.ping,
+            app=app, tracing=tracing_for(tracing), max_payload_bytes=max_payload_bytes,
+        )  # fmt: skip
+
+    @classmethod
+    async def _open(
+        cls, target: RedisTarget, key_prefix: str, serializer: SerializerName,
+        replication: Replication, queue_shards: int,
+        ready: Callable[[Redis], Awaitable[Any]], **options: Any,
+    ) -> Client:  # fmt: skip
+        """A client on every queue shard, once ``ready`` (awaited with the home shard's
+        connection) returned; every connection closed if it raised."""
         serialize, deserialize = get_serializer(serializer)
         keys = K.Keys(key_prefix)
-        clients = connect_shards(
-            target,
-            shard_prefixes(key_prefix, queue_shards),
-            queue_name=keys.queue,
-        )
+        prefixes = shard_prefixes(key_prefix, queue_shards)
+        clients = connect_shards(target, prefixes, queue_name=keys.queue)
         try:
-            await server.ping(clients[0])
+            await ready(clients[0])
         except BaseException:
             await _close_all(clients)
             raise
-        replication = Replication(
-            wait_replicas, max(1, round(wait_timeout_s * 1000)), adaptive=adaptive
-        )
         stores = open_shards(clients[0], keys, replication, queue_shards, clients)
         return cls(
-            clients[0],
-            keys=keys,
-            serialize=serialize,
-            deserialize=deserialize,
-            app=app,
-            replication=replication,
-            tracing=tracer,
-            shards=Shards(stores),
-            max_payload_bytes=max_payload_bytes,
-        )
+            clients[0], keys=keys, serialize=serialize, deserialize=deserialize,
+            replication=replication, shards=Shards(stores), **options,
+        )  # fmt: skip
 
     @classmethod
     async def from_settings(
@@ -217,35 +213,17 @@ class Client:
                 "Redis URL the workers use"
             )
         clock = clock or RedisClock()
-        tracer = tracing_for(settings.tracing)
-        serialize, deserialize = get_serializer(settings.serializer)
-        keys = K.Keys(settings.key_prefix)
-        n = settings.queue_shards
-        clients = connect_shards(
-            target,
-            shard_prefixes(settings.key_prefix, n),
-            queue_name=keys.queue,
-        )
-        redis = clients[0]
-        try:
+
+        async def ready(redis: Redis) -> None:
             await wait_for_redis(redis, target.url, settings.redis_connect_timeout_s, clock)
-        except BaseException:
-            await _close_all(clients)
-            raise
-        replication = settings.replication()
-        return cls(
-            redis,
-            keys=keys,
-            serialize=serialize,
-            deserialize=deserialize,
-            app=app,
-            clock=clock,
-            replication=replication,
-            tracing=tracer,
-            shards=Shards(open_shards(redis, keys, replication, n, clients)),
+
+        return await cls._open(
+            target, settings.key_prefix, settings.serializer, settings.replication(),
+            settings.queue_shards, ready, app=app, clock=clock,
+            tracing=tracing_for(settings.tracing),
             max_broadcast_bytes=settings.max_broadcast_bytes,
             max_payload_bytes=settings.max_payload_bytes,
-        )
+        )  # fmt: skip
 
     @classmethod
     async def from_env(cls, *, app: Pollers | None = None, **overrides: Any) -> Client:
@@ -279,28 +257,19 @@ class Client:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
         the same id is already queued, running, or finished within the result TTL.
 
-        ``flow_key``: whose work it is (a tenant). ``expires_in`` (s) / ``expires_at``: a job not
-        started by then never starts, it ends ``expired``. ``coalesce`` (``debounce_s``,
-        ``max_wait_s``, ``throttle_s``): fold the enqueues of ``function`` per flow key (or
-        ``unique_key``): returns the job the call joined, ``None`` when throttled. Each
-        defaults to the task's (see docs/flow-control.md).
-
-        ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: enqueueing the same key
-        twice while the first job is queued, in flight or its result is kept runs it once
-        (e.g. a package's activation task). ``queue``: the queue to wait in; by default the
-        one the task declares (``@app.task(queue=...)``, when the client knows the app), else
-        ``default``.
-
-        With ``WORKER_QUEUE_SHARDS`` > 1 a job goes to one shard: the one ``shard_key`` names
-        (every job of one key in one shard, in due order), else the one its ``unique_key``
-        names (a unique key always meets the same shard: it stays unique), else the one a given
-        ``job_id``'s prefix names (home for any other id), else the shards in turn. A
-        ``unique_key`` given with a ``shard_key`` must always come with that same one; without
-        either, a job's ``flow_key`` names its shard (every job of one flow key in one shard).
-
-        ``flow_key``: the job's flow key (default: the task's ``@app.task(flow_key=...)`` of
-        its arguments): what fair tasks take turns by and per-key limits count by
+        ``flow_key``: whose work it is (a tenant; fair tasks take turns by it, per-key limits
+        count by it). ``expires_in`` (s) / ``expires_at``: a job not started by then never
+        starts, it ends ``expired``. ``coalesce`` (``debounce_s``, ``max_wait_s``,
+        ``throttle_s``): fold the enqueues of ``function`` per flow key (or ``unique_key``):
+        returns the job the call joined, ``None`` when throttled. Each defaults to the task's
         (docs/flow-control.md).
+
+        ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: the same key enqueued
+        while its job is queued, running or kept runs once. ``queue``: by default the task's
+        (``@app.task(queue=...)``, when the client knows the app), else ``default``. With
+        ``WORKER_QUEUE_SHARDS`` > 1 a job goes to the shard its ``shard_key`` names, else its
+        ``unique_key``'s, else a ``job_id``'s prefix's, else its ``flow_key``'s, else the
+        shards in turn (docs/deployment.md).
         """
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
@@ -366,23 +335,25 @@ class Client:
         return jid if ok else None
 
     async def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
-    ) -> list[str | None]:
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK,
+        on_complete: WorkflowJob | None = None,
+    ) -> list[str | None]:  # fmt: skip
         """Enqueue many jobs, ``chunk_size`` per round trip (one script call per queue shard,
-        with a WAIT policy one ``WAIT``, per chunk); per job, in order, its id or ``None`` where
-        :meth:`enqueue` would return ``None``: the id is taken in Redis or by an earlier job of
-        ``jobs``.
-
-        A job is a :class:`~worker.bulk.JobSpec` (``function``, ``args``, ``kwargs`` and the
-        options of :meth:`enqueue`: ``unique_key``, ``job_id``, ``defer_by``, ``defer_until``,
-        ``queue``, ``shard_key``, each choosing the job's shard as there) or a tuple
-        ``(function, args[, kwargs])``. Every function is checked first: an unknown one raises
-        :class:`~worker.core.errors.UnknownTask` and nothing is sent. Each chunk is written
-        atomically per shard, after the previous chunk was answered (each next chunk is built
-        meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
+        and one ``WAIT`` with a WAIT policy, per chunk); per job, in order, its id or ``None``
+        where :meth:`enqueue` would return ``None``. A job is a :class:`~worker.bulk.JobSpec`
+        (``function``, ``args``, ``kwargs`` and :meth:`enqueue`'s options) or a tuple
+        ``(function, args[, kwargs])``. Every function is checked first (an unknown one:
+        :class:`~worker.core.errors.UnknownTask`, nothing sent). Each chunk is written
+        atomically per shard after the previous one was answered; an error leaves the earlier
+        chunks and sends no later one. ``on_complete=Job("done", ...)``: the jobs are one
+        workflow whose task ``done`` runs once after all ended, given ``{"done": n, "failed":
+        m}`` first (docs/workflows.md)."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         specs = await checked(jobs, self.check_function, chunk_size)
+        if on_complete is not None:
+            wid = await self.start_workflow(batch_flow(specs, on_complete))
+            return [step_job_id(self.keys.prefix, wid, i) for i in range(len(specs))]
         out: list[str | None] = []
         sending: asyncio.Future[list[str | None]] | None = None
         for lo in range(0, len(specs), chunk_size):
@@ -494,6 +465,33 @@ class Client:
         ``None`` if it has none kept (see docs/monitoring.md, "Why did my job fail?")."""
         return await self.shards.of(job_id).failure(job_id)
 
+    async def start_workflow(
+        self, flow: Any, *, on_failure: OnFailure | None = None, workflow_id: str | None = None
+    ) -> str:
+        """Start ``flow`` (a :class:`~worker.Job`, ``chain``, ``group``, ``chord`` or
+        :class:`~worker.Workflow`, see docs/workflows.md); its id. Calling it again with the
+        same ``workflow_id`` after an error starts it once."""
+        await on_server_time(self.clock, self.store.server_time_ms)
+        now, sz = ms(self.clock.time()), self._serialize
+        wf = compile_flow(flow, on_failure)
+        for step in wf.steps:
+            self.check_function(step.job.function)
+        queues = [self.queue_for(s.job.function) for s in wf.steps]
+        wid = workflow_id or uuid4().hex
+        check_id(wid, "workflow_id")
+        roots = await self.store.start_workflow(wid, wf, queues, now, sz)
+        await self.store.enqueue_steps(wid, roots, now, sz, self._expires_ms)
+        return wid
+
+    async def workflow(self, workflow_id: str) -> WorkflowInfo | None:
+        """The workflow's state and each step's (state, result, error); ``None`` when unknown."""
+        return await self.store.read_workflow(workflow_id, self._reads())
+
+    async def cancel_workflow(self, workflow_id: str) -> bool:
+        """Cancel it: no step starts once this returned, running steps are aborted (as
+        :meth:`abort`). ``False`` when it was not running."""
+        return await self.store.cancel_workflow(workflow_id, ms(self.clock.time()))
+
     def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""
         store = self.shards.for_key(unique_key if shard_key is None else shard_key)
@@ -504,9 +502,12 @@ class Client:
         methods): ``await job.status()``,
         ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
         store = self.shards.of(job_id)  # the job's queue shard
+        return Job(job_id, store.redis, store.keys.queue_of(queue), self._reads())
+
+    def _reads(self) -> Deserialize:
         if self._deserialize is None:
             raise ValueError("Client(serialize=<custom>) reads jobs only with deserialize=...")
-        return Job(job_id, store.redis, store.keys.queue_of(queue), self._deserialize)
+        return self._deserialize
 
     async def broadcast(self, topic: str, data: Any = None) -> int | None:
         """Send ``data`` (any value the serializer takes) to the ``@app.on_broadcast(topic)``

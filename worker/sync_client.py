@@ -34,6 +34,7 @@ from worker.core.flow import Mode
 from worker.core.redisurl import RedisTarget
 from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import SerializerName
+from worker.core.workflow import WorkflowInfo
 from worker.polls import Pollers
 from worker.settings import Settings, load_settings
 from worker.storage.keys import DEFAULT_QUEUE
@@ -153,10 +154,12 @@ class SyncClient:
         )
 
     def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK, on_complete: Any = None
     ) -> list[str | None]:
         """:meth:`Client.enqueue_many`: per job its id or ``None``, one round trip per chunk."""
-        return self._submit(self.client.enqueue_many(list(jobs), chunk_size=chunk_size))
+        return self._submit(
+            self.client.enqueue_many(list(jobs), chunk_size=chunk_size, on_complete=on_complete)
+        )
 
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> SyncJob:
         """A handle on ``job_id``: :meth:`SyncJob.status`, :meth:`SyncJob.info`,
@@ -167,6 +170,18 @@ class SyncClient:
     def abort(self, job_id: str) -> None:
         """:meth:`Client.abort`: ask the consumer running (or about to run) it to cancel it."""
         self._submit(self.client.abort(job_id))
+
+    def start_workflow(self, flow: Any, **options: Any) -> str:
+        """:meth:`Client.start_workflow`."""
+        return self._submit(self.client.start_workflow(flow, **options))
+
+    def workflow(self, workflow_id: str) -> WorkflowInfo | None:
+        """:meth:`Client.workflow`."""
+        return self._submit(self.client.workflow(workflow_id))
+
+    def cancel_workflow(self, workflow_id: str) -> bool:
+        """:meth:`Client.cancel_workflow`."""
+        return self._submit(self.client.cancel_workflow(workflow_id))
 
     def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=...)`` uses."""

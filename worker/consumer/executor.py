@@ -1,11 +1,7 @@
-"""The one-job executor: runs one claimed job from its record to its end.
-
-Checks the envelope, the try counter and every hook's admission; builds the job's ``ctx``;
-runs the function under its timeout and the claim guard; and turns how it ended into one
-``Finish`` for the completer: a result (arq's record), a retry (arq's ``Retry``, a retried
-exception, a cancellation), a deferral (a hook held it back), or a dead letter. Semantics
-follow arq: retries up to ``max_tries``, job timeouts, ``keep_result``, aborts.
-"""
+"""The one-job executor: runs one claimed job from its record to its end: the envelope, the
+try counter, its flow and hooks' admission, its ``ctx``, the function under its timeout and the
+claim guard, then one ``Finish`` for the completer (a result, a retry, a deferral, a dead
+letter). Semantics follow arq: ``max_tries``, job timeouts, ``keep_result``, aborts."""
 
 from __future__ import annotations
 
@@ -37,6 +33,7 @@ from worker.consumer.failures import (
 from worker.consumer.flow import expired_end, start_verdict, tell_expired
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
+from worker.consumer.settling import Held
 from worker.context import Context, JobContext
 from worker.core import codec
 from worker.core.clock import Clock, ms
@@ -113,6 +110,7 @@ class Executor:
         self.config = config
         self.dead = dead
         self.metrics = metrics
+        self.held = Held(self.completer.end, clock)  # ends the hooks settle first
 
     async def run(self, c: Claimed, run: Run) -> None:
         """Run ``c`` to its end; bookkeeping never leaves a run unaccounted for."""
@@ -120,6 +118,7 @@ class Executor:
             await self.execute(c, run)
         except BaseException as exc:
             log.error("job bookkeeping failed", job_id=c.job_id, error=repr(exc))
+            self.held.drop(c.job_id)
             self._end(c, run, "retry", score_ms=c.score_ms)
 
     async def execute(self, c: Claimed, run: Run) -> None:
@@ -138,7 +137,7 @@ class Executor:
             self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
-        job, plan, max_tries = task.job, task.plan, task.max_tries
+        job, plan, max_tries = task.job, task.plan.for_id(job_id), task.max_tries
         job_try = max(c.try_, enqueue_try or 0)
         if job_try > c.try_:  # enqueued with a higher try: it counts from there
             await store.raise_try(job_id, job_try, RETRY_TTL_MS)
@@ -155,9 +154,8 @@ class Executor:
         timeout, keep = task.timeout_s, task.keep_s
         ctx = self._context(plan, c, run, job_try, enqueued_ms, store)
         ctx.make_progress = partial(Progress, store, job_id, ms(timeout + keep), self.clock)
-        hooked = JobRun(job, job_id, c.queue, job_try, ctx, record) if plan.runs else None
-        if hooked is not None:
-            await plan.started(hooked)
+        hooked = JobRun(job, job_id, c.queue, job_try, ctx, record) if plan.hooked else None
+        run.aborted |= hooked is not None and not await self.held.started(plan, hooked)
         started = self.clock.monotonic()
         outcome: Outcome = "success"
         error: BaseException | None = None
@@ -183,9 +181,8 @@ class Executor:
             if run.aborted:  # however it ended, it ends aborted
                 outcome = self._cancelled(c, run, result_for, start_ms, keep)
             elif is_retry(exc):  # run again, deferred as asked
-                now_ms = ms(self.clock.time())
+                now_ms, outcome = ms(self.clock.time()), "retry"
                 self._end(c, run, "retry", score_ms=retry_score(exc, job, job_try, now_ms, c))
-                outcome = "retry"
                 self.totals["retried"] += 1
             else:
                 status: Status = "timeout" if scope.expired() else "failed"
@@ -198,6 +195,10 @@ class Executor:
             self.totals["complete"] += 1
         finally:
             took = await self._over(plan, job, ctx, outcome, started)
+        if hooked is not None and plan.settles:
+            await self.held.settle(
+                c, run, plan, hooked, outcome, error, result, scope.expired(), took
+            )
         if plan.ends:
             await plan.ended(job_id, args, outcome)
         if hooked is not None:
@@ -243,14 +244,10 @@ class Executor:
         if verdict is not None:  # its start gate holds it (keep_last, throttle) until then
             self._end(c, run, "defer", score_ms=verdict)
             return False
-        for i, hook in enumerate(task.plan.admit):
-            due_ms = await hook.admit(task.job, c.job_id, record)
-            if due_ms is not None:
-                for earlier in task.plan.admit[:i]:
-                    await earlier.release(task.job, c.job_id)
-                self._end(c, run, "defer", score_ms=due_ms)
-                return False
-        return True
+        due_ms = await task.plan.admitted(task.job, c.job_id, record)
+        if due_ms is not None:  # a hook held it back (a slot, say): it waits, its try given back
+            self._end(c, run, "defer", score_ms=due_ms)
+        return due_ms is None
 
     def _context(
         self, plan: HookPlan, c: Claimed, run: Run, job_try: int, enqueued_ms: int, store: Store
@@ -283,7 +280,7 @@ class Executor:
             kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
             failure=failure, failure_ttl_ms=failure_ttl, task=run.function, run_ms=run_ms,
         )  # fmt: skip
-        self.completer.end(finish)
+        self.held.end(finish)
 
     def _facts(self, c: Claimed, rf: ResultFor | None, start_ms: int) -> RunFacts:
         """What a failure record says of the run besides its error."""

@@ -10,6 +10,7 @@ the consumer calls every hook, in the order registered, for every job the hook c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -137,6 +138,14 @@ class JobDef:
     fair: bool = False
     max_concurrency_per_key: int | None = None
     rate_per_key: tuple[int, float] | None = None  # (jobs, per seconds)
+    #: how a workflow step of this task gets its parents' results: its first argument after
+    #: ``ctx`` (``args``) or ``ctx.parents`` (``context``)
+    parents: Literal["args", "context"] = "args"
+
+
+class SkipRun(Exception):
+    """Raised by a hook's :meth:`JobHook.started`: the run does not start and ends cancelled,
+    as an aborted job does (a cancelled workflow's step)."""
 
 
 class JobHook:
@@ -151,6 +160,10 @@ class JobHook:
     6. :meth:`finished` with the run's :class:`JobOutcome` (in reverse hook order, so a hook
        listed first wraps the others, as a tracing span does).
 
+    Between 4 and 5, :meth:`settle` with the run's :class:`JobOutcome`, before its end is
+    handed to the completer: what must be written before the job is finished (a workflow's
+    fan-in). :meth:`started` may raise :class:`SkipRun`: the run does not start.
+
     :meth:`started` and :meth:`finished` are called only when a hook overrides them, and
     only for runs that started (not for a job set aside before it ran).
 
@@ -158,6 +171,10 @@ class JobHook:
 
     Steps 1-6 are called only for the tasks :meth:`concerns` names (asked once per task).
     """
+
+    #: when set, the hook concerns only jobs whose id starts with it (a workflow's steps):
+    #: any other job's run skips its steps for one string comparison
+    id_prefix: str | None = None
 
     def concerns(self, job: JobDef) -> bool:
         """Whether this hook has anything to do with ``job``'s runs (every job unless a
@@ -188,6 +205,10 @@ class JobHook:
     async def finished(self, run: JobRun, outcome: JobOutcome) -> None:
         """The run :meth:`started` announced ended, its end handed to the completer."""
 
+    async def settle(self, run: JobRun, outcome: JobOutcome) -> None:
+        """The run ended; its end waits until every hook settled it. Raising makes the run a
+        retry (it runs again): the write must be safe to repeat."""
+
     async def renew(self) -> None:
         """With each claim check while jobs run (errors count as a failed check)."""
 
@@ -207,25 +228,83 @@ class HookPlan:
     runs: tuple[JobHook, ...] = ()  # started and finished
     release: tuple[JobHook, ...] = ()
     ends: tuple[JobHook, ...] = ()  # ended
+    settles: tuple[JobHook, ...] = ()  # settle
+    #: the job id prefixes of the hooks left out here (:attr:`JobHook.id_prefix`), and the
+    #: plan with them, for the jobs whose id starts with one (:meth:`for_id`)
+    prefixes: tuple[str, ...] = ()
+    full: HookPlan | None = None
 
     @classmethod
     def of(cls, hooks: Sequence[JobHook], job: JobDef) -> HookPlan:
         mine = [h for h in hooks if h.concerns(job)]
+        prefixes = tuple(h.id_prefix for h in mine if h.id_prefix is not None)
+        if not prefixes:
+            return cls._steps(mine)
+        plain = [h for h in mine if h.id_prefix is None]
+        return dataclasses.replace(cls._steps(plain), prefixes=prefixes, full=cls._steps(mine))
+
+    @classmethod
+    def _steps(cls, mine: Sequence[JobHook]) -> HookPlan:
         return cls(
             admit=tuple(overriding(mine, "admit")),
             context=tuple(overriding(mine, "context")),
             runs=tuple(overriding(mine, "started", "finished")),
             release=tuple(overriding(mine, "release")),
             ends=tuple(overriding(mine, "ended")),
+            settles=tuple(overriding(mine, "settle")),
         )
 
-    async def started(self, run: JobRun) -> None:
-        """Tell the hooks that have a ``started`` step that the run begins (in order)."""
+    @property
+    def hooked(self) -> bool:
+        """Whether a run is announced to hooks (:meth:`started`, :meth:`settle`)."""
+        return bool(self.runs or self.settles)
+
+    def for_id(self, job_id: str) -> HookPlan:
+        """The plan of the job ``job_id``: with the hooks of its id's prefix, if any (one
+        string comparison for the others)."""
+        if self.full is not None and job_id.startswith(self.prefixes):
+            return self.full
+        return self
+
+    async def admitted(
+        self, job: JobDef, job_id: str, record: Mapping[str, Any] = NO_RECORD
+    ) -> int | None:
+        """``None`` when every hook lets the job start; else the time the first refusing hook
+        named (epoch ms), the hooks that had let it start having given back what they took."""
+        for i, hook in enumerate(self.admit):
+            due_ms = await hook.admit(job, job_id, record)
+            if due_ms is not None:
+                for earlier in self.admit[:i]:
+                    await earlier.release(job, job_id)
+                return due_ms
+        return None
+
+    async def started(self, run: JobRun) -> bool:
+        """Tell the hooks that have a ``started`` step that the run begins (in order);
+        ``False`` when one of them raised :class:`SkipRun` (the run must not start)."""
         for hook in self.runs:
             try:
                 await hook.started(run)
+            except SkipRun:
+                return False
             except Exception:
                 log.exception("job hook failed", job_id=run.job_id, step="started")
+        return True
+
+    async def settle(
+        self, run: JobRun, outcome: Outcome, error: BaseException | None, result: Any,
+        timed_out: bool, duration_s: float,
+    ) -> bool:  # fmt: skip
+        """Have every hook with a ``settle`` step settle the run's end (in order); ``False``
+        when one failed (the run must run again)."""
+        ended = _outcome(run, outcome, error, result, timed_out, duration_s)
+        for hook in self.settles:
+            try:
+                await hook.settle(run, ended)
+            except Exception:
+                log.exception("job hook failed", job_id=run.job_id, step="settle")
+                return False
+        return True
 
     async def ended(self, job_id: str, args: Sequence[Any], outcome: Outcome) -> None:
         """Tell the hooks that have an ``ended`` step how the run ended (in order)."""
@@ -246,12 +325,19 @@ class HookPlan:
     ) -> None:
         """Tell the hooks how the run ended (in reverse order), once its end is handed to the
         completer: a hook can neither change nor delay it."""
-        job = run.job
-        dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
-        status = status_of(outcome, error, timed_out=timed_out, dead=dead)
-        ended = JobOutcome(status, job.name, run.job_id, run.job_try, duration_s, error, result)
+        ended = _outcome(run, outcome, error, result, timed_out, duration_s)
         for hook in reversed(self.runs):
             try:
                 await hook.finished(run, ended)
             except Exception:
                 log.exception("job hook failed", job_id=run.job_id, step="finished")
+
+
+def _outcome(
+    run: JobRun, outcome: Outcome, error: BaseException | None, result: Any, timed_out: bool,
+    duration_s: float,
+) -> JobOutcome:  # fmt: skip
+    job = run.job
+    dead = outcome == "failure" and bool(job.retry_on) and isinstance(error, job.retry_on)
+    status = status_of(outcome, error, timed_out=timed_out, dead=dead)
+    return JobOutcome(status, job.name, run.job_id, run.job_try, duration_s, error, result)

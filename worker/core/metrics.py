@@ -115,6 +115,12 @@ class Metrics:
             ["poller", "outcome"],
             registry=r,
         )
+        self.workflows = Counter(
+            "worker_workflows",
+            "Workflows ended, by state: done, failed (counted by the consumer that ended them).",
+            ["state"],
+            registry=r,
+        )
         self.init_items = Counter(
             "worker_initializer_items",
             "Items written by initializers.",

@@ -54,6 +54,7 @@ from worker.duties.schedules import ScheduleEnqueuer
 from worker.duties.services import Service, ServiceDef
 from worker.duties.unannounced import NAME as UNANNOUNCED_NAME
 from worker.duties.unannounced import UnannouncedJobs
+from worker.duties.workflows import WorkflowHook
 from worker.leadership.base import NAME as LEADER_NAME
 from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
@@ -226,6 +227,14 @@ def _consumer(w: Wiring, _: Any) -> Component:
         SyncThreadsHook(w.context.threads, w.clock),  # first to admit: it needs no Redis
         LimitsHook(store, w.clock),
         TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id),
+        WorkflowHook(
+            store,
+            w.app.jobs(),
+            w.serializer,
+            w.clock,
+            keep_result_s=s.keep_result_s,
+            metrics=w.metrics,
+        ),
     ]
     if w.app.pollers:
         hooks.append(InflightHook(w.store, w.app.pollers, w.clock))

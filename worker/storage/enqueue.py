@@ -9,6 +9,9 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from worker.core import codec
+from worker.core.serializer import Serialize
+from worker.core.workflow import Ready, parents_value, step_job_id
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
 from worker.storage.jobs import NewJob
@@ -183,6 +186,28 @@ class EnqueueOps(StoreBase):
             score = _score(self.keys.queue_of(q), head[0][0], head[0][1]) if head else None
             out.append((_s(head[0][0]), score) if head and score is not None else None)
         return out
+
+    async def enqueue_steps(
+        self, workflow_id: str, steps: Sequence[Ready], now_ms: int, serialize: Serialize,
+        expires_ms: int, context_steps: frozenset[str] = frozenset(),
+    ) -> list[bool]:  # fmt: skip
+        """Enqueue workflow steps under their deterministic ids (a repeat writes nothing): each
+        given its parents' results first (one, or the list), or in its record's
+        ``wf_parents`` when its task takes them through ``ctx.parents`` (in
+        ``context_steps``)."""
+        jobs = []
+        for s in steps:
+            args, extra = s.args, None
+            if s.parents:
+                value = parents_value(s.many, s.parents)
+                if s.function in context_steps:
+                    extra = {"wf_parents": value}
+                else:
+                    args = (value, *args)
+            payload = codec.encode_job(s.function, args, s.kwargs, now_ms, serialize, extra=extra)
+            jid = step_job_id(self.keys.prefix, workflow_id, s.index)
+            jobs.append(QueuedJob(NewJob(jid, payload, now_ms), s.queue, expires_ms))
+        return await self.enqueue_batch(jobs)
 
 
 async def send_chunk(batch: Sequence[tuple[EnqueueOps, QueuedJob]]) -> list[str | None]:

@@ -31,6 +31,7 @@ from worker.storage.schedules import FencedScheduleOps, ScheduleOps
 from worker.storage.shards import shard_prefixes
 from worker.storage.subscriptions import SubscriptionOps
 from worker.storage.wake import WakeOps
+from worker.storage.workflows import WorkflowOps
 
 
 class Store(
@@ -38,6 +39,7 @@ class Store(
     DatasetOps,
     ClaimOps,
     JobOps,
+    WorkflowOps,  # before EnqueueOps: it enqueues the steps through it
     EnqueueOps,
     FairOps,
     RecordOps,
