@@ -123,8 +123,7 @@ class Executor:
 
     async def execute(self, c: Claimed, run: Run) -> None:
         """Check, admit, run and finish one job."""
-        job_id, store = c.job_id, self.store.of(c.job_id)  # the job's queue shard
-        start_ms = ms(self.clock.time())
+        job_id, store, start_ms = c.job_id, self.store.of(c.job_id), ms(self.clock.time())
         try:
             record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
                 c, self.deserialize, store.keys, self.config.max_payload_bytes
@@ -195,14 +194,13 @@ class Executor:
             self.totals["complete"] += 1
         finally:
             took = await self._over(plan, job, ctx, outcome, started)
+        end = (outcome, error, result, scope.expired(), took)
         if hooked is not None and plan.settles:
-            await self.held.settle(
-                c, run, plan, hooked, outcome, error, result, scope.expired(), took
-            )
+            await self.held.settle(c, run, plan, hooked, *end)
         if plan.ends:
             await plan.ended(job_id, args, outcome)
         if hooked is not None:
-            await plan.finished(hooked, outcome, error, result, scope.expired(), took)
+            await plan.finished(hooked, *end)
 
     async def _over(
         self, plan: HookPlan, job: JobDef, ctx: JobContext, outcome: Outcome, started: float
