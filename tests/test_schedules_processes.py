@@ -98,7 +98,7 @@ def test_schedules_change_while_the_leader_is_killed(
     # the ticks up to the end have run (a loaded box may take a while)
     wait_until(
         lambda: max(ledger(rsync, prefix, "b"), default=0) >= at["end"] - 2 * S,
-        timeout=30,
+        timeout=90,
         what="the last ticks of b to run",
     )
     second = leader()
