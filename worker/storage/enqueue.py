@@ -16,8 +16,29 @@ from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
 from worker.storage.jobs import NewJob
 
+#: A batch's announcement, shared by both scripts below: ``announce(channel, score)`` publishes
+#: each distinct due time once ('+' marked, for consumers of earlier versions) and keeps the
+#: earliest; ``wake(marker)`` puts the earliest on the wake marker (one ``ZADD LT``).
+ANNOUNCE = """
+local published, earliest = {}, nil
+local function announce(channel, score)
+  if not published[score] then
+    published[score] = true
+    redis.call('PUBLISH', channel, '+' .. score)
+    if earliest == nil or tonumber(score) < tonumber(earliest) then
+      earliest = score
+    end
+  end
+end
+local function wake(marker)
+  if earliest ~= nil then
+    redis.call('ZADD', marker, 'LT', earliest, 'wake')
+  end
+end
+"""
+
 #: Run by :meth:`EnqueueOps.enqueue_batch` (below).
-ENQUEUE_MANY = """
+ENQUEUE_MANY = ANNOUNCE + """
 -- Enqueue a batch of arq jobs, each unless a job or result with its id exists (what
 -- UNIQUE_ENQUEUE does for one): a later job of the batch with an id an earlier one took is
 -- refused like one already in Redis. The earliest due time of the jobs written goes to the wake
@@ -32,8 +53,6 @@ ENQUEUE_MANY = """
 -- ARGV[4 + 5k ..] -> job k: queue index (1-based), id, job key TTL ms, score (ms), payload
 -- Returns: per job 1 if enqueued, 0 if its id exists.
 local out = {}
-local published = {}
-local earliest = nil
 for i = 4, #ARGV, 5 do
   local id = ARGV[i + 1]
   if redis.call('EXISTS', ARGV[1] .. id, ARGV[2] .. id) > 0 then
@@ -42,25 +61,17 @@ for i = 4, #ARGV, 5 do
     local score = ARGV[i + 3]
     redis.call('SET', ARGV[1] .. id, ARGV[i + 4], 'PX', ARGV[i + 2])
     redis.call('ZADD', KEYS[tonumber(ARGV[i])], score, id)
-    if not published[score] then
-      published[score] = true
-      redis.call('PUBLISH', ARGV[3], '+' .. score)
-      if earliest == nil or tonumber(score) < tonumber(earliest) then
-        earliest = score
-      end
-    end
+    announce(ARGV[3], score)
     out[#out + 1] = 1
   end
 end
-if earliest ~= nil then
-  redis.call('ZADD', KEYS[#KEYS], 'LT', earliest, 'wake')
-end
+wake(KEYS[#KEYS])
 return out
 """
 
 
 #: Run by :meth:`EnqueueOps.fair_enqueue` (below); see :mod:`worker.storage.fair`.
-FAIR_ENQUEUE = """
+FAIR_ENQUEUE = ANNOUNCE + """
 -- Enqueue a batch of fair tasks' jobs, each unless a job or result with its id exists (as
 -- ENQUEUE_MANY): the job waits in its flow key's queue, scored by its due time, and the flow key
 -- joins the ring at the ring's lowest pass unless it is there already. The earliest due time
@@ -83,8 +94,6 @@ local function after(flow, score)
   return string.format('%.17g', score)
 end
 local out = {}
-local published = {}
-local earliest = nil
 for i = 4, #ARGV, 7 do
   local id = ARGV[i + 3]
   if redis.call('EXISTS', ARGV[1] .. id, ARGV[2] .. id) > 0 then
@@ -97,19 +106,11 @@ for i = 4, #ARGV, 7 do
       local low = redis.call('ZRANGE', ring, 0, 0, 'WITHSCORES')
       redis.call('ZADD', ring, low[2] or 0, ARGV[i + 2])
     end
-    if not published[score] then
-      published[score] = true
-      redis.call('PUBLISH', ARGV[3], '+' .. score)
-      if earliest == nil or tonumber(score) < tonumber(earliest) then
-        earliest = score
-      end
-    end
+    announce(ARGV[3], score)
     out[#out + 1] = 1
   end
 end
-if earliest ~= nil then
-  redis.call('ZADD', KEYS[#KEYS], 'LT', earliest, 'wake')
-end
+wake(KEYS[#KEYS])
 return out
 """
 
