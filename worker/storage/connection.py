@@ -31,6 +31,8 @@ from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -271,6 +273,9 @@ def connect_redis(
         discovery = {
             "socket_connect_timeout": DISCOVERY_TIMEOUT_S,
             "socket_timeout": DISCOVERY_TIMEOUT_S,
+            # no retries (redis-py 6+ retries 3 times with backoff by default): the next node
+            # or Sentinel is the retry, and a dead one first in the list must cost one refusal
+            "retry": Retry(NoBackoff(), 0),
             **({"ssl": True, **tls} if target.ssl else {}),
         }
         if target.kind == "sentinel":
