@@ -38,7 +38,9 @@ end
 """
 
 #: Run by :meth:`EnqueueOps.enqueue_batch` (below).
-ENQUEUE_MANY = ANNOUNCE + """
+ENQUEUE_MANY = (
+    ANNOUNCE
+    + """
 -- Enqueue a batch of arq jobs, each unless a job or result with its id exists (what
 -- UNIQUE_ENQUEUE does for one): a later job of the batch with an id an earlier one took is
 -- refused like one already in Redis. The earliest due time of the jobs written goes to the wake
@@ -68,10 +70,13 @@ end
 wake(KEYS[#KEYS])
 return out
 """
+)
 
 
 #: Run by :meth:`EnqueueOps.fair_enqueue` (below); see :mod:`worker.storage.fair`.
-FAIR_ENQUEUE = ANNOUNCE + """
+FAIR_ENQUEUE = (
+    ANNOUNCE
+    + """
 -- Enqueue a batch of fair tasks' jobs, each unless a job or result with its id exists (as
 -- ENQUEUE_MANY): the job waits in its flow key's queue, scored by its due time, and the flow key
 -- joins the ring at the ring's lowest pass unless it is there already. The earliest due time
@@ -113,6 +118,7 @@ end
 wake(KEYS[#KEYS])
 return out
 """
+)
 
 
 @dataclass(frozen=True)
