@@ -4,13 +4,16 @@ Oban's ``Peer.leader?/1`` is the model: components ask "am I leading, with which
 and report a refused fenced write with one call; the heartbeat and the health server read what
 the process is doing through :class:`ProcessView` (implemented by
 :class:`~worker.runtime.state.ProcessState`, which the runtime keeps up to
-date). Nothing here holds the runtime itself.
+date); the duties that run app code hand it the process's job context through
+:class:`ContextView` (implemented by :class:`~worker.context.Context`). Nothing here holds the
+runtime itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, Self
 
 from worker.core.ids import LockValue
 
@@ -72,3 +75,16 @@ class LeaseReading(Protocol):
     def epoch(self) -> int | None: ...
 
     def lease_age(self) -> float | None: ...
+
+
+class ContextView(Protocol):
+    """The process's job context as the duties that run app code see it (services, per-key
+    loops, initializers, dependency checks): they hand it to the app's functions, a copy bound
+    to their own health (:meth:`bound`), under a lease's epoch for a singleton's run
+    (:meth:`under`), and report progress through it (:meth:`alive`)."""
+
+    def alive(self) -> None: ...
+
+    def bound(self, progress: Callable[[], None]) -> Self: ...
+
+    def under(self, epoch: int) -> Self: ...

@@ -24,15 +24,16 @@ from typing import Any
 
 import structlog
 
-from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Component
 from worker.core.metrics import Metrics
+from worker.core.views import ContextView
 
 log = structlog.get_logger("worker.checks")
 
 NAME = "health-checks"
-CheckFn = Callable[[Context], Awaitable[None]]
+#: ``async def fn(ctx)``, ``ctx`` the process's job context (a :class:`worker.Context`)
+CheckFn = Callable[[Any], Awaitable[None]]
 #: Grace after ``timeout_s`` before a check that ignores cancellation is reported as stuck.
 STUCK_GRACE_S = 1.0
 
@@ -77,7 +78,7 @@ class HealthChecks(Component):
     def __init__(
         self,
         checks: Sequence[HealthCheckDef],
-        context: Context,
+        context: ContextView,
         clock: Clock,
         metrics: Metrics | None = None,
     ) -> None:

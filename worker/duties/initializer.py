@@ -17,11 +17,11 @@ from typing import Any
 
 import structlog
 
-from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Component
 from worker.core.dutykinds import Kind, RowContext, table
 from worker.core.metrics import Metrics
+from worker.core.views import ContextView
 from worker.polls import PollerDef
 from worker.storage.store import FencedStore, Store
 
@@ -30,7 +30,8 @@ log = structlog.get_logger("worker.initializer")
 #: When an item is due: epoch seconds or an aware datetime (absolute), or a timedelta from now.
 Due = float | dt.datetime | dt.timedelta
 InitBatch = tuple[str, Mapping[str, Due] | None]
-InitFn = Callable[[Context, str | None], AsyncGenerator[InitBatch, None]]
+#: ``fn(ctx, cursor)``, ``ctx`` the process's job context (a :class:`worker.Context`)
+InitFn = Callable[[Any, str | None], AsyncGenerator[InitBatch, None]]
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Initializer(Component):
         self,
         initializer: InitializerDef,
         poller: PollerDef | None,
-        context: Context,
+        context: ContextView,
         store: FencedStore,
         clock: Clock,
         metrics: Metrics | None = None,

@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 
 import structlog
 
-from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Backoff, Component, supervise
 from worker.core.dutykinds import Kind, RowContext, table
+from worker.core.views import ContextView
 from worker.duties.services import ServiceDef, run_service
 from worker.storage.store import Store
 
@@ -52,7 +52,7 @@ def owner(key: str, members: Iterable[str]) -> str | None:
 class _KeyLoop(Component):
     """One key's loop: ``fn(ctx, stop, key)`` under the usual supervision."""
 
-    def __init__(self, service: ServiceDef, key: str, context: Context, clock: Clock) -> None:
+    def __init__(self, service: ServiceDef, key: str, context: ContextView, clock: Clock) -> None:
         super().__init__(f"service:{service.name}[{key}]", clock, sla_s=service.sla_s)
         self.service = service
         self.key = key
@@ -78,7 +78,7 @@ class KeyedService(Component):
     def __init__(
         self,
         service: ServiceDef,
-        context: Context,
+        context: ContextView,
         store: Store,
         clock: Clock,
         *,

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import structlog
 
-from worker.client import Client
 from worker.core import codec
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
@@ -390,11 +389,12 @@ class TickHook(JobHook):
         await self.store.periodic_result(name, outcome, record, at_ms)
 
 
-async def trigger(client: Client, job: PeriodicDef) -> str | None:
-    """Run periodic ``job`` once now, outside its schedule (``python -m worker trigger``):
-    a job like a tick at this instant (``ctx.tick`` is now), in the job's queue; its recorded
-    last tick does not move. Returns the job id, or ``None`` if one for this instant exists."""
+async def trigger(client: Any, job: PeriodicDef) -> str | None:
+    """Run periodic ``job`` once now through ``client`` (a :class:`worker.client.Client`), outside
+    its schedule (``python -m worker trigger``): a job like a tick at this instant (``ctx.tick``
+    is now), in its queue; its last tick does not move. Returns its id (``None``: one exists)."""
     await on_server_time(client.clock, client.store.server_time_ms)
     now_ms = ms(client.clock.time())
-    job_id = client.store.ids.periodic(job.name, now_ms)
-    return await client.enqueue(job.name, job_id=job_id, queue=job.queue)
+    job_id: str = client.store.ids.periodic(job.name, now_ms)
+    enqueued: str | None = await client.enqueue(job.name, job_id=job_id, queue=job.queue)
+    return enqueued

@@ -26,17 +26,17 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from worker.context import Context
 from worker.core.clock import Clock
 from worker.core.component import Component
-from worker.core.views import LeaderView
+from worker.core.views import ContextView, LeaderView
 
 Cardinality = Literal["singleton", "per_process", "per_key"]
 #: ``async def fn(ctx, stop[, key])``, or an async generator whose every yield reports progress.
 ServiceFn = Callable[..., Any]
-#: Keys of a per_key service: a fixed collection, or ``(ctx) -> keys`` (sync or async),
+#: Keys of a per_key service: a fixed collection, or ``(ctx) -> keys`` (sync or async; ``ctx``
+#: the job context, a :class:`worker.Context`),
 #: re-read every round so keys can come and go (e.g. mailboxes configured in a database).
-ServiceKeys = Iterable[str] | Callable[[Context], Any]
+ServiceKeys = Iterable[str] | Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class ServiceDef:
     sla_s: float | None = None
 
 
-async def run_service(fn: ServiceFn, context: Context, *args: Any) -> None:
+async def run_service(fn: ServiceFn, context: ContextView, *args: Any) -> None:
     """Run a service function to its end: a coroutine is awaited; an async generator is
     iterated, each yield reporting progress through ``context.alive()``."""
     result = fn(context, *args)
@@ -78,7 +78,11 @@ class Service(Component):
     """
 
     def __init__(
-        self, service: ServiceDef, context: Context, clock: Clock, leader: LeaderView | None = None
+        self,
+        service: ServiceDef,
+        context: ContextView,
+        clock: Clock,
+        leader: LeaderView | None = None,
     ) -> None:
         super().__init__(f"service:{service.name}", clock, sla_s=service.sla_s)
         self.service = service

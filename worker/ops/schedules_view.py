@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from worker.ops.snapshot import ClusterSnapshot
+from worker.ops.model import ClusterSnapshot
 
 
 def _iso(at_ms: int | None) -> str | None:

@@ -14,16 +14,30 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from worker.app import App
+from worker.client import Client
 from worker.core.clock import ms, on_server_time
 from worker.core.serializer import Deserialize, Serialize, get_serializer, json_loads, msgpack_loads
 from worker.ops import jobsview
 from worker.ops.actions import Operations, Outcome
 from worker.storage.operators import TaskStats
-from worker.web.api import ConsoleState
+
+
+class ConsoleState(Protocol):
+    """What the Jobs view reads with: the workers' client and app and their serializer's name
+    (the console's :class:`worker.web.api.ConsoleState` is one)."""
+
+    @property
+    def client(self) -> Client: ...
+    @property
+    def app(self) -> App: ...
+    @property
+    def serializer(self) -> str: ...
+
 
 #: Jobs per page by default (the read model caps a page at :data:`jobsview.MAX_LIMIT`).
 PAGE = 50

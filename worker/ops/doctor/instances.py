@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from worker.app import App
 from worker.core.verdict import Check, Limits, num
-from worker.ops.snapshot import ClusterSnapshot
+from worker.ops.model import ClusterSnapshot, Declared
 
 
-def check_heartbeats(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_heartbeats(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """Every registered instance heartbeats: its record has not expired and its last heartbeat
     is younger than ``stale_s``."""
     if not snap.instances:
@@ -42,7 +41,7 @@ def check_heartbeats(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     )
 
 
-def check_versions(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_versions(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """Every live instance runs the same app (when records name it) and framework version."""
     versions: dict[str, list[str]] = {}
     apps: dict[str, list[str]] = {}
@@ -84,7 +83,7 @@ def check_versions(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     )
 
 
-def check_clock_skew(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_clock_skew(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """Every host's clock agrees with the Redis server's. Each instance measures its offset to
     the server's clock on every heartbeat (server ``TIME`` minus the midpoint of its own clock
     around the round trip, exact within half the round trip). It fails when any instance's
@@ -135,7 +134,7 @@ def check_clock_skew(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     return Check("clock-skew", "ok", text, data=data)
 
 
-def check_readiness(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_readiness(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """No live instance reports failing dependency checks (``@app.health_check``)."""
     unready = [(i, (i.record or {}).get("unready") or []) for i in snap.live]
     failing = [(i, reasons) for i, reasons in unready if reasons]
@@ -155,7 +154,7 @@ def check_readiness(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     )
 
 
-def check_orphaned_holds(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_orphaned_holds(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """No holds set (the jobs an instance is running) belongs to an instance that is no longer
     registered: its jobs stay claimed until their in-progress markers expire."""
     registered = {i.id for i in snap.instances}
@@ -176,7 +175,7 @@ def check_orphaned_holds(snap: ClusterSnapshot, app: App, limits: Limits) -> Che
     )
 
 
-def check_neighbours(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_neighbours(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """No process of another database of this server uses this key prefix: Pub/Sub is
     server-wide, so channel names carry the database (``@db<n>``, none in database 0); a
     channel of this prefix with another database's name means another app (or this one,

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.app import App
 from worker.core import malformed as M
 from worker.core.durability import describe
 from worker.core.ids import EPOCH_AHEAD_MS
 from worker.core.verdict import Check, Limits
-from worker.ops.snapshot import ClusterSnapshot, Instance
+from worker.ops.model import ClusterSnapshot, Declared, Instance
 from worker.runtime.preflight import ALLOW_EVICTION, NOEVICTION
 
 
@@ -26,7 +25,7 @@ def _renewed_ms(snap: ClusterSnapshot) -> int | None:
     return M.time_ms(snap.lease_state.get("renewed_ms") or "x")
 
 
-def check_leader(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_leader(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """Exactly one leader: the lock is held, with a TTL, by the one live instance that reports
     leading with its epoch. Without one: how long since the last lease was renewed, and how
     many candidates are live (live candidates and no leader for longer than a lease TTL:
@@ -97,7 +96,7 @@ def check_leader(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     )
 
 
-def check_epochs(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_epochs(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """The lock's epoch is at most the epoch counter, and every instance reporting leadership
     reports the lock's epoch."""
     lock, counter = snap.lock, snap.epoch_counter
@@ -144,7 +143,7 @@ def check_epochs(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     )
 
 
-def check_eviction(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_eviction(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """Redis never evicts keys (an evicted lease is a second leader, an evicted job is lost)."""
     policy = snap.policy
     data = {"maxmemory_policy": policy, "source": snap.policy_source}
@@ -166,7 +165,7 @@ def check_eviction(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     return Check("eviction", "fail", text, data=data)
 
 
-def check_durability(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_durability(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """Whether the primary's replicas give the WAIT policy what it waits for: with ``auto``
     and none attached, writes go on unconfirmed (a failover can lose them); with a strict
     number and too few, durable writes stop."""

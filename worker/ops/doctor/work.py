@@ -3,13 +3,12 @@ checks are the kind's, see :mod:`worker.duties.kinds`)."""
 
 from __future__ import annotations
 
-from worker.app import App
 from worker.core.ids import parse_epoch
 from worker.core.verdict import Check, Limits, num
-from worker.ops.snapshot import ClusterSnapshot
+from worker.ops.model import ClusterSnapshot, Declared
 
 
-def check_queue(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_queue(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """The oldest due job in any queue has not waited longer than ``max_lag_s`` (claimed jobs
     are parked in the future, so they do not count)."""
     head = snap.queue_head_ms
@@ -26,7 +25,7 @@ def check_queue(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
     return Check("queue-lag", "ok", f"oldest due job waits {lag:.1f}s", data=data)
 
 
-def check_dead_letters(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_dead_letters(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """No dead-lettered jobs wait for a decision."""
     n = snap.dead_letters
     if n:
@@ -40,7 +39,7 @@ def check_dead_letters(snap: ClusterSnapshot, app: App, limits: Limits) -> Check
     return Check("dead-letters", "ok", "no dead-lettered jobs", data={"count": 0})
 
 
-def check_shards(snap: ClusterSnapshot, app: App, limits: Limits) -> Check:
+def check_shards(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
     """Queue shards (``WORKER_QUEUE_SHARDS`` > 1) are served by distinct cluster primaries:
     two shards on one primary share its CPU (a failure if the cluster has a primary to spare,
     a warning if it has fewer primaries than shards, or is no cluster at all)."""
