@@ -7,7 +7,9 @@ fields of arq's records, and only the arq-interop module may import arq."""
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "worker"
@@ -519,6 +521,89 @@ def test_no_base_name_is_shared_by_more_than_two_modules() -> None:
         if p.stem != "__init__":
             names.setdefault(p.stem, []).append(str(p.relative_to(PACKAGE)))
     assert {n: ps for n, ps in names.items() if len(ps) > 2} == {}
+
+
+# -- duty kinds: the operator side learns them from the kinds --------------------------------
+
+#: A duty kind (``periodic``, ``poller``: the ``<kind>`` of a duty's ``<kind>:<name>``) is named
+#: in at most this many production files: its own modules, its storage part, its registration
+#: (``app.py``, ``roles.py``, ``manifest.py``) and the list of kinds; the snapshot, ``status``,
+#: the doctor, the actions, the CLI and the console iterate over ``worker.duties.kinds.KINDS``.
+MAX_KIND_FILES = 8
+#: Kinds named in more files today, kind -> files (keep it so or lower: the console's tables,
+#: the metrics' labels, the job ids and the keys still name them by hand).
+KIND_FILES_PENDING: dict[str, int] = {"periodic": 22, "poller": 19, "initializer": 11}
+
+
+def code_text(path: Path) -> str:
+    """What a production file says in code: a Python module without its docstrings and
+    comments (prose about a kind names no kind), a script or page as it is."""
+    source = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return source
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstrings.add((value.lineno, value.col_offset))
+    return " ".join(
+        t.string
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type != tokenize.COMMENT and not (t.type == tokenize.STRING and t.start in docstrings)
+    )
+
+
+def files_naming(kind: str, texts: dict[str, str]) -> list[str]:
+    """The files whose code names ``kind`` as a word (``"poller:" + name``, ``app.pollers``
+    does not: another word)."""
+    word = re.compile(rf"\b{re.escape(kind)}\b")
+    return sorted(f for f, text in texts.items() if word.search(text))
+
+
+def production_texts() -> dict[str, str]:
+    return {
+        str(p.relative_to(PACKAGE)): code_text(p)
+        for p in sorted(PACKAGE.rglob("*"))
+        if p.suffix in (".py", ".js", ".html")
+    }
+
+
+def test_no_duty_kind_is_named_in_more_than_8_production_files() -> None:
+    from worker.duties import kinds
+
+    texts = production_texts()
+    found = {k.name: files_naming(k.name, texts) for k in kinds.KINDS}
+    grown = {
+        k: f"{len(files)} files: {files}"
+        for k, files in found.items()
+        if len(files) > max(MAX_KIND_FILES, KIND_FILES_PENDING.get(k, 0))
+    }
+    assert not grown, (
+        "duty kinds named in more production files than allowed (describe the kind once, in "
+        f"its worker.core.dutykinds.Kind, and iterate worker.duties.kinds.KINDS): {grown}"
+    )
+
+
+def test_the_kind_name_finder_finds_them(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""The poller\'s view."""\n'
+        "# a poller\n"
+        "def f(app):\n"
+        '    """Each poller."""\n'
+        '    return [f"poller:{n}" for n in app.pollers]\n'
+        "def g(app):\n"
+        "    return app.pollers\n"
+    )
+    page = tmp_path / "p.js"
+    page.write_text('pauseButtons("poller", p.name);\n')
+    texts = {"m.py": code_text(module), "p.js": code_text(page), "n.py": "pollers = 1"}
+    assert files_naming("poller", texts) == ["m.py", "p.js"]
+    assert "Each poller" not in texts["m.py"] and "a poller" not in texts["m.py"]
+    many = {f"f{i}.py": "kind = 'poller'" for i in range(MAX_KIND_FILES + 1)}
+    assert len(files_naming("poller", many)) > MAX_KIND_FILES
 
 
 def reach_throughs(tree: ast.Module) -> list[int]:

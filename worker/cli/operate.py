@@ -84,7 +84,7 @@ async def _pause(settings: Settings, args: argparse.Namespace, *, pause: bool) -
     if args.all or (name or "").startswith("queue:"):
         return await _pause_queue(settings, None if args.all else name[6:], what)
     if not name:
-        raise ConfigError(f"{what}: name a periodic job, a poller or queue:NAME (or --all)")
+        raise ConfigError(f"{what}: name {kinds.each(kinds.pausable())} or queue:NAME (or --all)")
     async with operations(settings, what) as ops:
         kind, bare = _duty(ops.app, name, what)
         outcome = await (ops.pause(kind.name, bare) if pause else ops.resume(kind.name, bare))

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from worker.cli.common import fail
+from worker.duties import kinds
 from worker.version import describe
 
 #: Makes a subcommand parser: ``(name, summary, description)``.
@@ -165,9 +166,9 @@ def _cluster_commands(command: AddCommand) -> None:
     status = command(
         "status",
         "the cluster as Redis sees it",
-        "Apps, instances, leader and lease, queues, periodic jobs, pollers, initializers, "
-        "per_key services, dead letters. Describes the app the live instances run (--app to "
-        "choose another). Without WORKER_REDIS_URL it uses a local worker's embedded server.",
+        f"Apps, instances, leader and lease, queues, {', '.join(k.plural for k in kinds.KINDS)}, "
+        "dead letters. Describes the app the live instances run (--app to choose another). "
+        "Without WORKER_REDIS_URL it uses a local worker's embedded server.",
     )
     _json(status)
     doctor = command(
@@ -193,9 +194,10 @@ def _cluster_commands(command: AddCommand) -> None:
     web = command(
         "web",
         "the operator console (a web page on this cluster)",
-        "Serve the operator console: instances, leader, periodic jobs, pollers, queues, dead "
-        "letters, leadership history; token-guarded actions. Reads only Redis. Without "
-        "WORKER_REDIS_URL it uses a local worker's embedded server.",
+        "Serve the operator console: instances, leader, "
+        f"{', '.join(k.plural for k in kinds.pausable())}, queues, dead letters, leadership "
+        "history; token-guarded actions. Reads only Redis. Without WORKER_REDIS_URL it uses a "
+        "local worker's embedded server.",
     )
     web.add_argument("--host", help="address to listen on (env WORKER_WEB_HOST, 127.0.0.1)")
     web.add_argument("--port", type=int, help="port (env WORKER_WEB_PORT, 8090; 0: any free)")
@@ -212,24 +214,30 @@ def _cluster_commands(command: AddCommand) -> None:
 
 def _action_commands(command: AddCommand) -> None:
     """``trigger``, ``pause``, ``resume``, ``handoff``: operator actions."""
+    runnable, pausable = kinds.triggerable(), kinds.pausable()
     trigger = command(
         "trigger",
-        "run a periodic job once now",
-        "Enqueue one run of a periodic job now, outside its schedule (ctx.tick is now); its "
-        "recorded last tick does not move.",
+        f"run {kinds.each(runnable)} once now",
+        f"Enqueue one run of {kinds.each(runnable)} now, outside its schedule ("
+        + "; ".join(k.trigger_effect for k in runnable if k.trigger_effect)
+        + ").",
     )
-    trigger.add_argument("job", metavar="PERIODIC_JOB", help="the periodic job's name")
+    job = "_".join(runnable[0].noun.upper().split()) if len(runnable) == 1 else "NAME"
+    trigger.add_argument(
+        "job", metavar=job, help=f"the {' or '.join(k.noun for k in runnable)}'s name"
+    )
     for name, verb in (("pause", "Pause"), ("resume", "Resume")):
+        effects = ", ".join(f"a {k.noun} (paused: {k.pause_effect})" for k in pausable)
         c = command(
             name,
-            f"{name} a periodic job, a poller or a queue, cluster-wide",
-            f"{verb} a periodic job (paused: its ticks are skipped, not caught up), a poller "
-            "(paused: nothing is dispatched; items wait) or a queue, queue:NAME or --all "
+            f"{name} {kinds.each(pausable)} or a queue, cluster-wide",
+            f"{verb} {effects} or a queue, queue:NAME or --all "
             "(paused: no consumer starts its jobs; enqueues go on, running jobs finish). Shown "
-            "in status. NAME may be written periodic:NAME or poller:NAME when both exist.",
+            f"in status. NAME may be written {' or '.join(f'{k.name}:NAME' for k in pausable)} "
+            "when names clash.",
         )
         c.add_argument(
-            "name", metavar="NAME", nargs="?", help="a periodic job, a poller or queue:NAME"
+            "name", metavar="NAME", nargs="?", help=f"{kinds.each(pausable)} or queue:NAME"
         )
         c.add_argument("--all", action="store_true", help="every queue (the duty lanes too)")
     handoff = command(

@@ -69,7 +69,8 @@ class Kind:
     and the key of its state in the snapshot; ``noun``/``plural`` name one and several in
     messages; ``status_key`` is its rows' key in the ``status`` document. ``declared`` gives
     an app's declarations of this kind by name. ``pause_effect``: what pausing one does (``None``:
-    it cannot be paused). ``trigger``: run one now (``None``: it cannot be). ``checks``: the
+    it cannot be paused). ``trigger``: run one now (``None``: it cannot be), ``trigger_effect``
+    what a run now is and leaves (in the CLI's help). ``checks``: the
     doctor's checks of this kind, run in the order of the kinds, then of this tuple.
     """
 
@@ -83,6 +84,7 @@ class Kind:
     render: Render
     pause_effect: str | None = None
     trigger: Trigger | None = None
+    trigger_effect: str = ""
     checks: tuple[Checker, ...] = ()
 
     @property

@@ -22,3 +22,8 @@ def pausable() -> tuple[Kind, ...]:
 def triggerable() -> tuple[Kind, ...]:
     """The kinds an operator runs one of now (``trigger``)."""
     return tuple(k for k in KINDS if k.trigger is not None)
+
+
+def each(some: tuple[Kind, ...]) -> str:
+    """``some`` named one by one for a sentence: ``"a periodic job, a poller"``."""
+    return ", ".join(f"a {k.noun}" for k in some)

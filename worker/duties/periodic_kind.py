@@ -193,5 +193,6 @@ KIND = Kind(
     render=_render,
     pause_effect="ticks are skipped, not caught up",
     trigger=trigger,
+    trigger_effect="ctx.tick is now; its recorded last tick does not move",
     checks=(check_periodic_schedule, check_periodic_success),
 )
