@@ -2,7 +2,8 @@
 subpackages included), no folder imports upward or sideways, no Redis command outside the
 storage package, every script has one caller, modules, functions and Lua scripts stay small,
 only the wiring module and the command line decide anything by role, only the codec names the
-fields of arq's records, and only the arq-interop module may import arq."""
+fields of arq's records, only the arq-interop module may import arq, the longest import chain
+stays short, and a duty kind is named in few production files."""
 
 from __future__ import annotations
 
