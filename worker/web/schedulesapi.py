@@ -8,6 +8,7 @@ same-origin check and audit log like every action). The rows are ``status``'s ``
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,9 +17,12 @@ from aiohttp import web
 from worker.ops.actions import Operations, Outcome
 from worker.ops.schedule_actions import OPTIONS
 from worker.web.auth import Handler
-from worker.web.jobsapi import bad_request as _bad
 
 Action = Callable[[Operations, dict[str, Any]], Awaitable[Outcome]]
+
+
+def _bad(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
 
 
 def _name(body: dict[str, Any]) -> str:
