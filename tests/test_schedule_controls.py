@@ -75,7 +75,7 @@ async def test_run_now_enqueues_one_job_like_a_tick_and_moves_no_tick(r: Any) ->
     e = await enqueuer(r, clock)
     await run(e, clock, 60)
     before = await e.store.schedule_state()
-    ops.client.clock = FakeClock(T0 / 1000 + 90)  # type: ignore[misc]
+    ops.client.clock = FakeClock(T0 / 1000 + 90)
     out = await ops.schedule_trigger("acme")
     job_id = f"{PREFIX}schedule:acme:{T0 + 90_000}"
     assert out.ok and out.details == {"job": job_id}
@@ -133,6 +133,7 @@ def test_a_schedule_run_knows_its_tick_and_the_cli_pauses_and_runs_one_now(
 ) -> None:
     """A real worker: each run of ``stamp`` records its ``ctx.tick`` (it fails without one);
     ``worker schedule pause|resume|trigger`` act on the cluster and are audited."""
+    rs: Any = rsync  # the sync client (its stubs type replies as awaitables too)
     prefix = spawn.prefix  # type: ignore[attr-defined]
     env = {
         "WORKER_REDIS_URL": redis_url,
@@ -146,23 +147,23 @@ def test_a_schedule_run_knows_its_tick_and_the_cli_pauses_and_runs_one_now(
         cli("schedule", "add", "t", "stamp", "--every", "1", "--args", '["t"]', env=env).returncode
         == 0
     )
-    wait_until(lambda: rsync.hlen(ledger) >= 2, 30, what="two ticks run")
-    for tick, runs in rsync.hgetall(ledger).items():
+    wait_until(lambda: rs.hlen(ledger) >= 2, 30, what="two ticks run")
+    for tick, runs in rs.hgetall(ledger).items():
         assert int(tick) % 1000 == 0 and int(runs) == 1  # each on its second, once
     paused = cli("schedule", "pause", "t", env=env)
     assert paused.returncode == 0 and "schedule:t: paused" in paused.stdout, paused
-    counted = rsync.hlen(ledger)
-    wait_until(lambda: rsync.hlen(ledger) in (counted, counted + 1), 3, what="settled")
-    counted = rsync.hlen(ledger)  # a tick enqueued just before the pause may have run
+    counted = rs.hlen(ledger)
+    wait_until(lambda: rs.hlen(ledger) in (counted, counted + 1), 3, what="settled")
+    counted = rs.hlen(ledger)  # a tick enqueued just before the pause may have run
     time.sleep(3)
-    assert rsync.hlen(ledger) == counted  # no tick while paused
+    assert rs.hlen(ledger) == counted  # no tick while paused
     now = cli("schedule", "trigger", "t", env=env)
     assert now.returncode == 0 and "enqueued" in now.stdout, now
-    wait_until(lambda: rsync.hlen(ledger) == counted + 1, 20, what="the run now")
+    wait_until(lambda: rs.hlen(ledger) == counted + 1, 20, what="the run now")
     assert cli("schedule", "resume", "t", env=env).returncode == 0
-    wait_until(lambda: rsync.hlen(ledger) >= counted + 3, 20, what="ticking again")
+    wait_until(lambda: rs.hlen(ledger) >= counted + 3, 20, what="ticking again")
     assert cli("schedule", "pause", "nope", env=env).returncode == 1
-    actions = [json.loads(a) for a in rsync.lrange(f"{prefix}audit", 0, -1)][::-1]
+    actions = [json.loads(a) for a in rs.lrange(f"{prefix}audit", 0, -1)][::-1]
     assert [(a["action"], a["target"], a["via"], a["ok"]) for a in actions] == [
         ("pause", "schedule:t", "cli", True),
         ("trigger", "schedule:t", "cli", True),
