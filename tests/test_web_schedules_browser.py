@@ -41,8 +41,8 @@ def _fill(page: Page, **fields: str) -> None:
 def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
     spawn: Spawn,
     rsync: redis_sync.Redis,
-    browser: Any,
-    tmp_path: Path,  # noqa: F811
+    browser: Any,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("all", name="w1", app="tests.apps.ledger:app", env={"WORKER_LOG_LEVEL": "WARNING"})
