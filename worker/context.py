@@ -313,7 +313,7 @@ class JobContext(dict[str, Any]):
 
     @property
     def tick(self) -> dt.datetime | None:
-        """For periodic jobs: the scheduled instant this run belongs to (UTC)."""
+        """A periodic job's or a run-time schedule's run: the instant it was scheduled for (UTC)."""
         tick_ms = self.get("tick_ms")
         return None if tick_ms is None else dt.datetime.fromtimestamp(tick_ms / 1000, dt.UTC)
 

@@ -250,10 +250,10 @@ def _action_commands(command: AddCommand) -> None:
 
 
 def _schedule_commands(command: AddCommand) -> None:
-    """``schedule add|rm|list|show|backfill``: run-time schedules."""
+    """``schedule add|rm|list|show|pause|resume|trigger|backfill``: run-time schedules."""
     p = command(
         "schedule",
-        "add, change, remove, list or backfill run-time schedules",
+        "add, change, remove, list, pause, run now or backfill run-time schedules",
         "Schedules made at run time (client.schedules): a task of the app once per tick of a "
         "cron (in a time zone) or an interval, ticked by the leader with the guarantees of "
         "@app.periodic. A change takes effect at the next tick, without a restart.",
@@ -278,6 +278,12 @@ def _schedule_commands(command: AddCommand) -> None:
     show = sub.add_parser("show", help="one schedule, its last tick and skipped overlaps")
     show.add_argument("name", metavar="NAME")
     show.add_argument("--json", action="store_true", help="print JSON")
+    for action, what in [
+        ("pause", "pause a schedule cluster-wide (its ticks are skipped, not caught up)"),
+        ("resume", "resume a paused schedule"),
+        ("trigger", "enqueue one run now, outside its ticks (ctx.tick is now)"),
+    ]:
+        sub.add_parser(action, help=what).add_argument("name", metavar="NAME")
     fill = sub.add_parser("backfill", help="enqueue the ticks of a past range, each once")
     fill.add_argument("name", metavar="NAME")
     fill.add_argument("--from", dest="start", required=True, help="ISO 8601 time (UTC if bare)")

@@ -1,4 +1,5 @@
-"""``worker schedule add|rm|list|show|backfill``: run-time schedules (``client.schedules``)."""
+"""``worker schedule add|rm|list|show|pause|resume|trigger|backfill``: run-time schedules
+(``client.schedules``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from worker.core.schedule_spec import ScheduleSpec
 from worker.core.terminal import say
 from worker.duties.schedules import backfill
 from worker.ops import admin
+from worker.ops.actions import Operations
 from worker.settings import Settings
 
 
@@ -50,6 +52,8 @@ async def _schedule(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         if args.action == "show":
             return await _show(ops.client, args)
+        if args.action in ("pause", "resume", "trigger"):
+            return await _control(ops, args.action, args.name)
         start, end = _time(args.start), _time(args.end)
         done, total = await backfill(ops.client, args.name, start, end)
         say(f"schedule {args.name!r}: {total} ticks in the range, {done} enqueued")
@@ -71,6 +75,16 @@ async def _show(client: Any, args: argparse.Namespace) -> int:
         say(f"{key:17} {value}")
     say(f"{'schedule':17} {_line(spec)}")
     return 0
+
+
+async def _control(ops: Operations, action: str, name: str) -> int:
+    """``pause``, ``resume`` or ``trigger``: an operator action (recorded in the audit log)."""
+    if action == "trigger":
+        outcome = await ops.schedule_trigger(name)
+    else:
+        outcome = await ops.schedule_pause(name, paused=action == "pause")
+    say(outcome.message)
+    return 0 if outcome.ok else 1
 
 
 def _line(s: ScheduleSpec) -> str:

@@ -9,9 +9,11 @@ this list when they run (``kinds.KINDS``), not when they are imported.
 from __future__ import annotations
 
 from worker.core.dutykinds import Kind
-from worker.duties import initializer, keyed, periodic_kind, poller
+from worker.duties import initializer, keyed, outbox_kind, periodic_kind, poller
 
-KINDS: tuple[Kind, ...] = (periodic_kind.KIND, poller.KIND, initializer.KIND, keyed.KIND)
+KINDS: tuple[Kind, ...] = (
+    periodic_kind.KIND, poller.KIND, initializer.KIND, keyed.KIND, outbox_kind.KIND,
+)  # fmt: skip
 
 
 def pausable() -> tuple[Kind, ...]:

@@ -14,6 +14,12 @@ the next round (this leader's or the next one's) finds their ids already moved. 
 past its lease is refused by Redis (the lease) and by the database (the fence a newer relay
 raised). An enqueue's ``NOTIFY`` (delivered at commit) wakes the relay; without one it looks
 every ``interval_s``.
+
+Each round also reports to Redis what the relay found (:meth:`Store.outbox_report
+<worker.storage.outbox.OutboxReportOps.outbox_report>`: rows waiting, the oldest one's age, or
+the database's error), read by ``status`` and the doctor (:mod:`worker.duties.outbox_kind`), and
+learns in the same round trip whether an operator paused it (``outbox:relay`` in the paused
+set): paused, it moves nothing and the rows wait in the table.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from worker.core import codec
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.errors import ConfigError, LeadershipLost
+from worker.core.ids import duty
 from worker.core.jobdefs import DEFAULT_QUEUE
 from worker.core.logs import error_text
 from worker.core.metrics import Metrics
@@ -46,6 +53,10 @@ log = structlog.get_logger("worker.outbox")
 NAME = "outbox-relay"
 #: Rows per round.
 BATCH = 500
+#: The relay's name in the paused set (``worker pause outbox:relay``).
+PAUSED = duty("outbox", "relay")
+#: How long a report stands without a newer one (beyond the relay's interval).
+REPORT_TTL_S = 30.0
 
 
 class OutboxRelay(LoopComponent):
@@ -91,7 +102,11 @@ class OutboxRelay(LoopComponent):
         if epoch is None:
             raise LeadershipLost("not leading")
         self.token = epoch
-        self.conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        try:
+            self.conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        except Exception as exc:  # the database unreachable: say so in status and the doctor
+            await self.report([], error=error_text(exc))
+            raise
         try:
             await self.conn.execute(Q.LISTEN)
             await self.conn.execute(Q.IDLE_TIMEOUT)
@@ -108,9 +123,17 @@ class OutboxRelay(LoopComponent):
 
     async def tick(self) -> float:
         assert self.conn is not None
-        rows = await self.read(self.conn)
+        try:
+            rows = await self.read(self.conn)
+        except LeadershipLost:
+            raise
+        except Exception as exc:
+            await self.report([], error=error_text(exc))
+            raise
         if self.metrics is not None:
             self.metrics.outbox_lag.set(max(0.0, rows[0][-1] or 0.0) if rows else 0.0)
+        if await self.report(rows):
+            return self.interval_s  # paused by an operator: the rows wait
         moved = await self.move(rows) if rows else []
         if moved:
             await self.remove(self.conn, moved)
@@ -119,6 +142,21 @@ class OutboxRelay(LoopComponent):
         async for _ in self.conn.notifies(timeout=self.interval_s, stop_after=1):
             pass  # an enqueue committed (or the interval passed): look again
         return 0.0
+
+    async def report(self, rows: Sequence[tuple[Any, ...]], *, error: str | None = None) -> bool:
+        """Report what this round found (rows waiting, at most a batch; the oldest one's age in
+        seconds), or the database's ``error``; whether an operator paused the relay."""
+        now = ms(self.clock.time())
+        report = {
+            "at_ms": now,
+            "token": self.token,
+            "waiting": len(rows),
+            "more": len(rows) >= self.batch,
+            "oldest_age_s": round(max(0.0, rows[0][-1] or 0.0), 3) if rows else None,
+            "error": error,
+            "interval_s": self.interval_s,
+        }
+        return await self.store.outbox_report(report, ms(REPORT_TTL_S + self.interval_s), PAUSED)
 
     async def _fence(self, conn: psycopg.AsyncConnection[Any], *, raise_it: bool = True) -> None:
         """Raise the fence to this relay's token (locked until the transaction ends), or only

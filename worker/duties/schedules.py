@@ -9,11 +9,16 @@ change counter, and the schedules are read again only when it moved. The tick sc
 only for the definition version the tick was planned with, so a schedule removed or changed
 between the read and the enqueue is not ticked on its old definition; the state (last planned
 tick) is the schedule's, not the version's, so a changed cron neither repeats nor loses a tick.
+
+The operator's controls are a code schedule's: a paused schedule (``schedule:<name>`` in the
+paused set) has its ticks skipped, not caught up on resume; :func:`trigger` runs one now; a
+run's ``ctx.tick`` is its tick's instant, from its job id (:class:`ScheduleTickHook`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import structlog
 
@@ -23,6 +28,7 @@ from worker.core import malformed as M
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.errors import ConfigError
+from worker.core.jobdefs import JobHook
 from worker.core.metrics import Metrics
 from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import Serialize
@@ -34,6 +40,8 @@ from worker.storage.store import FencedStore, Store
 log = structlog.get_logger("worker.schedules")
 
 NAME = "schedules"
+#: The kind of a run-time schedule in the paused set and the audit log (``schedule:<name>``).
+KIND = "schedule"
 #: Schedules per tick script call (many due at one instant: several calls).
 BATCH = 500
 
@@ -187,3 +195,31 @@ async def backfill(client: Client, name: str, from_ms: int, to_ms: int) -> tuple
         if await client._put(client.store, *put):
             done += 1
     return done, len(ticks)
+
+
+async def trigger(client: Client, name: str) -> str | None:
+    """Run schedule ``name`` once now, outside its ticks: a job like a tick at this instant
+    (``ctx.tick`` is now); its recorded last tick does not move. Returns the job id, or
+    ``None`` if one for this instant exists. :class:`ConfigError` if there is no such schedule."""
+    spec = await client.schedules.get(name)
+    if spec is None:
+        raise ConfigError(f"no schedule named {name!r}")
+    await on_server_time(client.clock, client.store.server_time_ms)
+    job_id = client.store.ids.schedule(name, ms(client.clock.time()))
+    put = (spec.task, spec.args, spec.kwargs, job_id, client.queue_for(spec.task), 0.0, None)
+    return job_id if await client._put(client.store, *put) else None
+
+
+class ScheduleTickHook(JobHook):
+    """Consumer hook: a run-time schedule's run learns its tick (``ctx.tick``) from its job id
+    ``<prefix>schedule:<name>:<tick ms>``; any other job costs one string comparison."""
+
+    def __init__(self, prefix: str) -> None:
+        self.id_prefix = f"{prefix}schedule:"
+
+    def context(self, job_id: str) -> Mapping[str, Any]:
+        head = self.id_prefix or ""
+        name, sep, tick = job_id[len(head) :].rpartition(":")
+        if not job_id.startswith(head) or not sep or not name or not tick.isdigit():
+            return {}
+        return {"tick_ms": int(tick)}

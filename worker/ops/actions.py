@@ -16,8 +16,7 @@ import getpass
 import socket
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import structlog
 
@@ -31,6 +30,8 @@ from worker.core.serializer import Deserialize, Serialize, msgpack_dumps, msgpac
 from worker.duties import kinds
 from worker.ops import jobsview
 from worker.ops.jobrecords import queue_name
+from worker.ops.outcome import Outcome as Outcome  # re-exported: the actions' result
+from worker.ops.schedule_actions import ScheduleActions
 
 log = structlog.get_logger("worker.actions")
 
@@ -61,24 +62,9 @@ class Actor:
         return cls(f"{user}@{socket.gethostname()}", "cli")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What an action did: ``ok`` is false when it was refused or did nothing it was asked
-    to; ``message`` is one line for a person; ``details`` holds counts and ids."""
-
-    action: str
-    target: str
-    ok: bool
-    message: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class Operations:
+class Operations(ScheduleActions):
     """The actions on one cluster (``client``: the workers' settings; ``app``: what they
-    run), on behalf of ``actor``."""
+    run), on behalf of ``actor``; those on run-time schedules in :mod:`.schedule_actions`."""
 
     def __init__(
         self,

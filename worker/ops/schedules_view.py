@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from worker.core.ids import duty
+from worker.duties.schedules import KIND
 from worker.ops.model import ClusterSnapshot
 
 
@@ -32,6 +34,7 @@ def rows(snap: ClusterSnapshot) -> list[dict[str, Any]]:
                 "next_tick": _iso(upcoming),
                 "next_tick_ms": upcoming,
                 "overlaps_skipped": snap.schedule_overlaps.get(name, 0),
+                "paused": duty(KIND, name) in snap.paused,
             }
         )
     return out
@@ -44,8 +47,8 @@ def table(status: dict[str, Any], render: Any) -> list[str]:
         return []
     head = ["SCHEDULE", "TASK", "WHEN", "LAST TICK", "NEXT TICK", "OVERLAP", "SKIPPED"]
     body = [
-        [s["name"], s["task"], s["schedule"], s["last_tick"] or "never", s["next_tick"],
-         s["overlap"], s["overlaps_skipped"]]
+        [s["name"] + (" (PAUSED)" if s.get("paused") else ""), s["task"], s["schedule"],
+         s["last_tick"] or "never", s["next_tick"], s["overlap"], s["overlaps_skipped"]]
         for s in found
     ]  # fmt: skip
     return ["", *render(head, body)]

@@ -50,7 +50,7 @@ from worker.duties.poller import InflightHook, PollingScheduler
 from worker.duties.reaper import REAP_EVERY_S, OrphanReaper
 from worker.duties.registry import Heartbeat, WriteWitness
 from worker.duties.schedules import NAME as SCHEDULES_NAME
-from worker.duties.schedules import ScheduleEnqueuer
+from worker.duties.schedules import ScheduleEnqueuer, ScheduleTickHook
 from worker.duties.services import Service, ServiceDef
 from worker.duties.unannounced import NAME as UNANNOUNCED_NAME
 from worker.duties.unannounced import UnannouncedJobs
@@ -227,6 +227,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
         SyncThreadsHook(w.context.threads, w.clock),  # first to admit: it needs no Redis
         LimitsHook(store, w.clock),
         TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id),
+        ScheduleTickHook(w.store.keys.prefix),
         WorkflowHook(
             store,
             w.app.jobs(),

@@ -1,12 +1,14 @@
 """The outbox relay's Redis side: the leader's fenced move of committed outbox rows into the
-queues (see :mod:`worker.outbox` and :mod:`worker.duties.outbox`)."""
+queues (see :mod:`worker.outbox` and :mod:`worker.duties.outbox`), and the relay's report."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from worker.storage import keys as K
+from worker.storage.base import StoreBase
 from worker.storage.fenced import FENCE, FencedBase
 from worker.storage.jobs import NewJob
 
@@ -100,3 +102,33 @@ class FencedOutboxOps(FencedBase):
         if not all(written):
             await self.store.confirm("outbox relay (an id exists)")  # the one holding it
         return written
+
+
+class OutboxReportOps(StoreBase):
+    """The relay's report for ``status`` and the doctor (``<prefix>outbox:relay``, one JSON
+    value that expires when no relay renews it) and whether an operator paused it."""
+
+    @property
+    def outbox_report_key(self) -> str:
+        return f"{self.keys.prefix}outbox:relay"
+
+    async def outbox_report(self, report: Mapping[str, Any], ttl_ms: int, paused: str) -> bool:
+        """Store the relay's ``report`` for ``ttl_ms``; whether ``paused`` (its duty name) is
+        in the paused set. One round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.outbox_report_key, json.dumps(report, default=str), px=ttl_ms)
+            pipe.sismember(self.keys.paused, paused)
+            _, is_paused = await pipe.execute()
+        return bool(is_paused)
+
+    async def outbox_report_read(self) -> dict[str, Any] | None:
+        """The newest relay report, ``None`` when no relay reported within its time to live
+        (or the value is not a report)."""
+        raw = await self.redis.get(self.outbox_report_key)
+        if raw is None:
+            return None
+        try:
+            found = json.loads(raw)
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None

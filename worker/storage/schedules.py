@@ -37,10 +37,11 @@ return v
 
 #: Run by :meth:`ScheduleOps.schedule_remove` (below).
 REMOVE = """
--- Remove a schedule, its version and its tick state; raise the change counter.
+-- Remove a schedule, its version, its tick state and its pause (a schedule made again under the
+-- name starts unpaused); raise the change counter.
 -- KEYS[1] -> definitions hash, KEYS[2] -> versions hash, KEYS[3] -> change counter,
 -- KEYS[4] -> last planned ticks hash, KEYS[5] -> newest enqueued tick hash,
--- KEYS[6] -> overlap counts hash
+-- KEYS[6] -> overlap counts hash, KEYS[7] -> paused set
 -- ARGV[1] -> name
 -- Returns: 1 if it existed, else 0
 local existed = redis.call('HDEL', KEYS[1], ARGV[1])
@@ -48,6 +49,7 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 for k = 4, 6 do
   redis.call('HDEL', KEYS[k], ARGV[1])
 end
+redis.call('SREM', KEYS[7], 'schedule:' .. ARGV[1])
 redis.call('INCR', KEYS[3])
 return existed
 """
@@ -87,13 +89,15 @@ ENQUEUE_SCHEDULE_TICKS = (
 -- job with a deterministic id, only while the schedule exists with the version the caller
 -- planned with; unless a tick is at or before the recorded last tick, or its id has a job or a
 -- result; with overlap skip, unless the newest enqueued tick's job has not ended (skipped and
--- counted). Then record the newest due tick, the newest enqueued job id, and wake consumers.
+-- counted); a paused schedule's ticks are skipped, not caught up on resume. Then record the newest
+-- due tick, the newest enqueued job id, and wake consumers.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> versions hash
 -- KEYS[3] -> last planned ticks hash
 -- KEYS[4] -> newest enqueued tick hash (name -> job id)
 -- KEYS[5] -> overlap counts hash
--- KEYS[6..] -> the queues the jobs go to
+-- KEYS[6] -> paused set ("schedule:<name>")
+-- KEYS[7..] -> the queues the jobs go to
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix, ARGV[3] -> arq result key prefix
 -- ARGV[4] -> job key TTL in ms, ARGV[5] -> wake channel
@@ -118,6 +122,7 @@ while i <= #ARGV do
     last = -1  -- not a time (written by someone else): as if none was recorded
   end
   local todo = n
+  local paused = redis.call('SISMEMBER', KEYS[6], 'schedule:' .. name) == 1
   if redis.call('HGET', KEYS[2], name) ~= version then
     stale, todo = 1, 0
   elseif last < known then
@@ -127,7 +132,7 @@ while i <= #ARGV do
   for j = i + 7, i + 6 + 3 * todo, 3 do
     local tick, id = tonumber(ARGV[j]), ARGV[j + 1]
     local prev = newest or redis.call('HGET', KEYS[4], name)
-    if tick <= last then
+    if tick <= last or paused then
       skipped = skipped + 1
     elseif redis.call('EXISTS', ARGV[2] .. id, ARGV[3] .. id) > 0 then
       dup = dup + 1
@@ -194,7 +199,7 @@ class ScheduleOps(StoreBase):
         """Remove schedule ``name`` and its state; whether it existed."""
         k = self.keys
         keys = [k.schedules, k.schedule_versions, k.schedules_gen]
-        keys += [k.schedule_state, k.schedule_enqueued, k.schedule_overlaps]
+        keys += [k.schedule_state, k.schedule_enqueued, k.schedule_overlaps, k.paused]
         return int(await self._script(REMOVE)(keys=keys, args=[name])) == 1
 
     async def schedules_read(
@@ -281,7 +286,7 @@ class FencedScheduleOps(FencedBase):
         for d in due:
             if d.queue not in queues:
                 queues.append(d.queue)
-            args += [d.name, d.version, d.advance_to, queues.index(d.queue) + 6, d.known_last]
+            args += [d.name, d.version, d.advance_to, queues.index(d.queue) + 7, d.known_last]
             args += [1 if d.skip_overlap else 0, len(d.ticks)]
             for t in d.ticks:
                 args += [t.score_ms, t.job_id, t.payload]
@@ -290,6 +295,7 @@ class FencedScheduleOps(FencedBase):
             self.keys.schedule_state,
             self.keys.schedule_enqueued,
             self.keys.schedule_overlaps,
+            self.keys.paused,
             *(self.keys.queue_of(q) for q in queues),
         ]
         raw = [int(x) for x in await self._run(ENQUEUE_SCHEDULE_TICKS, keys, args)]

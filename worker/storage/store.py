@@ -23,7 +23,7 @@ from worker.storage.jobs import JobOps
 from worker.storage.keys import Keys
 from worker.storage.limits import LimitOps
 from worker.storage.operators import OperatorOps
-from worker.storage.outbox import FencedOutboxOps
+from worker.storage.outbox import FencedOutboxOps, OutboxReportOps
 from worker.storage.periodic import FencedPeriodicOps, PeriodicOps
 from worker.storage.poller import FencedPollerOps, PollerOps
 from worker.storage.registry import FencedRegistryOps, RegistryOps
@@ -54,6 +54,7 @@ class Store(
     InspectJobOps,
     SubscriptionOps,
     ScheduleOps,
+    OutboxReportOps,
     WakeOps,
     CoalesceOps,
 ):

@@ -15,7 +15,7 @@ Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/o
 true}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
 (:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
 ``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
-``/api/jobs/cancel`` (``{"id": "<job id>"}``).
+``/api/jobs/cancel`` (``{"id": "<job id>"}``). Run-time schedules: :mod:`.schedulesapi`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from aiohttp import web
 
 import worker.web.api as api
 import worker.web.jobsapi as jobs
+import worker.web.schedulesapi as schedules
 from worker.app import App
 from worker.client import Client
 from worker.core.errors import ConfigError
@@ -111,6 +112,7 @@ def create_app(
     r.add_get("/api/tasks", _tasks)
     r.add_post("/api/jobs/retry", _action(jobs.retry))
     r.add_post("/api/jobs/cancel", _action(jobs.cancel))
+    schedules.add_routes(r, _action)
     return console
 
 
@@ -160,7 +162,7 @@ async def _page(request: web.Request) -> web.Response:
 
 async def _static(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if name not in ("app.js", "style.css"):
+    if name not in ("app.js", "schedules.js", "style.css"):
         raise web.HTTPNotFound()
     return _file(name)
 
@@ -256,8 +258,7 @@ def _action(run: Action) -> Handler:
     return handler
 
 
-def _bad(message: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
+_bad = jobs.bad_request
 
 
 def _selection(body: dict[str, Any]) -> list[str] | None:

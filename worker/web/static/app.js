@@ -310,16 +310,8 @@ function renderSchedules(c, now) {
         pauseButtons("periodic", p.name, p.paused)));
   }), "no periodic jobs");
 
-  fill("runtime-schedules", (c.schedules || []).map((s) => el("tr", { "data-schedule": s.name },
-    el("td", {}, s.name),
-    el("td", {}, s.task),
-    el("td", {}, s.schedule),
-    el("td", { title: s.next_tick || "" }, msIn(s.next_tick_ms, now)),
-    el("td", { title: s.last_tick || "" },
-      s.last_tick_ms === null || s.last_tick_ms === undefined ? "never" : ago(s.last_tick_ms, now)),
-    el("td", {}, s.catch_up),
-    el("td", {}, s.overlap),
-    el("td", { class: "num" }, s.overlaps_skipped))), "no run-time schedules (client.schedules)");
+  fill("runtime-schedules", (c.schedules || []).map((s) => scheduleRow(s, now)),
+    "no run-time schedules (client.schedules)");
 
   fill("pollers", c.pollers.map((p) => el("tr", { "data-poller": p.name,
     class: p.paused ? "paused" : "" },
