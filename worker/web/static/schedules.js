@@ -1,4 +1,4 @@
-// The console's run-time schedules (client.schedules): their rows beside the periodic jobs,
+// The console's run-time schedules (client.schedules): their rows beside the code schedules,
 // with run now, pause/resume, edit and remove, and the form that creates or edits one. Every
 // change is an action (api/schedules/*: token, same-origin, audit log). Uses app.js's helpers
 // (el, act, ago, msIn), called only after both scripts ran.
