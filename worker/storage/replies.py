@@ -24,7 +24,7 @@ StreamEntry = tuple[Any, Mapping[Any, Any]]
 
 def as_bytes(value: bytes | str) -> bytes:
     """A string value's bytes (a client that decodes replies gives text: encoded back)."""
-    return value.encode() if isinstance(value, str) else bytes(value)
+    return value.encode() if isinstance(value, str) else value
 
 
 def members(rows: Iterable[object]) -> list[bytes | str]:
