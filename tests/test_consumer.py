@@ -840,3 +840,36 @@ def test_a_wake_for_a_job_due_a_millisecond_ahead_is_a_timer_not_a_lost_claim() 
     assert not wakeups.woken and wakeups.next_due == now + 1 and wakeups.event.is_set()
     wakeups.heard(now)
     assert wakeups.woken
+
+
+async def test_a_job_whose_dead_letter_cannot_be_written_still_ends_failed(
+    r: Any, loops: list[Loop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Setting aside a job that used up its retries fails (Redis said no): the error is logged
+    and the job still ends with a failed result, and the consumer goes on."""
+    app = App("t")
+
+    @app.task(max_tries=1, retry_on=ConnectionError)
+    async def flaky(ctx: JobContext) -> None:
+        raise ConnectionError("partner down")
+
+    @app.task
+    async def fine(ctx: JobContext) -> int:
+        return 7
+
+    async def refused(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("dead letters unavailable")
+
+    monkeypatch.setattr(DeadLetters, "set_aside", refused)
+    lp = Loop(r, app)
+    loops.append(lp.start())
+    jid = await lp.client.enqueue("flaky")
+
+    async def ended() -> bool:
+        return bool(await r.exists(K.ARQ_RESULT + jid)) and not await r.exists(K.ARQ_JOB + jid)
+
+    await eventually(ended, what="a failed result, the job record gone")
+    info = await lp.client.job(jid).result_info()
+    assert info is not None and info.success is False
+    assert await lp.client.job(await lp.client.enqueue("fine")).result(timeout=10) == 7
+    assert lp.task is not None and not lp.task.done()

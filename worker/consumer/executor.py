@@ -373,8 +373,8 @@ class Executor:
                 task=result_for.function if result_for else None,
                 tries=c.try_ if c.try_ >= 0 else None,
             )
-        except Exception as exc:
-            log.error("dead-lettering failed", job_id=c.job_id, error=str(exc))
+        except Exception as err:  # not ``exc``: that name is the run's exception, read below
+            log.error("dead-lettering failed", job_id=c.job_id, error=str(err))
         if c.size == FOREIGN:  # CLAIM took it off the queue; its keys are not the app's
             self.totals["failed"] += 1
             return

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.storage.base import StoreBase, _s
+from worker.storage.replies import stream_reads
 
 
 def _entry(key: str, entry_id: Any, fields: Mapping[Any, Any]) -> BroadcastEntry:
@@ -122,10 +123,8 @@ class BroadcastOps(StoreBase):
         the first), up to ``count`` per stream, oldest first per stream."""
         streams: dict[Any, Any] = dict(cursors)
         raw = await self.redis.xread(streams, count=count, block=block_ms)
-        if isinstance(raw, dict):  # RESP3: {key: [entries]}
-            found = [(key, rows[0] if rows else []) for key, rows in raw.items()]
-        else:  # RESP2: [[key, entries], ...]
-            found = raw or []
         return [
-            _entry(_s(key), entry_id, fields) for key, rows in found for entry_id, fields in rows
+            _entry(_s(key), entry_id, fields)
+            for key, rows in stream_reads(raw)
+            for entry_id, fields in rows
         ]

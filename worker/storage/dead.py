@@ -8,6 +8,7 @@ from typing import Any
 
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _object, _s
+from worker.storage.replies import members
 
 #: Run by :meth:`DeadOps.add_dead` (below).
 DEAD_ADD = """
@@ -97,7 +98,7 @@ class DeadOps(StoreBase):
         """Dead letters newest first, ``limit`` from ``offset``: ``(job id, record without its
         payload, or None)``. Reads the index; only entries set aside before it existed are
         read whole (their payload dropped here)."""
-        ids = await self.redis.zrevrange(self.keys.dead, offset, offset + limit - 1)
+        ids = members(await self.redis.zrevrange(self.keys.dead, offset, offset + limit - 1))
         if not ids:
             return []
         raw = await self.redis.hmget(self.keys.dead_index, ids)

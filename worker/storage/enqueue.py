@@ -150,12 +150,7 @@ class EnqueueOps(StoreBase):
             args += [index, q.job.job_id, q.ttl_ms, q.job.score_ms, q.job.payload]
         keys = [*queues, self.keys.wake_marker]
         out, acked = await self._eval(self._script(ENQUEUE_MANY), keys, args)
-        written = [bool(x) for x in out]
-        if not all(written) and self.replication.enabled:
-            await self.confirm("enqueue (an id exists)")
-        elif not self.replicated(acked):
-            raise self._short("enqueue", acked)
-        return written
+        return await self._written(out, acked)
 
     async def fair_enqueue(self, batch: Sequence[QueuedJob]) -> list[bool]:
         """Write each fair job of ``batch`` (``flow`` set) into its flow key's queue unless its
@@ -173,6 +168,12 @@ class EnqueueOps(StoreBase):
         out, acked = await self._eval(
             self._script(FAIR_ENQUEUE), [*index, self.keys.wake_marker], args
         )
+        return await self._written(out, acked)
+
+    async def _written(self, out: Sequence[object], acked: int) -> list[bool]:
+        """A batch script's reply as per job whether it was written; with a WAIT policy, the
+        jobs that hold the taken ids confirmed too (one ``WAIT``), else :class:`NotReplicated`
+        when too few replicas confirmed the batch."""
         written = [bool(x) for x in out]
         if not all(written) and self.replication.enabled:
             await self.confirm("enqueue (an id exists)")

@@ -13,6 +13,7 @@ from typing import Any
 
 from worker.core import malformed as M
 from worker.storage.base import StoreBase, _object, _s
+from worker.storage.replies import scored
 
 
 class RecordOps(StoreBase):
@@ -51,7 +52,7 @@ class RecordOps(StoreBase):
         top = "+inf" if before_ms is None else f"({int(before_ms)}"
         rows = await self.redis.zrevrangebyscore(key, top, "-inf", 0, limit, withscores=True)
         out: list[tuple[str, int]] = []
-        for member, score in rows:
+        for member, score in scored(rows):
             at = M.time_ms(score)
             if at is None:
                 M.skip("time in ms", key, _s(member), f"score {score}")

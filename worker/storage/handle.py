@@ -11,6 +11,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from worker.core import codec
+from worker.storage.replies import as_bytes
 
 __all__ = ["Job", "ResultNotFound"]
 
@@ -53,7 +54,7 @@ class Job:
         """The result record, without waiting (``None`` until the job ended, or once its
         result expired); a failed run's error is in it, not raised."""
         raw = await self._redis.get(codec.RESULT_KEY_PREFIX + self.job_id)
-        return codec.decode_result(raw, self._deserialize) if raw else None
+        return codec.decode_result(as_bytes(raw), self._deserialize) if raw else None
 
     async def info(self) -> codec.JobInfo | None:
         """The result record, else the job record (with its queue score), else ``None``."""
@@ -61,7 +62,7 @@ class Job:
         if info is None:
             raw = await self._redis.get(codec.JOB_KEY_PREFIX + self.job_id)
             if raw:
-                info = codec.decode_job(raw, self._deserialize)
+                info = codec.decode_job(as_bytes(raw), self._deserialize)
         if info is not None:
             score = await self._redis.zscore(self._queue_name, self.job_id)
             info.score = None if score is None else int(score)

@@ -15,6 +15,7 @@ from typing import Any
 
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _object, _s, _score
+from worker.storage.replies import scored
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class InspectJobOps(StoreBase):
                 key, low, high, start=offset, num=count, withscores=True
             )
         out = []
-        for member, score in raw:
+        for member, score in scored(raw):
             s = _score(key, member, score)
             out.append((_s(member), s if s is not None else 2**62))
         return out
@@ -251,7 +252,7 @@ class InspectJobOps(StoreBase):
         raw = await self.redis.zrevrangebyscore(
             self.keys.dead, high, "-inf", start=0, num=count, withscores=True
         )
-        return [(_s(m), int(s)) for m, s in raw]
+        return [(_s(m), int(s)) for m, s in scored(raw)]
 
     async def dead_entries(self, job_ids: Sequence[str]) -> list[dict[str, Any] | None]:
         """The dead letters' records without their payloads (one ``HMGET`` of the index)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
+from worker.storage.replies import as_bytes
 
 
 @dataclass(frozen=True)
@@ -450,7 +451,7 @@ class JobOps(StoreBase):
         head = b""
         chunk = 1 << 20
         for start in range(0, max(size, 0), chunk):
-            part = await self.redis.getrange(K.ARQ_JOB + job_id, start, start + chunk - 1)
+            part = as_bytes(await self.redis.getrange(K.ARQ_JOB + job_id, start, start + chunk - 1))
             if not part:
                 break
             digest.update(part)
@@ -469,11 +470,11 @@ class JobOps(StoreBase):
         await self.redis.zrem(key, job_id)
         raw = await self.redis.get(K.ARQ_JOB + job_id)
         await self.redis.delete(K.ARQ_JOB + job_id)
-        return job_id, (bytes(raw) if raw is not None else None)
+        return job_id, (as_bytes(raw) if raw is not None else None)
 
     async def job_payload(self, job_id: str) -> bytes | None:
         raw = await self.redis.get(K.ARQ_JOB + job_id)
-        return bytes(raw) if raw is not None else None
+        return as_bytes(raw) if raw is not None else None
 
     async def set_health(self, instance_id: str, text: str, ttl_ms: int) -> None:
         """arq's health-check record, one key per instance

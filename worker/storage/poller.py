@@ -14,6 +14,7 @@ from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
 from worker.storage.fenced import FENCE, FencedBase
 from worker.storage.jobs import NewJob
+from worker.storage.replies import fields, scored
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ class PollerOps(StoreBase):
         due = await self.redis.zrangebyscore(
             shard_key, "-inf", now_ms, start=0, num=limit, withscores=True
         )
-        return [(_s(item), _score(shard_key, item, score) or 0) for item, score in due]
+        return [(_s(item), _score(shard_key, item, score) or 0) for item, score in scored(due)]
 
     async def schedule_items(self, by_shard: Mapping[str, Mapping[str, int]]) -> int:
         """ZADD items (item -> due ms) into their shard keys in one round trip; new items."""
@@ -271,7 +272,7 @@ class PollerOps(StoreBase):
         key = self.keys.poll_inflight(poller)
         cursor, raw = await self.redis.hscan(key, cursor, count=count)
         entries: list[tuple[str, str]] = []
-        for k, v in raw.items():
+        for k, v in fields(raw).items():
             try:
                 entries.append((_s(k), _s(v)))
             except UnicodeDecodeError:  # not written by a dispatch: left alone

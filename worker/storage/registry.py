@@ -10,6 +10,7 @@ from typing import Any
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _object, _s, _score
 from worker.storage.fenced import FENCE, TOKEN_FENCE, FencedBase
+from worker.storage.replies import scored
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,9 @@ class RegistryOps(StoreBase):
         raw = await self.redis.zrangebyscore(
             self.keys.instances, "-inf", cutoff_ms, withscores=True
         )
-        return [Stale(_s(i), _score(self.keys.instances, i, score) or 0) for i, score in raw]
+        return [
+            Stale(_s(i), _score(self.keys.instances, i, score) or 0) for i, score in scored(raw)
+        ]
 
     async def instances(self) -> list[tuple[str, int, dict[str, Any] | None]]:
         """Every registered instance: ``(id, last heartbeat ms on the server's clock, record or
@@ -232,7 +235,9 @@ class RegistryOps(StoreBase):
         object reads as expired (and is logged once)."""
         members: dict[str, int | None] = {
             _s(m): _score(self.keys.instances, m, score) or 0
-            for m, score in await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
+            for m, score in scored(
+                await self.redis.zrange(self.keys.instances, 0, -1, withscores=True)
+            )
         }
         head = self.keys.instance("")
         async for key in self.redis.scan_iter(match=f"{head}*", count=1000):

@@ -52,6 +52,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from worker.storage.replies import side_connection
+
 #: How long a command that gets ``TRYAGAIN`` is sent again before :class:`SlotMigrating`.
 PATIENCE_S = 10.0
 #: The pause before the first repeat, doubled each time up to :data:`MAX_PAUSE_S`.
@@ -173,7 +175,7 @@ class Detour:
         """``args`` on a side connection to ``address`` (after ``ASKING``); a script that node
         does not know yet (``NOSCRIPT``: scripts do not migrate) is loaded there first."""
         pool = self._pool(address)
-        conn = await pool.get_connection()
+        conn = await side_connection(pool, str(args[0]))
         try:
             for attempt in range(2):
                 commands = [("ASKING",), tuple(args)] if asking else [tuple(args)]
@@ -196,7 +198,7 @@ class Detour:
         """Whether the node at ``address`` is migrating the slot away or importing it
         (``CLUSTER NODES``: ``[<slot>->-<id>]`` or ``[<slot>-<-<id>]`` on its own line)."""
         pool = self._pool(address)
-        conn = await pool.get_connection()
+        conn = await side_connection(pool, "CLUSTER")
         try:
             await conn.send_command("CLUSTER", "NODES")
             nodes = await conn.read_response(disable_decoding=True)

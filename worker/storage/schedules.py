@@ -267,7 +267,7 @@ class ScheduleOps(StoreBase):
 
 
 def _unchanged(
-    known: Mapping[str, S.ScheduleSpec], raw_name: bytes, raw_version: bytes
+    known: Mapping[str, S.ScheduleSpec], raw_name: bytes | str, raw_version: bytes | str
 ) -> S.ScheduleSpec | None:
     """The known schedule of ``raw_name`` when its stored version is the known one."""
     spec = known.get(_s(raw_name))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 from worker.storage.base import StoreBase
+from worker.storage.replies import side_connection
 
 #: The marker's one member.
 MEMBER = "wake"
@@ -46,10 +47,7 @@ class WakeOps(StoreBase):
         connection of its own from the pool, whose reply is awaited ``timeout_s`` plus
         :data:`REPLY_GRACE_S` (the pool's socket timeout may be shorter than the wait)."""
         pool = self.redis.connection_pool
-        try:
-            conn = await pool.get_connection()  # redis-py 5.3+: no command name
-        except TypeError:
-            conn = await pool.get_connection("BZPOPMIN")
+        conn = await side_connection(pool, "BZPOPMIN")
         try:
             sent = time.monotonic()
             await conn.send_command("BZPOPMIN", self._marker(duty), timeout_s)

@@ -76,7 +76,7 @@ def close_clients() -> None:
         _clients.clear()
 
 
-class WorkerBackend(api.BaseTaskBackend):
+class WorkerBackend(api.BaseTaskBackend):  # type: ignore[misc]  # Django ships no types
     """Django's ``TASKS`` backend for this framework (module docstring)."""
 
     supports_defer = True
