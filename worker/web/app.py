@@ -15,7 +15,7 @@ Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/o
 true}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
 (:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
 ``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
-``/api/jobs/cancel`` (``{"id": "<job id>"}``).
+``/api/jobs/cancel`` (``{"id": "<job id>"}``). The Workflows view: :mod:`worker.web.flowsapi`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import structlog
 from aiohttp import web
 
 import worker.web.api as api
+import worker.web.flowsapi as flows
 import worker.web.jobsapi as jobs
 from worker.app import App
 from worker.client import Client
@@ -111,6 +112,7 @@ def create_app(
     r.add_get("/api/tasks", _tasks)
     r.add_post("/api/jobs/retry", _action(jobs.retry))
     r.add_post("/api/jobs/cancel", _action(jobs.cancel))
+    flows.add_routes(r, STATE, _guarded, _action)
     return console
 
 
@@ -160,7 +162,7 @@ async def _page(request: web.Request) -> web.Response:
 
 async def _static(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if name not in ("app.js", "style.css"):
+    if name not in ("app.js", "workflows.js", "style.css"):
         raise web.HTTPNotFound()
     return _file(name)
 
@@ -228,9 +230,7 @@ def _int(raw: str | None, default: int) -> int:
     try:
         return int(raw) if raw is not None else default
     except ValueError:
-        raise web.HTTPBadRequest(
-            text='{"error": "page and size are numbers"}', content_type="application/json"
-        ) from None
+        raise _bad("page and size are numbers") from None
 
 
 # -- actions ------------------------------------------------------------------------------------
@@ -256,8 +256,7 @@ def _action(run: Action) -> Handler:
     return handler
 
 
-def _bad(message: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
+_bad = jobs.bad_request
 
 
 def _selection(body: dict[str, Any]) -> list[str] | None:
