@@ -1,20 +1,25 @@
 """OpenTelemetry links between a workflow's steps (the SDK's in-memory exporter, as
 ``tests/test_tracing.py``): each step's CONSUMER span links to its parents' spans, a root's to
-none, a group's callback to every member's; without tracing a step's result keeps no context."""
+none, a group's callback to every member's; without tracing a step's result keeps no context;
+and in a real ``python -m worker`` process (``tests/apps/traced.py``, spans to a file)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from tests.conftest import Spawn, wait_until
 from tests.test_consumer import KEYS, Loop, eventually
 from tests.test_tracing import loops as loops  # fixtures
+from tests.test_tracing import read_spans
 from tests.test_tracing import spans as spans
-from worker import App, Job, JobContext, Workflow, WorkflowInfo, chord, group
+from worker import App, Client, Job, JobContext, Workflow, WorkflowInfo, chain, chord, group
 from worker.core.clock import SystemClock
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.duties.workflows import WorkflowHook
@@ -50,17 +55,17 @@ def _loop(r: Any, app: App, traced: bool) -> Loop:
 
 
 async def _ended(lp: Loop, wid: str) -> WorkflowInfo:
-    async def ended() -> bool:
-        info = await lp.client.workflow(wid)
-        return info is not None and info.state != "running"
+    return await _ended_client(lp.client, wid)
 
-    for _ in range(500):
-        if await ended():
-            break
-        await asyncio.sleep(0.02)
-    info = await lp.client.workflow(wid)
-    assert info is not None
-    return info
+
+async def _ended_client(client: Client, wid: str) -> WorkflowInfo:
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        info = await client.workflow(wid)
+        if info is not None and info.state != "running":
+            return info
+        assert asyncio.get_running_loop().time() < deadline, f"{wid} still {info}"
+        await asyncio.sleep(0.05)
 
 
 def _runs(found: list[ReadableSpan]) -> dict[str, ReadableSpan]:
@@ -116,3 +121,34 @@ async def test_untraced_steps_keep_no_context(fake_arq: Any, loops: list[Loop]) 
     assert info.state == "done" and info.results() == [1, 2, 3]
     kept = await fake_arq.hgetall(f"{KEYS.prefix}wf:{wid}")
     assert all(b"otel" not in v for k, v in kept.items() if k.startswith(b"r:"))
+
+
+@pytest.mark.slow
+async def test_a_worker_process_links_a_steps_span_to_its_parents(
+    spawn: Spawn, redis_url: str, tmp_path: Path
+) -> None:
+    trace_file = tmp_path / "spans.jsonl"
+    worker = spawn("all", app="tests.apps.traced:app",
+                   env={"WORKER_TRACING": "otel", "TRACE_FILE": str(trace_file)})  # fmt: skip
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    client = await Client.connect(redis_url, key_prefix=prefix)
+    try:
+        wid = await client.start_workflow(chain(group(Job("greet", "a"), Job("greet", "b")),
+                                                Job("greet")))  # fmt: skip
+        info = await _ended_client(client, wid)
+    finally:
+        await client.close()
+    assert info.state == "done", worker.log()[-3000:]
+
+    def runs() -> dict[str, dict[str, Any]] | None:
+        found = {
+            s["attributes"].get("messaging.message.id"): s
+            for s in read_spans(trace_file)
+            if s["kind"] == "CONSUMER"
+        }
+        return found if all(s.job_id in found for s in info.steps) else None
+
+    spans_of = wait_until(runs, 30, what="the steps' spans")
+    a, b, last = (spans_of[s.job_id] for s in info.steps)
+    assert sorted(last["links"]) == sorted([a["span_id"], b["span_id"]])
+    assert a["links"] == [] and b["links"] == []
