@@ -140,13 +140,15 @@ def _fill(r: redis_sync.Redis, n: int, due_ms: int) -> None:
     r.zadd(KEYS.wake_marker, {"wake": due_ms}, lt=True)
 
 
-def run_once(variant: str, url: str, n: int, logdir: Path, rnd: int) -> dict[str, Any]:
+def run_once(
+    variant: str, url: str, n: int, logdir: Path, rnd: int, flows: int = WORKFLOWS
+) -> dict[str, Any]:
     r = redis_sync.Redis.from_url(url)
     r.flushall()
     procs = [_consumer(url, "default", logdir / f"{variant}-{rnd}.log", 50)]
     try:
         if variant != "none":
-            asyncio.run(_start(url, WORKFLOWS, hops=variant == "hops"))
+            asyncio.run(_start(url, flows, hops=variant == "hops"))
         if variant in ("moving", "hops"):
             procs.append(_consumer(url, "flows", logdir / f"flows-{rnd}.log", 200))
         wait_until(lambda: sum(1 for _ in r.scan_iter(f"{PREFIX}arq-health:*")) >= len(procs),
@@ -170,6 +172,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workflows", type=int, default=WORKFLOWS, help="workflows in flight")
     args = ap.parse_args()
     server, url = start_server()
     variants = ["none", "parked", "moving", "hops"]
@@ -180,13 +183,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for rnd in range(args.rounds):
                 for v in rotated(variants, rnd):
-                    res = run_once(v, url, args.jobs, Path(tmp), rnd)
+                    res = run_once(v, url, args.jobs, Path(tmp), rnd, args.workflows)
                     seen[v].append(res)
                     print(f"round {rnd + 1} {v}: {res['rate']:.0f} jobs/s, {res['cmds']:.1f} "
                           f"cmds/job, consumer {res['worker_us']:.0f} us/job; at the end: "
                           f"workflows running {res['running']}, "
                           f"flows queue {res['busy']}")  # fmt: skip
-                    if v in ("parked", "moving") and res["running"] != WORKFLOWS:
+                    if v in ("parked", "moving") and res["running"] != args.workflows:
                         raise AssertionError(
                             f"{v}: {res['running']} workflows in flight at the end"
                         )
@@ -196,7 +199,7 @@ def main() -> None:
              f"{median([s['worker_us'] for s in seen[v]]):.0f}"]
             for v in variants
         ]  # fmt: skip
-        print(f"\n## {args.jobs:,} plain no-op jobs beside {WORKFLOWS:,} workflows (or plain "
+        print(f"\n## {args.jobs:,} plain no-op jobs beside {args.workflows:,} workflows (or plain "
               f"chains) in flight (median of {args.rounds} rounds)")  # fmt: skip
         print(table(["workflows", "plain jobs/s", "Redis cmds/job", "consumer CPU us/job"], rows))
         print(f"load after: {loadavg()}")

@@ -1,25 +1,31 @@
-"""The console's Workflows view in headless Chromium (as ``tests/test_web_browser.py``) against a
-real worker process running ``tests/apps/flows.py`` and a real ``python -m worker web``: the
-list by state, one workflow's steps and graph (SVG and text), a step's link to its job, and
-cancel (audited, refused without the token)."""
+"""The console's Workflows view: its API on the real server (filters, one workflow, the graph,
+cancel audited, the token), and in headless Chromium (as ``tests/test_web_browser.py``)
+against a real worker process running ``tests/apps/flows.py`` and a real ``python -m worker
+web``: the list by state, one workflow's steps and graph (SVG and text), a step's link to its
+job, and cancel (audited, refused without the token)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import redis as redis_sync
 
 from tests.conftest import Spawn, client_call, wait_until
+from tests.test_web import AUTH, _http
+from tests.test_web import TOKEN as WEB_TOKEN
+from tests.test_web import client as client  # fixture
 from tests.test_web_browser import TOKEN, Page, _audit, _free_port, _instances
 from tests.test_web_browser import browser as browser  # fixtures
 from tests.test_web_browser import browser_paths as browser_paths
 from worker import Job, Workflow, chain
+from worker.client import Client
 from worker.ops.workflowsview import depths
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 APP = "tests.apps.flows:app"
 HOSTILE = '<img src=x onerror="window.pwned=1">'
@@ -35,6 +41,43 @@ def test_depths_put_a_step_one_past_its_deepest_parent() -> None:
     assert depths([[], [0], [1], [0, 2]]) == [0, 1, 2, 3]
 
 
+async def test_the_api_lists_shows_and_cancels_workflows(client: Client) -> None:
+    http = await _http(client, token=WEB_TOKEN)
+    try:
+        wf = Workflow()
+        a = wf.add(Job("record", "a"))
+        for key in "bcd":
+            wf.add(Job("record", key), after=[a])
+        wid = await client.start_workflow(wf)
+        assert (await http.get("/static/workflows.js")).status == 200
+        assert (await http.get("/api/workflows")).status == 401
+        for bad in ("state=bogus", "limit=x", "limit=0"):
+            assert (await http.get(f"/api/workflows?{bad}", headers=AUTH)).status == 400, bad
+        listed = await (await http.get("/api/workflows?state=running", headers=AUTH)).json()
+        assert [w["id"] for w in listed["items"]] == [wid]
+        none = await (await http.get("/api/workflows?state=done", headers=AUTH)).json()
+        assert none["items"] == []
+        one = await (await http.get(f"/api/workflows/{quote(wid)}", headers=AUTH)).json()
+        assert [(s["index"], s["depth"], s["parents"]) for s in one["steps"]] == [
+            (0, 0, []), (1, 1, [0]), (2, 1, [0]), (3, 1, [0])
+        ]  # fmt: skip
+        assert one["graph"] == "0 record [queued]\n  1-3 (3×) record [pending] <- 0"
+        assert one["counts"] == {"queued": 1, "pending": 3} and one["size"] == 4
+        assert (await http.get("/api/workflows/nope", headers=AUTH)).status == 404
+        assert (await http.post("/api/workflows/cancel", json={}, headers=AUTH)).status == 400
+        done = await http.post("/api/workflows/cancel", json={"id": wid}, headers=AUTH)
+        assert (await done.json())["ok"] is True
+        again = await http.post("/api/workflows/cancel", json={"id": wid}, headers=AUTH)
+        assert (await again.json())["ok"] is False
+        audit = await client.store.audit_log(10)
+        assert [(e["action"], e["target"], e["who"], e["via"]) for e in audit][:2] == [
+            ("cancel-workflow", wid, "ada", "web"), ("cancel-workflow", wid, "ada", "web")
+        ]  # fmt: skip
+    finally:
+        await http.close()
+
+
+@pytest.mark.slow
 def test_the_workflows_view_lists_shows_the_graph_links_steps_and_cancels(
     spawn: Spawn, redis_url: str, rsync: redis_sync.Redis, browser: Any, tmp_path: Path
 ) -> None:
