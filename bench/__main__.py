@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
     "fair": ("bench.fair", "fair queues: cost per job vs a plain task; a quiet key's wait bound"),
     "workflows": ("bench.workflows", "workflow fan-in: Redis commands and server time per member"),
+    "workflows_inflight": ("bench.workflows_inflight", "plain jobs beside 1,000 workflows running"),
     "soak": ("bench.soak", "the suite's shortened fault scenarios at their original sizes"),
 }
 

@@ -64,6 +64,10 @@ SMOKE: dict[str, tuple[list[str], str]] = {
         r"\| fair +\| [\d,]+ ",
     ),
     "workflows": (["--sizes", "50", "--rounds", "1"], r"\| 50 +\| [\d.]+ "),
+    "workflows_inflight": (
+        ["--jobs", "300", "--rounds", "1", "--workflows", "50"],
+        r"\| hops +\| \d+ ",
+    ),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
     "lane": (
         ["--jobs", "1000", "--seconds", "3", "--fanout", "2000"],

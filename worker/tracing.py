@@ -16,6 +16,10 @@ record do: secrets (Redis URL passwords, ``password=``) masked and the texts cap
 message at 2,000 characters, the traceback at 16 KiB: :func:`worker.core.logs.error_text`,
 :func:`worker.core.logs.traceback_text`), in the status and in its ``exception`` event.
 
+A workflow step's run is linked to its parents' runs: each step keeps its run's context with
+its result, and a dependent's record carries its parents' (``wf_links``, at most 128, the
+SDK's default limit); its CONSUMER span has one link per parent.
+
 Batched enqueues (the leader's ticks, a poll dispatch) get one ``create`` PRODUCER span per
 job, which is that job's parent, and one ``send`` CLIENT span for the script call, linked to
 each.
@@ -49,6 +53,8 @@ EPOCH = "worker.leader_epoch"
 SYSTEM = "arq"
 #: A carrier is at most this many fields of at most this many characters (hostile records).
 MAX_FIELDS, MAX_FIELD_CHARS = 8, 512
+#: The record's field carrying a workflow step's parents' contexts (its span's links).
+LINKS = "wf_links"
 #: Runs begun but not ended kept at most (ends always follow; this only bounds a leak).
 MAX_OPEN = 10_000
 
@@ -239,12 +245,38 @@ class TracingHook(JobHook):
             epoch=int(epoch) if epoch is not None and epoch.isdigit() else None,
         )
         span = t.tracer.start_span(
-            f"process {run.queue}", context=parent, kind=SpanKind.CONSUMER, attributes=attrs
+            f"process {run.queue}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=attrs,
+            links=self._links(run.record),
         )
         token = t._context.attach(t._trace.set_span_in_context(span))
         if len(self._open) >= MAX_OPEN:
             self._open.pop(next(iter(self._open)))
         self._open[id(run)] = (span, token)
+
+    def _links(self, record: Mapping[str, Any]) -> list[Link]:
+        """Links to the spans of a workflow step's parents (their contexts in ``wf_links``,
+        checked as :func:`carried` checks one; invalid ones skipped)."""
+        from opentelemetry.trace import Link
+
+        raw = record.get(LINKS)
+        if not isinstance(raw, list):
+            return []
+        t, out = self.tracing, []
+        for item in raw[:128]:
+            carrier = carried({KEY: item})
+            found = t._trace.get_current_span(t._propagate.extract(carrier)).get_span_context()
+            if carrier and found.is_valid:
+                out.append(Link(found))
+        return out
+
+    def carrier(self, run: JobRun) -> dict[str, str]:
+        """The context of ``run``'s span (started, not yet finished), as a record carries one;
+        empty when it has none."""
+        opened = self._open.get(id(run))
+        return self.tracing._carrier(opened[0]) if opened is not None else {}
 
     async def finished(self, run: JobRun, outcome: JobOutcome) -> None:
         from opentelemetry.trace import SpanKind

@@ -32,6 +32,7 @@ class FileExporter(SpanExporter):
                             "trace_id": f"{ctx.trace_id:032x}" if ctx else None,
                             "span_id": f"{ctx.span_id:016x}" if ctx else None,
                             "parent_id": f"{parent.span_id:016x}" if parent else None,
+                            "links": [f"{link.context.span_id:016x}" for link in s.links],
                             "attributes": dict(s.attributes or {}),
                             "status": s.status.status_code.name,
                             "status_description": s.status.description,

@@ -221,6 +221,8 @@ class Ready:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     parents: list[Any]  # each parent's result (None for a failed one), in argument order
+    #: the trace contexts of the parents' runs that recorded one (their spans' links)
+    links: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

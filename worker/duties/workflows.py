@@ -10,7 +10,7 @@ the repeat records nothing new and enqueues nothing twice, so a fan-in fires exa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -42,6 +42,7 @@ class WorkflowHook(JobHook):
         *,
         keep_result_s: float,
         metrics: Metrics | None = None,
+        trace: Callable[[JobRun], Mapping[str, str]] | None = None,
     ) -> None:
         self.store = store
         self.prefix = store.keys.prefix
@@ -52,6 +53,9 @@ class WorkflowHook(JobHook):
         self.clock = clock
         self.keep_ms = ms(keep_result_s)
         self.metrics = metrics
+        #: the run's trace context, kept with its result when tracing is on (its dependents'
+        #: spans link to it: :meth:`worker.tracing.TracingHook.carrier`)
+        self.trace = trace
 
     async def started(self, run: JobRun) -> None:
         step = parse_step(self.prefix, run.job_id)
@@ -74,7 +78,8 @@ class WorkflowHook(JobHook):
         value: bytes | str
         if done:
             try:
-                value = result_blob(outcome.result, self.serialize)
+                trace = self.trace(run) if self.trace is not None else None
+                value = result_blob(outcome.result, self.serialize, trace)
             except Exception as exc:  # the step's result cannot be handed on: it failed
                 done, value = False, f"result not serializable: {error_text(exc)}"
         else:

@@ -222,7 +222,8 @@ def _consumer(w: Wiring, _: Any) -> Component:
     shards = w.consumer_shards()
     store = shards.home
     # tracing first: its span wraps the run and every other hook's steps
-    hooks: list[JobHook] = [w.tracing.hook()] if w.tracing is not None else []
+    traced = w.tracing.hook() if w.tracing is not None else None
+    hooks: list[JobHook] = [traced] if traced is not None else []
     hooks += [
         SyncThreadsHook(w.context.threads, w.clock),  # first to admit: it needs no Redis
         LimitsHook(store, w.clock),
@@ -235,6 +236,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
             w.clock,
             keep_result_s=s.keep_result_s,
             metrics=w.metrics,
+            trace=traced.carrier if traced is not None else None,  # dependents link to it
         ),
     ]
     if w.app.pollers:

@@ -202,14 +202,14 @@ class EnqueueOps(StoreBase):
         """Enqueue workflow steps under their deterministic ids (a repeat writes nothing): each
         given its parents' results first (one, or the list), or in its record's
         ``wf_parents`` when its task takes them through ``ctx.parents`` (in
-        ``context_steps``)."""
+        ``context_steps``); the parents' trace contexts in ``wf_links`` when they kept one."""
         jobs = []
         for s in steps:
-            args, extra = s.args, None
+            args, extra = s.args, {"wf_links": list(s.links)} if s.links else None
             if s.parents:
                 value = parents_value(s.many, s.parents)
                 if s.function in context_steps:
-                    extra = {"wf_parents": value}
+                    extra = {**(extra or {}), "wf_parents": value}
                 else:
                     args = (value, *args)
             payload = codec.encode_job(s.function, args, s.kwargs, now_ms, serialize, extra=extra)

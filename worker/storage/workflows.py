@@ -16,7 +16,7 @@ id that exists is refused, so a repeat is a no-op) and only then is the step's j
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,8 @@ from worker.storage.base import StoreBase, _s
 
 #: How long a running workflow's state is kept after its last step ended (refreshed by each).
 RUNNING_TTL_MS = 7 * 86_400_000
+#: Links at most from a step's span to its parents' (the OpenTelemetry SDK's default limit).
+MAX_LINKS = 128
 #: How long a cancelled workflow's state is kept (as ``WORKER_KEEP_RESULT_S``'s default).
 CANCELLED_KEEP_MS = 3_600_000
 
@@ -229,13 +231,26 @@ def _own(blob: Any, deserialize: Deserialize) -> tuple[tuple[Any, ...], dict[str
     return tuple(value.get("args", ())), dict(value.get("kwargs", {}))
 
 
-def result_blob(result: Any, serialize: Serialize) -> bytes:
-    """A step's result as the workflow keeps it."""
-    return serialize({"value": result})
+def result_blob(result: Any, serialize: Serialize, trace: Mapping[str, str] | None = None) -> bytes:
+    """A step's result as the workflow keeps it, with its run's trace context when traced
+    (its dependents' spans link to it)."""
+    return serialize({"value": result, "otel": dict(trace)} if trace else {"value": result})
 
 
 def _result(blob: Any, deserialize: Deserialize) -> Any:
     return None if blob is None else deserialize(blob).get("value")
+
+
+def _traces(blobs: Sequence[Any], deserialize: Deserialize) -> tuple[dict[str, str], ...]:
+    """The parents' trace contexts kept with their results (at most :data:`MAX_LINKS`)."""
+    out = []
+    for blob in blobs:
+        trace = None if blob is None else deserialize(blob).get("otel")
+        if isinstance(trace, dict) and trace:
+            out.append(trace)
+            if len(out) >= MAX_LINKS:
+                break
+    return tuple(out)
 
 
 class WorkflowOps(StoreBase):
@@ -278,12 +293,14 @@ class WorkflowOps(StoreBase):
         ready = []
         for index, fn, queue, many, own, results in out[2:]:
             args, kwargs = _own(own, deserialize)
+            links: tuple[dict[str, str], ...] = ()
             if _s(many) == "2":  # a batch's callback: the counts
                 parents: list[Any] = [{"done": int(results[0]), "failed": int(results[1])}]
             else:
                 parents = [_result(r, deserialize) for r in results]
+                links = _traces(results, deserialize)
             ready.append(
-                Ready(int(index), _s(fn), _s(queue), _s(many) == "1", args, kwargs, parents)
+                Ready(int(index), _s(fn), _s(queue), _s(many) == "1", args, kwargs, parents, links)
             )
         return Advanced(_s(out[0]) if out[0] is not None else None, bool(out[1]), ready)
 

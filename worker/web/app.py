@@ -14,8 +14,8 @@ Routes: ``GET /`` the page, ``GET /static/*`` its script and style, ``GET /api/o
 :mod:`worker.duties.kinds`; or ``{"kind": "queue", "name"}`` / ``{"kind": "queue", "all":
 true}``), ``/api/leader/handoff`` (``{"force": false}``). The Jobs view
 (:mod:`worker.web.jobsapi`): ``GET /api/jobs?state=&queue=&task=&search=&limit=&cursor=``,
-``GET /api/jobs/{job_id}``, ``GET /api/tasks``, and ``POST /api/jobs/retry`` and
-``/api/jobs/cancel`` (``{"id": "<job id>"}``). Run-time schedules: :mod:`.schedulesapi`.
+``GET /api/jobs/{job_id}``, ``GET /api/tasks``, ``POST /api/jobs/retry|cancel`` (``{"id"}``).
+Run-time schedules: :mod:`.schedulesapi`; the Workflows view: :mod:`.flowsapi`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import structlog
 from aiohttp import web
 
 import worker.web.api as api
+import worker.web.flowsapi as flows
 import worker.web.jobsapi as jobs
 import worker.web.schedulesapi as schedules
 from worker.app import App
@@ -113,6 +114,7 @@ def create_app(
     r.add_post("/api/jobs/retry", _action(jobs.retry))
     r.add_post("/api/jobs/cancel", _action(jobs.cancel))
     schedules.add_routes(r, _action)
+    flows.add_routes(r, STATE, _guarded, _action)
     return console
 
 
@@ -162,7 +164,7 @@ async def _page(request: web.Request) -> web.Response:
 
 async def _static(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if name not in ("app.js", "schedules.js", "style.css"):
+    if name not in ("app.js", "schedules.js", "workflows.js", "style.css"):
         raise web.HTTPNotFound()
     return _file(name)
 
@@ -230,9 +232,7 @@ def _int(raw: str | None, default: int) -> int:
     try:
         return int(raw) if raw is not None else default
     except ValueError:
-        raise web.HTTPBadRequest(
-            text='{"error": "page and size are numbers"}', content_type="application/json"
-        ) from None
+        raise _bad("page and size are numbers") from None
 
 
 # -- actions ------------------------------------------------------------------------------------

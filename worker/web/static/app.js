@@ -720,7 +720,7 @@ function setupJobs() {
 
 // -- views --------------------------------------------------------------------------------------
 function show(view) {
-  const known = ["cluster", "schedules", "queues", "jobs", "dead", "activity"];
+  const known = ["cluster", "schedules", "queues", "jobs", "workflows", "dead", "activity"];
   state.view = known.includes(view) ? view : "cluster";
   for (const s of document.querySelectorAll(".view")) s.hidden = s.dataset.view !== state.view;
   for (const a of document.querySelectorAll("#tabs a")) {
