@@ -28,6 +28,7 @@ from worker.core import codec
 from worker.core.clock import ms
 from worker.core.serializer import json_loads, msgpack_loads
 from worker.ops import doctor, snapshot, status
+from worker.web.jsonout import standard_json as standard_json
 
 #: How often the doctor's checklist runs for the banner (it reads more than the overview).
 DOCTOR_EVERY_S = 5.0
@@ -233,22 +234,3 @@ def _upto(chunks: Any, limit: int) -> Any:
         total += len(chunk)
         if total >= limit:
             return
-
-
-def standard_json(value: Any) -> str:
-    """``value`` as standard JSON, what a browser parses: a float that is not finite (a task
-    that returned ``nan``) becomes ``null``, never ``NaN``."""
-    try:
-        return json.dumps(value, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(value), allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value

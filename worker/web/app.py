@@ -114,7 +114,7 @@ def create_app(
     r.add_post("/api/jobs/retry", _action(jobs.retry))
     r.add_post("/api/jobs/cancel", _action(jobs.cancel))
     schedules.add_routes(r, _action)
-    flows.add_routes(r, STATE, _guarded, _action)
+    flows.add_routes(r, lambda q: q.app[STATE], _guarded, _action)
     return console
 
 

@@ -12,15 +12,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from worker.client import Client
 from worker.core.clock import ms, on_server_time
 from worker.ops import workflowsview
 from worker.ops.actions import Operations, Outcome
-from worker.web.api import ConsoleState, standard_json
 from worker.web.auth import Handler
+from worker.web.jsonout import standard_json
+
+
+class ConsoleState(Protocol):
+    """What the view reads with: the workers' client and their serializer's name (the
+    console's :class:`worker.web.api.ConsoleState` is one)."""
+
+    @property
+    def client(self) -> Client: ...
+    @property
+    def serializer(self) -> str: ...
 
 
 def bad_request(message: str) -> web.HTTPBadRequest:
@@ -71,18 +82,21 @@ async def cancel(ops: Operations, body: dict[str, Any]) -> Outcome:
 
 
 def add_routes(
-    router: web.UrlDispatcher, key: web.AppKey[ConsoleState], guarded: Guarded, action: Action
+    router: web.UrlDispatcher,
+    state_of: Callable[[web.Request], ConsoleState],
+    guarded: Guarded,
+    action: Action,
 ) -> None:
-    """The view's routes on the console's ``router`` (``key``: where its state is kept;
+    """The view's routes on the console's ``router`` (``state_of``: the request's state;
     ``guarded``: how a read's Redis error becomes a 503; ``action``: the audited handler)."""
 
     async def listing(request: web.Request) -> web.Response:
-        found = await guarded(workflows_page(request.app[key], request.query))
+        found = await guarded(workflows_page(state_of(request), request.query))
         return web.json_response(found, dumps=standard_json)
 
     async def one(request: web.Request) -> web.Response:
         wid = request.match_info["workflow_id"]
-        detail = await guarded(workflow_info(request.app[key], wid))
+        detail = await guarded(workflow_info(state_of(request), wid))
         if detail is None:
             raise web.HTTPNotFound(
                 text='{"error": "no such workflow (unknown, or expired)"}',
