@@ -42,14 +42,17 @@ class Deadlines:
         cancellation when nothing else cancelled the run)."""
         slot = self._arm(run, timeout_s)
         run.calling = True
+        cut = False
         try:
             return await aw
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if run.expired and task is not None and task.uncancel() == 0:
+            cut = True
+            if run.expired and _withdraw() == 0:
                 raise TimeoutError from None  # only its timeout cancelled it
             raise
         finally:
+            if run.expired and not cut:  # it caught the cancellation and returned: withdrawn
+                _withdraw()
             run.calling = False
             runs = self._slots.get(slot)
             if runs is not None:
@@ -71,3 +74,9 @@ class Deadlines:
             if run.calling and task is not None and not task.done():
                 run.expired = True
                 task.cancel()
+
+
+def _withdraw() -> int:
+    """Withdraw the timeout's cancellation of the current task; how many others remain."""
+    task = asyncio.current_task()
+    return task.uncancel() if task is not None else 0
