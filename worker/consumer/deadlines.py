@@ -65,7 +65,7 @@ class Deadlines:
         if runs is None:
             runs = self._slots[slot] = {}
             loop.call_at(slot * GRID_S, self._expire, slot)
-        runs[run.job_id] = (run, asyncio.current_task())
+        runs[run.job_id] = (run, run.task or asyncio.current_task())  # the fetcher's task
         return slot
 
     def _expire(self, slot: int) -> None:
