@@ -264,12 +264,13 @@ async def test_a_plain_tasks_run_calls_no_feature_it_does_not_use(fake_arq: Any)
 
 
 def _counting_timers(count: list[int]) -> Any:
-    """A profile hook counting the event loop's ``call_at`` calls (asyncio's or uvloop's)."""
+    """A profile hook counting the event loop's ``call_at`` calls for a minute or more ahead
+    (a job's timeout, not a sleep; uvloop's, in C, are all counted)."""
 
     def spy(frame: FrameType, event: str, arg: Any) -> None:
-        if (event == "call" and frame.f_code.co_name == "call_at") or (
-            event == "c_call" and getattr(arg, "__name__", "") == "call_at"
-        ):
+        if event == "call" and frame.f_code.co_name == "call_at":
+            count[0] += frame.f_locals.get("when", 0) > asyncio.get_running_loop().time() + 60
+        elif event == "c_call" and getattr(arg, "__name__", "") == "call_at":
             count[0] += 1
 
     return spy
@@ -288,7 +289,7 @@ async def test_the_runs_of_a_batch_share_one_timeout_timer(r: Any) -> None:
     finally:
         sys.setprofile(None)
     assert [f.op for f in parts.completer.ended] == ["done"] * 50
-    assert 1 <= timers[0] <= 2  # one, or two across a slot's edge
+    assert 1 <= timers[0] <= 5  # one per 10 ms of starts (a loaded box spreads them): not 50
 
 
 async def test_a_run_is_cut_at_its_timeout_and_the_others_of_its_batch_are_not(r: Any) -> None:
