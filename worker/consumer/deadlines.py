@@ -5,7 +5,8 @@ job's ~50). The runs of one claimed batch start within microseconds of each othe
 timeout: their deadlines fall in one :data:`GRID_S` slot, so one timer serves the batch. A run
 ends by taking itself out of its slot; the slot's timer stays until its time (cancelling it
 when the slot empties would make a timer per run again, each run of a batch of no-op jobs
-ending before the next one starts) and then cancels the runs still in it. A run is cut at most
+ending before the next one starts) and then cancels the runs still in it: at most one pending
+timer per 10 ms of starts within the longest timeout (30,000 for 300 s). A run is cut at most
 :data:`GRID_S` after its timeout; as with ``asyncio.timeout``, the cancellation becomes a
 ``TimeoutError`` in the run unless another cancellation (an abort, a lost claim, the shutdown)
 is pending too.
