@@ -189,9 +189,12 @@ def wake_marker() -> str:
 
 def subscribed(r: redis_sync.Redis, processes: int, root: str = "") -> bool:
     """Every consumer process waits on the wake marker (``BZPOPMIN``, and a second one on the
-    duty lanes' marker where the checkout has one; an announcement before would wake fewer)."""
+    duty lanes' marker where the checkout has one; an announcement before would wake fewer).
+    A build before the wake marker waits on none: idle, it looks at the queue's head every
+    ``idle_poll_max_s`` (0.5 s there) and sleeps until the due time it finds."""
     keys = Path(root or Path(__file__).resolve().parent.parent) / "worker/storage/keys.py"
-    markers = 2 if "wake_duty_marker" in keys.read_text() else 1
+    text = keys.read_text() if keys.exists() else ""  # a build before the wings polls instead
+    markers = 2 if "wake_duty_marker" in text else 1 if "wake_marker" in text else 0
     waiting = [c for c in r.client_list() if c.get("cmd") == "bzpopmin"]
     return len(waiting) >= markers * processes
 

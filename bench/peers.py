@@ -1,4 +1,5 @@
-"""No-op job throughput side by side: ours vs arq, saq, streaq and taskiq, one consumer each.
+"""No-op job throughput side by side: ours vs arq, saq, streaq, taskiq, docket and BullMQ for
+Python, one consumer each.
 
 OURS: a real ``python -m worker run --role consumer`` process with the framework defaults on
 ``bench.apps:noop_app`` and tuned arq on uvloop (max_jobs 100, poll_delay 0.05 s), both run
@@ -8,7 +9,9 @@ PEERS, each installed at a pinned version into its OWN venv under a cache direct
 the project's environment), each worker a child process of that venv's python running
 ``bench/peer_apps/<peer>_app.py`` on uvloop: saq (``Worker``, concurrency 100), streaq
 (``Worker``, concurrency 100, its other defaults), taskiq + taskiq-redis (``RedisStreamBroker``,
-the Receiver as ``taskiq worker`` builds it: max_async_tasks 100, one process).
+the Receiver as ``taskiq worker`` builds it: max_async_tasks 100, one process), docket
+(``pydocket``'s ``Worker``, concurrency 100) and BullMQ
+for Python (``Worker``, concurrency 100, its docs' knob for I/O-bound jobs).
 
 Each run: a flushed keyspace on one valkey-server shared by all runs; start the worker; pre-fill
 N jobs (ours/arq: arq records due at T0, slightly ahead, while the worker polls; peers: the
@@ -147,6 +150,30 @@ PEERS: dict[str, Peer] = {
             "JSON; streams broker (XREADGROUP of 100, XACK per task, an XAUTOCLAIM under a "
             "lock after every read); NO result stored (no result backend, taskiq's default); "
             "acked entries stay in the stream (no maxlen by default)",
+        ),
+        Peer(
+            "docket",
+            "docket (pydocket {pydocket}) `Worker`, concurrency 100",
+            # redis-py 7+ caps an asyncio pool at 100 connections: its worker runs out of them
+            ("pydocket==0.27.2", "redis==6.4.0", "uvloop==0.23.0"),
+            lambda r: int(r.xlen("bench:stream")) + int(r.zcard("bench:queue")),
+            {"xlen": 1, "zcard": 1},
+            "its stream and schedule are empty (XLEN + ZCARD; an entry is XACKed and XDELed "
+            "when its run ends)",
+            "cloudpickle; a stream read by a consumer group (1,000 entries a read), each run "
+            "leased (Lua), its state in a runs hash kept 15 min, a state event published per "
+            "change; no return value stored for a task returning None",
+        ),
+        Peer(
+            "bullmq",
+            "BullMQ for Python {bullmq} `Worker`, concurrency 100",
+            ("bullmq==3.4.4", "redis==8.1.0", "uvloop==0.23.0"),
+            lambda r: int(r.llen("bull:bench:wait")) + int(r.llen("bull:bench:active")),
+            {"llen": 2},
+            "its `wait` and `active` lists are empty (LLEN ×2)",
+            "JSON; BullMQ's Lua scripts (shared with Node.js): a job hash moved wait -> "
+            "active under a 30 s lock -> completed with its return value (kept: no "
+            "removeOnComplete by default), an event per state change in its events stream",
         ),
     ]
 }

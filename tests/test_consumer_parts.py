@@ -6,6 +6,7 @@ no tracing, no metric call for a plain task's run)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -257,3 +258,75 @@ async def test_a_plain_tasks_run_calls_no_feature_it_does_not_use(fake_arq: Any)
     assert [f.op for f in parts.completer.ended] == ["done"]
     limited = await calls_into_features(parts, claimed("q", "scarce"))
     assert "limits.py:admit" in limited and "limits.py:release" in limited
+
+
+# -- timeouts -----------------------------------------------------------------------------------
+
+
+def _counting_timers(count: list[int]) -> Any:
+    """A profile hook counting the event loop's ``call_at`` calls for a minute or more ahead
+    (a job's timeout, not a sleep; uvloop's, in C, are all counted)."""
+
+    def spy(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "call_at":
+            count[0] += frame.f_locals.get("when", 0) > asyncio.get_running_loop().time() + 60
+        elif event == "c_call" and getattr(arg, "__name__", "") == "call_at":
+            count[0] += 1
+
+    return spy
+
+
+async def test_the_runs_of_a_batch_share_one_timeout_timer(r: Any) -> None:
+    """Runs started together share one timer for their timeouts (a timer per run cost about a
+    tenth of a no-op job's CPU); each is still cut at its own timeout (next test)."""
+    parts = Parts(r, noop_app())
+    timers = [0]
+    sys.setprofile(_counting_timers(timers))
+    try:
+        await asyncio.gather(
+            *(parts.executor.run(claimed(f"j{i}", "noop", i), Run(f"j{i}", "t")) for i in range(50))
+        )
+    finally:
+        sys.setprofile(None)
+    assert [f.op for f in parts.completer.ended] == ["done"] * 50
+    assert 1 <= timers[0] <= 5  # one per 10 ms of starts (a loaded box spreads them): not 50
+
+
+async def test_a_run_is_cut_at_its_timeout_and_the_others_of_its_batch_are_not(r: Any) -> None:
+    """A run over its timeout ends a ``timeout`` failure; one that catches the cancellation
+    and returns ends a success (as under ``asyncio.timeout``); the quick ones are untouched."""
+    app = App("t")
+
+    @app.task(timeout_s=0.2)
+    async def slow(ctx: JobContext) -> None:
+        await asyncio.sleep(10)
+
+    @app.task(timeout_s=0.2)
+    async def quick(ctx: JobContext) -> None:
+        await asyncio.sleep(0.05)
+
+    @app.task(timeout_s=0.2)
+    async def stubborn(ctx: JobContext) -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "kept"
+        return "slept"
+
+    parts = Parts(r, app)
+    names = ("slow", "quick", "stubborn", "slow2")
+    t0 = time.monotonic()
+    await asyncio.gather(
+        *(parts.executor.run(claimed(n, n.rstrip("2")), Run(n, "t")) for n in names)
+    )
+    took = time.monotonic() - t0
+    ends = {f.job_id: f for f in parts.completer.ended}
+    assert {n: ends[n].op for n in names} == {
+        "slow": "failed", "quick": "done", "stubborn": "done", "slow2": "failed",
+    }  # fmt: skip
+    for n in ("slow", "slow2"):
+        record = json.loads(ends[n].failure or b"{}")
+        assert (record["status"], record["error_type"]) == ("timeout", "TimeoutError")
+    kept = deserialize_result(ends["stubborn"].result or b"", deserializer=msgpack_loads)
+    assert kept.result == "kept"
+    assert 0.2 <= took < 3.0  # cut at 0.2 s (at most 10 ms late; a loaded box adds more)

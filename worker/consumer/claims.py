@@ -37,6 +37,7 @@ class Run:
     aborted: bool = False
     #: its task is inside the job's function (the only place an abort cancels it)
     calling: bool = False
+    expired: bool = False  # its timeout cut it (:mod:`worker.consumer.deadlines`)
     started: float = field(default=0.0)
     ended: bool = False  # its end is recorded (or queued to be): no claim to check any more
     function: str = ""  # the app's task it runs, once known (counted per task when it ends)

@@ -19,6 +19,7 @@ from worker.consumer.claims import Run
 from worker.consumer.completer import Completer
 from worker.consumer.config import RETRY_TTL_MS, ConsumerConfig
 from worker.consumer.dead import DeadLetters
+from worker.consumer.deadlines import Deadlines
 from worker.consumer.envelope import BadJob, decode_record
 from worker.consumer.failures import (
     RunFacts,
@@ -111,6 +112,7 @@ class Executor:
         self.dead = dead
         self.metrics = metrics
         self.held = Held(self.completer.end, clock)  # ends the hooks settle first
+        self.deadlines = Deadlines()  # the runs' timeouts, one timer per batch
 
     async def run(self, c: Claimed, run: Run) -> None:
         """Run ``c`` to its end; bookkeeping never leaves a run unaccounted for."""
@@ -159,16 +161,11 @@ class Executor:
         outcome: Outcome = "success"
         error: BaseException | None = None
         result: Any = None
-        scope = asyncio.timeout(timeout)
         try:
-            async with scope:
-                if run.aborted:  # claimed with its abort pending (or asked meanwhile): not run
-                    raise asyncio.CancelledError("aborted before it started")
-                run.calling = True
-                try:
-                    result = await self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
-                finally:
-                    run.calling = False
+            if run.aborted:  # claimed with its abort pending (or asked meanwhile): not run
+                raise asyncio.CancelledError("aborted before it started")
+            fn = self.guard.guard(job.fn(ctx, *args, **kwargs), job_id)
+            result = await self.deadlines.call(run, fn, timeout)  # cut at its timeout
             if run.aborted:  # it caught the cancellation and went on: the abort still holds
                 raise asyncio.CancelledError("aborted")
         except asyncio.CancelledError as exc:
@@ -184,7 +181,7 @@ class Executor:
                 self._end(c, run, "retry", score_ms=retry_score(exc, job, job_try, now_ms, c))
                 self.totals["retried"] += 1
             else:
-                status: Status = "timeout" if scope.expired() else "failed"
+                status: Status = "timeout" if run.expired else "failed"
                 outcome = await self._failed(
                     c, run, job, exc, result_for, start_ms, keep, max_tries, status
                 )
@@ -194,7 +191,7 @@ class Executor:
             self.totals["complete"] += 1
         finally:
             took = await self._over(plan, job, ctx, outcome, started)
-        end = (outcome, error, result, scope.expired(), took)
+        end = (outcome, error, result, run.expired, took)
         if hooked is not None and plan.settles:
             await self.held.settle(c, run, plan, hooked, *end)
         if plan.ends:

@@ -262,6 +262,7 @@ class Fetcher:
     def start(self, jobs: Sequence[Claimed], token: str) -> None:
         """Start each claimed job as a task of its own."""
         now = self.clock.monotonic()  # the batch starts at once
+        loop = asyncio.get_running_loop()
         for job in jobs:
             run = self.running[job.job_id] = Run(job.job_id, token, started=now)
             run.duty = is_duty_lane(job.queue)
@@ -270,7 +271,7 @@ class Fetcher:
             if job.aborted:  # its abort was pending at the claim (e.g. taken over): never run
                 run.aborted = True
                 log.info("abort requested; the job is not run", job_id=job.job_id)
-            run.task = asyncio.create_task(self._run(job, run), name=f"job:{job.job_id}")
+            run.task = loop.create_task(self._run(job, run), name=f"job:{job.job_id}")
 
     async def _run(self, claimed: Claimed, run: Run) -> None:
         try:

@@ -342,14 +342,14 @@ class ClaimOps(StoreBase):
                 *(paused_queue(q) for q in queues),
             ],
         )
-        jobs = []
+        jobs, named = [], [(q, self.keys.queue_of(q)) for q in queues]  # index: the reply's - 3
         for i in range(2, len(raw), 6):
             data = raw[i + 3]
             data = data.encode() if isinstance(data, str) else data
             payload = data if isinstance(data, bytes) else None
             size = len(payload) if payload is not None else int(data)
-            queue = queues[int(raw[i + 4]) - 3]
-            score = _score(self.keys.queue_of(queue), raw[i], raw[i + 1]) or 0  # -inf: due
+            queue, key = named[int(raw[i + 4]) - 3]
+            score = _score(key, raw[i], raw[i + 1]) or 0  # -inf: due
             aborted = bool(int(raw[i + 5]))
             jobs.append(Claimed(_s(raw[i]), score, int(raw[i + 2]), payload, size, queue, aborted))
         return Claims(jobs, int(raw[0]), self.replicated(acked), stale=int(raw[1]))
