@@ -31,6 +31,7 @@ from worker.core.component import LoopComponent
 from worker.core.dutykinds import Kind, RowContext, Snapshot, lag, table
 from worker.core.ids import JobIds
 from worker.core.jobdefs import JobDef, JobHook, Outcome
+from worker.core.kindcolumns import Cell, Column, duration, field
 from worker.core.metrics import Metrics
 from worker.core.outage import RIDE_OUT_S, ride_out
 from worker.core.serializer import Serialize
@@ -330,6 +331,28 @@ def check_pollers(snap: Snapshot, app: Any, limits: Limits) -> Check:
 
 
 KIND_NAME = "poller"
+
+
+def _oldest(row: dict[str, Any], now: int) -> Cell:
+    lag_s = row.get("lag_s")
+    return Cell(duration(lag_s), "warn" if lag_s is not None and lag_s > 60 else "")
+
+
+COLUMNS = (
+    Column("poller", lambda r, now: r["name"]),
+    field("task"),
+    Column("items", lambda r, now: r["waiting"], "num"),
+    Column("due now", lambda r, now: r["due"], "num"),
+    Column("oldest due", _oldest),
+    field("in_flight", "num"),
+    Column(
+        "per shard (items / due)",
+        lambda r, now: "  ".join(f"{s['waiting']}/{s['due']}" for s in r["shards"]),
+        "shards",
+    ),
+)
+
+
 KIND = Kind(
     name=KIND_NAME,
     noun="poller",
@@ -341,4 +364,5 @@ KIND = Kind(
     render=_render,
     pause_effect="items wait",
     checks=(check_pollers,),
+    columns=COLUMNS,
 )
