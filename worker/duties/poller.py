@@ -29,7 +29,7 @@ from worker.core import codec
 from worker.core.clock import Clock, SystemClock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.dutykinds import Kind, RowContext, Snapshot, lag, table
-from worker.core.ids import JobIds
+from worker.core.ids import JobIds, duty
 from worker.core.jobdefs import JobDef, JobHook, Outcome
 from worker.core.kindcolumns import Cell, Column, duration, field
 from worker.core.metrics import Metrics
@@ -152,6 +152,7 @@ class PollingScheduler(LoopComponent):
                 items,
                 codec.EXPIRES_EXTRA_MS,
                 self.queue,
+                paused=duty(KIND_NAME, p.name),
             )
         self.dispatched_total += out.dispatched
         self.health.extra["dispatched"] = self.dispatched_total
