@@ -18,10 +18,12 @@ import pytest
 from worker import App
 from worker.client import Client
 from worker.core.dutykinds import Kind, RowContext, Snapshot, table
+from worker.core.kindcolumns import Column, field
 from worker.core.verdict import Check, Limits
 from worker.duties import kinds
 from worker.ops import doctor, snapshot, status
 from worker.ops.actions import Actor, Operations
+from worker.web import api
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The operator side: what reads, shows, judges and acts on the duties, and the kinds' list.
@@ -91,6 +93,7 @@ GADGET = Kind(
     render=_render,
     pause_effect="gadgets idle",
     checks=(_check,),
+    columns=(Column("gadget", lambda r, now: r["name"]), field("count", "num")),
 )
 
 
@@ -122,3 +125,13 @@ async def test_a_kind_listed_in_the_kinds_is_read_shown_judged_and_paused(
     assert "GADGET" in status.render(doc) and "tidy    7" in status.render(doc)
     report = doctor.judge(snap, app, Limits())
     assert [c.summary for c in report.checks if c.name == "gadgets"] == ["1 gadgets"]
+    (table,) = [t for t in api.duty_tables(doc, snap.now_ms) if t["kind"] == "gadget"]
+    assert (table["id"], table["title"], table["headers"]) == (
+        "gadgets",
+        "Gadgets",
+        ["gadget", "count"],
+    )
+    assert table["pausable"] and not table["triggerable"]
+    (row,) = table["rows"]
+    assert (row["name"], row["paused"]) == ("tidy", True)
+    assert row["cells"][1] == {"text": "7", "class": "num", "title": ""}

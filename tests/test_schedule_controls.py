@@ -165,8 +165,36 @@ def test_a_schedule_run_knows_its_tick_and_the_cli_pauses_and_runs_one_now(
     assert cli("schedule", "pause", "nope", env=env).returncode == 1
     actions = [json.loads(a) for a in rs.lrange(f"{prefix}audit", 0, -1)][::-1]
     assert [(a["action"], a["target"], a["via"], a["ok"]) for a in actions] == [
+        ("schedule", "schedule:t", "cli", True),
         ("pause", "schedule:t", "cli", True),
         ("trigger", "schedule:t", "cli", True),
         ("resume", "schedule:t", "cli", True),
         ("pause", "schedule:nope", "cli", False),
+    ]
+
+
+def test_the_cli_adds_and_removes_a_schedule_as_audited_actions(
+    rsync: redis_sync.Redis, redis_url: str, cli: CliRun
+) -> None:
+    """``worker schedule add|rm`` are operator actions like the console's: each recorded in the
+    audit log (``schedule``/``unschedule``, via ``cli``), a refused one too."""
+    rs: Any = rsync
+    prefix = "cliaudit:"
+    env = {
+        "WORKER_REDIS_URL": redis_url,
+        "WORKER_KEY_PREFIX": prefix,
+        "WORKER_APP": "tests.apps.sched:app",
+    }
+    add = cli("schedule", "add", "t", "stamp", "--every", "60", "--args", '["t"]', env=env)
+    assert add.returncode == 0 and 'stamp("t")' in add.stdout, add
+    bad = cli("schedule", "add", "x", "nope", "--every", "60", env=env)
+    assert bad.returncode == 2 and "unknown task 'nope'" in bad.stderr, bad
+    assert cli("schedule", "rm", "t", env=env).returncode == 0
+    assert cli("schedule", "rm", "t", env=env).returncode == 1
+    actions = [json.loads(a) for a in rs.lrange(f"{prefix}audit", 0, -1)][::-1]
+    assert [(a["action"], a["target"], a["via"], a["ok"]) for a in actions] == [
+        ("schedule", "schedule:t", "cli", True),
+        ("schedule", "schedule:x", "cli", False),
+        ("unschedule", "schedule:t", "cli", True),
+        ("unschedule", "schedule:t", "cli", False),
     ]

@@ -210,6 +210,39 @@ async def test_a_periodic_job_that_never_ran_has_no_last_tick(
     assert (await client.store.periodic_enqueued())["tick"] == tick["last_tick_ms"]
 
 
+async def test_the_overview_draws_each_kind_s_table_the_outbox_relay_too(
+    http: TestClient[Any, Any], client: Client
+) -> None:
+    """The page draws every duty kind's table from ``duties`` (the kinds' columns): the
+    outbox relay's row with its rows waiting, oldest row, error and a Pause/Resume."""
+    from worker.duties import kinds
+
+    report = {"at_ms": ms(time.time()), "waiting": 7, "more": True, "oldest_age_s": 12.5,
+              "error": "db gone", "interval_s": 1.0, "token": "t"}  # fmt: skip
+    await client.store.outbox_report(report, 60_000, "outbox:relay")
+    await client.store.pause("outbox:relay")
+    data = await (await http.get("/api/overview", headers=AUTH)).json()
+    tables = {t["kind"]: t for t in data["duties"]}
+    assert list(tables) == [k.name for k in kinds.KINDS if k.columns]
+    assert {"periodic", "poller", "initializer", "outbox"} <= set(tables)
+    assert tables["periodic"]["triggerable"] and not tables["poller"]["triggerable"]
+    relay = tables["outbox"]
+    assert (relay["id"], relay["pausable"], relay["triggerable"]) == ("outbox", True, False)
+    (row,) = relay["rows"]
+    assert (row["name"], row["paused"]) == ("relay", True)
+    cells = {h: c for h, c in zip(relay["headers"], row["cells"], strict=True)}
+    assert cells["rows waiting"]["text"] == "7+" and cells["oldest row"]["text"] == "12s"
+    assert cells["error"]["text"] == "db gone" and "bad" in cells["error"]["class"]
+    assert cells["reported"]["text"].endswith(" ago")
+    resumed = await http.post("/api/resume", json={"kind": "outbox", "name": "relay"}, headers=AUTH)
+    assert (await resumed.json())["ok"] is True
+    data = await (await http.get("/api/overview", headers=AUTH)).json()
+    (relay,) = [t for t in data["duties"] if t["kind"] == "outbox"]
+    assert relay["rows"][0]["paused"] is False
+    (entry, *_) = data["audit"]
+    assert (entry["action"], entry["target"], entry["via"]) == ("resume", "outbox:relay", "web")
+
+
 async def test_no_leader_is_a_banner(http: TestClient[Any, Any]) -> None:
     data = await (await http.get("/api/overview", headers=AUTH)).json()
     assert data["banners"][0]["level"] == "error"

@@ -318,6 +318,12 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     )
     job_id = trigger["message"].split("enqueued ", 1)[1]
     wait_until(lambda: rsync.exists(f"arq:result:{job_id}"), 20, what="the triggered run")
+    # the outbox relay's table, drawn from its kind's columns like the others: paused, a row
+    rsync.sadd(f"{prefix}paused", "outbox:relay")
+    relay = '#outbox tr[data-outbox="relay"]'
+    page.until(lambda: page.css(relay) and "paused" in page.text(f"{relay} td.state"), "relay")
+    page.click(f'{relay} button[data-action="resume"]')
+    wait_until(lambda: not rsync.sismember(f"{prefix}paused", "outbox:relay"), 10, what="relay")
 
     # -- queues ------------------------------------------------------------------------------
     page.tab("queues")

@@ -286,7 +286,7 @@ def _field(value: Any, name: str, weekday: bool = False) -> str:
 
 def _periodic(c: Any, tz: str, queue: str) -> PeriodicDef:
     """A periodic job for an ``arq.cron(...)``."""
-    n = _check_name("periodic", c.name.replace(":", "."))  # arq's "cron:fn" is "cron.fn"
+    n = _check_name("arq cron", c.name.replace(":", "."))  # arq's "cron:fn" is "cron.fn"
     if getattr(c, "run_at_startup", False):
         raise ConfigError(f"arq cron {n!r}: run_at_startup is not supported (python -m worker "
                           "trigger runs a tick now)")  # fmt: skip
@@ -297,7 +297,7 @@ def _periodic(c: Any, tz: str, queue: str) -> PeriodicDef:
         for a in ("minute", "hour", "day", "month", "weekday")
     )
     schedule = Cron(expr, tz, seconds=_field(c.second, "second"))
-    return PeriodicDef(n, _with_state(_job_fn("periodic", c.coroutine)), schedule,
+    return PeriodicDef(n, _with_state(_job_fn("arq cron", c.coroutine)), schedule,
                        timeout_s=_seconds(c.timeout_s), queue=queue)  # fmt: skip
 
 

@@ -96,7 +96,7 @@ class BoundPoller:
             due = due_ms(at, delay, self.clock)
             await self.store.schedule_items({self.shard_key(item): {item: due}})
 
-        await self._call(send, "poller schedule")
+        await self._call(send, "poll schedule")
 
     async def schedule_many(
         self, items: Mapping[str, dt.datetime | float] | Iterable[str], *, delay: float = 0.0
@@ -117,14 +117,14 @@ class BoundPoller:
                 grouped.setdefault(self.shard_key(item), {})[item] = due
             return await self.store.schedule_items(grouped)
 
-        return await self._call(send, "poller schedule_many")
+        return await self._call(send, "poll schedule_many")
 
     async def remove(self, item: str) -> bool:
         """Stop polling ``item``: whether it was waiting or in flight (a job in flight still
         runs; if it fails, the item is not put back)."""
         key = self.shard_key(item)
         return await self._call(
-            lambda: self.store.unschedule_item(key, self.name, item), "poller remove"
+            lambda: self.store.unschedule_item(key, self.name, item), "poll remove"
         )
 
     async def _call(self, send: Callable[[], Awaitable[T]], what: str) -> T:

@@ -114,14 +114,12 @@ class Harness:
 
     async def tick(self, name: str, at: dt.datetime | None = None) -> Any:
         """Run periodic job ``name`` for the tick ``at`` (default: its latest instant)."""
-        periodic = self.app.periodics[name]
+        job = self.app.periodics[name]
         tick_ms = (
-            ms(at.timestamp())
-            if at is not None
-            else periodic.schedule.latest(ms(self.clock.time()))
+            ms(at.timestamp()) if at is not None else job.schedule.latest(ms(self.clock.time()))
         )
         job_id = self.client.store.ids.periodic(name, tick_ms)
-        return await periodic.fn(self.job_context(job_id=job_id, tick_ms=tick_ms))
+        return await job.fn(self.job_context(job_id=job_id, tick_ms=tick_ms))
 
     async def run_enqueued(self, *, limit: int = 10_000) -> int:
         """Run every job waiting in the app's queues and due now, inline (also the ones those

@@ -27,20 +27,9 @@ def cmd_schedule(settings: Settings, args: argparse.Namespace) -> int:
 async def _schedule(settings: Settings, args: argparse.Namespace) -> int:
     async with operations(settings, f"schedule {args.action}") as ops:
         admin.flush_notes()
+        if args.action in ("add", "rm"):
+            return await _change(ops, args)
         schedules = ops.client.schedules
-        if args.action == "add":
-            spec = await schedules.upsert(
-                args.name, args.task, *_json(args.args, list, "--args"),
-                cron=args.cron, every=args.every, tz=args.tz, catch_up=args.catch_up,
-                catch_up_limit=args.catch_up_limit, overlap=args.overlap,
-                **_json(args.kwargs, dict, "--kwargs"),
-            )  # fmt: skip
-            say(f"schedule {spec.name!r}: {_line(spec)} (version {spec.version})")
-            return 0
-        if args.action == "rm":
-            gone = await schedules.remove(args.name)
-            say(f"schedule {args.name!r} {'removed' if gone else 'did not exist'}")
-            return 0 if gone else 1
         if args.action == "list":
             found = await schedules.list()
             if args.json:
@@ -74,6 +63,25 @@ async def _show(client: Any, args: argparse.Namespace) -> int:
     for key, value in data.items():
         say(f"{key:17} {value}")
     say(f"{'schedule':17} {_line(spec)}")
+    return 0
+
+
+async def _change(ops: Operations, args: argparse.Namespace) -> int:
+    """``add`` or ``rm``: an operator action (recorded in the audit log, as the console's)."""
+    if args.action == "rm":
+        outcome = await ops.schedule_remove(args.name)
+        say(outcome.message)
+        return 0 if outcome.ok else 1
+    outcome = await ops.schedule_upsert(
+        args.name, args.task,
+        _json(args.args, list, "--args"), _json(args.kwargs, dict, "--kwargs"),
+        cron=args.cron, every=args.every, tz=args.tz, catch_up=args.catch_up,
+        catch_up_limit=args.catch_up_limit, overlap=args.overlap,
+    )  # fmt: skip
+    if not outcome.ok:
+        raise ConfigError(outcome.message)
+    spec = await ops.client.schedules.get(args.name)
+    say(f"schedule {args.name!r}: {_line(spec) if spec else '?'} ({outcome.message})")
     return 0
 
 

@@ -130,7 +130,7 @@ class Consumer(Component):
     # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         if not self.jobs:
-            raise RuntimeError("the app registers no tasks or periodic jobs")
+            raise RuntimeError("the app registers no tasks nor jobs on a schedule")
         done = asyncio.Event()  # the claim checker outlives `stop`: it serves the drain too
         checker = asyncio.create_task(self.claims.check(done), name="consumer:claims")
         listener = asyncio.create_task(self.wakeups.listen(stop), name="consumer:wake")

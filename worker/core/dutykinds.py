@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from worker.core.kindcolumns import Column
 from worker.core.verdict import Check, Limits
 
 
@@ -72,6 +73,8 @@ class Kind:
     it cannot be paused). ``trigger``: run one now (``None``: it cannot be), ``trigger_effect``
     what a run now is and leaves (in the CLI's help). ``checks``: the
     doctor's checks of this kind, run in the order of the kinds, then of this tuple.
+    ``columns``: its table in the console, one row per ``status`` row (none: not shown there;
+    the console adds a state column and the buttons the kind allows).
     """
 
     name: str
@@ -86,10 +89,16 @@ class Kind:
     trigger: Trigger | None = None
     trigger_effect: str = ""
     checks: tuple[Checker, ...] = ()
+    columns: tuple[Column, ...] = ()
 
     @property
     def pausable(self) -> bool:
         return self.pause_effect is not None
+
+    @property
+    def title(self) -> str:
+        """The heading of its table: ``Periodic jobs``."""
+        return self.plural[:1].upper() + self.plural[1:]
 
 
 def iso(at_ms: int | None) -> str | None:

@@ -184,8 +184,8 @@ class JobIds:
         return f"{self.prefix}schedule:{name}:{tick_ms}"
 
     # -- poll dispatches: <prefix>poll:<poller>:<item>:<due ms> ------------------------------
-    def poll(self, poller: str, item: str, due_ms: int) -> str:
-        return f"{self.prefix}poll:{poller}:{item}:{due_ms}"
+    def poll(self, source: str, item: str, due_ms: int) -> str:
+        return f"{self.prefix}poll:{source}:{item}:{due_ms}"
 
     def parse_poll(self, job_id: str) -> tuple[str, str, int] | None:
         """``(poller, item, due_ms)`` of a poll job id (poller names contain no ``:``; items
@@ -193,11 +193,11 @@ class JobIds:
         head = f"{self.prefix}poll:"
         if not job_id.startswith(head):
             return None
-        poller, sep, rest = job_id[len(head) :].partition(":")
+        source, sep, rest = job_id[len(head) :].partition(":")
         item, sep2, due = rest.rpartition(":")
-        if not sep or not sep2 or not poller or not due.lstrip("-").isdigit():
+        if not sep or not sep2 or not source or not due.lstrip("-").isdigit():
             return None
-        return poller, item, int(due)
+        return source, item, int(due)
 
     # -- unique jobs: <prefix>unique:<key> ------------------------------------------------------
     def unique(self, unique_key: str) -> str:

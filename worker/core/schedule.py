@@ -41,7 +41,7 @@ class Every:
 
     def __post_init__(self) -> None:
         if self.period_ms < 1000:
-            raise ConfigError(f"periodic every={self.period_ms / 1000}s: must be at least 1 s")
+            raise ConfigError(f"schedule every={self.period_ms / 1000}s: must be at least 1 s")
 
     def latest(self, until_ms: int) -> int:
         return until_ms - ((until_ms - self.offset_ms) % self.period_ms)
@@ -72,16 +72,16 @@ class Cron:
         minute's first second), for schedules finer than a minute (arq's ``cron(second=…)``,
         :mod:`worker.arqcompat`)."""
         if seconds is not None and not croniter.is_valid(f"{expr} {seconds}"):
-            raise ConfigError(f"periodic seconds={seconds!r}: not a valid cron seconds field")
+            raise ConfigError(f"schedule seconds={seconds!r}: not a valid cron seconds field")
         if not croniter.is_valid(expr) or len(expr.split()) != 5:
             raise ConfigError(
-                f"periodic cron={expr!r}: not a valid 5-field cron expression "
+                f"schedule cron={expr!r}: not a valid 5-field cron expression "
                 "(minute hour day-of-month month day-of-week)"
             )
         try:
             self.tz = ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ConfigError(f"periodic tz={tz!r}: unknown time zone") from None
+            raise ConfigError(f"schedule tz={tz!r}: unknown time zone") from None
         self.expr = expr
         self.tz_name = tz
         self.seconds = seconds
@@ -168,7 +168,7 @@ def make_schedule(
 ) -> Schedule:
     """Build a schedule from exactly one of ``cron`` and ``every`` (seconds or timedelta)."""
     if (cron is None) == (every is None):
-        raise ConfigError("periodic: give exactly one of cron=... or every=...")
+        raise ConfigError("schedule: give exactly one of cron=... or every=...")
     if cron is not None:
         return Cron(cron, tz)
     seconds = every.total_seconds() if isinstance(every, dt.timedelta) else float(every or 0)

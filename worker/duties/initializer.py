@@ -20,6 +20,7 @@ import structlog
 from worker.core.clock import Clock, ms
 from worker.core.component import Component
 from worker.core.dutykinds import Kind, RowContext, table
+from worker.core.kindcolumns import Cell, Column, field
 from worker.core.metrics import Metrics
 from worker.core.views import ContextView
 from worker.polls import PollerDef
@@ -182,6 +183,20 @@ def _render(rows: list[dict[str, Any]], at: str) -> list[str]:
     return ["", *table(head, cells)]
 
 
+COLUMNS = (
+    Column("initializer", lambda r, now: r["name"]),
+    field("version"),
+    field("stored_version"),
+    field("batches", "num"),
+    field("items", "num"),
+    field("cursor"),
+    Column(
+        "done",
+        lambda r, now: Cell("done", "good") if r["done"] else Cell("in progress", "warn"),
+    ),
+)
+
+
 KIND = Kind(
     name="initializer",
     noun="initializer",
@@ -191,4 +206,5 @@ KIND = Kind(
     read=_read,
     rows=_rows,
     render=_render,
+    columns=COLUMNS,
 )

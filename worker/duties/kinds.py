@@ -9,10 +9,12 @@ this list when they run (``kinds.KINDS``), not when they are imported.
 from __future__ import annotations
 
 from worker.core.dutykinds import Kind
-from worker.duties import initializer, keyed, outbox_kind, periodic_kind, poller
+from worker.duties import keyed, outbox_kind, periodic_kind
+from worker.duties.initializer import KIND as INITIALIZERS
+from worker.duties.poller import KIND as POLLERS
 
 KINDS: tuple[Kind, ...] = (
-    periodic_kind.KIND, poller.KIND, initializer.KIND, keyed.KIND, outbox_kind.KIND,
+    periodic_kind.KIND, POLLERS, INITIALIZERS, keyed.KIND, outbox_kind.KIND,
 )  # fmt: skip
 
 

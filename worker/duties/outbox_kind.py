@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.core.dutykinds import Kind, RowContext, Snapshot, iso, table
+from worker.core.kindcolumns import Cell, Column, duration
 from worker.core.verdict import Check, Limits
 from worker.storage.store import Store
 
@@ -114,6 +115,22 @@ def check_outbox(snap: Snapshot, app: Any, limits: Limits) -> Check:
     return Check("outbox-relay", "ok", f"outbox database reachable; {waiting}{detail}", [], data)
 
 
+def _reported(row: dict[str, Any], now: int) -> Cell:
+    age = row.get("report_age_s")
+    stale = age is not None and age > float(row.get("interval_s") or 1.0) + STALE_GRACE_S
+    text = "never" if age is None else f"{duration(age)} ago" + (" · STALE" if stale else "")
+    return Cell(text, "warn" if stale or age is None else "", row.get("reported") or "")
+
+
+COLUMNS = (
+    Column("relay", lambda r, now: r["name"]),
+    Column("reported", _reported),
+    Column("rows waiting", lambda r, now: _waiting(r), "num waiting"),
+    Column("oldest row", lambda r, now: duration(r.get("oldest_age_s")), "oldest"),
+    Column("error", lambda r, now: Cell(r.get("error"), "bad" if r.get("error") else ""), "error"),
+)
+
+
 KIND = Kind(
     name=NAME,
     noun="outbox relay",
@@ -125,4 +142,5 @@ KIND = Kind(
     render=_render,
     pause_effect="no outbox row is moved into Redis; the rows wait in the table",
     checks=(check_outbox,),
+    columns=COLUMNS,
 )

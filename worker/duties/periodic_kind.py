@@ -12,6 +12,8 @@ from typing import Any
 
 from worker.core import verdict
 from worker.core.dutykinds import Kind, RowContext, Snapshot, ago, iso, table
+from worker.core.kindcolumns import Cell, Column, field, until
+from worker.core.kindcolumns import ago as ago_ms
 from worker.core.verdict import Check, Limits, num
 from worker.duties.periodic import PeriodicDef, freshness, trigger
 from worker.storage.periodic import PeriodicRuns
@@ -182,6 +184,42 @@ def check_periodic_success(snap: Snapshot, app: Any, limits: Limits) -> Check:
     )
 
 
+def _success(row: dict[str, Any], now: int) -> Cell:
+    ok = row.get("last_success")
+    stale = " · STALE" if row.get("stale") else ""
+    text = ago_ms(ok.get("at_ms"), now) + stale if ok else "never"
+    return Cell(text, "warn" if row.get("stale") else "", ok.get("at") or "" if ok else "")
+
+
+def _failure(row: dict[str, Any], now: int) -> Cell:
+    bad = row.get("last_failure")
+    if not bad:
+        return Cell(None)
+    return Cell(
+        f"{ago_ms(bad.get('at_ms'), now)} · {bad.get('error') or '?'}", "bad", bad.get("at") or ""
+    )
+
+
+COLUMNS = (
+    Column("job", lambda r, now: r["name"]),
+    field("schedule"),
+    Column(
+        "next tick", lambda r, now: Cell(until(r["next_tick_ms"], now), "", r["next_tick"] or "")
+    ),
+    Column(
+        "last enqueued tick",
+        lambda r, now: Cell(
+            ago_ms(r["last_tick_ms"], now, "never"),
+            "",
+            r["last_tick"] or "no tick of it was ever enqueued",
+        ),
+        "last-tick",
+    ),
+    Column("last success", _success),
+    Column("last failure", _failure),
+    Column("catch-up", lambda r, now: r["catch_up"]),
+)
+
 KIND = Kind(
     name=NAME,
     noun="periodic job",
@@ -195,4 +233,5 @@ KIND = Kind(
     trigger=trigger,
     trigger_effect="ctx.tick is now; its recorded last tick does not move",
     checks=(check_periodic_schedule, check_periodic_success),
+    columns=COLUMNS,
 )

@@ -29,8 +29,9 @@ from worker.core import codec
 from worker.core.clock import Clock, SystemClock, ms, on_server_time
 from worker.core.component import LoopComponent
 from worker.core.dutykinds import Kind, RowContext, Snapshot, lag, table
-from worker.core.ids import JobIds
+from worker.core.ids import JobIds, duty
 from worker.core.jobdefs import JobDef, JobHook, Outcome
+from worker.core.kindcolumns import Cell, Column, duration, field
 from worker.core.metrics import Metrics
 from worker.core.outage import RIDE_OUT_S, ride_out
 from worker.core.serializer import Serialize
@@ -151,6 +152,7 @@ class PollingScheduler(LoopComponent):
                 items,
                 codec.EXPIRES_EXTRA_MS,
                 self.queue,
+                paused=duty(KIND_NAME, p.name),
             )
         self.dispatched_total += out.dispatched
         self.health.extra["dispatched"] = self.dispatched_total
@@ -330,6 +332,28 @@ def check_pollers(snap: Snapshot, app: Any, limits: Limits) -> Check:
 
 
 KIND_NAME = "poller"
+
+
+def _oldest(row: dict[str, Any], now: int) -> Cell:
+    lag_s = row.get("lag_s")
+    return Cell(duration(lag_s), "warn" if lag_s is not None and lag_s > 60 else "")
+
+
+COLUMNS = (
+    Column("poller", lambda r, now: r["name"]),
+    field("task"),
+    Column("items", lambda r, now: r["waiting"], "num"),
+    Column("due now", lambda r, now: r["due"], "num"),
+    Column("oldest due", _oldest),
+    field("in_flight", "num"),
+    Column(
+        "per shard (items / due)",
+        lambda r, now: "  ".join(f"{s['waiting']}/{s['due']}" for s in r["shards"]),
+        "shards",
+    ),
+)
+
+
 KIND = Kind(
     name=KIND_NAME,
     noun="poller",
@@ -341,4 +365,5 @@ KIND = Kind(
     render=_render,
     pause_effect="items wait",
     checks=(check_pollers,),
+    columns=COLUMNS,
 )

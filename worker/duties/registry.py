@@ -241,8 +241,8 @@ class Heartbeat(LoopComponent):
             log.error(
                 "REDIS LOST ITS DATA: the boot marker this process saw is gone (a restart "
                 "without persistence, a failover to a replica that missed writes, a FLUSHALL). "
-                "Queued jobs, schedule state and results written before were lost; periodic "
-                "jobs continue from the next tick and the next leader's epoch stays above "
+                "Queued jobs, schedule state and results written before were lost; jobs on a "
+                "schedule continue from the next tick and the next leader's epoch stays above "
                 "every epoch seen before.",
                 marker_recreated=created,
             )

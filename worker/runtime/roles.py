@@ -46,6 +46,7 @@ from worker.duties.outbox import NAME as OUTBOX_NAME
 from worker.duties.outbox import OutboxRelay
 from worker.duties.periodic import NAME as PERIODIC_NAME
 from worker.duties.periodic import PeriodicEnqueuer, TickHook
+from worker.duties.poller import KIND_NAME as POLLER_KIND
 from worker.duties.poller import InflightHook, PollingScheduler
 from worker.duties.reaper import REAP_EVERY_S, OrphanReaper
 from worker.duties.registry import Heartbeat, WriteWitness
@@ -322,8 +323,8 @@ def _leadership(w: Wiring, _: Any) -> Component:
 
 
 def _initializer(w: Wiring, init: InitializerDef) -> Component:
-    poller = w.app.pollers.get(init.poller) if init.poller else None
-    return Initializer(init, poller, w.context, w.fence(), w.clock, w.metrics)
+    source = w.app.pollers.get(init.poller) if init.poller else None
+    return Initializer(init, source, w.context, w.fence(), w.clock, w.metrics)
 
 
 def _poller(w: Wiring, p: PollerDef) -> Component:
@@ -430,7 +431,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(
         LEADERS,
         "singletons",
-        lambda app, s: [(f"poller:{p.name}", p) for p in app.pollers.values()],
+        lambda app, s: [(f"{POLLER_KIND}:{p.name}", p) for p in app.pollers.values()],
         _poller,
     ),
     Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),

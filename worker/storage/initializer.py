@@ -48,12 +48,12 @@ return {s[1] or '0', s[2] or '', s[3] or '0', s[4] or '0'}
 #: Run by :meth:`FencedInitializerOps.checkpoint` (below).
 CHECKPOINT = (
     """
--- Fenced. Write one initializer batch (items into poller shards) and its checkpoint
+-- Fenced. Write one initializer batch (items into poll shards) and its checkpoint
 -- atomically: a leader that dies after this never redoes the batch, and one that dies before
 -- it left nothing half-written.
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> initializer state hash
--- KEYS[3..] -> poller shard sorted sets the batch writes to
+-- KEYS[3..] -> poll shard sorted sets the batch writes to
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> version
 -- ARGV[3] -> cursor the batch started from (compare-and-set guard)

@@ -234,20 +234,20 @@ class Keys:
         return f"{self.prefix}schedules:overlaps"
 
     # -- pollers ------------------------------------------------------------------------------
-    def poll_shard(self, poller: str, shard: int) -> str:
+    def poll_shard(self, name: str, shard: int) -> str:
         """Sorted set of items due for polling, scored by due time (epoch ms). The poller name
         is a Cluster hash tag so one poller's shards, its in-flight hash and a dispatch script's
         keys could share a slot (docs/deployment.md, "Scale")."""
-        return f"{self.prefix}poll:{{{poller}}}:{shard}"
+        return f"{self.prefix}poll:{{{name}}}:{shard}"
 
-    def poll_inflight(self, poller: str) -> str:
+    def poll_inflight(self, name: str) -> str:
         """Hash: item -> id of the arq job currently carrying it."""
-        return f"{self.prefix}poll:{{{poller}}}:inflight"
+        return f"{self.prefix}poll:{{{name}}}:inflight"
 
-    def poll_removed(self, poller: str) -> str:
+    def poll_removed(self, name: str) -> str:
         """Hash: item -> id of the job that carried it when the app removed it (that job's
         failure must not put the item back)."""
-        return f"{self.prefix}poll:{{{poller}}}:removed"
+        return f"{self.prefix}poll:{{{name}}}:removed"
 
     # -- initializers -------------------------------------------------------------------------
     def init_state(self, name: str) -> str:

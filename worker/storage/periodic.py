@@ -80,7 +80,7 @@ ENQUEUE_TICKS = (
 -- one consumer (the earliest tick enqueued to the wake marker, ZADD LT).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> periodic state hash (name -> newest planned tick ms)
--- KEYS[3] -> paused set ("periodic:<name>", "poller:<name>")
+-- KEYS[3] -> paused set (duty names, "<kind>:<name>")
 -- KEYS[4] -> enqueued hash (name -> newest tick enqueued as a job, ms)
 -- KEYS[5..] -> the queues the jobs go to, then last the wake marker (the duty marker when
 --              every queue is a duty lane)

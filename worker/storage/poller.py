@@ -30,11 +30,11 @@ POLL_UNSCHEDULE = """
 -- Stop polling an item: take it off its shard; while a job still carries it, mark it removed
 -- (that job's failure then does not put it back), else forget its in-flight entry.
 -- KEYS[1] -> shard sorted set
--- KEYS[2] -> poller in-flight hash
--- KEYS[3] -> poller removed hash
+-- KEYS[2] -> in-flight hash
+-- KEYS[3] -> removed hash
 -- ARGV[1] -> item
 -- ARGV[2] -> arq job key prefix
--- Returns: 1 if the item was waiting or in flight, 0 if the poller did not hold it.
+-- Returns: 1 if the item was waiting or in flight, 0 if its shards did not hold it.
 local waiting = redis.call('ZREM', KEYS[1], ARGV[1])
 local current = redis.call('HGET', KEYS[2], ARGV[1])
 if current and redis.call('EXISTS', ARGV[2] .. current) == 1 then
@@ -53,8 +53,8 @@ return waiting
 INFLIGHT_CLEAR = """
 -- Forget a poll item's in-flight job id once that job has ended, so the hash holds only
 -- items whose job may still exist.
--- KEYS[1] -> poller in-flight hash
--- KEYS[2] -> poller removed hash (a removal mark of that job is forgotten with it)
+-- KEYS[1] -> in-flight hash
+-- KEYS[2] -> removed hash (a removal mark of that job is forgotten with it)
 -- ARGV[1] -> item
 -- ARGV[2] -> the job id that ended, or "" to clear only if the recorded job no longer exists
 -- ARGV[3] -> arq job key prefix
@@ -81,8 +81,8 @@ POLL_REQUEUE = """
 -- removed it while the job ran, or another job carries it now. The in-flight entry stays, so
 -- the item is not dispatched again while the failed job's record still exists.
 -- KEYS[1] -> shard sorted set
--- KEYS[2] -> poller in-flight hash
--- KEYS[3] -> poller removed hash
+-- KEYS[2] -> in-flight hash
+-- KEYS[3] -> removed hash
 -- ARGV[1] -> item
 -- ARGV[2] -> id of the job that failed
 -- ARGV[3] -> due ms
@@ -113,14 +113,14 @@ return 1
 #: Run by :meth:`FencedPollerOps.dispatch` (below).
 DISPATCH = (
     """
--- Fenced. Move due items of one poller shard into the arq queue, one job per item; an item
+-- Fenced. Move due items of one poll shard into the arq queue, one job per item; an item
 -- whose previous job still exists (queued or running) is left in the shard, pushed back by
 -- ARGV[6] ms, so it is never in flight twice.
 -- KEYS[1] -> leader lock
--- KEYS[2] -> poller in-flight hash (item -> job id)
+-- KEYS[2] -> in-flight hash (item -> job id)
 -- KEYS[3] -> arq queue
 -- KEYS[4] -> shard sorted set (item -> due ms)
--- KEYS[5] -> paused set (a paused poller dispatches nothing: "poller:<name>")
+-- KEYS[5] -> paused set (paused, it dispatches nothing)
 -- KEYS[6] -> wake marker (the duty marker for a duty lane; ZADD LT: one consumer claims)
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix
@@ -129,7 +129,7 @@ DISPATCH = (
 -- ARGV[5] -> now in ms (items scored above it are not due)
 -- ARGV[6] -> push-back delay in ms for items still in flight
 -- ARGV[7] -> wake channel, '' for none (a duty lane: consumers of earlier versions read none)
--- ARGV[8] -> poller name
+-- ARGV[8] -> its duty name in the paused set ("<kind>:<name>")
 -- ARGV[9..] -> triples: item, job id, serialized arq job
 -- Returns: {dispatched, still_in_flight, duplicate_ids, no_longer_due}
 """
@@ -137,7 +137,7 @@ DISPATCH = (
     + """
 local now = tonumber(ARGV[5])
 local sent, busy, dup, gone = 0, 0, 0, 0
-if redis.call('SISMEMBER', KEYS[5], 'poller:' .. ARGV[8]) == 1 then
+if redis.call('SISMEMBER', KEYS[5], ARGV[8]) == 1 then
   return {0, 0, 0, 0}
 end
 for i = 9, #ARGV, 3 do
@@ -181,8 +181,8 @@ POLL_SWEEP = (
 -- record lost): each entry still names that job, the job record is gone, the item is not
 -- waiting and the app did not remove it. The entry is forgotten either way.
 -- KEYS[1] -> leader lock
--- KEYS[2] -> poller in-flight hash
--- KEYS[3] -> poller removed hash
+-- KEYS[2] -> in-flight hash
+-- KEYS[3] -> removed hash
 -- KEYS[4..] -> shard sorted sets the items belong to
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix
@@ -238,25 +238,25 @@ class PollerOps(StoreBase):
             raise self._short("poll schedule", acked)
         return int(sum(added))
 
-    async def unschedule_item(self, shard_key: str, poller: str, item: str) -> bool:
+    async def unschedule_item(self, shard_key: str, name: str, item: str) -> bool:
         """Take ``item`` off its shard, or mark it removed while a job carries it (``keys.
         POLL_UNSCHEDULE``); whether the poller held it."""
-        keys = [shard_key, self.keys.poll_inflight(poller), self.keys.poll_removed(poller)]
+        keys = [shard_key, self.keys.poll_inflight(name), self.keys.poll_removed(name)]
         return int(await self._script(POLL_UNSCHEDULE)(keys=keys, args=[item, K.ARQ_JOB])) == 1
 
-    async def inflight_clear(self, poller: str, item: str, job_id: str | None) -> bool:
+    async def inflight_clear(self, name: str, item: str, job_id: str | None) -> bool:
         """Forget ``item``'s in-flight job: the entry equal to ``job_id``, or (``None``) an
         entry whose job no longer exists."""
-        keys = [self.keys.poll_inflight(poller), self.keys.poll_removed(poller)]
+        keys = [self.keys.poll_inflight(name), self.keys.poll_removed(name)]
         done = await self._script(INFLIGHT_CLEAR)(keys=keys, args=[item, job_id or "", K.ARQ_JOB])
         return int(done) == 1
 
     async def poll_requeue(
-        self, shard_key: str, poller: str, item: str, job_id: str, due_ms: int
+        self, shard_key: str, name: str, item: str, job_id: str, due_ms: int
     ) -> int:
         """Put back an item whose job ``job_id`` failed for good (``poller.POLL_REQUEUE``: 1 put
         back, 0 waiting already, -1 removed by the app, -2 carried by another job)."""
-        keys = [shard_key, self.keys.poll_inflight(poller), self.keys.poll_removed(poller)]
+        keys = [shard_key, self.keys.poll_inflight(name), self.keys.poll_removed(name)]
         out, acked = await self._eval(
             self._script(POLL_REQUEUE), keys, [item, job_id, due_ms], probe=True
         )
@@ -265,11 +265,11 @@ class PollerOps(StoreBase):
         return int(out)
 
     async def inflight_ended(
-        self, poller: str, cursor: int, count: int
+        self, name: str, cursor: int, count: int
     ) -> tuple[int, list[tuple[str, str]]]:
         """One ``HSCAN`` step of the in-flight hash: ``(next cursor, [(item, job id)])`` of the
         entries whose job record no longer exists (read-only)."""
-        key = self.keys.poll_inflight(poller)
+        key = self.keys.poll_inflight(name)
         cursor, raw = await self.redis.hscan(key, cursor, count=count)
         entries: list[tuple[str, str]] = []
         for k, v in fields(raw).items():
@@ -294,10 +294,10 @@ class PollerOps(StoreBase):
             raw = await pipe.execute()
         return [(int(raw[2 * i]), int(raw[2 * i + 1])) for i in range(len(shard_keys))]
 
-    async def poll_in_flight(self, poller: str) -> int:
+    async def poll_in_flight(self, name: str) -> int:
         """Items whose dispatched job still exists (entries can outlive a job arq gave up on,
         so each job is checked)."""
-        ids = [K.ARQ_JOB + _s(v) for v in await self.redis.hvals(self.keys.poll_inflight(poller))]
+        ids = [K.ARQ_JOB + _s(v) for v in await self.redis.hvals(self.keys.poll_inflight(name))]
         live = 0
         for i in range(0, len(ids), 1000):
             live += int(await self.redis.exists(*ids[i : i + 1000]))
@@ -309,24 +309,27 @@ class FencedPollerOps(FencedBase):
 
     async def dispatch(
         self,
-        poller: str,
+        name: str,
         shard_key: str,
         now_ms: int,
         busy_defer_ms: int,
         items: Sequence[tuple[str, NewJob]],
         ttl_ms: int,
         queue: str = K.DEFAULT_QUEUE,
+        *,
+        paused: str,
     ) -> DispatchOutcome:
-        """Move due ``items`` of one shard into ``queue``, one job each (``poller.DISPATCH``)."""
+        """Move due ``items`` of one shard into ``queue``, one job each (``poller.DISPATCH``);
+        none while ``paused`` (its duty name) is in the paused set."""
         duty = is_duty_lane(queue)  # on the duty marker alone (no consumer before reads lanes)
         args: list[Any] = [
             K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms,
-            "" if duty else self.keys.wake, poller,
+            "" if duty else self.keys.wake, paused,
         ]  # fmt: skip
         for item, job in items:
             args += [item, job.job_id, job.payload]
         keys = [
-            self.keys.poll_inflight(poller),
+            self.keys.poll_inflight(name),
             self.keys.queue_of(queue),
             shard_key,
             self.keys.paused,
@@ -336,7 +339,7 @@ class FencedPollerOps(FencedBase):
         return DispatchOutcome(int(sent), int(busy), int(dup), int(gone))
 
     async def poll_sweep(
-        self, poller: str, ended: Sequence[tuple[str, str, str]], due_ms: int
+        self, name: str, ended: Sequence[tuple[str, str, str]], due_ms: int
     ) -> tuple[int, int]:
         """Put back items (``(item, job id, shard key)``) whose job ended unreported, due at
         ``due_ms`` (``poller.POLL_SWEEP``): ``(put back, forgotten)``."""
@@ -346,6 +349,6 @@ class FencedPollerOps(FencedBase):
             if shard_key not in shard_keys:
                 shard_keys.append(shard_key)
             args += [item, job_id, shard_keys.index(shard_key) + 4]  # after lock, hashes
-        keys = [self.keys.poll_inflight(poller), self.keys.poll_removed(poller), *shard_keys]
+        keys = [self.keys.poll_inflight(name), self.keys.poll_removed(name), *shard_keys]
         back, dropped = await self._run(POLL_SWEEP, keys, args)
         return int(back), int(dropped)

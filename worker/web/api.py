@@ -26,7 +26,9 @@ from worker.app import App
 from worker.client import Client
 from worker.core import codec
 from worker.core.clock import ms
+from worker.core.kindcolumns import cell_json
 from worker.core.serializer import json_loads, msgpack_loads
+from worker.duties import kinds
 from worker.ops import doctor, snapshot, status
 from worker.web.jsonout import standard_json as standard_json
 
@@ -111,6 +113,7 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
         "redis_url": state.redis_url,
         "banners": banners(cluster, report),
         "cluster": cluster,
+        "duties": duty_tables(cluster, now_ms),
         "doctor": {
             "ok": report["ok"],
             "at": report["at"],
@@ -125,6 +128,34 @@ async def overview(state: ConsoleState) -> dict[str, Any]:
     }
 
 
+def duty_tables(cluster: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
+    """Each duty kind's table as its :class:`~worker.core.dutykinds.Kind` describes it (its
+    ``columns``; a kind without is not shown): ``kind``, ``id`` (its ``status`` key),
+    ``title``, ``headers``, ``empty`` (the text of no row), whether it pauses and runs one
+    now, and its rows (``name``, ``paused``, ``cells``)."""
+    return [
+        {
+            "kind": k.name,
+            "id": k.status_key,
+            "title": k.title,
+            "headers": [c.header for c in k.columns],
+            "empty": f"no {k.plural}",
+            "pausable": k.pausable,
+            "triggerable": k.trigger is not None,
+            "rows": [
+                {
+                    "name": row["name"],
+                    "paused": bool(row.get("paused")),
+                    "cells": [cell_json(c, row, now_ms) for c in k.columns],
+                }
+                for row in cluster.get(k.status_key, [])
+            ],
+        }
+        for k in kinds.KINDS
+        if k.columns
+    ]
+
+
 def banners(cluster: dict[str, Any], report: dict[str, Any]) -> list[dict[str, str]]:
     """What the page shouts about: no leader, failing doctor checks."""
     out = []
@@ -132,8 +163,9 @@ def banners(cluster: dict[str, Any], report: dict[str, Any]) -> list[dict[str, s
         out.append(
             {
                 "level": "error",
-                "text": "No leader holds the lock: no periodic ticks, poll dispatch or "
-                "singleton services run until a leader candidate takes it.",
+                "text": "No leader holds the lock: the leader's duties ("
+                + ", ".join(k.plural for k in kinds.KINDS if k.pausable)
+                + ", singleton services) wait until a leader candidate takes it.",
             }
         )
     for check in report["checks"]:

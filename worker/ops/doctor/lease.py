@@ -8,6 +8,7 @@ from worker.core import malformed as M
 from worker.core.durability import describe
 from worker.core.ids import EPOCH_AHEAD_MS
 from worker.core.verdict import Check, Limits
+from worker.duties import kinds
 from worker.ops.model import ClusterSnapshot, Declared, Instance
 from worker.runtime.preflight import ALLOW_EVICTION, NOEVICTION
 
@@ -44,8 +45,8 @@ def check_leader(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Check:
         return Check(
             "leader",
             "fail",
-            f"no leader{since}: nobody holds {snap.prefix}leader{held} ({why}); periodic "
-            "ticks, pollers and singleton services are stopped",
+            f"no leader{since}: nobody holds {snap.prefix}leader{held} ({why}); "
+            f"{_stopped()} and singleton services are stopped",
             [f"instances still reporting leadership: {names}"] if claimants else [],
             {
                 "candidates": [i.name for i in candidates],
@@ -180,3 +181,8 @@ def check_durability(snap: ClusterSnapshot, app: Declared, limits: Limits) -> Ch
         return Check("durability", "warn", "cannot read INFO replication", data=data)
     ok, text = describe(snap.attached_replicas, rep.replicas, rep.adaptive)
     return Check("durability", "ok" if ok else "fail", text, data=data)
+
+
+def _stopped() -> str:
+    """What stops without a leader, named by the duty kinds: ``periodic jobs, pollers, …``."""
+    return ", ".join(k.plural for k in kinds.pausable())

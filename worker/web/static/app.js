@@ -227,7 +227,7 @@ function render(d) {
   $("banners").replaceChildren(...d.banners.map((b) =>
     el("div", { class: "banner " + b.level }, b.text)));
   renderCluster(d, now);
-  renderSchedules(c, now);
+  renderSchedules(d, now);
   renderQueues(c, now);
   renderActivity(d, now);
 }
@@ -288,52 +288,44 @@ function pauseButtons(kind, name, paused) {
       onclick: () => act("api/pause", { kind, name }) }, "Pause");
 }
 
-function renderSchedules(c, now) {
-  fill("periodic", c.periodic.map((p) => {
-    const ok = p.last_success, bad = p.last_failure;
-    return el("tr", { "data-periodic": p.name, class: p.paused ? "paused" : "" },
-      el("td", {}, p.name),
-      el("td", {}, p.schedule),
-      el("td", { title: p.next_tick || "" }, msIn(p.next_tick_ms, now)),
-      el("td", { title: p.last_tick || "no tick of it was ever enqueued", class: "last-tick" },
-        p.last_tick_ms === null || p.last_tick_ms === undefined ? "never"
-          : ago(p.last_tick_ms, now)),
-      el("td", { class: p.stale ? "warn" : "", title: ok ? ok.at : "" },
-        ok ? isoAgo(ok.at, now) + (p.stale ? " · STALE" : "") : "never"),
-      el("td", { class: bad ? "bad" : "", title: bad ? bad.at : "" },
-        bad ? isoAgo(bad.at, now) + " · " + (bad.error || "?") : "–"),
-      el("td", {}, p.catch_up),
-      el("td", { class: "state" }, p.paused ? "paused" : "running"),
-      el("td", { class: "actions" },
-        el("button", { type: "button", class: "act", "data-action": "trigger", "data-name": p.name,
-          onclick: () => act("api/periodic/trigger", { name: p.name }) }, "Run now"),
-        pauseButtons("periodic", p.name, p.paused)));
-  }), "no periodic jobs");
-
-  fill("runtime-schedules", (c.schedules || []).map((s) => scheduleRow(s, now)),
+function renderSchedules(d, now) {
+  renderDuties(d.duties || []);
+  fill("runtime-schedules", (d.cluster.schedules || []).map((s) => scheduleRow(s, now)),
     "no run-time schedules (client.schedules)");
+}
 
-  fill("pollers", c.pollers.map((p) => el("tr", { "data-poller": p.name,
-    class: p.paused ? "paused" : "" },
-  el("td", {}, p.name),
-  el("td", {}, p.task),
-  el("td", { class: "num" }, p.waiting),
-  el("td", { class: "num" }, p.due),
-  el("td", { class: p.lag_s > 60 ? "warn" : "" }, p.lag_s === null ? "–" : duration(p.lag_s)),
-  el("td", { class: "num" }, p.in_flight),
-  el("td", { class: "shards" }, p.shards.map((s) => s.waiting + "/" + s.due).join("  ")),
-  el("td", { class: "state" }, p.paused ? "paused" : "running"),
-  el("td", { class: "actions" }, pauseButtons("poller", p.name, p.paused)))), "no pollers");
+// Each duty kind's table, as the kind describes it (the overview's "duties"): its columns,
+// then a state column and the buttons the kind allows. The page names no kind: a table is
+// made the first time its kind shows up, and refilled on every refresh.
+function dutyTable(t) {
+  let table = $(t.id);
+  if (table) return table;
+  const extra = t.pausable ? ["state", ""] : (t.triggerable ? [""] : []);
+  table = el("table", { id: t.id, "data-kind": t.kind },
+    el("thead", {}, el("tr", {}, ...t.headers.concat(extra).map((h) => el("th", {}, h)))),
+    el("tbody", {}));
+  $("duty-tables").append(el("h2", {}, t.title), table);
+  return table;
+}
 
-  fill("initializers", c.initializers.map((i) => el("tr", { "data-initializer": i.name },
-    el("td", {}, i.name),
-    el("td", {}, i.version),
-    el("td", {}, i.stored_version || "–"),
-    el("td", { class: "num" }, i.batches),
-    el("td", { class: "num" }, i.items),
-    el("td", {}, i.cursor || "–"),
-    el("td", { class: i.done ? "good" : "warn" }, i.done ? "done" : "in progress"))),
-  "no initializers");
+function dutyRow(t, r) {
+  const cells = r.cells.map((c) => el("td", { class: c.class, title: c.title || null }, c.text));
+  if (t.pausable) cells.push(el("td", { class: "state" }, r.paused ? "paused" : "running"));
+  if (t.pausable || t.triggerable) {
+    cells.push(el("td", { class: "actions" },
+      t.triggerable ? el("button", { type: "button", class: "act", "data-action": "trigger",
+        "data-name": r.name, onclick: () => act("api/" + t.kind + "/trigger", { name: r.name }) },
+      "Run now") : null,
+      t.pausable ? pauseButtons(t.kind, r.name, r.paused) : null));
+  }
+  return el("tr", { ["data-" + t.kind]: r.name, class: r.paused ? "paused" : "" }, ...cells);
+}
+
+function renderDuties(tables) {
+  for (const t of tables) {
+    dutyTable(t);
+    fill(t.id, t.rows.map((r) => dutyRow(t, r)), t.empty);
+  }
 }
 
 const SVG = "http://www.w3.org/2000/svg";
