@@ -70,7 +70,7 @@ def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
     # -- create through the form: listed beside the code schedule ------------------------------
     _fill(page, name="acme", task="record", every="3600", args='["acme"]')
     page.click('#schedule-form button[data-action="schedule-save"]')
-    wait_until(lambda: _stored(rsync, prefix, "acme"), 10, what="the stored schedule")
+    wait_until(lambda: _stored(rsync, prefix, "acme"), 30, what="the stored schedule")
     spec = _stored(rsync, prefix, "acme")
     assert spec is not None
     assert (spec["task"], spec["every_s"], spec["args"]) == ("record", 3600.0, ["acme"])
@@ -80,11 +80,11 @@ def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
 
     # -- pause, resume -------------------------------------------------------------------------
     page.click(f'#runtime-schedules {row} button[data-action="schedule-pause"]')
-    wait_until(lambda: rsync.sismember(f"{prefix}paused", "schedule:acme"), 10, what="paused")
+    wait_until(lambda: rsync.sismember(f"{prefix}paused", "schedule:acme"), 30, what="paused")
     page.until(lambda: "paused" in page.text(f"#runtime-schedules {row} td.state"), "shown")
     page.shot("runtime-schedules")
     page.click(f'#runtime-schedules {row} button[data-action="schedule-resume"]')
-    wait_until(lambda: not rsync.sismember(f"{prefix}paused", "schedule:acme"), 10, what="on")
+    wait_until(lambda: not rsync.sismember(f"{prefix}paused", "schedule:acme"), 30, what="on")
 
     # -- run now: a job of the schedule's task and arguments ---------------------------------
     page.click(f'#runtime-schedules {row} button[data-action="schedule-trigger"]')
@@ -96,7 +96,7 @@ def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
     )  # fmt: skip
     job_id = trigger["message"].split("enqueued ", 1)[1]
     assert job_id.startswith(f"{prefix}schedule:acme:")
-    wait_until(lambda: rsync.exists(f"arq:result:{job_id}"), 20, what="the triggered run")
+    wait_until(lambda: rsync.exists(f"arq:result:{job_id}"), 45, what="the triggered run")
 
     # -- edit: the form filled from the row, changed, saved as a new version -------------------
     page.click(f'#runtime-schedules {row} button[data-action="schedule-edit"]')
@@ -104,7 +104,7 @@ def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
     page.until(lambda: page.one(name_box).get_attribute("value") == "acme", "the form filled")
     _fill(page, every="", cron="0 7 * * *", tz="Europe/Paris")
     page.click('#schedule-form button[data-action="schedule-save"]')
-    wait_until(lambda: (_stored(rsync, prefix, "acme") or {}).get("cron"), 10, what="edited")
+    wait_until(lambda: (_stored(rsync, prefix, "acme") or {}).get("cron"), 30, what="edited")
     edited = _stored(rsync, prefix, "acme")
     assert edited is not None
     assert (edited["cron"], edited["tz"], edited["every_s"], edited["args"]) == (
@@ -125,7 +125,7 @@ def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
 
     # -- remove (confirmed) ------------------------------------------------------------------
     page.click(f'#runtime-schedules {row} button[data-action="schedule-remove"]', confirm=True)
-    wait_until(lambda: _stored(rsync, prefix, "acme") is None, 10, what="removed")
+    wait_until(lambda: _stored(rsync, prefix, "acme") is None, 30, what="removed")
     page.until(lambda: not page.css(f"#runtime-schedules {row}"), "its row gone")
     actions = [(a["action"], a["target"], a["who"]) for a in reversed(_audit(rsync, prefix))]
     assert [a for a in actions if a[1] == "schedule:acme"] == [
