@@ -1,5 +1,5 @@
 """The long versions of the suite's shortened multi-process scenarios: the same tests, run
-with ``BENCH_SOAK=1`` (tests/soak.py), i.e. at their original sizes.
+with ``BENCH_SOAK=1`` (harness/soak.py), i.e. at their original sizes.
 
 The suite keeps each scenario short enough for a 2-core CI machine (fewer ticks, rounds,
 deletions, a shorter block) at a size that still fails without the behaviour it pins; this
@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The tests whose sizes come from tests/soak.py ``size(suite, soak)``.
+#: The tests whose sizes come from harness/soak.py ``size(suite, soak)``.
 TESTS = (
     "tests/test_faults.py::test_three_leaders_two_consumers_every_tick_once_over_a_steady_run",
     "tests/test_edges.py::test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_vanishes",

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.arqfmt import JobResult, deserialize_result
-from tests.conftest import Spawn, client_call, wait_until
+from harness import Spawn, client_call, wait_until
+from harness.arqfmt import JobResult, deserialize_result
 from worker.client import Client
 from worker.core.serializer import msgpack_loads
 from worker.storage import keys as K
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
-APP = "tests.apps.aborts:app"
+APP = "harness.apps.aborts:app"
 
 
 def _result(rsync: redis_sync.Redis, jid: str) -> JobResult | None:

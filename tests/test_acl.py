@@ -24,11 +24,10 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.apps.ledger import app as ledger_app
-from tests.conftest import CliRun, Spawn, wait_until
-from tests.test_operations import ledger
+from harness import CliRun, Spawn, ledger, wait_until
+from harness.apps.ledger import app as ledger_app
+from harness.ports import free_port
 from worker.client import Client
-from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)
@@ -83,7 +82,7 @@ def minimal_user(rsync: redis_sync.Redis, spawn: Spawn) -> Iterator[str]:
 
 
 def test_the_readme_documents_these_rules() -> None:
-    from tests.docpages import page
+    from harness.docpages import page
 
     guarantees = page("guarantees")
     documented = " ".join(minimal_acl("worker:"))
@@ -221,7 +220,7 @@ def test_worker_status_doctor_and_console_run_with_the_minimal_acl(
     env = {
         "WORKER_REDIS_URL": minimal_user,
         "WORKER_KEY_PREFIX": prefix,
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
     st = cli("status", "--json", env=env)
     assert st.returncode == 0, st.stderr
@@ -261,7 +260,7 @@ def test_a_worker_whose_user_does_not_cover_its_prefix_exits_with_one_line(
         env = {
             "WORKER_REDIS_URL": url,
             "WORKER_KEY_PREFIX": "billing:",
-            "WORKER_APP": "tests.apps.ledger:app",
+            "WORKER_APP": "harness.apps.ledger:app",
         }
         out = cli("run", "--role", "consumer", env=env)
     finally:
@@ -407,7 +406,7 @@ def test_a_sharded_app_runs_under_the_documented_shard_patterns(
         # a worker under the unsharded rules refuses to start, naming the shard (one line)
         refused = cli("run", "--role", "consumer", env={
             "WORKER_REDIS_URL": narrow, "WORKER_KEY_PREFIX": prefix, "WORKER_QUEUE_SHARDS": "3",
-            "WORKER_APP": "tests.apps.ledger:app",
+            "WORKER_APP": "harness.apps.ledger:app",
         })  # fmt: skip
         assert refused.returncode == 2, refused.stderr
         last = refused.stderr.strip().splitlines()[-1]

@@ -268,7 +268,7 @@ def test_load_app_ok(module_dir: Any) -> None:
     app = load_app(f"{mod}:app")
     assert isinstance(app, App) and app.name == "mine" and "hello" in app.tasks
     assert load_app(f"{mod}:factory") is app  # a callable returning an App is called
-    assert load_app("tests.apps.ledger:app").name == "ledger"
+    assert load_app("harness.apps.ledger:app").name == "ledger"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
+from harness import FAST_ENV, CliRun, Spawn, wait_until
 from tests.test_cli import assert_config_error
 from tests.test_registry import View
 from worker.app import App
@@ -89,11 +89,11 @@ def test_a_second_app_on_a_live_prefix_exits_2(
     spawn: Spawn, cli: CliRun, redis_url: str, rsync: Any
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    ledger = spawn("consumer", name="ledger-1", app="tests.apps.ledger:app")
+    ledger = spawn("consumer", name="ledger-1", app="harness.apps.ledger:app")
     wait_until(lambda: rsync.keys(f"{prefix}instance:*"), timeout=30, what="ledger registered")
 
     env = {**FAST_ENV, "WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix}
-    refused = cli("run", "--role", "consumer", "--app", "tests.apps.minimal:app", env=env)
+    refused = cli("run", "--role", "consumer", "--app", "harness.apps.minimal:app", env=env)
     line = assert_config_error(refused)
     assert line == (
         f"worker: error: WORKER_KEY_PREFIX '{prefix}' is in use by live instances of app "
@@ -102,18 +102,18 @@ def test_a_second_app_on_a_live_prefix_exits_2(
     assert ledger.alive()
 
     # with its own prefix, the other app runs beside it on the same Redis
-    own = spawn("consumer", name="minimal-1", app="tests.apps.minimal:app",
+    own = spawn("consumer", name="minimal-1", app="harness.apps.minimal:app",
                 env={"WORKER_KEY_PREFIX": "minimal:"})  # fmt: skip
     wait_until(lambda: rsync.keys("minimal:instance:*"), timeout=30, what="minimal registered")
     assert own.alive() and ledger.alive()
 
-    shown = cli("status", "--json", "--app", "tests.apps.ledger:app", env=env)
+    shown = cli("status", "--json", "--app", "harness.apps.ledger:app", env=env)
     assert shown.returncode == 0, shown.stderr
     assert '"apps": {\n    "ledger": 1\n  }' in shown.stdout
 
     # once the first app is gone (a clean exit deregisters), the prefix is free again
     assert ledger.terminate() == 0
-    later = spawn("consumer", name="minimal-2", app="tests.apps.minimal:app")
+    later = spawn("consumer", name="minimal-2", app="harness.apps.minimal:app")
     wait_until(lambda: rsync.keys(f"{prefix}instance:*"), timeout=30, what="minimal on prefix")
     assert later.alive(), later.log()
     assert own.terminate() == 0 and later.terminate() == 0

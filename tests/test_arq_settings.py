@@ -1,7 +1,7 @@
 """The way in for arq's users (:mod:`worker.arqcompat`): an unchanged arq ``WorkerSettings``
 class runs on the framework (``python -m worker --arq-settings module:WorkerSettings``).
 
-The real-process test runs arq's README demo (tests/apps/arq_demo.py, with a cron job every
+The real-process test runs arq's README demo (harness/apps/arq_demo.py, with a cron job every
 second) as three ``--role all`` processes and enqueues with a real arq client: every cron tick
 runs once, every job once, each process opens and closes its session. The unit tests pin the
 mapping (functions, ``arq.func`` options, cron fields, hooks, settings, the Redis URL) and the
@@ -24,10 +24,10 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis as redis_sync
 
-from tests.arqfmt import require_arq
-from tests.conftest import ROOT, CliRun, WorkerProc
-from tests.docpages import python_block
-from tests.timings import FAST_ENV
+from harness import ROOT, CliRun, WorkerProc
+from harness.arqfmt import require_arq
+from harness.docpages import python_block
+from harness.timings import FAST_ENV
 from worker import App, ConfigError, JobOutcome, from_arq
 from worker.arqcompat import arq_environ, redis_url
 from worker.core.ids import JobIds
@@ -38,7 +38,7 @@ require_arq(module_level=True)
 from arq import create_pool, cron, func  # noqa: E402 (arq only once it is known to be there)
 from arq.connections import RedisSettings  # noqa: E402
 
-SPEC = "tests.apps.arq_demo:WorkerSettings"
+SPEC = "harness.apps.arq_demo:WorkerSettings"
 
 
 def _ticks(r: redis_sync.Redis) -> dict[int, int]:
@@ -122,7 +122,7 @@ async def test_side_by_side_with_an_arq_worker(
     arq's worker enqueues); once arq's worker is gone (the switch) ours runs the rest."""
     from arq.worker import Worker
 
-    from tests.apps.arq_demo import WorkerSettings
+    from harness.apps.arq_demo import WorkerSettings
 
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
@@ -229,7 +229,7 @@ def test_cron_fields_become_a_schedule_with_seconds() -> None:
 
 def test_the_manifest_keeps_the_seconds() -> None:
     """``status`` and ``doctor`` read the schedule from the manifest in Redis."""
-    from tests.apps.arq_demo import WorkerSettings
+    from harness.apps.arq_demo import WorkerSettings
 
     app = from_arq(WorkerSettings)
     described = describe(manifest(app, written_ms=0)).app

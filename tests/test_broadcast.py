@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from harness import eventually
 from worker.app import App
 from worker.client import Client
 from worker.context import Context
@@ -53,7 +53,7 @@ class FlakyStore(Store):
         return await super().broadcast_read(cursors, count=count, block_ms=block_ms)
 
 
-class Proc:
+class ListenerProc:
     """One simulated process: its context (client origin = its instance id) and listener."""
 
     def __init__(self, r: Any, app: App, instance: str, *, metrics: Metrics | None = None) -> None:
@@ -83,17 +83,6 @@ class Proc:
         self._stop.set()
         assert self._task is not None
         await asyncio.wait_for(self._task, 5)
-
-
-async def eventually(pred: Callable[[], Any], what: str = "", within: float = 5.0) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or pred}")
-        await asyncio.sleep(0.01)
 
 
 def recording_app(*topics: str, **opts: Any) -> tuple[App, list[tuple[str, str, Any]]]:
@@ -166,7 +155,7 @@ async def test_read_blocks_until_a_message_arrives(r: Any) -> None:
 
 async def test_every_process_handles_each_message_once_in_order(r: Any) -> None:
     app, seen = recording_app("pricing", "config")
-    procs = [Proc(r, app, f"i-{n}") for n in range(3)]
+    procs = [ListenerProc(r, app, f"i-{n}") for n in range(3)]
     for p in procs:
         await p.start()
     web = Client(r, keys=KEYS, serialize=msgpack_dumps)
@@ -210,7 +199,7 @@ async def test_a_starting_process_gets_the_newest_message_only(r: Any) -> None:
     web = Client(r, keys=KEYS, serialize=msgpack_dumps)
     for v in (1, 2, 3):
         await web.broadcast("pricing", v)
-    p = Proc(r, app, "i-1")
+    p = ListenerProc(r, app, "i-1")
     await p.start()
     await eventually(lambda: latest == [3], "the newest message")
     await web.broadcast("pricing", 4)
@@ -221,7 +210,7 @@ async def test_a_starting_process_gets_the_newest_message_only(r: Any) -> None:
 async def test_a_reconnecting_process_catches_up_on_what_it_missed(r: Any) -> None:
     app, seen = recording_app("pricing")
     metrics = Metrics(CollectorRegistry())
-    p = Proc(r, app, "i-1", metrics=metrics)
+    p = ListenerProc(r, app, "i-1", metrics=metrics)
     await p.start()
     web = Client(r, keys=KEYS, serialize=msgpack_dumps)
     await web.broadcast("pricing", 1)
@@ -251,7 +240,7 @@ async def test_a_reconnecting_process_catches_up_on_what_it_missed(r: Any) -> No
 async def test_messages_trimmed_while_away_are_counted_and_the_latest_handled(r: Any) -> None:
     app, seen = recording_app("pricing")
     metrics = Metrics(CollectorRegistry())
-    p = Proc(r, app, "i-1", metrics=metrics)
+    p = ListenerProc(r, app, "i-1", metrics=metrics)
     await p.start()
     store = Store(r, KEYS)
     await publish(store, msgpack_dumps, "pricing", 1, origin="web", history=2)
@@ -268,7 +257,7 @@ async def test_messages_trimmed_while_away_are_counted_and_the_latest_handled(r:
 
 async def test_a_topic_that_began_again_is_read_from_its_start(r: Any) -> None:
     app, seen = recording_app("pricing")
-    p = Proc(r, app, "i-1")
+    p = ListenerProc(r, app, "i-1")
     await p.start()
     web = Client(r, keys=KEYS, serialize=msgpack_dumps)
     await web.broadcast("pricing", "before")
@@ -290,7 +279,7 @@ async def test_a_topic_that_lost_its_newest_messages_is_read_on_not_again(r: Any
     """A failover to a replica that missed the newest entries: the stream is the one this
     process read, shorter. What it kept was handled already (not again); new messages are."""
     app, seen = recording_app("pricing")
-    p = Proc(r, app, "i-1")
+    p = ListenerProc(r, app, "i-1")
     await p.start()
     web = Client(r, keys=KEYS, serialize=msgpack_dumps)
     for v in ("m1", "m2", "m3"):
@@ -361,7 +350,7 @@ async def test_a_failing_handler_is_retried_and_blocks_nobody(
         done.setdefault("other", time.monotonic())
 
     metrics = Metrics(CollectorRegistry())
-    p = Proc(r, app, "i-1", metrics=metrics)
+    p = ListenerProc(r, app, "i-1", metrics=metrics)
     await p.start()
     web = Client(r, keys=KEYS, serialize=msgpack_dumps)
     sent = time.monotonic()
@@ -386,7 +375,7 @@ async def test_a_failing_handler_is_retried_and_blocks_nobody(
 async def test_an_undecodable_message_fails_without_retries(r: Any) -> None:
     app, seen = recording_app("pricing")
     metrics = Metrics(CollectorRegistry())
-    p = Proc(r, app, "i-1", metrics=metrics)
+    p = ListenerProc(r, app, "i-1", metrics=metrics)
     await p.start()
     await Store(r, KEYS).broadcast("pricing", b"\xc1garbage", origin="x", chain=(), history=5)
     await Client(r, keys=KEYS, serialize=msgpack_dumps).broadcast("pricing", "fine")
@@ -421,7 +410,7 @@ async def test_a_handler_cannot_trigger_its_own_topic_again(r: Any) -> None:
         sent["b->a"].append(await ctx.broadcast("a", data))  # a loop through two topics
         sent["b->c"].append(await ctx.broadcast("c", data))  # a cascade: fine
 
-    procs = [Proc(r, app, "i-1"), Proc(r, app, "i-2")]
+    procs = [ListenerProc(r, app, "i-1"), ListenerProc(r, app, "i-2")]
     for p in procs:
         await p.start()
     web = Client(r, keys=KEYS, serialize=msgpack_dumps)

@@ -1,7 +1,7 @@
 """Broadcasts across real processes on a real server: a dropped connection catches up.
 
-Three ``python -m worker`` processes of mixed roles run ``tests/apps/bcast.py``, which records
-every message each process handled in a Redis ledger per process. Assertions are on those
+Three ``python -m worker`` processes of mixed roles run ``harness/apps/bcast.py``, which records
+every message each process handled in a Redis bcast_ledger per process. Assertions are on those
 ledgers, never on log wording.
 """
 
@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, WorkerProc, client_call, wait_until
+from harness import Spawn, WorkerProc, client_call, wait_until
 
 pytestmark = pytest.mark.slow
 
-APP = "tests.apps.bcast:app"
+APP = "harness.apps.bcast:app"
 
 
-def ledger(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
-    raw = r.hgetall(f"{prefix}ledger:bcast:{name}")
+def bcast_ledger(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
+    raw = r.hgetall(f"{prefix}bcast_ledger:bcast:{name}")
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
@@ -50,7 +50,7 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
     )
     assert client_call(redis_url, prefix, "broadcast", "pricing", {"id": "m1"}) == 1
     wait_until(
-        lambda: all(ledger(rsync, prefix, n).get("m1") for n in names),
+        lambda: all(bcast_ledger(rsync, prefix, n).get("m1") for n in names),
         timeout=15,
         what="m1 handled everywhere",
     )
@@ -67,17 +67,17 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
         assert client_call(redis_url, prefix, "enqueue", "announce", "m3")
         wait_until(
             lambda: all(
-                {"m2", "m3"} <= set(ledger(rsync, prefix, n)) for n in ("leader-1", "all-1")
+                {"m2", "m3"} <= set(bcast_ledger(rsync, prefix, n)) for n in ("leader-1", "all-1")
             ),
             timeout=15,
             what="m2 and m3 handled by the live processes",
         )
         time.sleep(0.5)
-        assert set(ledger(rsync, prefix, "consumer-1")) == {"m1"}
+        assert set(bcast_ledger(rsync, prefix, "consumer-1")) == {"m1"}
     finally:
         victim.resume()
     wait_until(
-        lambda: {"m2", "m3"} <= set(ledger(rsync, prefix, "consumer-1")),
+        lambda: {"m2", "m3"} <= set(bcast_ledger(rsync, prefix, "consumer-1")),
         timeout=15,
         what="the consumer catching up after reconnecting",
     )
@@ -87,15 +87,15 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
     # A handler that re-broadcasts its own topic is refused: no loop, each process once.
     client_call(redis_url, prefix, "broadcast", "echo", {"id": "e1"})
     wait_until(
-        lambda: all(ledger(rsync, prefix, n).get("echo:e1") for n in names),
+        lambda: all(bcast_ledger(rsync, prefix, n).get("echo:e1") for n in names),
         timeout=15,
         what="echo handled everywhere",
     )
     time.sleep(1.5)  # anything duplicated or looping would show by now
     for n in names:
-        assert ledger(rsync, prefix, n) == {"m1": 1, "m2": 1, "m3": 1, "echo:e1": 1}, n
+        assert bcast_ledger(rsync, prefix, n) == {"m1": 1, "m2": 1, "m3": 1, "echo:e1": 1}, n
     assert rsync.xlen(f"{prefix}bcast:echo") == 1
-    assert rsync.hgetall(f"{prefix}ledger:echo-sent") == {b"None": b"3"}
+    assert rsync.hgetall(f"{prefix}bcast_ledger:echo-sent") == {b"None": b"3"}
     assert rsync.xlen(f"{prefix}bcast:pricing") == 3
     for p in procs.values():
         assert p.alive(), p.log()

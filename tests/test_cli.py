@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, CliRun, wait_until
-from worker.runtime.embedded import free_port
+from harness import ROOT, CliRun, wait_until
+from harness.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +54,7 @@ def test_unreachable_redis(cli: CliRun) -> None:
         env={
             "WORKER_REDIS_URL": f"redis://127.0.0.1:{port}/0",
             "WORKER_REDIS_CONNECT_TIMEOUT_S": "1",
-            "WORKER_APP": "tests.apps.ledger:app",
+            "WORKER_APP": "harness.apps.ledger:app",
         },
     )
     # while it retries, a line a second says so (tests/test_startup_truth.py); then one error
@@ -83,7 +83,7 @@ def test_unimportable_app(cli: CliRun) -> None:
 
 
 def test_app_attribute_missing(cli: CliRun) -> None:
-    proc = cli("plan", "--app", "tests.apps.ledger:nope")
+    proc = cli("plan", "--app", "harness.apps.ledger:nope")
     assert_config_error(proc, "WORKER_APP", "nope")
 
 
@@ -112,7 +112,7 @@ def test_app_with_bad_cron(cli: CliRun, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("role", ["leader", "consumer"])
 def test_shared_role_without_redis_url(cli: CliRun, role: str) -> None:
-    proc = cli("run", "--role", role, env={"WORKER_APP": "tests.apps.ledger:app"})
+    proc = cli("run", "--role", role, env={"WORKER_APP": "harness.apps.ledger:app"})
     assert_config_error(proc, "WORKER_REDIS_URL", role)
 
 
@@ -277,7 +277,7 @@ def test_non_finite_duration(cli: CliRun, value: str) -> None:
     ],
 )
 def test_malformed_redis_url_at_run(cli: CliRun, url: str) -> None:
-    env = {"WORKER_REDIS_URL": url, "WORKER_APP": "tests.apps.ledger:app"}
+    env = {"WORKER_REDIS_URL": url, "WORKER_APP": "harness.apps.ledger:app"}
     line = assert_config_error(cli("run", "--role", "consumer", env=env), "WORKER_REDIS_URL")
     assert "Zq7" not in line and "Xk9" not in line, line
 
@@ -300,7 +300,7 @@ def test_redis_url_from_a_file(cli: CliRun, redis_url: str, tmp_path: Path) -> N
 
     missing = {
         "WORKER_REDIS_URL_FILE": str(tmp_path / "nope"),
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
     assert_config_error(
         cli("run", "--role", "consumer", env=missing), "WORKER_REDIS_URL_FILE", "nope"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.arqfmt import JobStatus, require_arq
+from harness.arqfmt import JobStatus, require_arq
 from worker.app import App
 from worker.client import Client, arq_options
 from worker.context import JobContext

@@ -3,7 +3,7 @@
 Real ``python -m worker`` processes run under Debian's libfaketime (``LD_PRELOAD``, the
 ``faketime`` package), their wall clock moved through a timestamp file, their monotonic clock
 left alone (``FAKETIME_DONT_FAKE_MONOTONIC=1``), as on a real host whose clock is off. The
-test app (tests/apps/skew.py) records, by the server's ``TIME``, when each tick ran and where
+test app (harness/apps/skew.py) records, by the server's ``TIME``, when each tick ran and where
 each poll item was rescheduled. Without libfaketime the test is skipped on a developer's
 machine and fails in CI (``CI`` set).
 """
@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, WorkerProc
+from harness import Spawn, WorkerProc
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 
-SKEW_APP = "tests.apps.skew:app"
+SKEW_APP = "harness.apps.skew:app"
 #: a run that began more than this before its tick by the server's clock is early
 EARLY_TOLERANCE_MS = 50
 

@@ -25,7 +25,8 @@ import pytest
 import redis as redis_sync
 from redis.crc import key_slot
 
-from tests.conftest import CliRun, Spawn, client_call, wait_until
+from harness import CliRun, Spawn, client_call, wait_until
+from harness.topology import Cluster
 from tests.test_clock_skew import (
     test_skewed_and_jumping_host_clocks_neither_lose_double_nor_advance_ticks_or_poll_items as test_cluster_clock_skew,  # noqa: E501
 )
@@ -42,7 +43,6 @@ from tests.test_faults import (
 from tests.test_poll_outcomes import (
     test_an_item_whose_job_record_was_lost_is_put_back as test_cluster_lost_poll_job_item_put_back,
 )
-from tests.topology import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +161,7 @@ async def test_status_names_the_primary_serving_each_queue_shard(
             "WORKER_REDIS_URL": cluster.url(),
             "WORKER_KEY_PREFIX": "{shop}:",
             "WORKER_QUEUE_SHARDS": "3",
-            "WORKER_APP": "tests.apps.ledger:app",
+            "WORKER_APP": "harness.apps.ledger:app",
         }
         done = cli("status", "--json", env=env)
         assert done.returncode == 0, done.stderr

@@ -1,6 +1,6 @@
 """A cluster primary SIGKILLed mid-drain under an app whose queue has 3 shards on 3 primaries
 (a replica each, promoted): no acknowledged job lost, no tick run twice, ticks back within 10 s
-(tests/shard_failover.py; several kills: ``python -m bench cluster --failover``)."""
+(harness/shard_failover.py; several kills: ``python -m bench cluster --failover``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.realredis import RealRedis
-from tests.shard_failover import ShardKill
-from tests.topology import Cluster
+from harness.realredis import RealRedis
+from harness.shard_failover import ShardKill
+from harness.topology import Cluster
 
 pytestmark = pytest.mark.slow
 

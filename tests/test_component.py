@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from harness.fakes import RecordingBackoff
 from worker.core.clock import FakeClock, SystemClock
 from worker.core.component import (
     Backoff,
@@ -18,21 +19,6 @@ from worker.core.component import (
     supervise,
 )
 from worker.core.errors import LeadershipLost
-
-
-class RecordingBackoff(Backoff):
-    """A real Backoff that records every delay and ceiling it hands out."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.delays: list[float] = []
-        self.ceilings: list[float] = []
-
-    def next_delay(self) -> float:
-        self.ceilings.append(min(self.cap_s, self.base_s * 2**self.attempt))
-        d = super().next_delay()
-        self.delays.append(d)
-        return d
 
 
 class Flaky(Component):

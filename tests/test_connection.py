@@ -15,8 +15,8 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from tests.conftest import CliRun
-from tests.topology import Cluster, SentinelSet
+from harness import CliRun
+from harness.topology import Cluster, SentinelSet
 from worker.client import Client
 from worker.core.errors import ConfigError
 from worker.core.logs import mask_text
@@ -315,14 +315,14 @@ async def test_cli_and_console_use_sentinel_and_follow_a_failover(
     failover with the connection it opened at start."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from tests.apps.ledger import app as ledger
+    from harness.apps.ledger import app as ledger
     from worker.web import create_app
 
     env = {
         "WORKER_REDIS_URL": sentinels.url(),
         "WORKER_SENTINEL_PASSWORD": "sentinel-pw",
         "WORKER_KEY_PREFIX": "conn-admin:",
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)

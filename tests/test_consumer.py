@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.arqfmt import Job, JobStatus, Retry, SerializationError, deserialize_result
+from harness import eventually
+from harness.arqfmt import Job, JobStatus, Retry, SerializationError, deserialize_result
 from worker.app import App
 from worker.client import Client
 from worker.consumer.config import ConsumerConfig
@@ -338,14 +339,6 @@ async def loops() -> AsyncIterator[list[Loop]]:
     yield started
     for lp in started:
         await lp.halt()
-
-
-async def eventually(pred: Any, within: float = 10.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not (await pred() if asyncio.iscoroutinefunction(pred) else pred()):
-        assert loop.time() < deadline, f"timed out waiting for {what or pred}"
-        await asyncio.sleep(0.02)
 
 
 async def test_jobs_run_once_with_arq_results_retries_and_dead_letters(

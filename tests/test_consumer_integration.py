@@ -13,19 +13,15 @@ import msgpack
 import pytest
 import redis as redis_sync
 
-from tests.apps.ledger import app as ledger_app
-from tests.arqfmt import JobStatus, require_arq
-from tests.conftest import Spawn, WorkerProc, wait_until
+from harness import Spawn, WorkerProc, ledger, wait_until
+from harness.apps.ledger import app as ledger_app
+from harness.arqfmt import JobStatus, require_arq
 from worker.client import Client
 from worker.core.clock import ms
 from worker.core.serializer import get_serializer, job_payload
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def ledger(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in r.hgetall(f"{prefix}ledger:{name}").items()}
 
 
 def dead_record(r: redis_sync.Redis, prefix: str, job_id: str) -> dict[str, Any] | None:
@@ -285,7 +281,7 @@ def test_dead_letters_listed_and_requeued_after_the_fix(
     prefix = spawn.prefix  # type: ignore[attr-defined]
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix}
     # An old deployment that does not know `record` yet sets the job aside...
-    old = spawn("consumer", name="old", app="tests.apps.minimal:app")
+    old = spawn("consumer", name="old", app="harness.apps.minimal:app")
     job_id = enqueue(redis_url, prefix, "record", "late")
     wait_until(lambda: dead_record(rsync, prefix, job_id), 30, what="dead-lettering")
     old.terminate()

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tests.arqfmt import deserialize_result
+from harness.arqfmt import deserialize_result
 from worker.app import App
 from worker.client import Client
 from worker.consumer.claims import Claims, Run

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.arqfmt import deserialize_job, expires_extra_ms
-from tests.conftest import FixedLease
+from harness import FixedLease
+from harness.arqfmt import deserialize_job, expires_extra_ms
 from worker.app import App
 from worker.client import Client
 from worker.context import Context, JobContext

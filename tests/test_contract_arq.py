@@ -20,8 +20,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.arqfmt import require_arq
-from tests.conftest import ROOT, FixedLease
+from harness import ROOT, FixedLease
+from harness.arqfmt import require_arq
 from worker.app import App
 from worker.client import Client, connect_redis
 from worker.core.clock import SystemClock, ms

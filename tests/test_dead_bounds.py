@@ -20,9 +20,10 @@ import msgpack
 import pytest
 import redis as redis_sync
 
-from tests.conftest import CliRun, Spawn, WorkerProc, client_call, wait_until
-from tests.test_edges import good_record, put_raw_job, rss_mb
-from worker.runtime.embedded import free_port
+from harness import CliRun, Spawn, WorkerProc, client_call, wait_until
+from harness.ports import free_port
+from harness.probes import put_raw_job, rss_mb
+from tests.test_edges import good_record
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
@@ -88,7 +89,7 @@ def test_a_dead_letter_page_reads_without_the_payloads(
     page = get(port, "/api/dead?page=1&size=50")
     web_sent = sent_bytes(rsync) - before
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
-           "WORKER_APP": "tests.apps.ledger:app"}  # fmt: skip
+           "WORKER_APP": "harness.apps.ledger:app"}  # fmt: skip
     before = sent_bytes(rsync)
     listing = cli("dead", env=env)
     cli_sent = sent_bytes(rsync) - before
@@ -160,7 +161,7 @@ def test_a_huge_error_message_is_capped_with_its_length_and_hash(
     prefix = spawn.prefix  # type: ignore[attr-defined]
     keys = K.Keys(prefix)
     chars = 5 * KB * KB
-    proc = spawn("all", name="solo", app="tests.apps.hostile:app")
+    proc = spawn("all", name="solo", app="harness.apps.hostile:app")
     job_id = client_call(redis_url, prefix, "enqueue", "loud", chars)
     wait_until(lambda: rsync.zscore(keys.dead, job_id) is not None, 60, what="the dead letter")
     time.sleep(1.0)

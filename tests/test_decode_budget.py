@@ -17,17 +17,17 @@ import msgpack
 import pytest
 import redis as redis_sync
 
-from tests.conftest import CliRun, Spawn, client_call, wait_until
-from tests.test_edges import http_get, rss_mb, wait_ready
+from harness import CliRun, Spawn, client_call, wait_until
+from harness.ports import free_port
+from harness.probes import http_get, rss_mb, wait_ready
 from tests.test_malformed import component_restarts, skipped
-from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 
 MB = 1024 * 1024
 TOKEN = "decode-budget-tests-token-0123456"
-BCAST_APP = "tests.apps.bcast:app"
+BCAST_APP = "harness.apps.bcast:app"
 
 
 def strict_json(text: str) -> Any:
@@ -269,7 +269,7 @@ def test_hostile_records_of_every_kind_leave_every_process_and_view_working(
         if code not in (200, 404) or (code == 404 and path.count("/") < 3):  # a skipped record
             problems.append(f"{path}: {code} {body[:200]}")
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
-           "WORKER_APP": "tests.apps.ledger:app"}  # fmt: skip
+           "WORKER_APP": "harness.apps.ledger:app"}  # fmt: skip
     commands = [("status", "--json"), ("status",), ("doctor",), ("dead",)]
     commands += [("jobs", "--state", s) for s in ("failed", "scheduled")]
     kinds = ("nested failure", "nested progress", "out-of-range time", "argument nested 1000 deep")

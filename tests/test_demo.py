@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, WorkerProc, client_call, wait_until
+from harness import Spawn, WorkerProc, client_call, wait_until
 from worker import demo
 from worker.core.ids import LockValue
 from worker.core.schedule import Cron

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.docpages import DOCS, ROOT, python_block
+from harness.docpages import DOCS, ROOT, python_block
 from worker.testing import Harness
 
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]

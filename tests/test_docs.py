@@ -46,10 +46,10 @@ def test_config_file_lists_every_default(monkeypatch: object) -> None:
 def test_quickstart_commands_match_ci() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install -e '.[embedded]' && python -m worker --role all" in README
-    assert "pip install -e '.[test]' && python -m pytest" in README
+    assert "pip install -e '.[test]' && python -m pytest -n 4" in README
     assert "python -m pip install --quiet -e '.[test]'" in ci
     # the README's command, run by CI (CI=1: the browser tests fail instead of skipping)
-    assert re.search(r"^(CI=1 )?python -m pytest$", ci, re.M), ci
+    assert re.search(r"^(CI=1 )?python -m pytest -n 4$", ci, re.M), ci
 
 
 #: A reference to the project's planning (its issues, its rounds of work) rather than to the

@@ -1,6 +1,6 @@
 """Edge faults an outside audit used against the promise "no fault duplicates or loses work".
 
-Every test runs real ``python -m worker`` processes (tests/apps/edges.py) against a real
+Every test runs real ``python -m worker`` processes (harness/apps/edges.py) against a real
 server, injects the fault at the worst moment, and counts what happened in a LEDGER ON A SECOND
 SERVER that is never faulted (``EDGE_LEDGER_URL``), so the evidence survives the fault. A
 failing assertion reads like a measurement: it prints the counts (duplicates, misses,
@@ -26,10 +26,7 @@ import re
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,183 +36,35 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from tests.arqfmt import Job, expires_extra_ms
-from tests.conftest import Spawn, WorkerProc, wait_until
-from tests.realredis import RealRedis
-from tests.soak import size
-from worker.core.serializer import get_serializer, job_payload, msgpack_loads
-from worker.runtime.embedded import EmbeddedServer, free_port
+from harness import Spawn, WorkerProc, wait_until
+from harness.arqfmt import Job
+from harness.ports import free_port
+from harness.probes import (
+    consumer_restarts,
+    dead_records,
+    enqueue_jobs,
+    http_get,
+    instance_records,
+    led_hash,
+    led_key,
+    led_total,
+    problem_report,
+    put_raw_job,
+    record_of,
+    rss_mb,
+    wait_ready,
+)
+from harness.realredis import RealRedis
+from harness.soak import size
+from harness.waiting import settle
+from worker.core.serializer import msgpack_loads
+from worker.runtime.embedded import EmbeddedServer
 from worker.settings import Settings
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 
-EDGES_APP = "tests.apps.edges:app"
 MB = 1024 * 1024
-
-
-# -- fixtures ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def ledger_server() -> Iterator[RealRedis]:
-    """A second real server for the test app's ledger; no test ever faults it (so its AOF
-    need not be fsynced on every write)."""
-    server = RealRedis(extra_args=("--appendfsync", "everysec"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
-def ledger_url(ledger_server: RealRedis) -> str:
-    if not ledger_server.running:
-        ledger_server.start()
-    ledger_server.flushall()
-    return ledger_server.url
-
-
-@pytest.fixture
-def lsync(ledger_url: str) -> Iterator[redis_sync.Redis]:
-    """A synchronous client on the ledger server."""
-    client = redis_sync.Redis.from_url(ledger_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def espawn(spawn: Spawn, ledger_url: str) -> Spawn:
-    """``spawn`` for the edges app, with the ledger server's URL in the environment."""
-
-    def start(role: str, *, name: str | None = None, env: dict[str, str] | None = None) -> Any:
-        return spawn(
-            role, name=name, app=EDGES_APP, env={"EDGE_LEDGER_URL": ledger_url, **(env or {})}
-        )
-
-    start.prefix = spawn.prefix  # type: ignore[attr-defined]
-    return start
-
-
-# -- helpers: waiting, ledgers, raw jobs, probes --------------------------------------------
-
-
-def settle(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> bool:
-    """Poll ``predicate`` until truthy or ``timeout``; ``False`` then (the test measures what
-    happened instead of failing on the wait)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-
-
-def led_key(prefix: str, name: str) -> str:
-    return f"{prefix}edge:{name}"
-
-
-def led_hash(lsync: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in lsync.hgetall(led_key(prefix, name)).items()}
-
-
-def led_total(lsync: redis_sync.Redis, prefix: str, name: str) -> int:
-    return sum(led_hash(lsync, prefix, name).values())
-
-
-def instance_records(r: redis_sync.Redis, prefix: str) -> list[dict[str, Any]]:
-    keys = K.Keys(prefix)
-    ids = [i.decode() for i in r.zrange(keys.instances, 0, -1)]
-    raw = r.mget([keys.instance(i) for i in ids]) if ids else []
-    return [json.loads(x) for x in raw if x]
-
-
-def record_of(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, Any] | None:
-    return next((rec for rec in instance_records(r, prefix) if rec.get("name") == name), None)
-
-
-def enqueue_jobs(
-    r: redis_sync.Redis, prefix: str, function: str, args: Sequence[tuple[Any, ...]]
-) -> list[str]:
-    """Enqueue jobs exactly as arq lays them out (job record + queue entry), pipelined."""
-    serialize, _ = get_serializer("msgpack")
-    queue = K.Keys(prefix).queue
-    now = int(time.time() * 1000)
-    ids: list[str] = []
-    for chunk in range(0, len(args), 1000):
-        pipe = r.pipeline(transaction=False)
-        for a in args[chunk : chunk + 1000]:
-            jid = uuid.uuid4().hex
-            pipe.set(K.ARQ_JOB + jid, job_payload(function, a, {}, now, serialize), px=86_400_000)
-            pipe.zadd(queue, {jid: now})
-            ids.append(jid)
-        pipe.execute()
-    return ids
-
-
-def put_raw_job(r: redis_sync.Redis, prefix: str, job_id: str, payload: bytes) -> None:
-    """A job record written by someone else (another client, an attacker, a bug)."""
-    now = int(time.time() * 1000)
-    with r.pipeline(transaction=True) as pipe:
-        pipe.set(K.ARQ_JOB + job_id, payload, px=expires_extra_ms)
-        pipe.zadd(K.Keys(prefix).queue, {job_id: now})
-        pipe.execute()
-
-
-def dead_records(r: redis_sync.Redis, prefix: str) -> dict[str, dict[str, Any]]:
-    """Dead-lettered job id -> its record (payload left out)."""
-    keys = K.Keys(prefix)
-    ids = [i.decode() for i in r.zrange(keys.dead, 0, -1)]
-    out: dict[str, dict[str, Any]] = {}
-    for jid in ids:
-        raw = r.hget(keys.dead_jobs, jid)
-        rec = json.loads(raw) if raw else {}
-        rec.pop("payload_b64", None)
-        out[jid] = rec
-    return out
-
-
-def http_get(port: int, path: str, timeout: float = 3.0) -> tuple[int | None, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return None, str(exc)
-
-
-def wait_ready(proc: WorkerProc, port: int, timeout: float = 45) -> None:
-    def check() -> bool:
-        assert proc.alive(), f"{proc.name} exited early:\n{proc.log()[-3000:]}"
-        return http_get(port, "/readyz")[0] == 200
-
-    wait_until(check, timeout, what=f"{proc.name} /readyz 200")
-
-
-def consumer_restarts(port: int) -> int | None:
-    code, body = http_get(port, "/status")
-    if code != 200:
-        return None
-    return int(json.loads(body)["components"]["consumer"]["restarts"])
-
-
-def rss_mb(pid: int) -> tuple[float, float]:
-    """``(VmRSS, VmHWM)`` of a process in MB (HWM: the peak RSS so far)."""
-    fields: dict[str, float] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) / 1024
-    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
-
-
-def report(title: str, problems: list[str], figures: dict[str, Any]) -> str:
-    lines = [f"{title}: {len(problems)} problem(s)", *[f"  - {p}" for p in problems]]
-    lines += ["  measured:", *[f"    {k}: {v}" for k, v in figures.items()]]
-    return "\n".join(lines)
 
 
 # -- helpers: run intervals and their overlaps ------------------------------------------------
@@ -367,7 +216,7 @@ def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_v
         problems.append("the singleton did not run again after the last deletion (20 s)")
     if any(code != 0 for code in exits):
         problems.append(f"a leader exited uncleanly: {exits}")
-    assert not problems, report("singleton after the lock vanished", problems, figures)
+    assert not problems, problem_report("singleton after the lock vanished", problems, figures)
 
 
 # -- 2. Redis data loss -----------------------------------------------------------------------
@@ -524,7 +373,7 @@ def test_redis_data_loss_never_reruns_a_finished_tick_or_sends_epochs_back(
     dead = [p.name for p in procs if not p.alive()]
     if dead:
         problems.append(f"processes died: {dead}")
-    assert not problems, report("Redis data loss", problems, figures)
+    assert not problems, problem_report("Redis data loss", problems, figures)
 
 
 # -- 2b. Redis goes back in time under a lease that stays valid --------------------------------
@@ -653,7 +502,7 @@ def test_redis_going_back_under_a_kept_lease_never_loses_a_tick(
     dead = [p.name for p in procs if not p.alive()]
     if dead:
         problems.append(f"processes died: {dead}")
-    assert not problems, report("Redis went back under a kept lease", problems, figures)
+    assert not problems, problem_report("Redis went back under a kept lease", problems, figures)
 
 
 # -- 3. graceful SIGTERM ----------------------------------------------------------------------
@@ -739,7 +588,7 @@ def test_graceful_sigterm_never_runs_a_job_twice(
         problems.append(f"{len(never_ended)} of {total} jobs never ended")
     if any(code != 0 for code in exits):
         problems.append(f"a SIGTERMed consumer exited uncleanly: {exits}")
-    assert not problems, report("graceful SIGTERM under load", problems, figures)
+    assert not problems, problem_report("graceful SIGTERM under load", problems, figures)
 
 
 # -- 4. a paused consumer ---------------------------------------------------------------------
@@ -847,7 +696,7 @@ def test_paused_consumer_never_completes_jobs_handed_to_another(
         )
     if api_missing:
         problems.append(f"JobContext.still_claimed missing ({api_missing} runs)")
-    assert not problems, report("paused consumer", problems, figures)
+    assert not problems, problem_report("paused consumer", problems, figures)
 
 
 # -- 5. hostile or broken jobs ----------------------------------------------------------------
@@ -948,7 +797,7 @@ def test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer(
         )
     if restarts != 0:
         problems.append(f"the consumer component restarted {restarts} times")
-    assert not problems, report("hostile jobs", problems, figures)
+    assert not problems, problem_report("hostile jobs", problems, figures)
 
 
 @pytest.mark.parametrize("kind", ["msgpack", "garbage"])
@@ -1027,7 +876,7 @@ def test_oversized_job_is_dead_lettered_without_loading_it(
         )
     if led_hash(lsync, prefix, "records").get(good_id, 0) != 1:
         problems.append("the good job enqueued after it did not run once")
-    assert not problems, report("oversized job", problems, figures)
+    assert not problems, problem_report("oversized job", problems, figures)
 
 
 def test_dead_letter_set_keeps_only_the_newest(
@@ -1072,7 +921,7 @@ def test_dead_letter_set_keeps_only_the_newest(
         problems.append(f"{len(kept)} entries ({records} records) kept; the cap is {cap}")
     if not set(newer) <= kept:
         problems.append(f"{len(set(newer) - kept)} of the {len(newer)} newest were dropped")
-    assert not problems, report("dead-letter bound", problems, figures)
+    assert not problems, problem_report("dead-letter bound", problems, figures)
 
 
 def test_liveness_fails_when_a_service_crash_loops(
@@ -1103,7 +952,7 @@ def test_liveness_fails_when_a_service_crash_loops(
             f"/healthz never answered 503 in {waited:.0f} s while the service crashed "
             f"{crashes} times"
         )
-    assert not problems, report("crash-looping service", problems, figures)
+    assert not problems, problem_report("crash-looping service", problems, figures)
 
 
 # -- 3b. SIGTERM while Redis does not answer --------------------------------------------------

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from tests.realredis import RealRedis
+from harness.realredis import RealRedis
 from worker.core.errors import ConfigError
 from worker.runtime.embedded import EmbeddedServer, find_server_binary, free_port
 

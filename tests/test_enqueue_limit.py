@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.arqfmt import deserialize_result
-from tests.conftest import Spawn, client_call, wait_until
+from harness import Spawn, client_call, wait_until
+from harness.arqfmt import deserialize_result
 from worker import PayloadTooLarge, SyncClient
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
 from worker.core.serializer import msgpack_dumps, msgpack_loads
@@ -45,7 +45,7 @@ def test_a_real_worker_and_clients_refuse_what_the_consumers_would_not_run(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     limit = 64 * 1024
-    spawn("consumer", name="c1", app="tests.apps.aborts:app",
+    spawn("consumer", name="c1", app="harness.apps.aborts:app",
           env={"WORKER_MAX_PAYLOAD_BYTES": str(limit)})  # fmt: skip
     settings = Settings(redis_url=redis_url, key_prefix=prefix, max_payload_bytes=limit)
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.arqfmt import deserialize_job_raw, expires_extra_ms
-from tests.conftest import Spawn, wait_until
+from harness import Spawn, wait_until
+from harness.arqfmt import deserialize_job_raw, expires_extra_ms
 from tests.test_consumer_integration import start_consumer
 from worker.app import App
 from worker.bulk import JobSpec
@@ -186,7 +186,7 @@ async def test_ctx_enqueue_many_goes_through_the_workers_client(client: Client, 
 def test_a_real_consumer_runs_a_batch_and_sync_client_enqueues_many(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
-    from tests.apps.ledger import app as ledger_app
+    from harness.apps.ledger import app as ledger_app
     from worker.sync_client import SyncClient
 
     prefix = spawn.prefix  # type: ignore[attr-defined]
@@ -215,7 +215,7 @@ def test_a_real_consumer_runs_a_batch_and_sync_client_enqueues_many(
 
 
 async def test_the_docs_example_runs(r: Any) -> None:
-    from tests.docpages import python_block
+    from harness.docpages import python_block
 
     app = App("shop")
 

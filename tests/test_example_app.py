@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, Spawn, wait_until
-from tests.docpages import page
+from harness import ROOT, Spawn, wait_until
+from harness.docpages import page
 from worker import Client
 
 EXAMPLE = ROOT / "examples" / "myservice"

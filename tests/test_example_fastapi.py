@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -20,17 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, Spawn, wait_until
+from harness import ROOT, Spawn, free_port, wait_until
 from worker.settings import Settings, env_names
 
 EXAMPLE = ROOT / "examples" / "fastapi"
 PYTHONPATH = os.pathsep.join([str(ROOT), str(EXAMPLE)])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Api:
@@ -209,7 +202,7 @@ def test_example_image_and_compose_pass_the_linters() -> None:
 
 
 def test_the_docs_point_at_the_web_app_path() -> None:
-    from tests.docpages import page
+    from harness.docpages import page
 
     readme, web = (ROOT / "README.md").read_text(), page("web-apps")
     assert "(docs/web-apps.md)" in readme and "(examples/fastapi/)" in readme

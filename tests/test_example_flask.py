@@ -20,7 +20,7 @@ import pytest
 import redis as redis_sync
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from tests.conftest import ROOT, Spawn, wait_until
+from harness import ROOT, Spawn, wait_until
 from worker import SyncClient
 
 EXAMPLE = ROOT / "examples" / "flask"

@@ -1,9 +1,9 @@
 """A primary failover under real workers: what it costs is bounded, and nothing runs twice.
 
-The topology is real (tests/topology.py): a primary, two replicas and three Sentinels (failure
+The topology is real (harness/topology.py): a primary, two replicas and three Sentinels (failure
 detected after 2 s), 3 ``leader`` and 2 ``consumer`` processes on ``redis+sentinel://`` with
 the default WAIT policy (``auto``: the attached replicas, up to one), a client enqueueing all
-along. The primary is SIGKILLed at the worst moments (tests/failover_scenario.py): right
+along. The primary is SIGKILLed at the worst moments (harness/failover_scenario.py): right
 after an initializer batch was checkpointed (the initializer mid-way), right after a tick was
 enqueued, right after a poll dispatch batch; after each kill the old primary comes back as a
 replica. The ledgers live on a server that is never faulted. The same scenario runs on a Redis
@@ -30,7 +30,7 @@ processes at once, the initializer finishes with every item exactly once; and th
 each kill to the first tick due after it stays bounded. ``python -m bench failover`` runs the
 same scenario many times and prints the figures.
 
-Suite sizes (tests/soak.py): the poll items fall due over 8 s (20 s under ``python -m bench
+Suite sizes (harness/soak.py): the poll items fall due over 8 s (20 s under ``python -m bench
 soak`` and in ``python -m bench failover``), and a killed Sentinel node, restarted, is made a
 replica by the harness at once rather than by the Sentinels at their next INFO refresh (up to
 10 s on; the workers never address it, they ask the Sentinels for the primary).
@@ -48,10 +48,10 @@ from typing import Any
 
 import pytest
 
-from tests.failover_scenario import INIT, Outcome, Scenario
-from tests.realredis import RealRedis
-from tests.soak import size
-from tests.topology import Cluster, SentinelSet
+from harness.failover_scenario import INIT, Outcome, Scenario
+from harness.realredis import RealRedis
+from harness.soak import size
+from harness.topology import Cluster, SentinelSet
 from worker.client import Client
 from worker.core.durability import LOST_GRACE_S
 
@@ -254,7 +254,7 @@ def degraded_views(scenario: Scenario) -> tuple[dict[str, Any], list[dict[str, s
     (check,) = [c for c in report["checks"] if c["name"] == "durability"]
 
     async def console() -> list[dict[str, str]]:
-        from tests.apps.failover import app
+        from harness.apps.failover import app
         from worker.ops import doctor
         from worker.settings import Settings
         from worker.web import api

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import structlog
 
-from tests.arqfmt import Job
-from tests.conftest import Spawn, client_call, wait_until
-from tests.test_consumer import Loop, eventually, loops
+from harness import Spawn, client_call, eventually, wait_until
+from harness.arqfmt import Job
+from harness.probes import hold_running
+from tests.test_consumer import Loop, loops
 from worker.app import App
 from worker.context import JobContext
 from worker.core.serializer import msgpack_loads
@@ -27,15 +28,6 @@ T = 1_700_000_000_000
 __all__ = ["loops"]  # the fixture, shared with test_consumer
 
 
-async def _running(r: Any, *job_ids: str, token: str = "me/1") -> None:
-    """Jobs as a claim leaves them: queued record, in-progress marker, in the holds set."""
-    for jid in job_ids:
-        await r.zadd(KEYS.queue, {jid: T})
-        await r.set(K.ARQ_JOB + jid, b"p")
-        await r.set(K.ARQ_IN_PROGRESS + jid, token)
-        await r.sadd(KEYS.holds("me"), jid)
-
-
 def _failure(jid: str, **extra: Any) -> bytes:
     return json.dumps(
         {"job_id": jid, "status": "failed", "error_type": "ValueError", **extra}
@@ -44,7 +36,7 @@ def _failure(jid: str, **extra: Any) -> bytes:
 
 async def test_finish_keeps_the_failure_record_and_indexes_it(r: Any) -> None:
     store = Store(r, KEYS)
-    await _running(r, "ok1", "ok2", "bad", "plain", "again")
+    await hold_running(r, KEYS, T, "ok1", "ok2", "bad", "plain", "again")
     runs = [
         Finish("done", "ok1", "me/1", b"r1", 5000),
         Finish("done", "ok2", "me/1"),
@@ -68,7 +60,7 @@ async def test_finish_keeps_the_failure_record_and_indexes_it(r: Any) -> None:
 
 async def test_a_stolen_run_writes_no_failure(r: Any) -> None:
     store = Store(r, KEYS)
-    await _running(r, "stolen", token="other/9")
+    await hold_running(r, KEYS, T, "stolen", token="other/9")
     await store.finish("me", [Finish("failed", "stolen", "me/1", failure=_failure("x"))], now_ms=T)
     assert await store.failure("stolen") is None
     assert await store.recent_failures(10) == []
@@ -79,21 +71,21 @@ async def test_recent_failures_are_bounded_by_count_and_age_with_their_records(r
     keep = Retention(failures=3, failures_ms=60_000, done=2)
     for i in range(5):
         jid = f"f{i}"
-        await _running(r, jid)
+        await hold_running(r, KEYS, T, jid)
         f = Finish("failed", jid, "me/1", failure=_failure(jid), failure_ttl_ms=10**9)
         await store.finish("me", [f], now_ms=T + i, retention=keep)
     assert [j for j, _ in await store.recent_failures(10)] == ["f4", "f3", "f2"]
     assert await r.exists(KEYS.failure("f0"), KEYS.failure("f1")) == 0  # trimmed with them
     assert await r.exists(KEYS.failure("f2"), KEYS.failure("f4")) == 2
     # a minute later, one new failure: every older one is past the age limit
-    await _running(r, "late")
+    await hold_running(r, KEYS, T, "late")
     f = Finish("failed", "late", "me/1", failure=_failure("late"), failure_ttl_ms=10**9)
     await store.finish("me", [f], now_ms=T + 4 + 60_001, retention=keep)
     assert await store.recent_failures(10) == [("late", T + 60_005)]
     assert await r.exists(*(KEYS.failure(f"f{i}") for i in range(5))) == 0
     # completions: trimmed by rank, one ZADD per batch
     for i in range(3):
-        await _running(r, f"d{i}")
+        await hold_running(r, KEYS, T, f"d{i}")
     runs = [Finish("done", f"d{i}", "me/1") for i in range(3)]
     await store.finish("me", runs[:1], now_ms=T, retention=keep)
     await store.finish("me", runs[1:], now_ms=T + 1, retention=keep)

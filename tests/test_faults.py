@@ -7,18 +7,17 @@ Timings come from tests/conftest.py FAST_ENV: lease TTL 3 s, renew every 0.5 s, 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-from typing import Any
 
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, WorkerProc, wait_until
-from tests.realredis import RealRedis
-from tests.soak import size
+from harness import Spawn, WorkerProc, wait_until
+from harness.probes import instance_records
+from harness.realredis import RealRedis
+from harness.soak import size
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +27,6 @@ TICK_MS = 1000
 def lock_epoch(r: redis_sync.Redis, prefix: str) -> int | None:
     value = r.get(f"{prefix}leader")
     return int(value.split(b":", 1)[0]) if value else None
-
-
-def instance_records(r: redis_sync.Redis, prefix: str) -> list[dict[str, Any]]:
-    ids = [i.decode() for i in r.zrange(f"{prefix}instances", 0, -1)]
-    raw = r.mget([f"{prefix}instance:{i}" for i in ids]) if ids else []
-    return [json.loads(x) for x in raw if x]
 
 
 def active_leader(

@@ -21,9 +21,9 @@ import psycopg
 import pytest
 import redis as redis_sync
 
-from tests.conftest import ROOT, Spawn, WorkerProc, wait_until
-from tests.docpages import page
-from tests.postgres import Postgres, binaries
+from harness import ROOT, Spawn, WorkerProc, wait_until
+from harness.docpages import page
+from harness.postgres import Postgres, binaries
 from worker.core.ids import LockValue
 from worker.storage import keys as K
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import FAST_ENV, ROOT, CliRun, Spawn, WorkerProc, client_call, wait_until
+from harness import FAST_ENV, ROOT, CliRun, Spawn, WorkerProc, client_call, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -254,7 +254,7 @@ def _burst(redis_url: str, prefix: str, *extra: str) -> subprocess.CompletedProc
         **_user_env(**FAST_ENV),
         "WORKER_REDIS_URL": redis_url,
         "WORKER_KEY_PREFIX": prefix,
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
     return subprocess.run(
         [sys.executable, "-m", "worker", "run", "--burst", *extra],

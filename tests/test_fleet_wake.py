@@ -16,14 +16,14 @@ import time
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, wait_until
-from tests.timings import FAST_ENV
+from harness import Spawn, wait_until
+from harness.timings import FAST_ENV
 from worker.client import Client
 from worker.storage.keys import Keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-APP = "tests.apps.idle:app"
+APP = "harness.apps.idle:app"
 #: the framework's defaults for every timing (the fast test timings unset): no fallback looks
 DEFAULTS: dict[str, str | None] = {
     k: None for k in FAST_ENV if k.endswith("_S") and k != "WORKER_DRAIN_DELAY_S"

@@ -9,12 +9,12 @@ import time
 import pytest
 import redis as redis_sync
 
-from tests.apps.flow import app as flow_app
-from tests.conftest import CliRun, Spawn, WorkerProc, wait_until
+from harness import CliRun, Spawn, WorkerProc, wait_until
+from harness.apps.flow import app as flow_app
 from worker.client import Client
 from worker.storage import keys as K
 
-APP = "tests.apps.flow:app"
+APP = "harness.apps.flow:app"
 #: how long after ``pause`` returns a job of the paused queue may still start: a claim in
 #: flight at that moment (the pause takes effect at each consumer's next claim; generous)
 BOUND_S = 1.0

@@ -8,11 +8,11 @@ import time
 import pytest
 import redis as redis_sync
 
-from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
+from harness import FAST_ENV, CliRun, Spawn, wait_until
+from harness.probes import instance_records
 from tests.test_faults import (
     active_leader,
     assert_each_tick_once,
-    instance_records,
     lock_epoch,
     tick_ledger,
     wait_ticks_settled,
@@ -37,7 +37,7 @@ def test_handoff_moves_the_lease_and_keeps_every_tick_once(
     )
 
     env = {**FAST_ENV, "WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
-           "WORKER_APP": "tests.apps.ledger:app"}  # fmt: skip
+           "WORKER_APP": "harness.apps.ledger:app"}  # fmt: skip
     asked = time.monotonic()
     out = cli("handoff", env=env)
     took = time.monotonic() - asked

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import ROOT, Spawn, WorkerProc, wait_until
-from worker.runtime.embedded import free_port
+from harness import ROOT, Spawn, WorkerProc, wait_until
+from harness.ports import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def test_a_foreign_host_header_is_refused_by_the_console_and_the_health_server(
 def test_no_auth_off_loopback_needs_to_be_asked_for_by_name(
     cli: Any, spawn: Spawn, redis_url: str
 ) -> None:
-    env = {"WORKER_REDIS_URL": redis_url, "WORKER_APP": "tests.apps.ledger:app"}
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_APP": "harness.apps.ledger:app"}
     out = cli("web", "--no-auth", "--host", "0.0.0.0", "--port", "0", env=env)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "--allow-remote-no-auth" in out.stderr
@@ -238,7 +238,7 @@ def _on_a_tty(args: list[str], env: dict[str, str]) -> str:
     full = {
         **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
         "PYTHONPATH": str(ROOT),
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
         **env,
     }
     proc = subprocess.Popen(
@@ -272,7 +272,7 @@ def test_url_secrets_are_masked_and_a_password_in_argv_is_warned_about(
     cli: Any, redis_url: str
 ) -> None:
     port = redis_url.rsplit(":", 1)[1].split("/")[0]
-    env = {"WORKER_APP": "tests.apps.ledger:app", "WORKER_REDIS_CONNECT_TIMEOUT_S": "2"}
+    env = {"WORKER_APP": "harness.apps.ledger:app", "WORKER_REDIS_CONNECT_TIMEOUT_S": "2"}
     key = cli("status", "--redis-url", f"rediss://127.0.0.1:{port}/0?ssl_password=k3y-s3cret",
               env=env)  # fmt: skip
     assert key.returncode == 2 and "ssl_password=***" in key.stderr, key.stderr

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, client_call, wait_until
-from tests.realredis import RealRedis
-from tests.topology import free_port_pair
+from harness import Spawn, client_call, wait_until
+from harness.ports import free_port_pair
+from harness.realredis import RealRedis
 
 pytestmark = pytest.mark.slow
 

@@ -7,28 +7,22 @@ process)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import structlog
 
-from tests.arqfmt import Job, JobStatus, Retry
-from tests.docpages import python_block, python_blocks, section
-from tests.test_consumer import KEYS, Loop, eventually
+from harness import eventually
+from harness.arqfmt import Job, JobStatus, Retry
+from harness.docpages import python_block, python_blocks, section
+from tests.test_consumer import KEYS, Loop, loops
 from worker import App, JobContext, JobOutcome
 from worker.core.errors import ConfigError
 from worker.core.hooks import UserHooks
 from worker.core.jobdefs import status_of
 from worker.core.serializer import msgpack_loads
 
-
-@pytest.fixture
-async def loops() -> AsyncIterator[list[Loop]]:
-    started: list[Loop] = []
-    yield started
-    for lp in started:
-        await lp.halt()
+__all__ = ["loops"]  # the fixture, shared with test_consumer
 
 
 def hooked(app: App, timeout_s: float = 5.0) -> UserHooks:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import FAST_ENV, CliRun, Spawn, WorkerProc, wait_until
+from harness import FAST_ENV, CliRun, Spawn, WorkerProc, wait_until
 from worker.storage.shards import shard_prefixes
 
 pytestmark = pytest.mark.slow
@@ -129,7 +129,7 @@ def test_two_apps_with_one_prefix_in_two_databases_never_hear_each_other(
         # doctor, run for app a, tells that the prefix is in use in another database too
         out = cli(
             "doctor", "--json",
-            env={**FAST_ENV, "WORKER_REDIS_URL": urls[0], "WORKER_APP": "tests.apps.ledger:app"},
+            env={**FAST_ENV, "WORKER_REDIS_URL": urls[0], "WORKER_APP": "harness.apps.ledger:app"},
         )  # fmt: skip
         report = json.loads(out.stdout)
         assert out.returncode == 1 and "neighbours" in report["failed"], out.stdout
@@ -144,7 +144,7 @@ def test_a_corrupt_epoch_counter_is_repaired_and_doctor_reads_it(
     prefix = spawn.prefix  # type: ignore[attr-defined]
     rsync.set(f"{prefix}leader:epoch", "1e+20")
     env = {**FAST_ENV, "WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
-           "WORKER_APP": "tests.apps.ledger:app"}  # fmt: skip
+           "WORKER_APP": "harness.apps.ledger:app"}  # fmt: skip
     out = cli("doctor", "--json", env=env)
     assert "Traceback" not in out.stderr, out.stderr
     assert "epochs" in json.loads(out.stdout)["failed"], out.stdout
@@ -181,7 +181,7 @@ def test_a_shard_fence_above_every_epoch_is_reported_and_never_makes_leadership_
     assert not [e for e in leader.events() if e.get("event") == "component failed; restarting"]
     assert (rsync.get(f"{shards[2]}fence") or b"").isdigit()  # repaired by the new leader
     env = {**FAST_ENV, "WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
-           "WORKER_APP": "tests.apps.ledger:app", "WORKER_QUEUE_SHARDS": "3"}  # fmt: skip
+           "WORKER_APP": "harness.apps.ledger:app", "WORKER_QUEUE_SHARDS": "3"}  # fmt: skip
     out = cli("doctor", "--json", env=env)
     assert "shards" in json.loads(out.stdout)["failed"], out.stdout
 

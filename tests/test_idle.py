@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, wait_until
-from tests.timings import FAST_ENV
+from harness import Spawn, wait_until
+from harness.timings import FAST_ENV
 from worker.client import Client
 
 pytestmark = pytest.mark.slow
 
-APP = "tests.apps.idle:app"
+APP = "harness.apps.idle:app"
 #: the framework's defaults for every timing (the fast test timings unset)
 DEFAULTS: dict[str, str | None] = {
     k: None for k in FAST_ENV if k.endswith("_S") and k != "WORKER_DRAIN_DELAY_S"

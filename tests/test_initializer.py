@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FixedLease
+from harness import FixedLease
 from worker.app import App
 from worker.client import Client
 from worker.context import Context

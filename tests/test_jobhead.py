@@ -9,7 +9,7 @@ import pickle
 import msgpack
 import pytest
 
-from tests.arqfmt import serialize_result
+from harness.arqfmt import serialize_result
 from worker.core.jobhead import HEAD_BYTES, TAIL_BYTES
 from worker.core.serializer import (
     Deserialize,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import CliRun, Spawn, client_call, wait_until
+from harness import CliRun, Spawn, client_call, wait_until
 from worker.core.serializer import job_payload, msgpack_dumps
 from worker.storage import keys as K
 
@@ -25,7 +25,7 @@ def _env(redis_url: str, prefix: str) -> dict[str, str]:
     return {
         "WORKER_REDIS_URL": redis_url,
         "WORKER_KEY_PREFIX": prefix,
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
 
 

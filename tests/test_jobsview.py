@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis import asyncio as aioredis
 
-from tests.arqfmt import serialize_result
+from harness.arqfmt import serialize_result
 from worker import App, JobContext
 from worker.client import Client
 from worker.core.serializer import job_payload, msgpack_dumps

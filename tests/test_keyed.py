@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness import eventually
 from worker.app import App
 from worker.context import Context
 from worker.core.clock import SystemClock
@@ -84,13 +85,6 @@ def keyed(
         renew_deadline_s=deadline_s,
         stop_grace_s=0.5,
     )
-
-
-async def eventually(pred: Any, within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not pred():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 async def test_keys_spread_disjoint_and_move_when_a_process_leaves(r: Any) -> None:
@@ -175,7 +169,7 @@ async def test_a_lost_lease_stops_the_loop(r: Any) -> None:
 
 @pytest.mark.slow
 def test_per_key_across_processes_with_sigkill_and_sigterm(spawn: Any, rsync: Any) -> None:
-    from tests.conftest import wait_until
+    from harness import wait_until
 
     prefix = spawn.prefix
     boxes = [f"mbx{i}" for i in range(30)]  # P(a process gets none) = 3 * (2/3)^30 < 1e-5

@@ -11,20 +11,14 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import FixedLease, Spawn, client_call, wait_until
+from harness import FixedLease, Spawn, client_call, wait_until
+from tests.test_registry import new_reaper
 from worker.core.clock import FakeClock
-from worker.duties.reaper import OrphanReaper
 from worker.duties.registry import WriteWitness
 from worker.storage import keys as K
-from worker.storage.store import FencedStore, Store
+from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
-
-
-def new_reaper(r: Any, lease: FixedLease, clock: FakeClock, **kw: Any) -> OrphanReaper:
-    """An orphan reaper over ``r``: the store it reads and the fenced store it writes."""
-    store = Store(r, KEYS)
-    return OrphanReaper(store, FencedStore(store, lease), clock, **kw)
 
 
 NOW_S = 1_700_000_000.0
@@ -91,7 +85,7 @@ def test_a_killed_leaders_own_job_runs_elsewhere_within_the_bound(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    app = "tests.apps.aborts:app"
+    app = "harness.apps.aborts:app"
     leader = spawn("all", name="l1", app=app, env=TIMES)
     wait_until(lambda: "leadership acquired" in leader.log(), 30, what="l1 to lead")
     jid = client_call(redis_url, prefix, "enqueue", "sleeper", 60)

@@ -8,7 +8,6 @@ The singleton group a leader starts and stops is a :class:`Probe` that records w
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.connection import Connection as AsyncConnection
 
+from harness import eventually
 from worker.core.clock import Clock, FakeClock, SystemClock
 from worker.core.component import Component, Group
 from worker.core.ids import LockValue
@@ -32,28 +32,6 @@ from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 FAST = LeaderTiming(ttl_s=1.0, renew_interval_s=0.2, renew_deadline_s=0.6, poll_interval_s=0.1)
-
-
-async def eventually(
-    pred: Callable[[], Any], within: float = 5.0, what: str = "", clock: FakeClock | None = None
-) -> Any:
-    """Poll ``pred``; with a fake clock, advance it 10 ms per poll (``within`` is fake time)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within if clock is None else clock.monotonic() + within
-    while True:
-        value = pred()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        now = loop.time() if clock is None else clock.monotonic()
-        if now > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what or pred}")
-        if clock is None:
-            await asyncio.sleep(0.01)
-        else:
-            await clock.run_for(0.01, step=0.01)
-            await asyncio.sleep(0.001)  # let real I/O (the Redis round trip) complete
 
 
 async def drive(clock: FakeClock, seconds: float, step: float = 0.01) -> None:
@@ -430,7 +408,7 @@ async def test_another_acquisition_makes_the_leader_look_and_step_down_at_once(
     assert not a.leader.is_leading()
     assert a.leader.health.extra["last_loss"] == "lease is no longer ours"
     # its next campaign read the holder's lock: that raised its floor, not the announcement
-    await eventually(lambda: a.leader.floor == other.lock.epoch, 3, "the floor", clock=clock)
+    await eventually(lambda: a.leader.floor == other.lock.epoch, "the floor", within=3, clock=clock)
     assert rsync.get(KEYS.leader) == str(other.lock).encode()
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from tests.conftest import client_call, wait_until
+from harness import client_call, wait_until
 from worker.core import logs
 from worker.core.logs import configure_logging
 

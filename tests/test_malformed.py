@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import CliRun, Spawn, WorkerProc, client_call, wait_until
-from tests.test_edges import consumer_restarts, http_get, wait_ready
-from worker.runtime.embedded import free_port
+from harness import CliRun, Spawn, WorkerProc, client_call, wait_until
+from harness.ports import free_port
+from harness.probes import consumer_restarts, http_get, wait_ready
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 
-BCAST_APP = "tests.apps.bcast:app"
-HOSTILE_APP = "tests.apps.hostile:app"
+BCAST_APP = "harness.apps.bcast:app"
+HOSTILE_APP = "harness.apps.hostile:app"
 TOKEN = "malformed-tests-token-0123456789"
 
 
@@ -144,7 +144,7 @@ def test_an_instance_record_that_is_not_json_stops_nobody(
     proc = spawn("all", name="solo", env={"WORKER_HEALTH_PORT": str(port)})
     wait_ready(proc, port)
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix,
-           "WORKER_APP": "tests.apps.ledger:app"}  # fmt: skip
+           "WORKER_APP": "harness.apps.ledger:app"}  # fmt: skip
     status = cli("status", "--json", env=env)
     assert "Traceback" not in status.stderr, status.stderr
     assert status.returncode == 0, status.stderr

@@ -16,16 +16,17 @@ import pytest
 import redis as redis_sync
 import yaml
 
-from tests.conftest import ROOT, Spawn, wait_until
+from harness import ROOT, Spawn, eventually, ledger, wait_until
+from harness.ports import free_port
+from harness.probes import http_get, wait_ready
 from tests.test_clock_skew import _libfaketime, _skewed_env
-from tests.test_consumer import KEYS, Loop, eventually
-from tests.test_operations import http_get, ledger, metric_samples, sample, wait_ready
+from tests.test_consumer import KEYS, Loop
+from tests.test_operations import metric_samples, sample
 from worker.app import App
 from worker.client import Client
 from worker.context import JobContext
 from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps
-from worker.runtime.embedded import free_port
 
 # -- worker_job_wait_seconds ----------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, wait_until
-from tests.docpages import ROOT, page, section
+from harness import Spawn, wait_until
+from harness.docpages import ROOT, page, section
 from worker.consumer.envelope import validate
 from worker.core.serializer import json_loads
 from worker.storage.keys import Keys
@@ -30,7 +30,7 @@ from worker.storage.keys import Keys
 pytestmark = pytest.mark.timeout(60)
 
 NODE_DIR = ROOT / "tests" / "node"
-APP = "tests.apps.polyglot:app"
+APP = "harness.apps.polyglot:app"
 
 
 def node() -> str:

@@ -4,24 +4,17 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from typing import Any
 
 import pytest
 import redis as redis_sync
 
-from tests.conftest import CliRun, Spawn, client_call, wait_until
+from harness import CliRun, Spawn, client_call, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "one-door-token-0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _overview(port: int) -> dict[str, Any]:
@@ -37,7 +30,7 @@ def test_cli_actions_show_in_the_consoles_activity_log(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("all", name="a1")
-    port = _free_port()
+    port = free_port()
     web = spawn(
         "all",
         name="web",

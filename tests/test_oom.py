@@ -1,6 +1,6 @@
 """Redis out of memory (``maxmemory`` reached under ``noeviction``): writes are refused for a
 while, then memory is freed. Real server, real ``python -m worker`` processes; jobs counted in
-a ledger on a second server that is never faulted (tests/apps/edges.py).
+a ledger on a second server that is never faulted (harness/apps/edges.py).
 
 Under OOM every write a heartbeat makes is refused, the leader's own too, while the orphan
 reaper's script (its first write is a ``DEL``) still runs: a reaper that took the silence for
@@ -17,21 +17,20 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_sync
 
-from tests import test_edges
-from tests.conftest import Spawn, wait_until
-from tests.realredis import RealRedis
-from tests.test_edges import enqueue_jobs, http_get, instance_records, led_hash, report, wait_ready
-from worker.runtime.embedded import free_port
+from harness import Spawn, wait_until
+from harness.ports import free_port
+from harness.probes import (
+    enqueue_jobs,
+    http_get,
+    instance_records,
+    led_hash,
+    problem_report,
+    wait_ready,
+)
+from harness.realredis import RealRedis
 
 pytestmark = pytest.mark.slow
 
-# the edges tests' ledger (a second server, never faulted) and their spawner
-ledger_server, ledger_url, lsync, espawn = (
-    test_edges.ledger_server,
-    test_edges.ledger_url,
-    test_edges.lsync,
-    test_edges.espawn,
-)
 MAXMEMORY = ("--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
 
 
@@ -180,5 +179,5 @@ def test_redis_out_of_memory_reaps_no_live_consumer_and_liveness_recovers(
     dead = [n for n, p in procs.items() if not p.alive()]
     if dead:
         problems.append(f"processes died: {dead}")
-    print(report("Redis out of memory", problems, figures))
-    assert not problems, report("Redis out of memory", problems, figures)
+    print(problem_report("Redis out of memory", problems, figures))
+    assert not problems, problem_report("Redis out of memory", problems, figures)

@@ -11,47 +11,23 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 import redis as redis_sync
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.apps.ledger import app as ledger_app
-from tests.conftest import ROOT, CliRun, Spawn, WorkerProc, wait_until
+from harness import ROOT, CliRun, Spawn, ledger, wait_until
+from harness.apps.ledger import app as ledger_app
+from harness.ports import free_port
+from harness.probes import http_get, wait_ready
 from worker.client import Client
-from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.timeout(120)
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-
-def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int | None, str]:
-    """``(status, body)``; status ``None`` when nothing answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return None, str(exc)
-
-
-def wait_ready(proc: WorkerProc, port: int, timeout: float = 30) -> None:
-    def check() -> bool:
-        assert proc.alive(), f"{proc.name} exited early:\n{proc.log()}"
-        return http_get(port, "/readyz")[0] == 200
-
-    wait_until(check, timeout, what=f"{proc.name} /readyz 200")
-
-
-def ledger(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in r.hgetall(f"{prefix}ledger:{name}").items()}
 
 
 def enqueue(url: str, prefix: str, function: str, *args: Any) -> str:
@@ -268,7 +244,7 @@ def test_status_shows_cluster(
     env = {
         "WORKER_REDIS_URL": redis_url,
         "WORKER_KEY_PREFIX": prefix,
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
 
     proc = cli("status", "--json", env=env)
@@ -435,7 +411,7 @@ def test_password_never_shown(
     assert PASSWORD not in body
     assert "***" in json.loads(body)["settings"]["redis_url"]
 
-    env = {"WORKER_KEY_PREFIX": prefix, "WORKER_APP": "tests.apps.ledger:app"}
+    env = {"WORKER_KEY_PREFIX": prefix, "WORKER_APP": "harness.apps.ledger:app"}
     status = cli("status", "--json", env={**env, "WORKER_REDIS_URL": secret_url})
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["leader"]["held"]
@@ -482,7 +458,7 @@ def test_another_apps_job_is_refused_by_retry_and_cancel(
     env_b = {
         "WORKER_REDIS_URL": redis_url,
         "WORKER_KEY_PREFIX": b,
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
     retry = cli("job", failed, "--retry", env=env_b)
     cancel = cli("job", running, "--cancel", env=env_b)

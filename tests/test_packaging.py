@@ -143,7 +143,7 @@ def test_the_wheel_runs_a_job_beside_redis_py_8_and_fastapi(
     job its client enqueued, on a real server. Before: the install failed to resolve."""
     import os
 
-    from tests.timings import FAST_ENV
+    from harness.timings import FAST_ENV
 
     dist = tmp_path / "dist"
     build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)]

@@ -7,8 +7,8 @@ from typing import Any
 import fakeredis
 import pytest
 
-from tests.arqfmt import deserialize_job
-from tests.conftest import FixedLease
+from harness import FixedLease
+from harness.arqfmt import deserialize_job
 from worker.core.clock import FakeClock
 from worker.core.errors import LeadershipLost
 from worker.core.ids import JobIds

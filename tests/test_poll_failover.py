@@ -1,4 +1,4 @@
-"""A routine Sentinel failover while poll jobs are mid-flight (tests/apps/outage.py: a 1 s
+"""A routine Sentinel failover while poll jobs are mid-flight (harness/apps/outage.py: a 1 s
 job that then reschedules its item through ``ctx.poller(...).schedule``), under real
 ``python -m worker`` processes: every item runs again within 15 s of the promotion.
 
@@ -15,27 +15,24 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, wait_until
-from tests.test_edges import http_get, report
+from harness import Spawn, wait_until
+from harness.probes import http_get, problem_report
+from harness.topology import SentinelSet
 from tests.test_refused_writes import (
     BACK_WITHIN_S,
     ITEMS,
     first_start_after,
-    ledger_server,
-    ledger_url,
     logged,
-    lsync,
     mid_flight,
     ospawn,
     schedule_items,
     start_processes,
     starts,
 )
-from tests.topology import SentinelSet
 
 pytestmark = pytest.mark.slow
 
-__all__ = ["ledger_server", "ledger_url", "lsync", "ospawn"]  # fixtures used here
+__all__ = ["ospawn"]  # a fixture used here
 
 
 @pytest.fixture
@@ -94,5 +91,5 @@ def test_poll_jobs_mid_flight_ride_out_a_sentinel_failover(
     not_live = [n for n, port in ports.items() if http_get(port, "/healthz")[0] != 200]
     if not_live:
         problems.append(f"/healthz not 200 after the failover on {not_live}")
-    print(report("poll jobs through a Sentinel failover", problems, figures))
-    assert not problems, report("poll jobs through a Sentinel failover", problems, figures)
+    print(problem_report("poll jobs through a Sentinel failover", problems, figures))
+    assert not problems, problem_report("poll jobs through a Sentinel failover", problems, figures)

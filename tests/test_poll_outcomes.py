@@ -2,7 +2,7 @@
 abort, removal by the app, and a job that ended without reporting (its record lost).
 
 Unit tests drive the consumer's end hook and the leader's sweep on fakeredis and the real
-server; the process tests run ``python -m worker`` on ``tests/apps/pollfail.py``.
+server; the process tests run ``python -m worker`` on ``harness/apps/pollfail.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import FixedLease, Spawn, client_call, wait_until
+from harness import FixedLease, Spawn, client_call, wait_until
 from worker.core.clock import FakeClock
 from worker.core.ids import JobIds
 from worker.core.serializer import msgpack_dumps
@@ -194,7 +194,7 @@ async def test_sweep_is_fenced(r: Any) -> None:
 
 # -- real processes ---------------------------------------------------------------------------
 
-APP = "tests.apps.pollfail:app"
+APP = "harness.apps.pollfail:app"
 
 
 def schedule(r: redis_sync.Redis, prefix: str, poller: str, *items: str, shards: int = 2) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.arqfmt import deserialize_job
-from tests.conftest import FixedLease
+from harness import FixedLease
+from harness.arqfmt import deserialize_job
 from worker.app import App
 from worker.client import Client
 from worker.core.clock import FakeClock

@@ -12,19 +12,19 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from tests.conftest import CliRun, Spawn, wait_until
-from tests.realredis import RealRedis
+from harness import CliRun, Spawn, ledger, wait_until
+from harness.ports import free_port
+from harness.probes import http_get, wait_ready
+from harness.realredis import RealRedis
 from tests.test_cli import assert_config_error
-from tests.test_operations import http_get, ledger, wait_ready
 from worker.core.errors import ConfigError
-from worker.runtime.embedded import free_port
 from worker.runtime.preflight import check_redis_contract
 from worker.settings import Settings
 from worker.storage.server import read_eviction_policy
 
 pytestmark = pytest.mark.timeout(120)
 
-APP = "tests.apps.ledger:app"
+APP = "harness.apps.ledger:app"
 PASSWORD = "Pre-flight-pw-91c2"
 
 

@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,10 +19,11 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import ROOT, CliRun, Spawn, WorkerProc, wait_until
+from harness import ROOT, CliRun, Spawn, WorkerProc, free_ports, wait_until
+from harness.fakes import RecordingBackoff
+from harness.probes import instance_records
 from tests.test_faults import (
     assert_each_tick_once,
-    instance_records,
     lock_epoch,
     stop_between_jobs,
     tick_ledger,
@@ -32,7 +32,6 @@ from tests.test_faults import (
 from worker.core.clock import FakeClock
 from worker.core.component import Backoff
 from worker.core.errors import ConfigError
-from worker.runtime.embedded import free_port
 from worker.runtime.processes import Launcher, Supervisor, exit_status
 from worker.settings import load_settings
 
@@ -92,16 +91,6 @@ class Spawner:
 
     def current(self, index: int) -> FakeChild:
         return self.children[index][-1]
-
-
-class RecordingBackoff(Backoff):
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.ceilings: list[float] = []
-
-    def next_delay(self) -> float:
-        self.ceilings.append(min(self.cap_s, self.base_s * 2**self.attempt))
-        return super().next_delay()
 
 
 SLACK = 0.1 + 3 * 0.05 + 1e-6  # one poll_s, three fake-clock steps: how late a restart may be
@@ -306,7 +295,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_children_names_ports_environment_and_no_recursion(clean_env: None) -> None:
     url = "redis://user:s3cret@redis:6379/0"
-    s = load_settings(instance_name="web", processes=3, redis_url=url, app="tests.apps.ledger:app")
+    s = load_settings(
+        instance_name="web", processes=3, redis_url=url, app="harness.apps.ledger:app"
+    )
     env = {"WORKER_PROCESSES": "3", "WORKER_REDIS_URL_FILE": "/run/url", "OTHER": "x"}
     launcher = Launcher(s, env, url)
     for i in range(3):
@@ -381,27 +372,6 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
-
-
-def free_ports(n: int) -> int:
-    """A base port with ``n`` consecutive ports free on 127.0.0.1 a moment ago."""
-    for _ in range(50):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        socks: list[socket.socket] = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no run of free ports")
 
 
 def start_three(spawn: Spawn, rsync: redis_sync.Redis, **env: str) -> tuple[WorkerProc, dict]:
@@ -534,7 +504,7 @@ def test_role_all_without_a_url_shares_one_embedded_server(tmp_path: Path) -> No
         WORKER_HEALTH_PORT="0",
         WORKER_DRAIN_DELAY_S="0",
         WORKER_LOG_FORMAT="json",
-        WORKER_APP="tests.apps.minimal:app",
+        WORKER_APP="harness.apps.minimal:app",
     )
     log_path = tmp_path / "parent.log"
     with open(log_path, "wb") as log:

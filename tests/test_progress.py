@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client import generate_latest
 
-from tests.conftest import FixedLease
+from harness import FixedLease
 from worker.app import App
 from worker.context import Context
 from worker.core.clock import FakeClock, SystemClock
@@ -40,7 +40,7 @@ def context(clock: Any, iid: str = "i-1") -> Context:
     return Context(Settings.model_construct(), None, None, clock, iid)  # type: ignore[arg-type]
 
 
-async def settle() -> None:
+async def yield_to_loop() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
 

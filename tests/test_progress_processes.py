@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
-from worker.runtime.embedded import free_port
+from harness import FAST_ENV, CliRun, Spawn, wait_until
+from harness.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,7 +46,7 @@ def test_progress_readiness_and_periodic_failures(
     spawn: Spawn, cli: CliRun, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
     port = free_port()
-    app = "tests.apps.progress:app"
+    app = "harness.apps.progress:app"
     proc = spawn("all", name="p1", app=app, env={"WORKER_HEALTH_PORT": str(port)})
     prefix = spawn.prefix  # type: ignore[attr-defined]
 
@@ -139,7 +139,7 @@ def test_doctor_on_a_real_cluster(
     env = {"WORKER_ORPHAN_STALE_S": "60"}
     leader = spawn("leader", name="l1", env=env)
     consumer = spawn("consumer", name="c1", env=env)
-    cenv = cli_env(redis_url, spawn.prefix, "tests.apps.ledger:app", **env)  # type: ignore[attr-defined]
+    cenv = cli_env(redis_url, spawn.prefix, "harness.apps.ledger:app", **env)  # type: ignore[attr-defined]
 
     def passes() -> str | None:
         for p in (leader, consumer):

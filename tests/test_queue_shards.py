@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from tests.conftest import FixedLease, Spawn, wait_until
-from tests.timings import FAST_ENV
-from tests.topology import Cluster
+from harness import FixedLease, Spawn, wait_until
+from harness.timings import FAST_ENV
+from harness.topology import Cluster
+from tests.test_cluster import cluster, key_prefix, redis_url
 from worker.client import Client
 from worker.core.errors import LeadershipLost, ShardFenced
 from worker.core.ids import shard_index
@@ -30,23 +29,9 @@ from worker.storage.store import FencedStore, open_store
 
 pytestmark = pytest.mark.slow
 
+__all__ = ["cluster", "key_prefix", "redis_url"]  # fixtures used here
+
 N = 3
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with Cluster(masters=3, replicas=0) as c:
-        yield c
-
-
-@pytest.fixture
-def key_prefix() -> str:
-    return f"{{t{uuid.uuid4().hex[:6]}}}:"
-
-
-@pytest.fixture
-def redis_url(cluster: Cluster) -> str:
-    return cluster.url()
 
 
 def node_of(cluster: Cluster, prefix: str) -> redis_sync.Redis:
@@ -195,8 +180,8 @@ def test_jobs_written_unannounced_in_every_shard_start_within_a_second_on_an_idl
         k: None for k in FAST_ENV if k.endswith("_S") and k != "WORKER_DRAIN_DELAY_S"
     }
     env = {**defaults, "WORKER_QUEUE_SHARDS": str(N)}
-    spawn("all", name="a1", app="tests.apps.idle:app", env=env)
-    spawn("consumer", name="c1", app="tests.apps.idle:app", env=env)
+    spawn("all", name="a1", app="harness.apps.idle:app", env=env)
+    spawn("consumer", name="c1", app="harness.apps.idle:app", env=env)
     wait_until(lambda: nodes[0].exists(f"{key_prefix}leader"), 60, what="a leader")
     time.sleep(3.0)  # idle: the consumers' own next look is 30 s away
     ser, _ = get_serializer("msgpack")

@@ -1,6 +1,6 @@
 """Redis refusing writes for a while — out of memory (``maxmemory``, ``noeviction``) or
 ``MISCONF`` (it cannot persist: writes refused until a save succeeds) — under real
-``python -m worker`` processes (tests/apps/outage.py), what they did counted in a ledger on a
+``python -m worker`` processes (harness/apps/outage.py), what they did counted in a ledger on a
 second server that is never faulted.
 
 - Poll jobs mid-flight when the writes are refused call the framework's own
@@ -26,23 +26,17 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_sync
 
-from tests import test_edges
-from tests.conftest import Spawn, WorkerProc, wait_until
-from tests.realredis import RealRedis
-from tests.test_edges import http_get, report, wait_ready
+from harness import Spawn, WorkerProc, wait_until
+from harness.ports import free_port
+from harness.probes import http_get, problem_report, wait_ready
+from harness.realredis import RealRedis
 from tests.test_oom import fill_memory, free_memory, refused
 from worker.polls import shard_of
-from worker.runtime.embedded import free_port
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
 
-ledger_server, ledger_url, lsync = (
-    test_edges.ledger_server,
-    test_edges.ledger_url,
-    test_edges.lsync,
-)
-OUTAGE_APP = "tests.apps.outage:app"
+OUTAGE_APP = "harness.apps.outage:app"
 #: Every poll item runs again within this of the writes being accepted again (the issue's
 #: bound; the default ``failure_delay_s`` is 60 s).
 BACK_WITHIN_S = 15.0
@@ -178,8 +172,8 @@ def test_poll_jobs_mid_flight_ride_out_redis_out_of_memory(
     not_live = [n for n, port in ports.items() if http_get(port, "/healthz")[0] != 200]
     if not_live:
         problems.append(f"/healthz not 200 after the outage on {not_live}")
-    print(report("poll jobs under Redis out of memory", problems, figures))
-    assert not problems, report("poll jobs under Redis out of memory", problems, figures)
+    print(problem_report("poll jobs under Redis out of memory", problems, figures))
+    assert not problems, problem_report("poll jobs under Redis out of memory", problems, figures)
 
 
 def break_saves(r: redis_sync.Redis) -> None:
@@ -284,5 +278,5 @@ def test_misconf_keeps_every_process_live_and_unready_then_everything_resumes(
     dead = [p.name for p in ospawn.procs if not p.alive()]  # type: ignore[attr-defined]
     if dead:
         problems.append(f"processes died: {dead}")
-    print(report("MISCONF", problems, figures))
-    assert not problems, report("MISCONF", problems, figures)
+    print(problem_report("MISCONF", problems, figures))
+    assert not problems, problem_report("MISCONF", problems, figures)

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import make_mocked_request
 
-from tests.conftest import FixedLease
+from harness import FixedLease
 from worker.app import App
 from worker.consumer.dead import DeadLetters
 from worker.core.clock import FakeClock, RedisClock, ms

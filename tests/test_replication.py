@@ -19,8 +19,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tests.conftest import FixedLease
-from tests.topology import Node, free_port_pair, wait_for
+from harness import FixedLease, eventually
+from harness.ports import free_port_pair
+from harness.topology import Node, wait_for
 from worker.app import App
 from worker.client import Client
 from worker.consumer.config import ConsumerConfig
@@ -200,13 +201,6 @@ def loop_for(r: Any, app: App, instance: str) -> tuple[Consumer, Client]:
         instance_id=instance, config=cfg, dead=dead,
     )  # fmt: skip
     return consumer, client
-
-
-async def eventually(pred: Any, within: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + within
-    while not await pred():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_claim_the_replicas_did_not_confirm_waits_unstarted(r: Any, pair: Pair) -> None:

@@ -3,7 +3,7 @@ real workers: it costs no leadership change, no tick and no acknowledged enqueue
 runs twice, and no component restarts; the work that needs the slot waits for the migration
 and resumes (the stall is what docs/guarantees.md's failure table states).
 
-Two ``--role all`` processes of tests/apps/failover.py (a tick every second with catch-up
+Two ``--role all`` processes of harness/apps/failover.py (a tick every second with catch-up
 ``all``, a singleton service) on a 2-primary Redis Cluster, a client enqueueing all along, the
 ledgers on a server of their own (it is never migrated). The app's slot is moved to the other
 primary in batches of a few keys with pauses (~5 s in all): in that time the slot's node answers
@@ -19,42 +19,27 @@ import asyncio
 import math
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_sync
 from redis.crc import key_slot
 
-from tests.conftest import Spawn, wait_until
-from tests.realredis import RealRedis
-from tests.topology import Cluster
+from harness import Spawn, wait_until
+from harness.realredis import RealRedis
+from harness.topology import Cluster
+from tests.test_cluster import cluster, key_prefix, redis_url
 from worker.client import Client
 from worker.storage.shards import shard_prefixes
 
 pytestmark = pytest.mark.slow
 
+__all__ = ["cluster", "key_prefix", "redis_url"]  # fixtures used here
+
 #: The migration's length (s): batches of at most 10 keys with pauses in between.
 MIGRATION_S = 5.0
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with Cluster(masters=2, replicas=0) as c:
-        yield c
-
-
-@pytest.fixture
-def key_prefix() -> str:
-    return f"{{rs{uuid.uuid4().hex[:6]}}}:"
-
-
-@pytest.fixture
-def redis_url(cluster: Cluster) -> str:
-    return cluster.url()
-
-
-class Enqueuer(threading.Thread):
+class SlotEnqueuer(threading.Thread):
     """Enqueues ``record`` jobs every 50 ms; each call's (start, end) and the acknowledged ids."""
 
     def __init__(self, url: str, prefix: str) -> None:
@@ -120,9 +105,11 @@ def migrate_under_work(
         "FAILOVER_INIT_ITEMS": "0",
         "WORKER_QUEUE_SHARDS": str(shards),
     }
-    procs = [spawn("all", name=f"all-{i}", app="tests.apps.failover:app", env=env) for i in (1, 2)]
+    procs = [
+        spawn("all", name=f"all-{i}", app="harness.apps.failover:app", env=env) for i in (1, 2)
+    ]
     wait_until(lambda: ledger.hlen(f"{lk}ticks") >= 3, timeout=60, what="three ticks")
-    enq = Enqueuer(redis_url, key_prefix)
+    enq = SlotEnqueuer(redis_url, key_prefix)
     enq.start()
     time.sleep(1.0)
 

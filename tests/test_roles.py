@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.apps.ledger import app as ledger_app
-from tests.conftest import CliRun, Spawn, WorkerProc, wait_until
+from harness import CliRun, Spawn, WorkerProc, ledger, wait_until
+from harness.apps.ledger import app as ledger_app
 from worker.client import Client
 from worker.core.clock import ms
 from worker.storage import keys as K
@@ -37,10 +37,6 @@ def wait_started(proc: WorkerProc, timeout: float = 30) -> dict[str, Any]:
         return start_event(proc)
 
     return wait_until(check, timeout, what=f"{proc.name} to start")  # type: ignore[no-any-return]
-
-
-def ledger(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in r.hgetall(f"{prefix}ledger:{name}").items()}
 
 
 def shard_keys(prefix: str) -> list[str]:
@@ -80,7 +76,7 @@ def assert_consecutive_ticks(ticks: dict[str, int], at_least: int) -> list[int]:
 @pytest.mark.parametrize("role", ["consumer", "leader", "all"])
 def test_plan_needs_no_redis(cli: CliRun, role: str) -> None:
     env = {
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
         # unresolvable host: any connection attempt would fail or hang
         "WORKER_REDIS_URL": "redis://no-such-redis-host.invalid:6379/0",
         "WORKER_REDIS_CONNECT_TIMEOUT_S": "30",

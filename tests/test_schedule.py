@@ -10,16 +10,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from harness.fakes import utc_ms
 from worker.core.errors import ConfigError
 from worker.core.schedule import Cron, Every, make_schedule
 
 MIN = 60_000
 HOUR = 60 * MIN
 DAY = 24 * HOUR
-
-
-def utc_ms(*args: int) -> int:
-    return int(dt.datetime(*args, tzinfo=dt.UTC).timestamp() * 1000)  # type: ignore[misc]
 
 
 def local(ms: int, tz: str) -> dt.datetime:

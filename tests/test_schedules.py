@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.arqfmt import deserialize_job
-from tests.conftest import CliRun, FixedLease
-from tests.docpages import python_block
+from harness import CliRun, FixedLease
+from harness.arqfmt import deserialize_job
+from harness.docpages import python_block
+from harness.fakes import utc_ms
 from worker import App
 from worker.client import Client
 from worker.core import malformed as M
@@ -263,10 +264,6 @@ async def test_a_new_leader_catches_up_missed_ticks_per_policy(r: Any) -> None:
 # -- DST: as for a code schedule's cron -------------------------------------------------------
 
 
-def utc_ms(year: int, month: int, day: int, hour: int, minute: int = 0) -> int:
-    return int(dt.datetime(year, month, day, hour, minute, tzinfo=dt.UTC).timestamp() * 1000)
-
-
 @pytest.mark.parametrize(
     ("cron", "start", "expected"),
     [
@@ -308,7 +305,7 @@ def test_the_cli_adds_shows_lists_backfills_and_removes(cli: CliRun, redis_url: 
     env = {
         "WORKER_REDIS_URL": redis_url,
         "WORKER_KEY_PREFIX": "cs:",
-        "WORKER_APP": "tests.apps.sched:app",
+        "WORKER_APP": "harness.apps.sched:app",
     }
     add = cli("schedule", "add", "acme", "stamp", "--cron", "0 7 * * *", "--tz", "Europe/Paris",
               "--args", '["acme"]', "--overlap", "skip", env=env)  # fmt: skip

@@ -1,6 +1,6 @@
 """Run-time schedules in real worker processes: two ``--role all`` processes, schedules added,
 changed and removed while the leader is SIGKILLed mid-way; every tick of every live schedule
-runs once (the ledger of tests/apps/sched.py), none of a removed one after its removal."""
+runs once (the sched_ledger of harness/apps/sched.py), none of a removed one after its removal."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import urllib.request
 import pytest
 import redis as redis_sync
 
-from tests.apps.sched import app
-from tests.conftest import Spawn, WorkerProc, wait_until
+from harness import Spawn, WorkerProc, wait_until
+from harness.apps.sched import app
+from harness.ports import free_port
 from worker.client import Client
 from worker.core.clock import ms, on_server_time
-from worker.runtime.embedded import free_port
 
 pytestmark = pytest.mark.timeout(120)
-APP = "tests.apps.sched:app"
+APP = "harness.apps.sched:app"
 S = 1000
 
 
@@ -31,13 +31,13 @@ def leading(port: int) -> bool:
     return found is not None and float(found.group(1)) == 1.0
 
 
-def ledger(rsync: redis_sync.Redis, prefix: str, tag: str) -> dict[int, int]:
-    raw: dict[bytes, bytes] = rsync.hgetall(f"{prefix}ledger:sched:{tag}")  # type: ignore[assignment]
+def sched_ledger(rsync: redis_sync.Redis, prefix: str, tag: str) -> dict[int, int]:
+    raw: dict[bytes, bytes] = rsync.hgetall(f"{prefix}sched_ledger:sched:{tag}")  # type: ignore[assignment]
     return {int(k): int(v) for k, v in raw.items()}
 
 
 def contiguous(ticks: dict[int, int], first: int, last: int, step_ms: int) -> list[int]:
-    """The ticks of ``step_ms`` in ``[first, last]`` missing from the ledger."""
+    """The ticks of ``step_ms`` in ``[first, last]`` missing from the sched_ledger."""
     return [t for t in range(first, last + 1, step_ms) if t not in ticks]
 
 
@@ -97,13 +97,13 @@ def test_schedules_change_while_the_leader_is_killed(
     asyncio.run(scenario())
     # the ticks up to the end have run (a loaded box may take a while)
     wait_until(
-        lambda: max(ledger(rsync, prefix, "b"), default=0) >= at["end"] - 2 * S,
+        lambda: max(sched_ledger(rsync, prefix, "b"), default=0) >= at["end"] - 2 * S,
         timeout=30,
         what="the last ticks of b to run",
     )
     second = leader()
     assert second is not None and second is not first
-    a, b, c = (ledger(rsync, prefix, tag) for tag in "abc")
+    a, b, c = (sched_ledger(rsync, prefix, tag) for tag in "abc")
     log = second.log()[-3000:]
     # one run per tick, everywhere
     assert {*a.values(), *b.values(), *c.values()} == {1}, (a, b, c, log)

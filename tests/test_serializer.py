@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from tests.arqfmt import deserialize_job, deserialize_result, serialize_job, serialize_result
+from harness.arqfmt import deserialize_job, deserialize_result, serialize_job, serialize_result
 from worker.core.budget import MAX_DEPTH, OverBudget, json_record
 from worker.core.serializer import (
     PickleWarning,
@@ -198,17 +199,20 @@ def _nested(depth: int) -> Any:
     return value
 
 
+# built when the test runs, not at import: millions of objects would cost every collection
 @pytest.mark.parametrize(
-    "args",
+    "build",
     [
-        [[[] for _ in range(4_000_000)]],  # 4 MB: one list of 4 million empty lists
-        [[[[] for _ in range(2_000)] for _ in range(2_000)]],  # no list over the element cap
-        [[-20] * 1_500_000],  # 1.5 million elements that are objects of their own
+        lambda: [[[] for _ in range(4_000_000)]],  # 4 MB: one list of 4 million empty lists
+        lambda: [[[[] for _ in range(2_000)] for _ in range(2_000)]],  # no list over the cap
+        lambda: [[-20] * 1_500_000],  # 1.5 million elements that are objects of their own
     ],
     ids=["4M-empty-lists", "2000x2000", "1.5M-ints"],
 )
-def test_a_payload_over_the_decode_budget_is_refused_part_way(args: list[Any]) -> None:
-    raw = job_payload("f", args, {}, ET, msgpack_dumps)
+def test_a_payload_over_the_decode_budget_is_refused_part_way(
+    build: Callable[[], list[Any]],
+) -> None:
+    raw = job_payload("f", build(), {}, ET, msgpack_dumps)
     with pytest.raises(OverBudget, match="more than"):
         msgpack_loads(raw)
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from tests.conftest import wait_until
+from harness import wait_until
+from harness.ports import free_port
 from worker.app import App
 from worker.client import Client
 from worker.consumer.claims import Claims
@@ -22,7 +23,6 @@ from worker.context import Context, JobContext
 from worker.core.clock import SystemClock
 from worker.core.ids import shard_index
 from worker.core.serializer import msgpack_dumps, msgpack_loads
-from worker.runtime.embedded import free_port
 from worker.settings import Settings
 from worker.storage.keys import Keys
 from worker.storage.sharded import Shards

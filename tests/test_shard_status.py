@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import CliRun
+from harness import CliRun
 from worker.app import App
 from worker.core.clock import FakeClock
 from worker.core.metrics import Metrics
@@ -159,7 +159,7 @@ def test_status_and_doctor_commands_print_the_shards(
         "WORKER_REDIS_URL": redis_url,
         "WORKER_KEY_PREFIX": PREFIX,
         "WORKER_QUEUE_SHARDS": "3",
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
     }
     done = cli("status", "--json", env=env)
     assert done.returncode == 0, done.stderr
@@ -242,7 +242,7 @@ def test_throughput_series_are_summed_minute_by_minute_over_the_shards() -> None
 async def test_done_and_failed_listings_merge_every_shard_newest_first(r: Any) -> None:
     """``worker jobs --state done|failed`` with 3 shards: each shard's recent successes and
     failures merged newest first, paged by time; the failure record read in the job's shard."""
-    from tests.arqfmt import serialize_result
+    from harness.arqfmt import serialize_result
     from worker.core.serializer import msgpack_dumps
     from worker.ops import jobsview
 

@@ -11,8 +11,8 @@ import time
 import pytest
 import redis as redis_sync
 
-from tests.apps.ledger import app as ledger_app
-from tests.conftest import Spawn, wait_until
+from harness import Spawn, wait_until
+from harness.apps.ledger import app as ledger_app
 from worker.client import Client
 from worker.leadership.maintainer import EXIT_UNFENCED
 from worker.storage import keys as K

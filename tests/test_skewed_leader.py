@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from tests import test_edges
-from tests.conftest import CliRun, Spawn, wait_until
-from tests.test_edges import enqueue_jobs, instance_records, led_hash, report, settle
+from harness import CliRun, Spawn, wait_until
+from harness.probes import enqueue_jobs, instance_records, led_hash, problem_report
+from harness.waiting import settle
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
@@ -30,14 +30,6 @@ FAST_30S = {
     "FAKETIME_DONT_FAKE_MONOTONIC": "1",
 }
 
-# the edges tests' ledger (a second server, never faulted) and their spawner
-ledger_server, ledger_url, lsync, espawn = (
-    test_edges.ledger_server,
-    test_edges.ledger_url,
-    test_edges.lsync,
-    test_edges.espawn,
-)
-
 
 def doctor(cli: CliRun, redis_url: str, prefix: str) -> tuple[int, dict[str, dict[str, object]]]:
     out = cli(
@@ -46,7 +38,7 @@ def doctor(cli: CliRun, redis_url: str, prefix: str) -> tuple[int, dict[str, dic
         env={
             "WORKER_REDIS_URL": redis_url,
             "WORKER_KEY_PREFIX": prefix,
-            "WORKER_APP": test_edges.EDGES_APP,
+            "WORKER_APP": "harness.apps.edges:app",
         },
     )
     assert out.returncode in (0, 1), out.stderr
@@ -94,7 +86,7 @@ def test_leader_30s_fast_reaps_nobody_and_doctor_fails_its_clock(
         "jobs started twice": f"{len(twice)} of {len(ids)}",
         "jobs queued again after their run": requeued,
     }
-    print(report("leader 30 s fast", [], figures))
+    print(problem_report("leader 30 s fast", [], figures))
     problems = []
     if code_alone != 1 or alone["clock-skew"]["status"] != "fail":
         problems.append("doctor did not fail the clock check of a leader 30 s off Redis")
@@ -109,4 +101,4 @@ def test_leader_30s_fast_reaps_nobody_and_doctor_fails_its_clock(
     dead = [p.name for p in (leader, consumer) if not p.alive()]
     if dead:
         problems.append(f"processes died: {dead}")
-    assert not problems, report("leader 30 s fast", problems, figures)
+    assert not problems, problem_report("leader 30 s fast", problems, figures)

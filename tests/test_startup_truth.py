@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import ROOT, CliRun, wait_until
+from harness import ROOT, CliRun, free_port, wait_until
 from worker.app import load_app
 from worker.core.errors import ConfigError
 
@@ -34,17 +33,11 @@ def bob(rsync: redis_sync.Redis) -> Iterator[str]:
     rsync.execute_command("ACL", "DELUSER", USER)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_a_wrong_password_exits_2_at_once_naming_authentication(cli: CliRun, bob: str) -> None:
     """Before: a worker waited WORKER_REDIS_CONNECT_TIMEOUT_S (10 s) and said "cannot reach
     Redis"; a one-shot command said "cannot use Redis"."""
-    env = {"WORKER_REDIS_URL": bob, "WORKER_APP": "tests.apps.ledger:app"}
+    env = {"WORKER_REDIS_URL": bob, "WORKER_APP": "harness.apps.ledger:app"}
     for args in (("status",), ("run", "--role", "consumer")):
         start = time.monotonic()
         out = cli(*args, env=env, timeout=60)
@@ -60,10 +53,10 @@ def test_a_wrong_password_exits_2_at_once_naming_authentication(cli: CliRun, bob
 
 @pytest.mark.slow
 def test_an_unreachable_redis_is_said_once_per_retry_at_most_once_a_second(cli: CliRun) -> None:
-    url = f"redis://127.0.0.1:{_free_port()}/0"
+    url = f"redis://127.0.0.1:{free_port()}/0"
     env = {
         "WORKER_REDIS_URL": url,
-        "WORKER_APP": "tests.apps.ledger:app",
+        "WORKER_APP": "harness.apps.ledger:app",
         "WORKER_REDIS_CONNECT_TIMEOUT_S": "2",
         "WORKER_LOG_FORMAT": "json",
     }
@@ -144,7 +137,7 @@ def test_the_installed_script_finds_an_app_in_the_current_folder(tmp_path: Path)
 @pytest.mark.slow
 def test_status_and_dead_print_tables_into_a_pipe(cli: CliRun, redis_url: str) -> None:
     """JSON only with --json: before, both switched to JSON when stdout was not a terminal."""
-    env = {"WORKER_REDIS_URL": redis_url, "WORKER_APP": "tests.apps.ledger:app"}
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_APP": "harness.apps.ledger:app"}
     status = cli("status", env=env)
     assert status.returncode == 0, status.stderr
     assert not status.stdout.lstrip().startswith("{") and "leader" in status.stdout, status.stdout

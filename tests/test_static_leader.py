@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import FAST_ENV, CliRun, Spawn, wait_until
-from tests.test_operations import ledger
+from harness import FAST_ENV, CliRun, Spawn, ledger, wait_until
 from worker.core.clock import SystemClock
 from worker.core.ids import LockValue
 from worker.leadership.static import StaticLeader
@@ -138,7 +137,7 @@ def test_lock_without_expiry_is_flagged_and_replaced(
     rsync.set(keys.leader, "41:left-by-an-old-static-leader")  # no expiry
 
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix}
-    st = cli("status", "--json", env={**env, "WORKER_APP": "tests.apps.ledger:app"})
+    st = cli("status", "--json", env={**env, "WORKER_APP": "harness.apps.ledger:app"})
     assert st.returncode == 0, st.stderr
     leader = json.loads(st.stdout)["leader"]
     assert leader["held"] and leader["no_expiry"] is True

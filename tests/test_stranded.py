@@ -9,11 +9,11 @@ import re
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, client_call, wait_until
+from harness import Spawn, client_call, wait_until
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
-APP = "tests.apps.aborts:app"
+APP = "harness.apps.aborts:app"
 GONE = "the embedded Redis this worker used is gone"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.docpages import python_block
+from harness.docpages import python_block
 from worker import App, JobContext
 from worker.core.clock import FakeClock
 from worker.core.errors import ConfigError

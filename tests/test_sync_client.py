@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.arqfmt import JobStatus
-from tests.conftest import Spawn, wait_until
+from harness import Spawn, wait_until
+from harness.arqfmt import JobStatus
 from worker import SyncClient
 from worker.core.errors import ConfigError
 from worker.sync_client import ClientClosed
@@ -27,7 +27,7 @@ def test_eight_threads_share_one_client_and_a_worker_runs_every_job(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    proc = spawn("all", app="tests.apps.syncjobs:app")
+    proc = spawn("all", app="harness.apps.syncjobs:app")
     ids: list[list[str | None]] = [[] for _ in range(8)]
     errors: list[BaseException] = []
     with SyncClient.connect(redis_url, key_prefix=prefix) as client:
@@ -106,7 +106,7 @@ async def test_inside_an_event_loop_it_refuses_to_block(redis_url: str) -> None:
 
 
 def test_the_readme_flask_example_runs(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.docpages import python_block
+    from harness.docpages import python_block
     from worker import App
 
     jobs = types.ModuleType("myservice.jobs")

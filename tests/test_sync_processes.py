@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, WorkerProc, wait_until
+from harness import Spawn, WorkerProc, wait_until
+from harness.ports import free_port
 from worker.client import Client
-from worker.runtime.embedded import free_port
 
 pytestmark = pytest.mark.timeout(120)
-APP = "tests.apps.syncjobs:app"
+APP = "harness.apps.syncjobs:app"
 
 
 def get(port: int, path: str) -> tuple[int, str, float]:
@@ -56,7 +56,7 @@ def results(url: str, prefix: str, ids: list[str]) -> list[Any]:
     return asyncio.run(run())
 
 
-def ledger(rsync: redis_sync.Redis, prefix: str, kind: str) -> list[dict[str, Any]]:
+def sync_ledger(rsync: redis_sync.Redis, prefix: str, kind: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in rsync.lrange(f"{prefix}sync:{kind}", 0, -1)]
 
 
@@ -89,7 +89,7 @@ def test_twenty_blocking_sync_jobs_leave_the_loop_responsive(
     enqueue(redis_url, prefix, [("block", (i, 3.0)) for i in range(20)])
     slowest, busy_seen = 0.0, 0.0
     deadline = time.monotonic() + 30
-    while len(ledger(rsync, prefix, "block")) < 20:
+    while len(sync_ledger(rsync, prefix, "block")) < 20:
         assert time.monotonic() < deadline, proc.log()
         status, _, took = get(port, "/healthz")
         assert status == 200
@@ -98,12 +98,12 @@ def test_twenty_blocking_sync_jobs_leave_the_loop_responsive(
         busy_seen = max(busy_seen, metric(port, "worker_sync_threads_busy") or 0.0)
         time.sleep(0.2)
     assert slowest < 1.0, slowest
-    runs = ledger(rsync, prefix, "block")
+    runs = sync_ledger(rsync, prefix, "block")
     # all 20 ran at once, each in a thread of the pool
     assert max(r["start"] for r in runs) < min(r["end"] for r in runs), runs
     assert len({r["thread"] for r in runs}) == 20 and busy_seen >= 19
-    assert ledger(rsync, prefix, "tick"), "the plain def periodic job ticked"
-    assert all(t["thread"].startswith("worker-sync-") for t in ledger(rsync, prefix, "tick"))
+    assert sync_ledger(rsync, prefix, "tick"), "the plain def periodic job ticked"
+    assert all(t["thread"].startswith("worker-sync-") for t in sync_ledger(rsync, prefix, "tick"))
     assert proc.terminate() == 0, proc.log()
 
 
@@ -128,13 +128,13 @@ def test_timed_out_sync_jobs_stay_stuck_and_then_sync_jobs_are_deferred(
     wait_until(lambda: metric(port, "worker_sync_threads_stuck") == 2.0, 5, what="2 stuck")
     # every thread stuck: a sync job is deferred, an async one runs at once
     later = enqueue(redis_url, prefix, [("block", (99, 0.0)), ("ping", (1,))])
-    wait_until(lambda: ledger(rsync, prefix, "ping"), 5, what="the async job")
+    wait_until(lambda: sync_ledger(rsync, prefix, "ping"), 5, what="the async job")
     assert results(redis_url, prefix, [later[0]]) == [None]
-    wait_until(lambda: ledger(rsync, prefix, "block"), 15, what="the deferred sync job")
-    overruns = ledger(rsync, prefix, "overrun")
+    wait_until(lambda: sync_ledger(rsync, prefix, "block"), 15, what="the deferred sync job")
+    overruns = sync_ledger(rsync, prefix, "overrun")
     assert [(o["cancelled"], o["claimed"]) for o in overruns] == [(True, False)] * 2
     # it started only once a stuck thread had returned
-    assert ledger(rsync, prefix, "block")[0]["start"] >= min(o["end"] for o in overruns)
+    assert sync_ledger(rsync, prefix, "block")[0]["start"] >= min(o["end"] for o in overruns)
     wait_until(lambda: metric(port, "worker_sync_threads_stuck") == 0.0, 5, what="0 stuck")
     events = [e.get("event", "") for e in proc.events()]
     assert any("every sync thread is stuck; deferring" in e for e in events), events

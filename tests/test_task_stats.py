@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from harness.probes import hold_running
 from worker.storage import keys as K
 from worker.storage.jobs import Finish
 from worker.storage.operators import TaskStats
@@ -17,17 +18,9 @@ T = 1_700_000_000_000  # 22:13:20Z
 MIN = 60_000
 
 
-async def _running(r: Any, *job_ids: str, token: str = "me/1") -> None:
-    for jid in job_ids:
-        await r.zadd(KEYS.queue, {jid: T})
-        await r.set(K.ARQ_JOB + jid, b"p")
-        await r.set(K.ARQ_IN_PROGRESS + jid, token)
-        await r.sadd(KEYS.holds("me"), jid)
-
-
 async def test_finish_counts_runs_per_task_minute_and_run_time(r: Any) -> None:
     store = Store(r, KEYS)
-    await _running(r, "a1", "a2", "a3", "b1", "x1", "r1")
+    await hold_running(r, KEYS, T, "a1", "a2", "a3", "b1", "x1", "r1")
     await r.set(K.ARQ_IN_PROGRESS + "a3", "someone-else/1")  # taken over: not counted
     runs = [
         Finish("done", "a1", "me/1", task="send", run_ms=8),
@@ -59,7 +52,7 @@ async def test_finish_counts_runs_per_task_minute_and_run_time(r: Any) -> None:
 
 async def test_the_last_hour_only_and_foreign_fields_ignored(r: Any) -> None:
     store = Store(r, KEYS)
-    await _running(r, "old", "new")
+    await hold_running(r, KEYS, T, "old", "new")
     await store.finish("me", [Finish("done", "old", "me/1", task="t", run_ms=1)], now_ms=T)
     later = T + 80 * MIN  # the next hour; "old" is 80 minutes back: out of the window
     await store.finish("me", [Finish("failed", "new", "me/1", task="t", run_ms=20)], now_ms=later)

@@ -21,8 +21,8 @@ import pytest
 import redis as redis_sync
 import trustme
 
-from tests.conftest import CliRun, Spawn, wait_until
-from tests.realredis import RealRedis
+from harness import CliRun, Spawn, wait_until
+from harness.realredis import RealRedis
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.arqfmt import Retry
-from tests.conftest import CliRun, Spawn
-from tests.test_consumer import KEYS, Loop, eventually
+from harness import CliRun, Spawn, eventually
+from harness.arqfmt import Retry
+from tests.test_consumer import KEYS, Loop, loops
 from worker import App, Client, JobContext
 from worker.core.serializer import job_payload, msgpack_dumps
 from worker.storage.jobs import NewJob
 from worker.tracing import KEY, Tracing
+
+__all__ = ["loops"]  # the fixture, shared with test_consumer
 
 EXPORTER = InMemorySpanExporter()
 PROVIDER = TracerProvider()
@@ -41,14 +43,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
     EXPORTER.clear()
     yield EXPORTER
     EXPORTER.clear()
-
-
-@pytest.fixture
-async def loops() -> AsyncIterator[list[Loop]]:
-    started: list[Loop] = []
-    yield started
-    for lp in started:
-        await lp.halt()
 
 
 def traced_loop(r: Any, app: App) -> Loop:
@@ -204,7 +198,7 @@ async def test_one_trace_across_processes_and_ticks_carry_tick_and_epoch(
 ) -> None:
     trace_file = tmp_path / "spans.jsonl"
     env = {"WORKER_TRACING": "otel", "TRACE_FILE": str(trace_file)}
-    worker = spawn("all", app="tests.apps.traced:app", env=env)
+    worker = spawn("all", app="harness.apps.traced:app", env=env)
     prefix = spawn.prefix  # type: ignore[attr-defined]
     client = await Client.connect(redis_url, key_prefix=prefix, tracing="otel")
     try:
@@ -250,7 +244,7 @@ async def test_one_trace_across_processes_and_ticks_carry_tick_and_epoch(
 async def test_a_poll_dispatch_is_one_create_span_per_job_linked_from_one_send(
     fake_arq: Any, spans: InMemorySpanExporter
 ) -> None:
-    from tests.conftest import FixedLease
+    from harness import FixedLease
     from tests.test_poller import LOCK, NOW, client, make_app
     from worker.core.clock import FakeClock
     from worker.core.serializer import msgpack_loads
@@ -294,7 +288,7 @@ async def test_a_failed_runs_span_holds_the_masked_capped_error(
     record's texts (masked, capped), not the exception's own (a 6 MB span, secrets in it)."""
     trace_file = tmp_path / "spans.jsonl"
     env = {"WORKER_TRACING": "otel", "TRACE_FILE": str(trace_file)}
-    worker = spawn("consumer", app="tests.apps.traced:app", env=env)
+    worker = spawn("consumer", app="harness.apps.traced:app", env=env)
     prefix = spawn.prefix  # type: ignore[attr-defined]
     client = await Client.connect(redis_url, key_prefix=prefix)
     try:

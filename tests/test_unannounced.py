@@ -20,8 +20,8 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from tests.conftest import Spawn, wait_until
-from tests.timings import FAST_ENV
+from harness import Spawn, wait_until
+from harness.timings import FAST_ENV
 from worker.client import Client
 from worker.core import codec
 from worker.core.clock import FakeClock, ms
@@ -31,7 +31,7 @@ from worker.storage.keys import Keys
 
 pytestmark = pytest.mark.timeout(90)
 
-APP = "tests.apps.idle:app"
+APP = "harness.apps.idle:app"
 #: the framework's defaults for every timing (the fast test timings unset)
 DEFAULTS: dict[str, str | None] = {
     k: None for k in FAST_ENV if k.endswith("_S") and k != "WORKER_DRAIN_DELAY_S"

@@ -3,7 +3,7 @@ the
 ends of finished runs are recorded and the leadership is given up while the loop is blocked.
 
 The real-process test blocks a real loop with ``time.sleep`` right after a tick finished
-(tests/apps/loopblock.py) and counts executions in a ledger on a second server that is never
+(harness/apps/loopblock.py) and counts executions in a ledger on a second server that is never
 faulted; the unit tests drive the watchdog against a real loop and a fake Redis.
 """
 
@@ -19,12 +19,13 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from tests.arqfmt import Job
-from tests.conftest import Spawn, wait_until
-from tests.realredis import RealRedis
-from tests.soak import size
-from tests.test_consumer import KEYS, Loop, eventually
-from tests.test_edges import record_of, report, settle
+from harness import Spawn, eventually, wait_until
+from harness.arqfmt import Job
+from harness.probes import problem_report, record_of
+from harness.realredis import RealRedis
+from harness.soak import size
+from harness.waiting import settle
+from tests.test_consumer import KEYS, Loop
 from worker.app import App
 from worker.context import JobContext
 from worker.core.clock import FakeClock, ms
@@ -38,7 +39,7 @@ from worker.storage import keys as K
 from worker.storage.election import Acquired
 from worker.storage.store import Store
 
-APP = "tests.apps.loopblock:app"
+APP = "harness.apps.loopblock:app"
 #: How long the task blocks A's loop: past B's takeover (lease TTL 3 s) and its reaping of A
 #: (orphan stale 2 s, reaper every 0.5 s) with room to spare; 25 s under ``python -m bench soak``.
 BLOCK_S = size(12.0, 25.0)
@@ -118,7 +119,7 @@ def test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop(
     if not (resumed and a.alive() and b.alive()):
         problems.append("A did not come back after the block, or a process died")
     led.close()
-    assert not problems, report("blocked event loop", problems, figures)
+    assert not problems, problem_report("blocked event loop", problems, figures)
 
 
 # -- unit: the threshold and the watchdog on a real loop -------------------------------------

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from tests.apps.ledger import app as ledger
+from harness.apps.ledger import app as ledger
 from worker.client import Client
 from worker.consumer.dead import DeadLetters
 from worker.core.clock import FakeClock, ms
@@ -112,7 +112,7 @@ async def test_a_console_without_a_token_is_read_only_and_only_when_asked(client
 
 
 def test_the_command_refuses_to_start_without_a_token(cli: Any, redis_url: str) -> None:
-    env = {"WORKER_REDIS_URL": redis_url, "WORKER_APP": "tests.apps.ledger:app"}
+    env = {"WORKER_REDIS_URL": redis_url, "WORKER_APP": "harness.apps.ledger:app"}
     out = cli("web", "--port", "0", env=env)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "WORKER_WEB_TOKEN" in out.stderr and "--no-auth" in out.stderr
@@ -180,7 +180,7 @@ async def test_a_periodic_job_that_never_ran_has_no_last_tick(
     """A fresh cluster's first leader records each job's previous slot as planned and enqueues
     from the next one: that slot is no tick that ran (the console said "last enqueued tick 11h
     ago" for a daily job on a cluster a minute old). Ages come with the server's "now"."""
-    from tests.conftest import FixedLease
+    from harness import FixedLease
     from worker.duties.periodic import PeriodicEnqueuer
     from worker.storage.store import FencedStore
 

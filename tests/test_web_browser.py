@@ -18,7 +18,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -30,7 +29,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from tests.conftest import Spawn, client_call, wait_until
+from harness import Spawn, client_call, free_port, wait_until
 from worker import demo
 from worker.core.ids import LockValue
 
@@ -101,12 +100,6 @@ def browser(browser_paths: tuple[str, str], tmp_path: Path) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Page:
@@ -220,7 +213,7 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     env = {**DEMO_ENV, "WORKER_LOG_LEVEL": "WARNING"}
     a1 = spawn("all", name="a1", app="worker.demo:app", env=env)
     spawn("all", name="a2", app="worker.demo:app", env=env)
-    port = _free_port()
+    port = free_port()
     web = spawn(
         "all",
         name="web",
@@ -426,12 +419,12 @@ def test_the_jobs_view_lists_details_retries_and_cancels(
     spawn: Spawn, redis_url: str, rsync: redis_sync.Redis, browser: Any, tmp_path: Path
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    spawn("all", name="w1", app="tests.apps.ledger:app", env={"WORKER_LOG_LEVEL": "WARNING"})
-    port = _free_port()
+    spawn("all", name="w1", app="harness.apps.ledger:app", env={"WORKER_LOG_LEVEL": "WARNING"})
+    port = free_port()
     web = spawn(
         "all",
         name="web",
-        app="tests.apps.ledger:app",
+        app="harness.apps.ledger:app",
         command="web",
         env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port)},
     )
@@ -525,11 +518,11 @@ def test_ids_with_braces_open_and_spoofing_characters_show_escaped(
     from worker.core.serializer import get_serializer, job_payload
 
     prefix = "{b" + uuid.uuid4().hex[:6] + "}:"
-    port = _free_port()
+    port = free_port()
     web = spawn(
         "all",
         name="web",
-        app="tests.apps.ledger:app",
+        app="harness.apps.ledger:app",
         command="web",
         env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port), "WORKER_KEY_PREFIX": prefix},
     )

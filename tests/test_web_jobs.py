@@ -15,9 +15,10 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestClient, TestServer
 
-from tests.apps.ledger import app as ledger
-from tests.arqfmt import serialize_result
-from tests.test_consumer import KEYS, Loop, eventually
+from harness import eventually
+from harness.apps.ledger import app as ledger
+from harness.arqfmt import serialize_result
+from tests.test_consumer import KEYS, Loop
 from worker.client import Client
 from worker.core.serializer import job_payload, msgpack_dumps
 from worker.web import create_app

@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,24 +22,8 @@ from typing import Any
 
 import redis
 
+from harness.ports import free_port_pair
 from worker.runtime.embedded import EmbeddedServer, death_signal_hook, find_server_binary
-
-
-def free_port_pair(offset: int = 10000) -> int:
-    """A free TCP port ``p`` such that ``p + offset`` is free too (a cluster node's bus port)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + offset > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + offset))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def wait_for(

@@ -16,7 +16,8 @@ from typing import Any
 
 import redis
 
-from worker.runtime.embedded import EmbeddedServer, free_port
+from harness.ports import free_port
+from worker.runtime.embedded import EmbeddedServer
 
 
 class RealRedis:

@@ -11,10 +11,11 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from harness import free_port
 
 
 def binaries() -> Path | None:
@@ -30,19 +31,13 @@ def binaries() -> Path | None:
     return Path(on_path).resolve().parent if on_path else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Postgres:
     """One server: :meth:`start`, :attr:`dsn` (superuser ``postgres``, trust auth on loopback),
     :meth:`dsn_for` a database, :meth:`stop` (immediate) and the directory removed."""
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="worker-pg-"))
         self.data = self.dir / "data"
         self.user: str | None = None

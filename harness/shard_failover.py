@@ -2,7 +2,7 @@
 (``WORKER_QUEUE_SHARDS``), shared by tests/test_cluster_shards_failover.py (one short kill)
 and ``python -m bench cluster --failover`` (several).
 
-One kill: 2 ``--role all`` processes of tests/apps/failover.py (a tick every 1 s, catch-up
+One kill: 2 ``--role all`` processes of harness/apps/failover.py (a tick every 1 s, catch-up
 ``all``; ``record`` jobs) on a cluster of 3 primaries with a replica each (node timeout 1 s),
 the app's queue in ``shards`` shards, each on its own primary. A backlog of ``record`` jobs is
 enqueued through a :class:`~worker.client.Client` (acknowledged: the call returned an id) and a
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import redis
 
-from tests.failover_scenario import APP, ROOT, WORKER_ENV, Enqueuer, Proc
-from tests.topology import Cluster, Node, wait_for
+from harness.failover_scenario import APP, ROOT, WORKER_ENV, Enqueuer, Proc
+from harness.topology import Cluster, Node, wait_for
 from worker.storage.shards import shard_prefixes, slot_of_prefix
 
 
@@ -190,7 +190,7 @@ class ShardKill:
         slow on this box to build a backlog ahead of two consumers). They count as
         acknowledged once every replica has caught up (:meth:`_replicated`): ids and the
         moment (wall time)."""
-        from tests.arqfmt import expires_extra_ms, job_key_prefix
+        from harness.arqfmt import expires_extra_ms, job_key_prefix
         from worker.core.serializer import get_serializer, job_payload
 
         ser, _ = get_serializer("msgpack")

@@ -11,7 +11,6 @@ import pickle
 from types import ModuleType
 from typing import Any
 
-import pytest
 from redis.asyncio import Redis
 
 from worker.core import codec
@@ -88,6 +87,8 @@ def require_arq(*, module_level: bool = False) -> ModuleType:
             importlib.import_module(name)
         return importlib.import_module("arq")
     except ImportError as exc:
+        import pytest  # only here: bench/ loads this module without pytest
+
         why = f"arq is not installed ({exc}): pip install 'fenced-worker[arq]'"
         if os.environ.get("WORKER_REQUIRE_ARQ") == "1":
             pytest.fail(f"WORKER_REQUIRE_ARQ=1: {why}", pytrace=False)

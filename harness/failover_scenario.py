@@ -5,7 +5,7 @@ that is never faulted.
 
 One run:
 
-1. 3 ``leader`` + 2 ``consumer`` processes of tests/apps/failover.py against
+1. 3 ``leader`` + 2 ``consumer`` processes of harness/apps/failover.py against
    ``redis+sentinel://`` (WAIT ``auto`` by default) or ``redis+cluster://`` (the node serving the
    app's slot), a client enqueueing ``record`` jobs all along;
 2. kill 1: the primary is SIGKILLed right after an initializer batch was checkpointed on it
@@ -45,13 +45,13 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
-from tests.timings import FAST_ENV
-from tests.topology import Cluster, Node, SentinelSet, wait_for
+from harness.timings import FAST_ENV
+from harness.topology import Cluster, Node, SentinelSet, wait_for
 from worker.client import Client
 from worker.runtime.embedded import death_signal_hook
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.apps.failover:app"
+APP = "harness.apps.failover:app"
 TICK_MS = 1000
 
 #: Worker timings: the tests' FAST_ENV (lease TTL 3 s, renew 0.5 s, deadline 1.5 s, heartbeat
@@ -556,7 +556,7 @@ class Scenario:
 
     def _schedule_items(self, count: int, spread_s: float) -> None:
         async def go() -> None:
-            from tests.apps.failover import app
+            from harness.apps.failover import app
 
             client = await Client.connect(
                 self.s.url(), key_prefix=self.prefix, app=app, wait_replicas=self.wait_replicas

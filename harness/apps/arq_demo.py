@@ -1,4 +1,4 @@
-"""arq's README demo, as an arq user has it (``arq tests.apps.arq_demo.WorkerSettings`` runs it
+"""arq's README demo, as an arq user has it (``arq harness.apps.arq_demo.WorkerSettings`` runs it
 on arq), with a cron job, made testable without the network: ``download_content`` "downloads"
 through a session opened by ``startup`` and closed by ``shutdown``, which writes what it
 fetched to a ledger in Redis instead of fetching it.
@@ -8,7 +8,7 @@ fetched to a ledger in Redis instead of fetching it.
 - ``arqdemo:sessions``: HINCRBY ``opened`` / ``closed`` per process.
 
 Nothing here imports the framework: ``python -m worker --arq-settings
-tests.apps.arq_demo:WorkerSettings`` runs it as written.
+harness.apps.arq_demo:WorkerSettings`` runs it as written.
 """
 
 from __future__ import annotations
