@@ -69,7 +69,7 @@ PARALLEL = 3
 
 def _run(name: str) -> tuple[int, str, str, float]:
     args, _ = SMOKE[name]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "PYTEST_XDIST"))}
     env["BENCH_PERIODIC_N"] = "50"  # leader, web: 50 periodic jobs, not 1,000
     t0 = time.monotonic()
     try:
@@ -102,6 +102,11 @@ def smoke_runs(request: pytest.FixtureRequest) -> dict[str, Future[tuple[int, st
 
 
 @pytest.mark.slow
+# one xdist worker runs them all: the module's fixture starts every selected subcommand, and
+# they pace themselves (PARALLEL at a time) on the box they share with the other workers
+@pytest.mark.xdist_group("bench")
+# each waits for its own run, queued behind the others (PARALLEL at a time, 240 s at most each)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_bench_subcommand_runs_at_a_tiny_size(
     name: str, smoke_runs: dict[str, Future[tuple[int, str, str, float]]]

@@ -43,6 +43,8 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
         for role, name in (("leader", "leader-1"), ("consumer", "consumer-1"), ("all", "all-1"))
     }
     names = list(procs)
+    # every wait ends once its messages are handled: the bounds are for a loaded box (15 s
+    # ran out with the suite on 4 workers beside other suites)
     wait_until(
         lambda: all(broadcast_conns(rsync, n) for n in names),
         timeout=30,
@@ -51,7 +53,7 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
     assert client_call(redis_url, prefix, "broadcast", "pricing", {"id": "m1"}) == 1
     wait_until(
         lambda: all(bcast_ledger(rsync, prefix, n).get("m1") for n in names),
-        timeout=15,
+        timeout=60,
         what="m1 handled everywhere",
     )
 
@@ -69,7 +71,7 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
             lambda: all(
                 {"m2", "m3"} <= set(bcast_ledger(rsync, prefix, n)) for n in ("leader-1", "all-1")
             ),
-            timeout=15,
+            timeout=60,
             what="m2 and m3 handled by the live processes",
         )
         time.sleep(0.5)
@@ -78,7 +80,7 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
         victim.resume()
     wait_until(
         lambda: {"m2", "m3"} <= set(bcast_ledger(rsync, prefix, "consumer-1")),
-        timeout=15,
+        timeout=60,
         what="the consumer catching up after reconnecting",
     )
     (again,) = broadcast_conns(rsync, "consumer-1")
@@ -88,7 +90,7 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
     client_call(redis_url, prefix, "broadcast", "echo", {"id": "e1"})
     wait_until(
         lambda: all(bcast_ledger(rsync, prefix, n).get("echo:e1") for n in names),
-        timeout=15,
+        timeout=60,
         what="echo handled everywhere",
     )
     time.sleep(1.5)  # anything duplicated or looping would show by now
