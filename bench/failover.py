@@ -1,7 +1,7 @@
 """A primary failover under real workers, many times: what it costs (time to the first tick)
 and what it breaks (duplicates, misses, lost acknowledged enqueues, singleton overlaps).
 
-Each run is harness/failover_scenario.py (the CI test tests/test_failover.py runs it once per
+Each run is harness/failover_scenario.py (the CI test tests/system/test_failover.py runs it once per
 topology): a primary + 2 replicas + 3 Sentinels (failure detected after 1 s), or a Redis
 Cluster of 3 primaries with 2 replicas each (node timeout 1 s; the app's slot's primary is the
 one killed); 3 ``leader`` + 2 ``consumer`` processes, a client enqueueing all along; the

@@ -1,7 +1,7 @@
 """arq's functions the tests read records with, by their arq names and signatures, over the
 framework's own codec (:mod:`worker.core.codec`): the suite runs without arq installed. The
-byte-for-byte agreement with arq itself is tests/test_contract_arq.py's and
-tests/test_serializer.py's (where arq is installed)."""
+byte-for-byte agreement with arq itself is tests/face/test_contract_arq.py's and
+tests/core/test_serializer.py's (where arq is installed)."""
 
 from __future__ import annotations
 

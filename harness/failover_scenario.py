@@ -1,4 +1,4 @@
-"""The primary-failover scenario shared by tests/test_failover.py (CI, one run) and
+"""The primary-failover scenario shared by tests/system/test_failover.py (CI, one run) and
 bench/failover.py (many runs): real worker processes on a Sentinel set or a Redis Cluster (the
 primary serving the app's slot), the primary SIGKILLed at the worst moments, ledgers on a server
 that is never faulted.

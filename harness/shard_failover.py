@@ -1,5 +1,5 @@
 """A Redis Cluster primary SIGKILLed mid-drain under an app with queue shards
-(``WORKER_QUEUE_SHARDS``), shared by tests/test_cluster_shards_failover.py (one short kill)
+(``WORKER_QUEUE_SHARDS``), shared by tests/system/test_cluster_shards_failover.py (one short kill)
 and ``python -m bench cluster --failover`` (several).
 
 One kill: 2 ``--role all`` processes of harness/apps/failover.py (a tick every 1 s, catch-up

@@ -20,7 +20,7 @@ from harness.realredis import RealRedis
 
 #: seconds per test in a full run, for the order of a parallel run (harness/durations.py)
 DURATIONS = Path(__file__).with_name("durations.json")
-#: the app the edge-case processes run (tests/test_edges.py and the fault tests beside it)
+#: the app the edge-case processes run (tests/system/test_edges.py and the fault tests beside it)
 EDGES_APP = "harness.apps.edges:app"
 
 
@@ -81,7 +81,7 @@ async def fake_arq() -> Any:
 
 @pytest.fixture
 def key_prefix() -> str:
-    """The key prefix of the processes :func:`spawn` starts (tests/test_cluster.py makes it a
+    """The key prefix of the processes :func:`spawn` starts (tests/system/test_cluster.py makes it a
     hash tag, ``{t…}:``, to run the same tests on a Redis Cluster)."""
     return f"t{uuid.uuid4().hex[:6]}:"
 
@@ -126,7 +126,7 @@ def cli() -> CliRun:
     return cli_runner()
 
 
-# -- the edge-case processes' ledger (tests/test_edges.py and the fault tests beside it) ------
+# -- the edge-case processes' ledger (tests/system/test_edges.py, the fault tests beside it) --
 
 
 @pytest.fixture(scope="session")

@@ -158,7 +158,11 @@ def tidy(root: Path, paths: list[Path]) -> None:
     """Imports sorted again and the code formatted (a longer module path moves an import or
     wraps a line); a docstring or comment line the longer paths pushed past the line limit is
     listed for a hand wrap."""
-    if not paths or shutil.which("ruff") is None:
+    if not paths:
+        return
+    if shutil.which("ruff") is None:
+        print("ruff not found (activate the dev venv): run `ruff check --fix --select I` and")
+        print("`ruff format` on the rewritten files, then wrap what `ruff check` finds too long")
         return
     names = [str(p) for p in paths]
     subprocess.run(["ruff", "check", "--fix", "--select", "I", "--quiet", *names], cwd=root)

@@ -1,4 +1,4 @@
-"""The test app of tests/test_abort_processes.py: tasks that make an abort hard to honour.
+"""The test app of tests/system/test_abort_processes.py: tasks that make an abort hard to honour.
 
 Each task records, in ``<prefix>aborts:started`` (field ``<job id>:<pid>``) that it started
 in that process, and in ``<prefix>aborts:finished`` (field ``<job id>``) that it ran to its

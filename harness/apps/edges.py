@@ -1,4 +1,5 @@
-"""The test app of tests/test_edges.py: it records what it did in a LEDGER ON A SECOND SERVER.
+"""The test app of tests/system/test_edges.py: it records what it did in a LEDGER ON A
+SECOND SERVER.
 
 The ledger lives on the server named by ``EDGE_LEDGER_URL``, which the tests never fault, so a
 record written before a crash, a pause or a data loss of the main server is still there to be

@@ -1,4 +1,4 @@
-"""The test app of tests/test_failover.py and bench/failover.py: it records what it did in a
+"""The test app of tests/system/test_failover.py and bench/failover.py: it records what it did in a
 LEDGER ON A SERVER THAT IS NEVER FAULTED (``FAILOVER_LEDGER_URL``), so a primary failover of
 the worker's own Redis cannot take the evidence with it. Every ledger key is
 ``<WORKER_KEY_PREFIX>ledger:<name>``.

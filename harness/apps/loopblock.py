@@ -1,4 +1,5 @@
-"""The test app of tests/test_watchdog.py: a tick followed by a task that blocks the event loop.
+"""The test app of tests/runtime/test_watchdog.py: a tick followed by a task that blocks the
+event loop.
 
 Its ledger lives on the server named by ``EDGE_LEDGER_URL``, which the tests never fault; every
 key is ``<WORKER_KEY_PREFIX>lb:<name>``.

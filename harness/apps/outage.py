@@ -1,4 +1,4 @@
-"""The test app of tests/test_poll_outage.py and tests/test_refused_writes.py: poll jobs that
+"""The test app of tests/test_poll_outage.py and tests/system/test_refused_writes.py: poll jobs that
 are mid-flight when Redis goes away or refuses writes. It records what it did in a LEDGER ON A
 SERVER THAT IS NEVER FAULTED (``OUTAGE_LEDGER_URL``); every ledger key is
 ``<WORKER_KEY_PREFIX>outage:<name>``.

@@ -1,4 +1,4 @@
-"""The test app of tests/test_poll_outcomes.py: poll jobs that succeed, fail, retry, hang or
+"""The test app of tests/duties/test_poll_outcomes.py: poll jobs that succeed, fail, retry, hang or
 remove their item, each run recorded in Redis (``<prefix>pf:runs``: RPUSH JSON ``{item, job_id,
 try, t}``), so a test sees which jobs carried an item and when.
 

@@ -1,4 +1,4 @@
-"""A test app for jobs other languages enqueue (tests/test_node_producer.py): ``note(label)``
+"""A test app for jobs other languages enqueue (tests/house/test_node_producer.py): ``note(label)``
 counts its runs per label in ``<prefix>ledger:notes`` and records the Redis server's time (ms)
 of each label's first start in ``<prefix>ledger:started``."""
 

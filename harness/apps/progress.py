@@ -1,4 +1,5 @@
-"""The test app of tests/test_progress_processes.py: progress, staleness and dependency checks,
+"""The test app of tests/system/test_progress_processes.py: progress, staleness and
+dependency checks,
 each switched by a key in the main Redis (``<prefix>progress:<switch>``) so a test flips them
 while the process runs.
 

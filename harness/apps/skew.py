@@ -1,4 +1,4 @@
-"""The test app of tests/test_clock_skew.py: what ran, and when by the MAIN server's clock.
+"""The test app of tests/system/test_clock_skew.py: what ran, and when by the MAIN server's clock.
 
 Every record is on the server the workers use (no fault touches it), under
 ``<WORKER_KEY_PREFIX>skew:<name>``; times are that server's ``TIME`` in ms, read by the job.

@@ -1,4 +1,4 @@
-"""The test app of tests/test_sync_processes.py: plain ``def`` tasks and a plain ``def``
+"""The test app of tests/system/test_sync_processes.py: plain ``def`` tasks and a plain ``def``
 periodic job, each recording what it saw in ``<prefix>sync:<kind>`` (a JSON line per run)
 through ``ctx.sync`` (the event loop's Redis, called from the job's thread)."""
 
