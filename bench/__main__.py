@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operations": ("bench.operations", "start-up, drain, orphaned job re-run"),
     "leader": ("bench.leader", "1,000 periodic jobs every second; 10,000 per_key leases"),
     "latency": ("bench.latency", "idle wake-up and tick start latency"),
+    "outbox": ("bench.outbox", "PostgreSQL outbox: commit to job start, one by one and bursts"),
+    "lane": ("bench.lane", "ticks and poll jobs behind 100,000 user jobs; enqueue_many of 200k"),
     "wait": ("bench.wait", "durable writes: WAIT 1 replica vs none (consumer, enqueue)"),
     "failover": ("bench.failover", "primary SIGKILLed under Sentinel: duplicates, losses, times"),
     "depose": ("bench.depose", "a live primary deposed: WAIT-confirmed writes lost, by policy"),
@@ -27,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("bench.fleet", "100 near-idle processes: commands/s, claim rounds per enqueued job"),
     "jobs": ("bench.jobs", "jobs listing with 1M queued; cancel latency of running jobs"),
     "web": ("bench.web", "console: 50 instances, 1,000 periodic jobs, 10,000 dead letters"),
+    "fair": ("bench.fair", "fair queues: cost per job vs a plain task; a quiet key's wait bound"),
+    "workflows": ("bench.workflows", "workflow fan-in: Redis commands and server time per member"),
     "soak": ("bench.soak", "the suite's shortened fault scenarios at their original sizes"),
 }
 

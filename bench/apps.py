@@ -150,3 +150,27 @@ async def hold(ctx: JobContext, seconds: float) -> None:
     """A long job: each start records ``<pid>:<start time>`` (orphan recovery measure)."""
     await ctx.redis.rpush("bench:idle:hold", f"{os.getpid()}:{time.time():.3f}")
     await asyncio.sleep(seconds)
+
+
+#: Fair queues (``bench/fair.py``): ``plain_noop`` and ``fair_noop`` (the same no-op, the second
+#: of a fair task) for the cost per job; ``fair_job(key, sent)`` sleeps ``BENCH_FAIR_STEP_S``
+#: (10 ms) and, for key ``quiet``, records enqueue-to-start in ms (same host's clock).
+fair_app = App("bench-fair")
+FAIR_STEP_S = float(os.environ.get("BENCH_FAIR_STEP_S", "0.01"))
+
+
+@fair_app.task(queue="plain")
+async def plain_noop(ctx: JobContext, key: str) -> None:
+    return None
+
+
+@fair_app.task(fair=True, flow_key=lambda key: key)
+async def fair_noop(ctx: JobContext, key: str) -> None:
+    return None
+
+
+@fair_app.task(fair=True, flow_key=lambda key, sent: key)
+async def fair_job(ctx: JobContext, key: str, sent: float) -> None:
+    if key == "quiet":
+        await ctx.redis.rpush("bench:fair:waits", f"{(time.time() - sent) * 1000:.3f}")
+    await asyncio.sleep(FAIR_STEP_S)

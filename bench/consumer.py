@@ -187,11 +187,13 @@ def wake_marker() -> str:
     return Keys(PREFIX).wake_marker
 
 
-def subscribed(r: redis_sync.Redis, processes: int) -> bool:
-    """Every consumer process waits on the wake marker (``BZPOPMIN``; an announcement before
-    would wake fewer of them)."""
+def subscribed(r: redis_sync.Redis, processes: int, root: str = "") -> bool:
+    """Every consumer process waits on the wake marker (``BZPOPMIN``, and a second one on the
+    duty lanes' marker where the checkout has one; an announcement before would wake fewer)."""
+    keys = Path(root or Path(__file__).resolve().parent.parent) / "worker/storage/keys.py"
+    markers = 2 if "wake_duty_marker" in keys.read_text() else 1
     waiting = [c for c in r.client_list() if c.get("cmd") == "bzpopmin"]
-    return len(waiting) >= processes
+    return len(waiting) >= markers * processes
 
 
 def announce(r: redis_sync.Redis, due_ms: int) -> None:
@@ -237,7 +239,9 @@ def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int)
     try:
         wait_until(lambda: health_key_exists(r, kind, processes), 30, f"{name} to start polling")
         if kind == "ours":
-            wait_until(lambda: subscribed(r, processes), 30, f"{name} to subscribe to wake-ups")
+            wait_until(
+                lambda: subscribed(r, processes, spec.root), 30, f"{name} to subscribe to wake-ups"
+            )
         time.sleep(0.5)
         t0_wall = time.time() + 1.0 + n / 10_000  # filling must finish before T0 (loaded box)
         due_ms = int(t0_wall * 1000)

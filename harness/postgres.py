@@ -81,6 +81,15 @@ class Postgres:
     def dsn_for(self, database: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
+    def database(self, name: str) -> str:
+        """A fresh database ``name`` (dropped first if it exists): its DSN."""
+        import psycopg  # the test extra's; tests/ imports this module without it too
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.dsn_for(name)
+
     def log(self) -> str:
         path = self.dir / "server.log"
         return path.read_text(errors="replace") if path.exists() else ""

@@ -15,6 +15,7 @@ import redis as redis_sync
 import redis.asyncio as aioredis
 
 from harness import durations
+from harness.postgres import Postgres, binaries
 from harness.procs import CliRun, Spawn, WorkerProc, cli_runner, spawner
 from harness.realredis import RealRedis
 
@@ -139,6 +140,23 @@ def ledger_server() -> Iterator[RealRedis]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    """A throwaway PostgreSQL server per test module (:mod:`harness.postgres`): skipped
+    without PostgreSQL's binaries, failed in CI."""
+    bindir = binaries()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
+        pytest.skip("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
+    server = Postgres(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -12,15 +12,24 @@ An arq app moves in unchanged: ``worker.from_arq(WorkerSettings)`` is its :class
 
 from __future__ import annotations
 
+from worker import outbox
 from worker.app import App, load_app
 from worker.arqcompat import from_arq
 from worker.bulk import JobSpec
 from worker.client import Client
 from worker.context import Context, JobContext
 from worker.core.codec import JobResult, JobStatus
-from worker.core.errors import ConfigError, InvalidId, LeadershipLost, PayloadTooLarge, UnknownTask
+from worker.core.errors import (
+    ConfigError,
+    InvalidId,
+    JobExpired,
+    LeadershipLost,
+    PayloadTooLarge,
+    UnknownTask,
+)
 from worker.core.jobdefs import JobOutcome
 from worker.core.retry import Retry, RetryJob
+from worker.core.workflow import Job, Workflow, WorkflowInfo, chain, chord, group
 from worker.polls import BoundPoller
 from worker.settings import Settings, load_settings
 from worker.sync_client import SyncClient
@@ -33,7 +42,9 @@ __all__ = [
     "ConfigError",
     "Context",
     "InvalidId",
+    "Job",
     "JobContext",
+    "JobExpired",
     "JobOutcome",
     "JobResult",
     "JobSpec",
@@ -45,8 +56,14 @@ __all__ = [
     "Settings",
     "SyncClient",
     "UnknownTask",
+    "Workflow",
+    "WorkflowInfo",
     "__version__",
+    "chain",
+    "chord",
     "from_arq",
+    "group",
     "load_app",
     "load_settings",
+    "outbox",
 ]

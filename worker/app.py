@@ -36,11 +36,12 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from worker.consumer.limits import parse_rate
 from worker.context import Context, JobContext
 from worker.core.errors import ConfigError
+from worker.core.flow import Coalesce, FlowKeyOf, Mode, TaskFlow
 from worker.core.jobdefs import JobDef, JobOutcome
 from worker.core.retry import RetryDelay, as_delay
 from worker.core.schedule import make_schedule
@@ -88,6 +89,8 @@ class App:
     #: Queues in priority order (consumers drain the first before the next). Unset: ``default``
     #: then every other queue a task or periodic job names, in the order they were declared.
     queues: tuple[str, ...] | None = None
+    #: Flow keys' weights in fair queues: a key of weight 4 is served 4 jobs per turn (others 1).
+    flow_weights: dict[str, int] = field(default_factory=dict)
 
     # -- registration -------------------------------------------------------------------------
     @overload
@@ -107,7 +110,14 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
-    ) -> Callable[[F], F]: ...
+        flow_key: FlowKeyOf | None = None,
+        fair: bool = False,
+        max_concurrency_per_key: int | None = None, rate_per_key: str | None = None,
+        expires_in: float | None = None,
+        coalesce: Mode | None = None, debounce_s: float | None = None,
+        max_wait_s: float | None = None, throttle_s: float | None = None,
+        parents: Literal["args", "context"] = "args",
+    ) -> Callable[[F], F]: ...  # fmt: skip
 
     def task(
         self,
@@ -122,7 +132,14 @@ class App:
         retry_delay: float | RetryDelay | None = None,
         max_concurrency: int | None = None,
         rate: str | None = None,
-    ) -> Any:
+        flow_key: FlowKeyOf | None = None,
+        fair: bool = False,
+        max_concurrency_per_key: int | None = None, rate_per_key: str | None = None,
+        expires_in: float | None = None,
+        coalesce: Mode | None = None, debounce_s: float | None = None,
+        max_wait_s: float | None = None, throttle_s: float | None = None,
+        parents: Literal["args", "context"] = "args",
+    ) -> Any:  # fmt: skip
         """Register ``async def fn(ctx, *args, **kwargs)`` as a job consumers run; a plain
         ``def`` runs in the process's sync threads (``WORKER_SYNC_THREADS``, :mod:`worker.sync`).
 
@@ -131,12 +148,23 @@ class App:
         while tries remain, and the wait before each retry (seconds, or a callable of the try
         number; see :mod:`worker.core.retry`). ``max_concurrency``: at most this many run at once
         across the cluster; ``rate``: at most ``"N/s"`` (``/m``, ``/h``) start cluster-wide.
-        Jobs over a limit wait (deferred), they never fail for it.
+        Jobs over a limit wait (deferred), they never fail for it. ``flow_key``: a job's flow
+        key from its arguments (``flow_key(*args, **kwargs)``) when its enqueue names none;
+        ``fair``: its jobs are taken round-robin across flow keys (:attr:`flow_weights`);
+        ``max_concurrency_per_key``, ``rate_per_key``: the limits above, per flow key; the
+        defaults of ``enqueue``'s ``expires_in`` and ``coalesce`` (docs/flow-control.md);
+        ``parents``: a workflow step's parents' results as first argument or ``ctx.parents``.
         """
         on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
-        if max_concurrency is not None and max_concurrency < 1:
-            raise ConfigError("task max_concurrency must be at least 1")
+        for what, most in (("", max_concurrency), ("_per_key", max_concurrency_per_key)):
+            if most is not None and most < 1:
+                raise ConfigError(f"task max_concurrency{what} must be at least 1")
         parsed_rate = parse_rate(rate) if rate is not None else None
+        key_rate = parse_rate(rate_per_key) if rate_per_key is not None else None
+        how = Coalesce.of(coalesce, debounce_s, max_wait_s, throttle_s)
+        flow = TaskFlow.of(flow_key, expires_in, how)
+        if parents not in ("args", "context"):
+            raise ConfigError(f"task parents: 'args' or 'context', not {parents!r}")
 
         def register(f: F) -> F:
             n = _check_name("task", name or f.__name__)
@@ -152,6 +180,11 @@ class App:
                 retry_delay=as_delay(retry_delay),
                 max_concurrency=max_concurrency,
                 rate=parsed_rate,
+                flow=flow,
+                fair=fair,
+                max_concurrency_per_key=max_concurrency_per_key,
+                rate_per_key=key_rate,
+                parents=parents,
             )
             return f
 
@@ -402,8 +435,14 @@ class App:
         )
         return job.queue if job is not None else DEFAULT_QUEUE
 
+    def fair_queues(self) -> tuple[str, ...]:
+        """The queues fair tasks' jobs wait in."""
+        return tuple(dict.fromkeys(j.queue for j in self.tasks.values() if j.fair))
+
     def validate(self) -> None:
         """Cross-checks that need the whole app (raise :class:`ConfigError`)."""
+        if any(type(w) is not int or w < 1 for w in self.flow_weights.values()):
+            raise ConfigError(f"App(flow_weights={self.flow_weights!r}): integers of at least 1")
         if self.queues is not None:
             for q in self.queues:
                 _check_name("queue", q)

@@ -1,9 +1,7 @@
 """Enqueueing from anywhere (web apps, tasks, initializers): jobs, unique jobs, poll items.
 
-A :class:`Client` wraps a ``redis.asyncio.Redis`` with the framework's key names and
-serializer, so what it writes is exactly what the consumers read. A web app
-reads the same ``WORKER_*`` settings as the workers (Redis URL or ``WORKER_REDIS_URL_FILE``,
-key prefix, serializer), so the two cannot disagree::
+A :class:`Client` writes exactly what the consumers read: a web app reads the same
+``WORKER_*`` settings as the workers, so the two cannot disagree::
 
     client = await worker.Client.from_env(app=app)   # or Client.connect(url, app=app, ...)
     await client.enqueue("send_report", 42)
@@ -14,16 +12,10 @@ key prefix, serializer), so the two cannot disagree::
     await client.broadcast("pricing", {"version": 7})  # every process's handlers
     await client.close()
 
-Plain arq works too: ``arq.create_pool(RedisSettings.from_dsn(url), **arq_options(settings))``
-(:func:`arq_options`: the queue name derived from the key prefix, ``Keys(prefix).queue``, and
-the serializer pair of :func:`worker.core.serializer.get_serializer`).
-
-Connections come from :func:`worker.storage.connection.connect_redis` (re-exported here): one
-server,
-a Sentinel-managed primary or a Redis Cluster. With a WAIT policy (``WORKER_REDIS_WAIT_REPLICAS``,
-by default with Sentinel or Cluster the attached replicas, up to one) an ``enqueue`` returns
-only once the replicas have the job, and raises :class:`~worker.core.errors.NotReplicated`
-otherwise.
+Plain arq works too: ``arq.create_pool(..., **arq_options(settings))``. Connections come from
+:func:`worker.storage.connection.connect_redis` (one server, a Sentinel primary or a Redis
+Cluster); with a WAIT policy an ``enqueue`` returns once the replicas have the job
+(:class:`~worker.core.errors.NotReplicated` otherwise).
 """
 
 from __future__ import annotations
@@ -31,17 +23,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Literal, Protocol, cast
 from uuid import uuid4
 
 from redis.asyncio import Redis
 
-from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked
+from worker.bulk import DEFAULT_CHUNK, JobLike, JobSpec, checked, spec_fields
 from worker.core import codec
 from worker.core.clock import Clock, RedisClock, ms, on_server_time
+from worker.core.enqueueplan import NO_PLAN, EnqueuePlan, plan_enqueue
 from worker.core.errors import ConfigError, PayloadTooLarge, UnknownTask
+from worker.core.flow import NO_FLOW, Mode, TaskFlow
 from worker.core.ids import check_id
+from worker.core.jobdefs import JobDef
 from worker.core.redisurl import RedisTarget, Replication, parse_redis_url
 from worker.core.serializer import (
     Deserialize,
@@ -52,12 +47,15 @@ from worker.core.serializer import (
 )
 from worker.core.topics import MAX_BYTES as MAX_BROADCAST_BYTES
 from worker.core.topics import publish
+from worker.core.workflow import Job as WorkflowJob
+from worker.core.workflow import OnFailure, WorkflowInfo, compile_flow, step_job_id
+from worker.core.workflow import batch as batch_flow
 from worker.polls import BoundPoller, Pollers, due_ms
 from worker.settings import Settings, load_settings
 from worker.storage import keys as K
 from worker.storage import server
 from worker.storage.connection import connect_redis, connect_shards
-from worker.storage.enqueue import QueuedJob
+from worker.storage.enqueue import QueuedJob, send_chunk
 from worker.storage.handle import Job
 from worker.storage.jobs import NewJob
 from worker.storage.keys import DEFAULT_QUEUE
@@ -74,14 +72,12 @@ __all__ = ["Client", "arq_options", "connect_redis"]
 DEFAULT_MAX_PAYLOAD_BYTES: int = Settings.model_fields["max_payload_bytes"].default
 
 
-@runtime_checkable
 class _Routes(Protocol):
-    """An app that knows which queue each function's jobs go to."""
+    """An app that knows which queue each function's jobs go to (told by ``hasattr``)."""
 
     def queue_of(self, function: str) -> str: ...
 
 
-@runtime_checkable
 class _Declares(Protocol):
     """An app that knows the names of the jobs it runs."""
 
@@ -167,38 +163,39 @@ class Client:
         ``WORKER_TRACING=otel`` (see :mod:`worker.tracing`). ``queue_shards``: the workers'
         ``WORKER_QUEUE_SHARDS``. ``max_payload_bytes``: the workers'
         ``WORKER_MAX_PAYLOAD_BYTES`` (a larger job is refused: :class:`PayloadTooLarge`)."""
-        tracer = tracing_for(tracing)
         target = parse_redis_url(url) if isinstance(url, str) else url
         adaptive = wait_replicas is None
         if wait_replicas is None:
             wait_replicas = 0 if target.kind == "single" else 1
+        wait_ms = max(1, round(wait_timeout_s * 1000))
+        replication = Replication(wait_replicas, wait_ms, adaptive=adaptive)
+        return await cls._open(
+            target, key_prefix, serializer, replication, queue_shards, server.ping,
+            app=app, tracing=tracing_for(tracing), max_payload_bytes=max_payload_bytes,
+        )  # fmt: skip
+
+    @classmethod
+    async def _open(
+        cls, target: RedisTarget, key_prefix: str, serializer: SerializerName,
+        replication: Replication, queue_shards: int,
+        ready: Callable[[Redis], Awaitable[Any]], **options: Any,
+    ) -> Client:  # fmt: skip
+        """A client on every queue shard, once ``ready`` (awaited with the home shard's
+        connection) returned; every connection closed if it raised."""
         serialize, deserialize = get_serializer(serializer)
         keys = K.Keys(key_prefix)
-        clients = connect_shards(
-            target,
-            shard_prefixes(key_prefix, queue_shards),
-            queue_name=keys.queue,
-        )
+        prefixes = shard_prefixes(key_prefix, queue_shards)
+        clients = connect_shards(target, prefixes, queue_name=keys.queue)
         try:
-            await server.ping(clients[0])
+            await ready(clients[0])
         except BaseException:
             await _close_all(clients)
             raise
-        replication = Replication(
-            wait_replicas, max(1, round(wait_timeout_s * 1000)), adaptive=adaptive
-        )
         stores = open_shards(clients[0], keys, replication, queue_shards, clients)
         return cls(
-            clients[0],
-            keys=keys,
-            serialize=serialize,
-            deserialize=deserialize,
-            app=app,
-            replication=replication,
-            tracing=tracer,
-            shards=Shards(stores),
-            max_payload_bytes=max_payload_bytes,
-        )
+            clients[0], keys=keys, serialize=serialize, deserialize=deserialize,
+            replication=replication, shards=Shards(stores), **options,
+        )  # fmt: skip
 
     @classmethod
     async def from_settings(
@@ -216,35 +213,17 @@ class Client:
                 "Redis URL the workers use"
             )
         clock = clock or RedisClock()
-        tracer = tracing_for(settings.tracing)
-        serialize, deserialize = get_serializer(settings.serializer)
-        keys = K.Keys(settings.key_prefix)
-        n = settings.queue_shards
-        clients = connect_shards(
-            target,
-            shard_prefixes(settings.key_prefix, n),
-            queue_name=keys.queue,
-        )
-        redis = clients[0]
-        try:
+
+        async def ready(redis: Redis) -> None:
             await wait_for_redis(redis, target.url, settings.redis_connect_timeout_s, clock)
-        except BaseException:
-            await _close_all(clients)
-            raise
-        replication = settings.replication()
-        return cls(
-            redis,
-            keys=keys,
-            serialize=serialize,
-            deserialize=deserialize,
-            app=app,
-            clock=clock,
-            replication=replication,
-            tracing=tracer,
-            shards=Shards(open_shards(redis, keys, replication, n, clients)),
+
+        return await cls._open(
+            target, settings.key_prefix, settings.serializer, settings.replication(),
+            settings.queue_shards, ready, app=app, clock=clock,
+            tracing=tracing_for(settings.tracing),
             max_broadcast_bytes=settings.max_broadcast_bytes,
             max_payload_bytes=settings.max_payload_bytes,
-        )
+        )  # fmt: skip
 
     @classmethod
     async def from_env(cls, *, app: Pollers | None = None, **overrides: Any) -> Client:
@@ -266,22 +245,31 @@ class Client:
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
         shard_key: str | None = None,
+        flow_key: str | None = None,
+        expires_in: float | None = None,
+        expires_at: dt.datetime | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
         **kwargs: Any,
     ) -> str | None:
         """Enqueue ``function(*args, **kwargs)``; return its job id, or ``None`` if a job with
         the same id is already queued, running, or finished within the result TTL.
 
-        ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: enqueueing the same key
-        twice while the first job is queued, in flight or its result is kept runs it once
-        (e.g. a package's activation task). ``queue``: the queue to wait in; by default the
-        one the task declares (``@app.task(queue=...)``, when the client knows the app), else
-        ``default``.
+        ``flow_key``: whose work it is (a tenant; fair tasks take turns by it, per-key limits
+        count by it). ``expires_in`` (s) / ``expires_at``: a job not started by then never
+        starts, it ends ``expired``. ``coalesce`` (``debounce_s``, ``max_wait_s``,
+        ``throttle_s``): fold the enqueues of ``function`` per flow key (or ``unique_key``):
+        returns the job the call joined, ``None`` when throttled. Each defaults to the task's
+        (docs/flow-control.md).
 
-        With ``WORKER_QUEUE_SHARDS`` > 1 a job goes to one shard: the one ``shard_key`` names
-        (every job of one key in one shard, in due order), else the one its ``unique_key``
-        names (a unique key always meets the same shard: it stays unique), else the one a given
-        ``job_id``'s prefix names (home for any other id), else the shards in turn. A
-        ``unique_key`` given with a ``shard_key`` must always come with that same one.
+        ``unique_key`` makes the id ``<prefix>unique:<unique_key>``: the same key enqueued
+        while its job is queued, running or kept runs once. ``queue``: by default the task's
+        (``@app.task(queue=...)``, when the client knows the app), else ``default``. With
+        ``WORKER_QUEUE_SHARDS`` > 1 a job goes to the shard its ``shard_key`` names, else its
+        ``unique_key``'s, else a ``job_id``'s prefix's, else its ``flow_key``'s, else the
+        shards in turn (docs/deployment.md).
         """
         if unique_key is not None and job_id is not None:
             raise ValueError("give unique_key or job_id, not both")
@@ -290,15 +278,22 @@ class Client:
             check_id(job_id, "job_id")
         elif unique_key is not None:
             check_id(unique_key, "unique_key")
+        plan = plan_enqueue(
+            self.flow_of(function), args, kwargs, flow_key=flow_key, unique_key=unique_key,
+            job_id=job_id, expires_in=expires_in, expires_at=expires_at, coalesce=coalesce,
+            debounce_s=debounce_s, max_wait_s=max_wait_s, throttle_s=throttle_s,
+        )  # fmt: skip
         if job_id is not None:
             store, jid = self.shards.of(job_id), job_id
         else:
-            key = shard_key if shard_key is not None else unique_key
+            key = shard_key if shard_key is not None else (plan.coalesce_key or unique_key)
+            key = key if key is not None else plan.flow_key
             store = self.shards.next() if key is None else self.shards.for_key(key)
-            jid = store.ids.random() if unique_key is None else store.ids.unique(unique_key)
+            by_key = unique_key is not None and plan.coalesce is None  # coalesced: ids of its own
+            jid = store.ids.unique(unique_key) if by_key and unique_key else store.ids.random()
         if queue is None:
             queue = self.queue_for(function)
-        put = (function, args, kwargs, jid, queue, defer_by, defer_until)
+        put = (function, args, kwargs, jid, queue, defer_by, defer_until, plan, self.fair(function))
         if self.tracing is None:
             return await self._put(store, *put)
         with self.tracing.send(function, jid, queue) as extra:
@@ -314,35 +309,51 @@ class Client:
         queue: str,
         defer_by: float,
         defer_until: dt.datetime | None,
+        plan: EnqueuePlan = NO_PLAN,
+        fair: bool = False,
         extra: dict[str, Any] | None = None,
     ) -> str | None:
         await on_server_time(self.clock, self.store.server_time_ms)
         now = ms(self.clock.time())
         score = due_ms(defer_until, 0.0, self.clock) if defer_until else now + ms(defer_by)
-        payload = codec.encode_job(function, args, kwargs, now, self._serialize, extra=extra)
+        flow = plan.fields(now)  # the deadline on the server's clock
+        payload = codec.encode_job(
+            function, args, kwargs, now, self._serialize, extra=extra, flow=flow
+        )
         self._sized(function, payload)
+        if plan.coalesce is not None and plan.coalesce_key is not None:
+            done = await store.coalesce_enqueue(
+                plan.coalesce, store.keys.coalesce(function, plan.coalesce_key), jid, payload,
+                now_ms=now, due_ms=score, ttl_ms=self._expires_ms, queue=queue,
+            )  # fmt: skip
+            return done.job_id
         ttl = self._expires_ms + max(0, score - now)
+        if fair:  # a fair task's job: it waits in its flow key's queue
+            job = QueuedJob(NewJob(jid, payload, score), queue, ttl, plan.flow_key or "")
+            return jid if (await store.fair_enqueue([job]))[0] else None
         ok = await store.unique_enqueue(NewJob(jid, payload, score), ttl, queue)
         return jid if ok else None
 
     async def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
-    ) -> list[str | None]:
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK,
+        on_complete: WorkflowJob | None = None,
+    ) -> list[str | None]:  # fmt: skip
         """Enqueue many jobs, ``chunk_size`` per round trip (one script call per queue shard,
-        with a WAIT policy one ``WAIT``, per chunk); per job, in order, its id or ``None`` where
-        :meth:`enqueue` would return ``None``: the id is taken in Redis or by an earlier job of
-        ``jobs``.
-
-        A job is a :class:`~worker.bulk.JobSpec` (``function``, ``args``, ``kwargs`` and the
-        options of :meth:`enqueue`: ``unique_key``, ``job_id``, ``defer_by``, ``defer_until``,
-        ``queue``, ``shard_key``, each choosing the job's shard as there) or a tuple
-        ``(function, args[, kwargs])``. Every function is checked first: an unknown one raises
-        :class:`~worker.core.errors.UnknownTask` and nothing is sent. Each chunk is written
-        atomically per shard, after the previous chunk was answered (each next chunk is built
-        meanwhile); an error in a chunk leaves the earlier ones and sends no later one."""
+        and one ``WAIT`` with a WAIT policy, per chunk); per job, in order, its id or ``None``
+        where :meth:`enqueue` would return ``None``. A job is a :class:`~worker.bulk.JobSpec`
+        (``function``, ``args``, ``kwargs`` and :meth:`enqueue`'s options) or a tuple
+        ``(function, args[, kwargs])``. Every function is checked first (an unknown one:
+        :class:`~worker.core.errors.UnknownTask`, nothing sent). Each chunk is written
+        atomically per shard after the previous one was answered; an error leaves the earlier
+        chunks and sends no later one. ``on_complete=Job("done", ...)``: the jobs are one
+        workflow whose task ``done`` runs once after all ended, given ``{"done": n, "failed":
+        m}`` first (docs/workflows.md)."""
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        specs = checked(jobs, self.check_function)
+        specs = await checked(jobs, self.check_function, chunk_size)
+        if on_complete is not None:
+            wid = await self.start_workflow(batch_flow(specs, on_complete))
+            return [step_job_id(self.keys.prefix, wid, i) for i in range(len(specs))]
         out: list[str | None] = []
         sending: asyncio.Future[list[str | None]] | None = None
         for lo in range(0, len(specs), chunk_size):
@@ -369,10 +380,13 @@ class Client:
         now = ms(self.clock.time())
         batch = []
         for s in specs:
+            flow = spec_fields(s, self.flow_of(s.function), now)
+            flow_key = flow.flow_key if flow is not None else None
             if s.job_id is not None:
                 store, jid = self.shards.of(s.job_id), s.job_id
             else:
                 key = s.shard_key if s.shard_key is not None else s.unique_key
+                key = key if key is not None else flow_key
                 store = self.shards.next() if key is None else self.shards.for_key(key)
                 jid = store.ids.random() if s.unique_key is None else store.ids.unique(s.unique_key)
             queue = s.queue if s.queue is not None else self.queue_for(s.function)
@@ -380,29 +394,25 @@ class Client:
             score = now + ms(s.defer_by) if score is None else score
             extra = spans.create(s.function, jid, queue) if spans is not None else None
             payload = codec.encode_job(
-                s.function, s.args, s.kwargs, now, self._serialize, extra=extra
+                s.function, s.args, s.kwargs, now, self._serialize, extra=extra, flow=flow
             )
             self._sized(s.function, payload)
             ttl = self._expires_ms + max(0, score - now)
-            batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl)))
+            fair = (flow_key or "") if self.fair(s.function) else None
+            batch.append((store, QueuedJob(NewJob(jid, payload, score), queue, ttl, fair)))
         return batch
 
     async def _send(
         self, batch: list[tuple[Store, QueuedJob]], spans: Batch | None
     ) -> list[str | None]:
         """Each shard's part of a chunk in one script call (the shards at once)."""
-        parts: dict[int, tuple[Store, list[int]]] = {}
-        for i, (store, _) in enumerate(batch):
-            parts.setdefault(id(store), (store, []))[1].append(i)
         with spans.send() if spans is not None else contextlib.nullcontext():
-            written = await asyncio.gather(
-                *(store.enqueue_batch([batch[i][1] for i in idx]) for store, idx in parts.values())
-            )
-        out: list[str | None] = [None] * len(batch)
-        for (_, idx), oks in zip(parts.values(), written, strict=True):
-            for i, ok in zip(idx, oks, strict=True):
-                out[i] = batch[i][1].job.job_id if ok else None
-        return out
+            return await send_chunk(batch)
+
+    def flow_of(self, function: str) -> TaskFlow:
+        """The flow defaults ``function``'s task declares (none without the app)."""
+        job = getattr(self.app, "tasks", {}).get(function)
+        return job.flow if isinstance(job, JobDef) else NO_FLOW
 
     def _sized(self, function: str, payload: bytes) -> None:
         """:class:`PayloadTooLarge` (one line) when ``payload`` is larger than the consumers
@@ -410,19 +420,24 @@ class Client:
         if len(payload) > self.max_payload_bytes:
             raise PayloadTooLarge(function, len(payload), self.max_payload_bytes)
 
+    def fair(self, function: str) -> bool:
+        """Whether ``function``'s task is fair (``@app.task(fair=True)``; not without the app)."""
+        return getattr(getattr(self.app, "tasks", {}).get(function), "fair", False) is True
+
     def queue_for(self, function: str) -> str:
         """The queue ``function``'s jobs wait in unless told: the one the task declares when
         the client knows the app, else ``default``."""
-        return self.app.queue_of(function) if isinstance(self.app, _Routes) else DEFAULT_QUEUE
+        app = cast(_Routes, self.app)  # hasattr: a runtime Protocol's isinstance costs 15-37 µs
+        return app.queue_of(function) if hasattr(app, "queue_of") else DEFAULT_QUEUE
 
     def check_function(self, function: str) -> None:
         """Raise :class:`~worker.core.errors.UnknownTask` if the client's app does not declare
         ``function`` (a task or a periodic job); a client without an app accepts any name, as
         arq does."""
-        if isinstance(self.app, _Declares):
-            names = self.app.job_names()
-            if function not in names:
-                raise UnknownTask(function, self.app.name, sorted(names))
+        if hasattr(self.app, "job_names"):
+            app = cast(_Declares, self.app)
+            if function not in (names := app.job_names()):
+                raise UnknownTask(function, app.name, sorted(names))
 
     def new_job_id(self) -> str:
         """A random job id: the key prefix and a uuid (``<prefix><32 hex>``), so arq's per-job
@@ -450,6 +465,33 @@ class Client:
         ``None`` if it has none kept (see docs/monitoring.md, "Why did my job fail?")."""
         return await self.shards.of(job_id).failure(job_id)
 
+    async def start_workflow(
+        self, flow: Any, *, on_failure: OnFailure | None = None, workflow_id: str | None = None
+    ) -> str:
+        """Start ``flow`` (a :class:`~worker.Job`, ``chain``, ``group``, ``chord`` or
+        :class:`~worker.Workflow`, see docs/workflows.md); its id. Calling it again with the
+        same ``workflow_id`` after an error starts it once."""
+        await on_server_time(self.clock, self.store.server_time_ms)
+        now, sz = ms(self.clock.time()), self._serialize
+        wf = compile_flow(flow, on_failure)
+        for step in wf.steps:
+            self.check_function(step.job.function)
+        queues = [self.queue_for(s.job.function) for s in wf.steps]
+        wid = workflow_id or uuid4().hex
+        check_id(wid, "workflow_id")
+        roots = await self.store.start_workflow(wid, wf, queues, now, sz)
+        await self.store.enqueue_steps(wid, roots, now, sz, self._expires_ms)
+        return wid
+
+    async def workflow(self, workflow_id: str) -> WorkflowInfo | None:
+        """The workflow's state and each step's (state, result, error); ``None`` when unknown."""
+        return await self.store.read_workflow(workflow_id, self._reads())
+
+    async def cancel_workflow(self, workflow_id: str) -> bool:
+        """Cancel it: no step starts once this returned, running steps are aborted (as
+        :meth:`abort`). ``False`` when it was not running."""
+        return await self.store.cancel_workflow(workflow_id, ms(self.clock.time()))
+
     def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=unique_key)`` uses (to look the job up)."""
         store = self.shards.for_key(unique_key if shard_key is None else shard_key)
@@ -460,9 +502,12 @@ class Client:
         methods): ``await job.status()``,
         ``await job.result_info()`` (without waiting), ``await job.result(timeout=...)``."""
         store = self.shards.of(job_id)  # the job's queue shard
+        return Job(job_id, store.redis, store.keys.queue_of(queue), self._reads())
+
+    def _reads(self) -> Deserialize:
         if self._deserialize is None:
             raise ValueError("Client(serialize=<custom>) reads jobs only with deserialize=...")
-        return Job(job_id, store.redis, store.keys.queue_of(queue), self._deserialize)
+        return self._deserialize
 
     async def broadcast(self, topic: str, data: Any = None) -> int | None:
         """Send ``data`` (any value the serializer takes) to the ``@app.on_broadcast(topic)``

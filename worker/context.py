@@ -187,15 +187,21 @@ class Context:
             raise LeadershipLost("this process is not a leader candidate (role consumer)")
         return FencedStore(self._store, self.leader).pipeline()
 
-    async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
-        """See :meth:`worker.client.Client.enqueue`."""
-        return await self.client.enqueue(function, *args, **kwargs)
+    async def enqueue(
+        self, function: str, *args: Any, flow_key: str | None = None, **kwargs: Any
+    ) -> str | None:
+        """See :meth:`worker.client.Client.enqueue` (its options pass through)."""
+        return await self.client.enqueue(function, *args, flow_key=flow_key, **kwargs)
 
     async def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK, on_complete: Any = None
     ) -> list[str | None]:
         """See :meth:`worker.client.Client.enqueue_many`."""
-        return await self.client.enqueue_many(jobs, chunk_size=chunk_size)
+        return await self.client.enqueue_many(jobs, chunk_size=chunk_size, on_complete=on_complete)
+
+    async def start_workflow(self, flow: Any, **options: Any) -> str:
+        """See :meth:`worker.client.Client.start_workflow`."""
+        return await self.client.start_workflow(flow, **options)
 
     def poller(self, name: str) -> BoundPoller:
         """The shard queues of the app's poller ``name``; its calls ride out a Redis outage
@@ -250,6 +256,9 @@ class JobContext(dict[str, Any]):
     make_progress: Callable[[], Progress] | None = None
     #: The last ``(fraction, message)`` given to :meth:`progress` in this run.
     last_progress: tuple[float, str | None] | None = None
+    #: A workflow step's parents' results when its task takes them so
+    #: (``@app.task(parents="context")``): one result, or the list of them.
+    parents: Any = None
     #: A plain ``def`` task's thread helpers (set by :mod:`worker.sync`): see :attr:`sync`.
     sync_helpers: SyncHelpers | None = None
 
@@ -316,13 +325,18 @@ class JobContext(dict[str, Any]):
     def redis(self) -> Redis:
         return self.context.redis
 
-    async def enqueue(self, function: str, *args: Any, **kwargs: Any) -> str | None:
-        return await self.context.enqueue(function, *args, **kwargs)
+    async def enqueue(
+        self, function: str, *args: Any, flow_key: str | None = None, **kwargs: Any
+    ) -> str | None:
+        return await self.context.enqueue(function, *args, flow_key=flow_key, **kwargs)
 
     async def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK, on_complete: Any = None
     ) -> list[str | None]:
-        return await self.context.enqueue_many(jobs, chunk_size=chunk_size)
+        return await self.context.enqueue_many(jobs, chunk_size=chunk_size, on_complete=on_complete)
+
+    async def start_workflow(self, flow: Any, **options: Any) -> str:
+        return await self.context.start_workflow(flow, **options)
 
     def poller(self, name: str) -> BoundPoller:
         return self.context.poller(name)

@@ -37,7 +37,10 @@ def manifest(app: App, *, written_ms: int) -> dict[str, Any]:
         "version": __version__,
         "written_ms": written_ms,
         "queues": app.queue_names(),
-        "tasks": [{"name": j.name, "queue": j.queue} for j in app.tasks.values()],
+        "tasks": [
+            {"name": j.name, "queue": j.queue, **({"fair": True} if j.fair else {})}
+            for j in app.tasks.values()
+        ],
         "periodics": [
             {
                 "name": p.name,
@@ -97,7 +100,8 @@ def describe(data: dict[str, Any]) -> Described:
             raise ValueError(f"manifest format {data.get('format')!r}")
         app = App(str(data["name"]), queues=tuple(data["queues"]))
         for t in data["tasks"]:
-            app.tasks[t["name"]] = JobDef(t["name"], _not_here, queue=t["queue"])
+            fair = t.get("fair") is True  # status shows a fair queue's flow keys
+            app.tasks[t["name"]] = JobDef(t["name"], _not_here, queue=t["queue"], fair=fair)
         for p in data["periodics"]:
             app.periodics[p["name"]] = PeriodicDef(
                 p["name"],

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
 
     # -- consumer -----------------------------------------------------------------------------
     concurrency: int = Field(100, ge=1, le=10_000)
+    duty_slots: int = Field(
+        4, ge=0, le=1000, description="slots for duty jobs only, beside concurrency (0: no lane)"
+    )
     sync_threads: int = Field(10, ge=1, le=1000, description="threads for plain def jobs")
     poll_delay_s: float = Field(0.05, gt=0, le=60)
     idle_poll_max_s: float = Field(1.0, gt=0, le=60)
@@ -134,6 +137,9 @@ class Settings(BaseSettings):
     )
     unannounced_look_s: float = Field(
         0.5, ge=0, le=60, description="the leader's look for due jobs nobody announced (0: off)"
+    )
+    outbox_dsn: SecretStr | None = Field(
+        None, description="PostgreSQL DSN of the outbox table the leader relays (unset: off)"
     )
     job_timeout_s: float = Field(300.0, gt=0, le=WEEK_S)
     max_tries: int = Field(5, ge=1)

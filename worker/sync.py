@@ -35,13 +35,13 @@ import inspect
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from worker.core.clock import Clock, ms
-from worker.core.jobdefs import JobDef, JobHook, TaskFn
+from worker.core.jobdefs import NO_RECORD, JobDef, JobHook, TaskFn
 
 log = structlog.get_logger("worker.sync")
 
@@ -293,7 +293,9 @@ class SyncThreadsHook(JobHook):
     def concerns(self, job: JobDef) -> bool:
         return is_sync(job.fn)
 
-    async def admit(self, job: JobDef, job_id: str) -> int | None:
+    async def admit(
+        self, job: JobDef, job_id: str, record: Mapping[str, Any] = NO_RECORD
+    ) -> int | None:
         if not self.threads.all_stuck or not is_sync(job.fn):
             self._deferring = False
             return None

@@ -30,9 +30,11 @@ from typing import Any, TypeVar
 from worker.bulk import DEFAULT_CHUNK, JobLike
 from worker.client import DEFAULT_MAX_PAYLOAD_BYTES, Client
 from worker.core.codec import JobResult, JobStatus
+from worker.core.flow import Mode
 from worker.core.redisurl import RedisTarget
 from worker.core.schedule_spec import ScheduleSpec
 from worker.core.serializer import SerializerName
+from worker.core.workflow import WorkflowInfo
 from worker.polls import Pollers
 from worker.settings import Settings, load_settings
 from worker.storage.keys import DEFAULT_QUEUE
@@ -119,10 +121,17 @@ class SyncClient:
         defer_until: dt.datetime | None = None,
         queue: str | None = None,
         shard_key: str | None = None,
+        flow_key: str | None = None,
+        expires_in: float | None = None,
+        expires_at: dt.datetime | None = None,
+        coalesce: Mode | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        throttle_s: float | None = None,
         **kwargs: Any,
     ) -> str | None:
         """:meth:`Client.enqueue`: the job id, or ``None`` when that id is already queued,
-        running or kept."""
+        running or kept (or the enqueue was throttled)."""
         return self._submit(
             self.client.enqueue(
                 function,
@@ -133,15 +142,24 @@ class SyncClient:
                 defer_until=defer_until,
                 queue=queue,
                 shard_key=shard_key,
+                flow_key=flow_key,
+                expires_in=expires_in,
+                expires_at=expires_at,
+                coalesce=coalesce,
+                debounce_s=debounce_s,
+                max_wait_s=max_wait_s,
+                throttle_s=throttle_s,
                 **kwargs,
             )
         )
 
     def enqueue_many(
-        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK
+        self, jobs: Iterable[JobLike], *, chunk_size: int = DEFAULT_CHUNK, on_complete: Any = None
     ) -> list[str | None]:
         """:meth:`Client.enqueue_many`: per job its id or ``None``, one round trip per chunk."""
-        return self._submit(self.client.enqueue_many(list(jobs), chunk_size=chunk_size))
+        return self._submit(
+            self.client.enqueue_many(list(jobs), chunk_size=chunk_size, on_complete=on_complete)
+        )
 
     def job(self, job_id: str, queue: str = DEFAULT_QUEUE) -> SyncJob:
         """A handle on ``job_id``: :meth:`SyncJob.status`, :meth:`SyncJob.info`,
@@ -152,6 +170,18 @@ class SyncClient:
     def abort(self, job_id: str) -> None:
         """:meth:`Client.abort`: ask the consumer running (or about to run) it to cancel it."""
         self._submit(self.client.abort(job_id))
+
+    def start_workflow(self, flow: Any, **options: Any) -> str:
+        """:meth:`Client.start_workflow`."""
+        return self._submit(self.client.start_workflow(flow, **options))
+
+    def workflow(self, workflow_id: str) -> WorkflowInfo | None:
+        """:meth:`Client.workflow`."""
+        return self._submit(self.client.workflow(workflow_id))
+
+    def cancel_workflow(self, workflow_id: str) -> bool:
+        """:meth:`Client.cancel_workflow`."""
+        return self._submit(self.client.cancel_workflow(workflow_id))
 
     def unique_job_id(self, unique_key: str, shard_key: str | None = None) -> str:
         """The job id ``enqueue(..., unique_key=...)`` uses."""

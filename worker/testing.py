@@ -32,6 +32,7 @@ from worker.app import App
 from worker.client import Client
 from worker.consumer.envelope import validate
 from worker.context import Context, JobContext
+from worker.core import codec
 from worker.core.clock import FakeClock, ms
 from worker.core.serializer import get_serializer
 from worker.settings import Settings
@@ -124,7 +125,8 @@ class Harness:
 
     async def run_enqueued(self, *, limit: int = 10_000) -> int:
         """Run every job waiting in the app's queues and due now, inline (also the ones those
-        jobs enqueue), in queue priority order; returns how many ran."""
+        jobs enqueue), in queue priority order; returns how many ran (a job past its deadline
+        does not run: it is dropped)."""
         ran = 0
         while ran < limit:
             found = False
@@ -135,7 +137,12 @@ class Harness:
                 job_id, raw = popped
                 if raw is None:
                     continue
-                fn, args, kwargs, _, _ = validate(self.deserialize(raw))
+                record = self.deserialize(raw)
+                fn, args, kwargs, _, _ = validate(record)
+                found = True
+                deadline = codec.job_flow(record).deadline_ms
+                if deadline is not None and ms(self.clock.time()) > deadline:
+                    break  # expired: it never runs (as in a worker)
                 extra = {}
                 parsed = self.client.store.ids.parse_periodic(job_id)
                 if parsed is not None:
@@ -143,7 +150,6 @@ class Harness:
                 jobs = {**self.app.tasks, **{p.name: p.job() for p in self.app.periodics.values()}}
                 await jobs[fn].fn(self.job_context(job_id=job_id, **extra), *args, **kwargs)
                 ran += 1
-                found = True
                 break
             if not found:
                 break

@@ -1,6 +1,6 @@
-"""The test app of tests/test_poll_outage.py and tests/system/test_refused_writes.py: poll jobs that
-are mid-flight when Redis goes away or refuses writes. It records what it did in a LEDGER ON A
-SERVER THAT IS NEVER FAULTED (``OUTAGE_LEDGER_URL``); every ledger key is
+"""The test app of tests/system/test_poll_failover.py and tests/system/test_refused_writes.py:
+poll jobs that are mid-flight when Redis goes away or refuses writes. It records what it did in
+a LEDGER ON A SERVER THAT IS NEVER FAULTED (``OUTAGE_LEDGER_URL``); every ledger key is
 ``<WORKER_KEY_PREFIX>outage:<name>``.
 
 - poller ``items`` (2 shards, 0.2 s interval, the default ``failure_delay_s``: 60 s) ->

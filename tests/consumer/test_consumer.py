@@ -24,7 +24,7 @@ from worker.consumer.guard import ClaimGuard
 from worker.consumer.limits import LimitsHook
 from worker.context import Context, JobContext
 from worker.core.clock import SystemClock
-from worker.core.jobdefs import JobDef, JobHook, Outcome
+from worker.core.jobdefs import NO_RECORD, JobDef, JobHook, Outcome
 from worker.core.metrics import Metrics
 from worker.core.serializer import msgpack_dumps, msgpack_loads
 from worker.settings import Settings
@@ -553,6 +553,42 @@ async def test_queues_in_priority_order_and_routed_by_task(r: Any, loops: list[L
     assert info.queue_name == KEYS.queue_of("low")
 
 
+async def test_duty_slots_run_a_duty_job_while_user_jobs_fill_every_shared_slot(
+    r: Any, loops: list[Loop]
+) -> None:
+    """With ``concurrency=2`` and ``duty_slots=1``: two user jobs hold both shared slots, three
+    more wait, and the third never takes the duty slot; a job in the duty lane, announced on
+    the duty marker, starts in it at once, ahead of every queued user job."""
+    app = App("t")
+    release = asyncio.Event()
+    started: list[str] = []
+
+    @app.task
+    async def hold(ctx: JobContext, n: int) -> None:
+        started.append(f"user-{n}")
+        await release.wait()
+
+    @app.task
+    async def duty(ctx: JobContext) -> None:
+        started.append("duty")
+
+    lp = Loop(r, app, concurrency=2, duty_slots=1)
+    for n in range(5):
+        await lp.client.enqueue("hold", n)
+    loops.append(lp.start())
+    try:
+        await eventually(lambda: len(started) == 2, what="both shared slots busy")
+        await asyncio.sleep(0.3)
+        assert len(started) == 2 and "duty" not in started  # the duty slot is not a user job's
+        await lp.client.enqueue("duty", queue="default:duty")
+        await r.zadd(KEYS.wake_duty_marker, {"wake": round(time.time() * 1000)}, lt=True)
+        await eventually(lambda: "duty" in started, what="the duty job in its slot")
+        assert len(started) == 3 and started[2] == "duty" and lp.consumer.in_flight == 2
+    finally:
+        release.set()  # the held user jobs end (the consumer's drain waits for them)
+    await eventually(lambda: len(started) == 6, what="the user jobs after")
+
+
 async def test_a_consumer_takes_only_its_queues(r: Any, loops: list[Loop]) -> None:
     app = App("t")
     ran: list[str] = []
@@ -676,7 +712,9 @@ class Recorder(JobHook):
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    async def admit(self, job: JobDef, job_id: str) -> int | None:
+    async def admit(
+        self, job: JobDef, job_id: str, record: Mapping[str, Any] = NO_RECORD
+    ) -> int | None:
         self.calls.append("admit")
         return None if "admit" in self.calls[:-1] else int(time.time() * 1000) + 50
 

@@ -235,7 +235,8 @@ async def test_one_trace_across_processes_and_ticks_carry_tick_and_epoch(
     attrs = tick["attributes"]
     assert attrs["worker.tick"].endswith("+00:00") and attrs["worker.leader_epoch"] >= 1
     create = next(s for s in read_spans(trace_file) if s["span_id"] == tick["parent_id"])
-    assert create["kind"] == "PRODUCER" and create["name"] == "create default"
+    # ticks go through the queue's duty lane (never behind its user backlog)
+    assert create["kind"] == "PRODUCER" and create["name"] == "create default:duty"
     assert create["attributes"]["worker.tick"] == attrs["worker.tick"]
     assert create["attributes"]["worker.leader_epoch"] == attrs["worker.leader_epoch"]
     assert create["attributes"]["messaging.message.id"] == attrs["messaging.message.id"]

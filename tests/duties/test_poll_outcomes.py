@@ -317,6 +317,7 @@ def test_an_item_whose_job_record_was_lost_is_put_back(
     prefix = spawn.prefix  # type: ignore[attr-defined]
     keys = K.Keys(prefix)
     env = {"POLLFAIL_DELAY_S": "0.5", "POLLFAIL_SLOW_S": "5", "WORKER_CONCURRENCY": "1"}
+    env["WORKER_DUTY_SLOTS"] = "0"  # no duty lane: the poll job queues behind the one slot
     w = spawn("all", app=APP, env=env)
     schedule(rsync, prefix, "items", "slow-0")
     wait_until(lambda: runs(rsync, prefix)["slow-0"], timeout=30, what=f"slow-0 runs\n{w.log()}")

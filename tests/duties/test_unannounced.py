@@ -140,14 +140,15 @@ class FakeShard:
     def __init__(self) -> None:
         self.head: dict[str, tuple[str, int] | None] = {}
         self.announced: list[int] = []
+        self.duty: list[int] = []  # announced on the duty marker
         self.looks = 0
 
     async def heads(self, queues: list[str]) -> list[tuple[str, int] | None]:
         self.looks += 1
         return [self.head.get(q) for q in queues]
 
-    async def announce(self, due_ms: int) -> None:
-        self.announced.append(due_ms)
+    async def announce(self, due_ms: int, *, duty: bool = False) -> None:
+        (self.duty if duty else self.announced).append(due_ms)
 
 
 async def test_a_late_head_is_announced_once_per_shard_and_a_fresh_one_not_at_all() -> None:
@@ -169,3 +170,19 @@ async def test_a_late_head_is_announced_once_per_shard_and_a_fresh_one_not_at_al
     clock.advance(0.5)
     await look.tick()
     assert home.announced == [now - 2000, now - 300] and other.announced == [now - 100]
+
+
+async def test_a_late_duty_lane_head_is_announced_on_the_duty_marker() -> None:
+    """A late head in a duty lane (a tick a consumer that died had claimed) goes to the duty
+    marker, which a consumer whose shared slots are all busy waits on too; a queue's late head
+    to the wake marker, each once."""
+    clock = FakeClock()
+    now = ms(clock.time())
+    shard = FakeShard()
+    look = UnannouncedJobs([shard], ["default:duty", "default"], clock, interval_s=0.5)  # type: ignore[list-item]
+    shard.head = {"default:duty": ("t", now - 1000), "default": ("a", now - 2000)}
+    await look.tick()
+    assert (shard.duty, shard.announced) == ([now - 1000], [now - 2000])
+    clock.advance(0.5)
+    await look.tick()
+    assert (shard.duty, shard.announced) == ([now - 1000], [now - 2000])

@@ -167,6 +167,31 @@ async def test_unknown_task_or_bad_item_refused_before_anything_is_sent(
     assert await client.enqueue_many([]) == []
 
 
+async def test_checking_a_large_batch_yields_to_the_event_loop_between_chunks(
+    client: Client, r: Any
+) -> None:
+    """The jobs are made specs and checked a chunk at a time, the loop running other tasks in
+    between (a leader's lease renewal while a task hands 200,000 jobs to ``ctx.enqueue_many``):
+    a task started beside the call runs before the refusal at the end of the batch."""
+    turns = 0
+
+    async def beside() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(beside())
+    await asyncio.sleep(0)
+    started = turns
+    jobs: list[Any] = [("send", (i,)) for i in range(2000)] + [("sned", ())]
+    with pytest.raises(UnknownTask, match="sned"):
+        await client.enqueue_many(jobs, chunk_size=100)
+    other.cancel()
+    assert turns - started >= 10  # a turn per chunk of 100 at least
+    assert await r.zcard(KEYS.queue) == 0
+
+
 async def test_ctx_enqueue_many_goes_through_the_workers_client(client: Client, r: Any) -> None:
     from worker.context import Context
     from worker.settings import Settings

@@ -53,3 +53,12 @@ async def test_the_fake_clock_drives_the_schedule(r: Any) -> None:
         h.clock.advance(86_400)
         await h.tick("daily_reset")  # the schedule's latest instant
         assert await h.run_enqueued() == 3
+
+
+async def test_a_job_past_its_deadline_does_not_run_inline() -> None:
+    async with Harness(make_app()) as h:
+        await h.client.enqueue("send_receipt", 1, expires_in=10)
+        await h.client.enqueue("send_receipt", 2, expires_in=60)
+        h.clock.advance(30)  # the fake clock: the first deadline passes
+        assert await h.run_enqueued() == 1
+        assert h.state["sent"] == [2]

@@ -59,7 +59,17 @@ SMOKE: dict[str, tuple[list[str], str]] = {
         ["--consumers", "1", "--alls", "1", "--window", "2", "--settle", "2"],
         r"\| commands per enqueued job \(over idle\) +\| [\d.-]+ ",
     ),
+    "fair": (
+        ["--n", "200", "--rounds", "1", "--backlog", "1000", "--quiet", "2"],
+        r"\| fair +\| [\d,]+ ",
+    ),
+    "workflows": (["--sizes", "50", "--rounds", "1"], r"\| 50 +\| [\d.]+ "),
     "soak": (["--quick"], r"\d+ tests collected"),  # its test ids resolve (else exit 4)
+    "lane": (
+        ["--jobs", "1000", "--seconds", "3", "--fanout", "2000"],
+        r"\| 2,000 from a task +\| [\d.]+ s \(2,000 written",
+    ),
+    "outbox": (["--quick"], r"\| outbox, one row per commit, every 150 ms \(50\) +\| [\d.]+ "),
 }
 
 

@@ -34,6 +34,7 @@ def test_config_file_lists_every_default(monkeypatch: object) -> None:
         "sentinel_password",
         "web_token",
         "web_token_file",
+        "outbox_dsn",
     }
     missing = set(Settings.model_fields) - set(data) - unset
     assert not missing, f"config/worker.toml lacks {missing}"

@@ -131,8 +131,8 @@ def test_the_import_rule_fires() -> None:
 #: the folders under tests/ (each a wing of worker/, plus system/ for multi-process runs across
 #: failures and house/ for the project around the package), as tools/move_tests.py places them
 TEST_WINGS = {
-    "core", "storage", "leadership", "face", "consumer", "duties", "runtime", "ops", "web",
-    "cli", "system", "house",
+    "core", "storage", "leadership", "face", "outbox", "consumer", "duties", "runtime", "ops",
+    "web", "cli", "system", "house",
 }  # fmt: skip
 
 

@@ -340,6 +340,32 @@ def test_arq_is_imported_by_the_interop_module_alone() -> None:
     assert not found, f"arq imported outside {sorted(ARQ_INTEROP)}: {found}"
 
 
+def test_contrib_is_imported_by_nothing_and_django_only_there() -> None:
+    """``worker.contrib`` (the integrations) is opt-in: no other module imports it, and Django
+    is imported by ``contrib/django/`` alone, so ``worker`` runs without Django installed."""
+    graph = graph_of(modules())
+    users = {a for a, targets in graph.items() if not a.startswith("contrib")}
+    found = {a for a in users if any(b.startswith("contrib") for b in graph[a])}
+    assert not found, f"modules importing worker.contrib: {sorted(found)}"
+    django = {
+        name
+        for name, tree in modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any(
+            n == "django" or n.startswith(("django.", "django_tasks"))
+            for n in (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if node.level == 0
+                else []
+            )
+        )
+    }
+    assert django and all(name.startswith("contrib.django") for name in django), django
+
+
 def test_the_arq_import_finder_finds_them() -> None:
     tree = ast.parse(
         "import arq\nfrom arq.jobs import Job\nimport arq.worker as w\n"
@@ -377,10 +403,14 @@ WINGS: dict[str, int] = {
     "storage": 1,  # the Redis protocol: every command and script
     "leadership": 2,  # who leads: elect, renew, fence
     "face": 3,  # the lower public face: what user code and the engine hold
+    "outbox": 3,  # enqueue in the app's database transaction: the outbox's rows and SQL
     "consumer": 4,  # runs jobs
     "duties": 4,  # the singleton duties and every process's background duties
     "surface": 5,  # the upper public face: the app definition and what is built on it
     "runtime": 6,  # one worker process: the role table, lifecycle, health, embedded server
+    # integrations with other frameworks (Django's tasks), built on the public surface; nothing
+    # in the package imports them
+    "contrib": 6,
     "ops": 7,  # the operator side: read model, actions, status, doctor
     "web": 8,  # the console
     "cli": 9,  # the command line

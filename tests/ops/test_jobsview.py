@@ -324,3 +324,23 @@ async def test_running_reads_the_holds_sets_without_a_scan(
     assert ids[0] not in [
         j.job_id for j in (await jobsview.list_jobs(store, state="scheduled")).items
     ]
+
+
+async def test_duty_lane_jobs_are_listed_found_and_their_failures_shown(
+    client: Client, store: Store
+) -> None:
+    """Ticks and poll jobs wait in their queue's duty lane (``default:duty``): the listing, a
+    job's detail and the failures list see them like any job of the app's queues."""
+    now = await _now(store)
+    (tick,) = await _load(client.redis, 1, task="tick", base_ms=now - 1000, queue="default:duty")
+    queued = await jobsview.list_jobs(store, state="queued")
+    assert [(j.job_id, j.queue) for j in queued.items] == [(tick, "default:duty")]
+    d = await jobsview.job_detail(store, tick)
+    assert d is not None and d.state == "queued"
+    job_id = f"{P}tick-failed"
+    record = {"job_id": job_id, "task": "tick", "queue": "default:duty", "status": "failed",
+              "error_type": "ValueError", "message": "bad", "try": 1}  # fmt: skip
+    await client.redis.set(KEYS.failure(job_id), json.dumps(record))
+    await client.redis.zadd(KEYS.failures, {job_id: now})
+    failed = await jobsview.list_jobs(store, state="failed")
+    assert [(j.job_id, j.queue) for j in failed.items] == [(job_id, "default:duty")]

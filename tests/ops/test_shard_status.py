@@ -91,7 +91,8 @@ async def test_one_shard_reads_as_before(r: Any) -> None:
     assert plain == one and one.shards == []
     doc = status.view(one, app)
     assert "shards" not in doc and "SHARD" not in status.render(doc)
-    assert [(q.depth, q.due) for q in one.queues] == [(3, 2), (0, 0)]  # the home shard only
+    assert [(q.depth, q.due) for q in one.queues] == [(3, 2), (0, 0), (0, 0), (0, 0)]  # home only
+    assert [q.name for q in one.queues][2:] == ["default:duty", "high:duty"]  # the duty lanes
     assert "shards" not in [c.name for c in doctor.judge(one, app, doctor.Limits()).checks]
 
 

@@ -458,7 +458,14 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
     "ENQUEUE_TICKS": (
         periodic_lua.ENQUEUE_TICKS,
         _seed_nothing,
-        [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.periodic_enqueued, KEYS.queue],
+        [
+            KEYS.leader,
+            KEYS.periodic_state,
+            KEYS.paused,
+            KEYS.periodic_enqueued,
+            KEYS.queue,
+            KEYS.wake_marker,
+        ],
         [
             K.ARQ_JOB,
             K.ARQ_RESULT,
@@ -477,7 +484,14 @@ FENCED: dict[str, tuple[str, Setup, list[str], list[Any]]] = {
     "DISPATCH": (
         poller_lua.DISPATCH,
         _seed_dispatch,
-        [KEYS.leader, KEYS.poll_inflight("p"), KEYS.queue, KEYS.poll_shard("p", 0), KEYS.paused],
+        [
+            KEYS.leader,
+            KEYS.poll_inflight("p"),
+            KEYS.queue,
+            KEYS.poll_shard("p", 0),
+            KEYS.paused,
+            KEYS.wake_marker,
+        ],
         [K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, T, 1000, KEYS.wake, "p", "a", "id-a", b"p"],
     ),
     "INIT_BEGIN": (
@@ -532,8 +546,10 @@ async def test_fenced_script_refuses_and_writes_nothing(
 # ---------------------------------------------------------------------------------------------
 
 
-def _ticks_args(name: str, advance: int, ticks: list[int], known: int = -1) -> list[Any]:
-    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, KEYS.wake, name, advance, 5]
+def _ticks_args(
+    name: str, advance: int, ticks: list[int], known: int = -1, wake: str = KEYS.wake
+) -> list[Any]:
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, wake, name, advance, 5]
     args += [known, len(ticks)]
     for t in ticks:
         args += [t, KEYS_ids.periodic(name, t), f"payload-{t}".encode()]
@@ -541,12 +557,19 @@ def _ticks_args(name: str, advance: int, ticks: list[int], known: int = -1) -> l
 
 
 async def _enqueue_ticks(
-    r: Any, name: str, advance: int, ticks: list[int], known: int = -1
+    r: Any, name: str, advance: int, ticks: list[int], known: int = -1, *, duty: bool = False
 ) -> list[int]:
-    keys = [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.periodic_enqueued, KEYS.queue]
-    return list(
-        await run(r, periodic_lua.ENQUEUE_TICKS, keys, _ticks_args(name, advance, ticks, known))
+    queue, marker = (
+        (KEYS.queue_of("default:duty"), KEYS.wake_duty_marker)
+        if duty
+        else (
+            KEYS.queue,
+            KEYS.wake_marker,
+        )
     )
+    keys = [KEYS.leader, KEYS.periodic_state, KEYS.paused, KEYS.periodic_enqueued, queue, marker]
+    args = _ticks_args(name, advance, ticks, known, "" if duty else KEYS.wake)
+    return list(await run(r, periodic_lua.ENQUEUE_TICKS, keys, args))
 
 
 async def test_enqueue_ticks_writes_jobs_queue_and_state(r: Any) -> None:
@@ -631,9 +654,20 @@ SHARD = KEYS.poll_shard("p", 0)
 INFLIGHT = KEYS.poll_inflight("p")
 
 
-async def _dispatch(r: Any, now: int, items: list[tuple[str, str]], defer: int = 1000) -> list[int]:
-    keys = [KEYS.leader, INFLIGHT, KEYS.queue, SHARD, KEYS.paused]
-    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer, KEYS.wake, "p"]
+async def _dispatch(
+    r: Any, now: int, items: list[tuple[str, str]], defer: int = 1000, *, duty: bool = False
+) -> list[int]:
+    queue, marker = (
+        (KEYS.queue_of("default:duty"), KEYS.wake_duty_marker)
+        if duty
+        else (
+            KEYS.queue,
+            KEYS.wake_marker,
+        )
+    )
+    keys = [KEYS.leader, INFLIGHT, queue, SHARD, KEYS.paused, marker]
+    wake = "" if duty else KEYS.wake
+    args: list[Any] = [MINE, K.ARQ_JOB, K.ARQ_RESULT, JOB_TTL, now, defer, wake, "p"]
     for item, jid in items:
         args += [item, jid, f"job-for-{item}".encode()]
     return list(await run(r, poller_lua.DISPATCH, keys, args))
@@ -680,6 +714,35 @@ async def test_dispatch_duplicate_id_is_not_enqueued_again(r: Any, existing: str
     assert await r.get(existing + "id-a") == b"theirs"
     assert await r.zcard(KEYS.queue) == 0
     assert await r.zcard(SHARD) == 0  # consumed: that due instance was already enqueued
+
+
+@pytest.mark.parametrize("duty", [False, True])
+async def test_ticks_and_dispatches_set_one_marker(r: Any, duty: bool) -> None:
+    """A tick or a poll dispatch wakes one consumer: the earliest due time on the wake marker
+    (a duty lane's: the duty marker), ``ZADD LT``; a plain queue's also a ``+``-marked
+    ``PUBLISH`` for consumers of earlier versions (the leader's relay skips it), a lane's none
+    (no consumer of an earlier version reads the lanes)."""
+    marker, other = (KEYS.wake_duty_marker, KEYS.wake_marker)
+    if not duty:
+        marker, other = other, marker
+    await r.set(KEYS.leader, MINE)
+    await r.zadd(SHARD, {"a": T - 1000})
+    p = await _subscribe(r, KEYS.wake)
+    try:
+        assert await _enqueue_ticks(r, "job", T + 5, [T, T + 5], duty=duty) == [2, 0, 0, 0]
+        first = await _next_message(p, 0.5 if duty else 5.0)
+        assert await r.zrange(marker, 0, -1, withscores=True) == [(b"wake", T)]
+        await r.delete(marker)
+        assert await _dispatch(r, T - 500, [("a", "id-a")], duty=duty) == [1, 0, 0, 0]
+        second = await _next_message(p, 0.5 if duty else 5.0)
+    finally:
+        await p.aclose()
+    assert await r.zrange(marker, 0, -1, withscores=True) == [(b"wake", T - 500)]
+    assert await r.exists(other) == 0
+    if duty:
+        assert first is None and second is None
+    else:
+        assert first["data"] == f"+{T}".encode() and second["data"] == f"+{T - 500}".encode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -912,7 +975,8 @@ async def test_finish_every_transition_in_one_batch(r: Any) -> None:
     finally:
         await p.aclose()
     assert (out.done, out.retried, out.refused) == (2, 3, 1)
-    assert woken is not None and woken["data"] == str(T + 2000).encode()  # the earliest
+    # the earliest put back, on the wake marker and (marked) on the channel
+    assert woken is not None and woken["data"] == f"+{T + 2000}".encode()
     minute, hour = T // 60_000, T // 3_600_000
     slot = f"s{minute // 10}:send"
     job, retry = K.ARQ_JOB.encode(), K.ARQ_RETRY.encode()
@@ -933,6 +997,7 @@ async def test_finish_every_transition_in_one_batch(r: Any) -> None:
         ),
         KEYS.queue_of("mail").encode(): ("zset", [(b"later", T + 2000)], False),
         KEYS.abort.encode(): ("zset", [(b"elsewhere", T)], False),
+        KEYS.wake_marker.encode(): ("zset", [(b"wake", T + 2000)], False),
         KEYS.done.encode(): ("zset", [(b"ok", T)], False),
         KEYS.failures.encode(): ("zset", [(b"bad", T)], False),
         KEYS.stats("default", hour).encode(): ("hash", {f"{minute}:done".encode(): b"1"}, True),
@@ -949,6 +1014,25 @@ async def test_finish_every_transition_in_one_batch(r: Any) -> None:
             True,
         ),
     }  # the holds set: empty, gone
+
+
+async def test_finish_announces_a_job_put_back_on_its_marker(r: Any) -> None:
+    """A job retried or deferred is announced like a new one: its due time on the wake marker
+    (a duty lane's on the duty marker, no channel message: consumers of earlier versions read
+    no lanes), so a consumer waiting there claims it when it is due, leader or not (a deferral
+    announced on the channel alone waited for the consumers' 30 s fallback look)."""
+    store = Store(r, KEYS)
+    for jid, queue in {"user": "default", "tick": "default:duty"}.items():
+        await r.zadd(KEYS.queue_of(queue), {jid: T - 10})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await _claim(store, queues=("default:duty", "default"))
+    await store.finish(
+        "me", [Finish("defer", "tick", "me/1", score_ms=T + 700, queue="default:duty")], now_ms=T
+    )
+    assert await r.zrange(KEYS.wake_duty_marker, 0, -1, withscores=True) == [(b"wake", T + 700)]
+    assert await r.exists(KEYS.wake_marker) == 0
+    await store.finish("me", [Finish("defer", "user", "me/1", score_ms=T + 900)], now_ms=T)
+    assert await r.zrange(KEYS.wake_marker, 0, -1, withscores=True) == [(b"wake", T + 900)]
 
 
 async def test_finish_retention_trims_at_most_what_a_batch_brings(r: Any) -> None:
@@ -1264,3 +1348,102 @@ async def test_claim_skips_paused_queues_and_takes_them_again_once_resumed(r: An
     await r.srem(keys.paused, "queue:*")
     got = await _claim(store, queues=("default", "low"))
     assert [j.job_id for j in got.jobs] == ["{t}:d1", "{t}:l2"]
+
+
+async def test_fair_enqueue_and_move_round_robin_by_pass_fifo_within_a_key(r: Any) -> None:
+    """FAIR_ENQUEUE: each job into its flow key's queue (a tie in the same ms ordered by a
+    1/1024 ms fraction), the key into the ring at its lowest pass, an id taken refused.
+    FAIR_MOVE: due jobs into the queue proper in whole ms, lowest pass first (1 / weight per
+    move), keys with nothing due passed over, empty keys out of the ring, a paused queue none."""
+    from worker.storage.enqueue import QueuedJob
+    from worker.storage.jobs import NewJob
+
+    keys = K.Keys("{t}:")
+    store = Store(r, keys)
+
+    def job(jid: str, flow: str, at: int = T) -> QueuedJob:
+        return QueuedJob(NewJob("{t}:" + jid, b"p", at), "default", JOB_TTL, flow)
+
+    batch = [job("a1", "a"), job("a2", "a"), job("a3", "a"), job("b1", "b"), job("a1", "x")]
+    assert await store.fair_enqueue(batch) == [True] * 4 + [False]
+    assert await store.fair_enqueue([job("later", "c", T + 60_000)]) == [True]
+    assert await r.zrange(keys.fair("default", "a"), 0, -1, withscores=True) == [
+        (b"{t}:a1", T),
+        (b"{t}:a2", T + 1 / 1024),
+        (b"{t}:a3", T + 2 / 1024),
+    ]
+    assert await r.zrange(keys.fair("default"), 0, -1, withscores=True) == [
+        (b"a", 0.0),
+        (b"b", 0.0),
+        (b"c", 0.0),
+    ]
+    assert await r.exists(keys.fair("default", "x")) == 0
+    await r.sadd(keys.paused, "queue:default")
+    assert await store.fair_move("default", T + 5, 10) == 0
+    await r.srem(keys.paused, "queue:default")
+    assert await store.fair_move("default", T + 5, 2, {"a": 2}) == 2  # a, then b
+    assert await r.zrange(keys.queue, 0, -1, withscores=True) == [(b"{t}:a1", T), (b"{t}:b1", T)]
+    assert await store.fair_move("default", T + 5, 2) == 0  # two due already: room for none
+    await r.zrem(keys.queue, "{t}:a1", "{t}:b1")
+    assert await store.fair_move("default", T + 5, 10) == 2  # a's rest; c has nothing due
+    assert await r.zrange(keys.fair("default"), 0, -1, withscores=True) == [(b"c", 0.0)]
+    assert await r.zrange(keys.queue, 0, -1) == [b"{t}:a2", b"{t}:a3"]
+    assert await store.fair_move("default", T + 60_000, 10) == 1
+    assert await r.exists(keys.fair("default"), keys.fair("default", "c")) == 0
+
+
+@pytest.mark.parametrize("mode", ["replace", "debounce", "throttle", "keep_last"])
+async def test_coalesce_writes_the_state_the_job_and_the_announcement(r: Any, mode: str) -> None:
+    from worker.core.flow import Coalesce
+
+    store = Store(r, KEYS)
+    how = Coalesce.of(
+        mode,
+        debounce_s=1.0 if mode == "debounce" else None,
+        max_wait_s=5.0 if mode == "debounce" else None,
+        throttle_s=2.0 if mode == "throttle" else None,
+    )
+    assert how is not None
+    state = KEYS.coalesce("note", "k")
+    one = await store.coalesce_enqueue(
+        how, state, "t:a", b"one", now_ms=T, due_ms=T, ttl_ms=JOB_TTL
+    )
+    two = await store.coalesce_enqueue(
+        how, state, "t:b", b"two", now_ms=T + 100, due_ms=T + 100, ttl_ms=JOB_TTL
+    )
+    assert (one.code, one.job_id) == (1, "t:a")
+    snap = await snapshot(r)
+    assert snap[state.encode()][1][b"p"] == b"t:a"
+    assert snap[state.encode()][2]  # it expires
+    if mode == "throttle":  # dropped within the period: nothing written
+        assert (two.code, two.job_id) == (0, None)
+        assert snap[state.encode()][1][b"t"] == str(T + 2000).encode()
+        assert snap[b"arq:job:t:a"] == ("string", b"one", True)
+        return
+    assert (two.code, two.job_id) == (2, "t:a")  # folded into the pending job
+    assert snap[b"arq:job:t:a"] == ("string", b"two", True)
+    due = T + 100 + 1000 if mode == "debounce" else T
+    assert snap[KEYS.queue.encode()] == ("zset", [(b"t:a", float(due))], False)
+    assert b"arq:job:t:b" not in snap
+
+
+async def test_a_queues_pause_leaves_its_duty_lane_flowing(r: Any) -> None:
+    """``queue:default`` paused: the lane ``default:duty`` is still claimed (ticks and poll jobs
+    of a paused queue run); ``queue:default:duty`` pauses the lane, ``queue:*`` both."""
+    keys = K.Keys("{t}:")
+    store = Store(r, keys)
+    lanes = ("default:duty", "default")
+    for jid, queue in {"{t}:tick1": "default:duty", "{t}:user": "default"}.items():
+        await r.zadd(keys.queue_of(queue), {jid: T - 10})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await r.sadd(keys.paused, "queue:default")
+    assert [j.job_id for j in (await _claim(store, queues=lanes)).jobs] == ["{t}:tick1"]
+    await r.zadd(keys.queue_of("default:duty"), {"{t}:tick2": T - 5})
+    await r.set(K.ARQ_JOB + "{t}:tick2", b"p")
+    for entry in ("queue:default:duty", "queue:*"):
+        await r.sadd(keys.paused, entry)
+        assert (await _claim(store, queues=lanes)).jobs == []
+        await r.srem(keys.paused, entry)
+    await r.srem(keys.paused, "queue:default")
+    got = await _claim(store, queues=lanes)
+    assert [j.job_id for j in got.jobs] == ["{t}:tick2", "{t}:user"]

@@ -1,7 +1,7 @@
 """Broadcasts across real processes on a real server: a dropped connection catches up.
 
 Three ``python -m worker`` processes of mixed roles run ``harness/apps/bcast.py``, which records
-every message each process handled in a Redis bcast_ledger per process. Assertions are on those
+every message each process handled in a Redis ledger per process. Assertions are on those
 ledgers, never on log wording.
 """
 
@@ -21,7 +21,7 @@ APP = "harness.apps.bcast:app"
 
 
 def bcast_ledger(r: redis_sync.Redis, prefix: str, name: str) -> dict[str, int]:
-    raw = r.hgetall(f"{prefix}bcast_ledger:bcast:{name}")
+    raw = r.hgetall(f"{prefix}ledger:bcast:{name}")
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
@@ -97,7 +97,7 @@ def test_three_processes_each_handle_a_broadcast_once_across_a_dropped_connectio
     for n in names:
         assert bcast_ledger(rsync, prefix, n) == {"m1": 1, "m2": 1, "m3": 1, "echo:e1": 1}, n
     assert rsync.xlen(f"{prefix}bcast:echo") == 1
-    assert rsync.hgetall(f"{prefix}bcast_ledger:echo-sent") == {b"None": b"3"}
+    assert rsync.hgetall(f"{prefix}ledger:echo-sent") == {b"None": b"3"}
     assert rsync.xlen(f"{prefix}bcast:pricing") == 3
     for p in procs.values():
         assert p.alive(), p.log()

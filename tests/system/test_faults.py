@@ -2,7 +2,7 @@
 and a server restart. Assertions are on Redis ledgers the test app writes (one HINCRBY per
 executed tick or item), never on log wording.
 
-Timings come from tests/conftest.py FAST_ENV: lease TTL 3 s, renew every 0.5 s, deadline 1.5 s.
+Timings come from harness/timings.py FAST_ENV: lease TTL 3 s, renew every 0.5 s, deadline 1.5 s.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ goes above every earlier one after Redis lost all its data under fresh processes
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ import redis as redis_sync
 
 from harness import ROOT, Spawn, WorkerProc, wait_until
 from harness.docpages import page
-from harness.postgres import Postgres, binaries
+from harness.postgres import Postgres
 from worker.core.ids import LockValue
 from worker.storage import keys as K
 
@@ -40,34 +39,11 @@ def test_the_fencing_page_shows_the_example_this_file_runs() -> None:
     assert '"UPDATE fence SET token = %s WHERE name = %s AND token <= %s"' in source
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    bindir = binaries()
-    if bindir is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
-        pytest.skip("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
-    server = Postgres(bindir)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-
-
 @dataclass(frozen=True)
 class Row:
     seq: int
     token: int
     writer: str
-
-
-def database(pg: Postgres, name: str) -> str:
-    """A fresh database on ``pg``: its DSN."""
-    with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name}")
-        conn.execute(f"CREATE DATABASE {name}")
-    return pg.dsn_for(name)
 
 
 def rows(dsn: str) -> list[Row]:
@@ -95,7 +71,7 @@ class Takeover:
 def take_over(spawn: Spawn, pg: Postgres, name: str, *, unfenced: bool) -> Takeover:
     """Two leaders write the ledger; the one writing is SIGSTOPped right after a row (so in
     its next round's work) until the other has taken over and written, then resumed."""
-    dsn = database(pg, name)
+    dsn = pg.database(name)
     env: dict[str, str | None] = {
         "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'examples'}",
         "FENCING_PG_DSN": dsn,

@@ -83,6 +83,32 @@ def test_a_job_enqueued_to_an_idle_fleet_costs_a_few_claims_whatever_its_size(
     assert p50 < 0.1 and waited[-1] < 1.0, waited  # still at once
 
 
+def test_a_tick_on_an_idle_fleet_costs_a_few_claims_whatever_its_size(
+    spawn: Spawn, rsync: redis_sync.Redis
+) -> None:
+    """A tick (a duty job, in the duty lane) wakes one consumer through the duty marker, not
+    every consumer: the fleet's claim reads per tick stay a few (each ``CLAIM`` reads the lane
+    and the queue), where announcing ticks to every consumer cost two per consumer; and the
+    ticks start on time."""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    spawn("all", name="l", app="harness.apps.ticks:app", env=DEFAULTS)
+    for i in range(FLEET):
+        spawn("consumer", name=f"c{i}", app="harness.apps.ticks:app", env=DEFAULTS)
+    wait_until(lambda: rsync.zcard(f"{prefix}instances") >= FLEET + 1, 120, what="the fleet")
+    wait_until(lambda: rsync.llen(f"{prefix}ticks:late") >= 3, 60, what="the first ticks")
+    time.sleep(3.0)  # start-up is not idle: every consumer's first looks
+    ran0, before, t0 = rsync.llen(f"{prefix}ticks:late"), claims(rsync), time.monotonic()
+    time.sleep(8.0)
+    ran = rsync.llen(f"{prefix}ticks:late") - ran0
+    per_tick = (claims(rsync) - before) / max(ran, 1)
+    late = [int(x) for x in rsync.lrange(f"{prefix}ticks:late", ran0, -1)]  # type: ignore[union-attr]
+    print(f"{FLEET + 1} consumers: {ran} ticks in {time.monotonic() - t0:.1f} s, "
+          f"{per_tick:.2f} claim reads per tick, late {sorted(late)} ms")  # fmt: skip
+    assert ran >= 5, ran
+    assert per_tick <= 8.0, per_tick  # every consumer claiming: 2 per consumer, 26 here
+    assert max(late) <= 1_000, late
+
+
 def test_a_turn_taken_and_dropped_is_picked_up_by_the_leaders_look(
     spawn: Spawn, rsync: redis_sync.Redis, redis_url: str
 ) -> None:

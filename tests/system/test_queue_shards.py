@@ -199,3 +199,53 @@ def test_jobs_written_unannounced_in_every_shard_start_within_a_second_on_an_idl
     assert waited[-1] <= 1.5, waited
     for n in nodes:
         n.close()
+
+
+def test_coalesced_enqueues_stay_in_their_keys_shard_and_run_there(
+    spawn: Spawn, redis_url: str, key_prefix: str
+) -> None:
+    """Each mode's script and the start gates on a Cluster with queue shards: the key's state,
+    the job and its queue in the one slot of the key's shard (no CROSSSLOT), and a keep_last
+    key's jobs run there one at a time."""
+    from harness.apps.coalesce import app as co_app
+
+    async def enqueue() -> dict[str, list[str | None]]:
+        client = await Client.connect(redis_url, app=co_app, key_prefix=key_prefix, queue_shards=N)
+        try:
+            out: dict[str, list[str | None]] = {}
+            for mode, extra in (
+                ("replace", {}),
+                ("debounce", {"debounce_s": 0.2}),
+                ("throttle", {"throttle_s": 60.0}),
+            ):
+                out[mode] = [
+                    await client.enqueue("note", f"{mode}-{k}", i, flow_key=f"{mode}-{k}",
+                                         coalesce=mode, defer_by=0.5, **extra)  # type: ignore[arg-type]
+                    for k in range(6)
+                    for i in range(2)
+                ]  # fmt: skip
+            out["keep_last"] = [await client.enqueue("latest", f"kl-{k % 3}", k) for k in range(9)]
+            for jid, key in zip(out["replace"][::2], range(6), strict=True):
+                assert jid is not None
+                assert client.shards.of(jid) is client.shards.for_key(f"replace-{key}")
+            return out
+        finally:
+            await client.close()
+
+    ids = asyncio.run(enqueue())
+    assert ids["replace"][0::2] == ids["replace"][1::2]  # folded, per key
+    assert ids["debounce"][0::2] == ids["debounce"][1::2]
+    assert None not in ids["throttle"][0::2] and set(ids["throttle"][1::2]) == {None}
+    env = {"WORKER_QUEUE_SHARDS": str(N), "CO_STEP_S": "0.05"}
+    spawn("all", name="a1", app="harness.apps.coalesce:app", env=env)
+    spawn("consumer", name="c1", app="harness.apps.coalesce:app", env=env)
+
+    async def ended() -> int:  # the app's end hooks write in the home slot
+        client = await Client.connect(redis_url, key_prefix=key_prefix, queue_shards=N)
+        try:
+            return int(await client.redis.hlen(f"{key_prefix}co:ends"))
+        finally:
+            await client.close()
+
+    expected = 6 + 6 + 6 + len({j for j in ids["keep_last"]})
+    wait_until(lambda: asyncio.run(ended()) == expected, 60, what="every coalesced job's end")

@@ -1,6 +1,6 @@
 """Run-time schedules in real worker processes: two ``--role all`` processes, schedules added,
 changed and removed while the leader is SIGKILLed mid-way; every tick of every live schedule
-runs once (the sched_ledger of harness/apps/sched.py), none of a removed one after its removal."""
+runs once (the ledger of harness/apps/sched.py), none of a removed one after its removal."""
 
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ def leading(port: int) -> bool:
 
 
 def sched_ledger(rsync: redis_sync.Redis, prefix: str, tag: str) -> dict[int, int]:
-    raw: dict[bytes, bytes] = rsync.hgetall(f"{prefix}sched_ledger:sched:{tag}")  # type: ignore[assignment]
+    raw: dict[bytes, bytes] = rsync.hgetall(f"{prefix}ledger:sched:{tag}")  # type: ignore[assignment]
     return {int(k): int(v) for k, v in raw.items()}
 
 
 def contiguous(ticks: dict[int, int], first: int, last: int, step_ms: int) -> list[int]:
-    """The ticks of ``step_ms`` in ``[first, last]`` missing from the sched_ledger."""
+    """The ticks of ``step_ms`` in ``[first, last]`` missing from the ledger."""
     return [t for t in range(first, last + 1, step_ms) if t not in ticks]
 
 

@@ -162,7 +162,8 @@ async def test_the_overview_reads_what_redis_holds(
     (poller,) = cluster["pollers"]
     assert poller["paused"] and poller["waiting"] == 2 and poller["due"] == 1
     assert 4.0 <= poller["lag_s"] <= 10.0
-    (queue,) = cluster["queues"]
+    queue, lane = cluster["queues"]  # the queue, then its duty lane (ticks, poll jobs)
+    assert lane["name"] == "web:queue:default:duty" and lane["depth"] == 0
     assert queue["depth"] == 1 and 2.0 <= queue["oldest_due_age_s"] <= 10.0
     assert (queue["done_last_hour"], queue["failed_last_hour"]) == (1, 1)
     assert len(queue["throughput"]) == 60 and queue["throughput"][-1][1:] == [1, 1]
@@ -341,7 +342,9 @@ async def test_pause_and_resume_a_queue_and_every_queue(
         assert out["ok"] and out["target"] == entry and out["details"] == {"changed": True}
         assert entry in await client.store.paused()
         overview = await (await http.get("/api/overview", headers=AUTH)).json()
-        assert all(q["paused"] for q in overview["cluster"]["queues"])
+        paused = {q["queue"]: q["paused"] for q in overview["cluster"]["queues"]}
+        # a queue's pause leaves its duty lane flowing (ticks, poll jobs); --all pauses it too
+        assert paused == {"default": True, "default:duty": entry == "queue:*"}
         assert (await (await http.post("/api/resume", json=body, headers=AUTH)).json())["ok"]
         assert entry not in await client.store.paused()
     audit = await client.store.audit_log(10)

@@ -32,6 +32,7 @@ import redis as redis_sync
 from harness import Spawn, client_call, free_port, wait_until
 from worker import demo
 from worker.core.ids import LockValue
+from worker.core.jobdefs import duty_lane
 
 pytestmark = pytest.mark.slow
 
@@ -314,7 +315,8 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     # -- queues ------------------------------------------------------------------------------
     page.tab("queues")
     queues = page.rows("#queues tbody tr", "data-queue")
-    assert set(queues) == set(demo.app.queue_names())
+    names = demo.app.queue_names()  # each queue with its duty lane (ticks, poll jobs) beside it
+    assert set(queues) == {*names, *(duty_lane(q) for q in names)}
     hour = int(time.time() * 1000) // 3_600_000
     counted = {
         k.decode(): int(v)

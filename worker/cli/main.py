@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import worker.cli.cluster as cluster
+import worker.cli.flows as flows
 import worker.cli.jobs as jobs
 import worker.cli.operate as operate
 import worker.cli.process as process
@@ -35,6 +36,8 @@ COMMANDS: dict[str, Command] = {
     "handoff": operate.cmd_handoff,
     "jobs": jobs.cmd_jobs,
     "job": jobs.cmd_job,
+    "workflow": flows.cmd_workflow,
+    "workflows": flows.cmd_workflows,
     "schedule": schedules.cmd_schedule,
 }
 

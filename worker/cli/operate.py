@@ -13,6 +13,7 @@ from worker.client import Client
 from worker.core.dutykinds import Kind
 from worker.core.errors import ConfigError
 from worker.core.ids import ALL_QUEUES, parse_duty
+from worker.core.jobdefs import with_lanes
 from worker.core.serializer import get_serializer
 from worker.core.terminal import say
 from worker.duties import kinds
@@ -107,7 +108,7 @@ async def _pause_queue(settings: Settings, queue: str | None, what: str) -> int:
         known = ops.app.queue_names()
     admin.flush_notes()
     label = f"queue {queue!r}" if queue is not None else "every queue"
-    if queue is not None and queue not in known:
+    if queue is not None and queue not in with_lanes(known):  # a queue or its duty lane
         say(f"note: app {ops.app.name!r} has no task on queue {queue!r} ({', '.join(known)})")
     if what == "pause":
         state = "paused" if outcome.details["changed"] else "was already paused"

@@ -103,6 +103,21 @@ def _job_commands(command: AddCommand) -> None:
     act = job.add_mutually_exclusive_group()
     act.add_argument("--retry", action="store_true", help="run a failed or dead job again")
     act.add_argument("--cancel", action="store_true", help="cancel a queued or running job")
+    flow = command(
+        "workflow",
+        "one workflow's state and steps; --cancel it",
+        "Show a workflow (its state, each step's state, task, parents, job id, result or "
+        "error); exit 1 if Redis holds nothing of it. --cancel: no step starts any more, "
+        "running steps are aborted.",
+    )
+    flow.add_argument("workflow_id", metavar="ID", help="the workflow id")
+    flow_act = flow.add_mutually_exclusive_group()
+    flow_act.add_argument("--json", action="store_true", help="print JSON")
+    flow_act.add_argument("--cancel", action="store_true", help="cancel the workflow")
+    flows = command("workflows", "the newest workflows", "The newest workflows kept, newest first.")
+    flows.add_argument("--state", choices=("running", "done", "failed", "cancelled"))
+    flows.add_argument("--limit", type=int, default=50, help="workflows shown (default 50)")
+    flows.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _process_commands(command: AddCommand) -> None:

@@ -40,6 +40,7 @@ class Run:
     started: float = field(default=0.0)
     ended: bool = False  # its end is recorded (or queued to be): no claim to check any more
     function: str = ""  # the app's task it runs, once known (counted per task when it ends)
+    duty: bool = False  # claimed from a duty lane (it counts against the duty slots first)
 
 
 class Claims:

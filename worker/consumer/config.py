@@ -23,6 +23,9 @@ class ConsumerConfig:
     """The consumer's slice of the settings."""
 
     concurrency: int = 100
+    #: slots only duty lane jobs may take (ticks, poll jobs), beside ``concurrency``: user jobs
+    #: filling every shared slot never hold a duty back (see :meth:`Fetcher.claim_round`)
+    duty_slots: int = 4
     poll_delay_s: float = 0.05
     idle_poll_max_s: float = 0.5
     #: the idle fallback look while the wake channel is subscribed (announcements wake it)
@@ -37,6 +40,10 @@ class ConsumerConfig:
     doubt_s: float = 5.0
     #: Queues to take jobs from, highest priority first.
     queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    #: Those of :attr:`queues` holding fair tasks' jobs (moved from their flow keys' queues
+    #: round-robin before each claim; see :mod:`worker.storage.fair`), and flow keys' weights.
+    fair: tuple[str, ...] = ()
+    flow_weights: tuple[tuple[str, int], ...] = ()
     #: Burst mode (``python -m worker run --burst``, arq's ``burst``): once nothing runs and no
     #: job is due in ``queues``, stop claiming, drain, and set :attr:`Consumer.emptied`.
     burst: bool = False

@@ -46,7 +46,7 @@ from worker.consumer.wakeups import Wakeups
 from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Component
-from worker.core.jobdefs import JobDef, JobHook
+from worker.core.jobdefs import JobDef, JobHook, with_lanes
 from worker.core.metrics import Metrics
 from worker.core.serializer import Deserialize, Serialize
 from worker.storage.sharded import Shards
@@ -89,7 +89,7 @@ class Consumer(Component):
             self.hooks,
             instance_id=instance_id,
             doubt_s=config.doubt_s,
-            queues=config.queues,
+            queues=with_lanes(config.queues),
         )
         self.guard = self.claims.guard
         self.completer = Completer(
@@ -100,8 +100,11 @@ class Consumer(Component):
             jobs, self.hooks, context, shards, serializer, clock, self.guard, self.completer,
             instance_id=instance_id, config=config, dead=dead, metrics=metrics,
         )  # fmt: skip
-        self.wakeups = Wakeups(
-            shards, clock, room=lambda: len(self.claims.running) < config.concurrency
+        self.wakeups = Wakeups(  # room: the fetcher's free slots (it is built next)
+            shards,
+            clock,
+            room=lambda: self.fetch.shared_free() > 0,
+            duty_room=lambda: self.fetch.shared_free() > 0 or self.fetch.duty_free() > 0,
         )
         self.fetch = Fetcher(
             shards, clock, self.claims, self.completer, self.executor, self.wakeups,

@@ -1,11 +1,7 @@
-"""The one-job executor: runs one claimed job from its record to its end.
-
-Checks the envelope, the try counter and every hook's admission; builds the job's ``ctx``;
-runs the function under its timeout and the claim guard; and turns how it ended into one
-``Finish`` for the completer: a result (arq's record), a retry (arq's ``Retry``, a retried
-exception, a cancellation), a deferral (a hook held it back), or a dead letter. Semantics
-follow arq: retries up to ``max_tries``, job timeouts, ``keep_result``, aborts.
-"""
+"""The one-job executor: runs one claimed job from its record to its end: the envelope, the
+try counter, its flow and hooks' admission, its ``ctx``, the function under its timeout and the
+claim guard, then one ``Finish`` for the completer (a result, a retry, a deferral, a dead
+letter). Semantics follow arq: ``max_tries``, job timeouts, ``keep_result``, aborts."""
 
 from __future__ import annotations
 
@@ -34,9 +30,12 @@ from worker.consumer.failures import (
     log_traceback,
     traceback_text,
 )
+from worker.consumer.flow import expired_end, start_verdict, tell_expired
 from worker.consumer.guard import ClaimGuard, uncancel
 from worker.consumer.results import JobFailed, ResultFor, retry_score
+from worker.consumer.settling import Held
 from worker.context import Context, JobContext
+from worker.core import codec
 from worker.core.clock import Clock, ms
 from worker.core.jobdefs import HookPlan, JobDef, JobHook, JobRun, Outcome
 from worker.core.logs import capped
@@ -50,6 +49,7 @@ from worker.storage.sharded import Shards
 from worker.storage.store import Store
 
 log = structlog.get_logger("worker.consumer")
+_XA, _CG = codec.DEADLINE, codec.GATE  # a job's own fields its start depends on
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class Executor:
         self.config = config
         self.dead = dead
         self.metrics = metrics
+        self.held = Held(self.completer.end, clock)  # ends the hooks settle first
 
     async def run(self, c: Claimed, run: Run) -> None:
         """Run ``c`` to its end; bookkeeping never leaves a run unaccounted for."""
@@ -117,12 +118,12 @@ class Executor:
             await self.execute(c, run)
         except BaseException as exc:
             log.error("job bookkeeping failed", job_id=c.job_id, error=repr(exc))
+            self.held.drop(c.job_id)
             self._end(c, run, "retry", score_ms=c.score_ms)
 
     async def execute(self, c: Claimed, run: Run) -> None:
         """Check, admit, run and finish one job."""
-        job_id, store = c.job_id, self.store.of(c.job_id)  # the job's queue shard
-        start_ms = ms(self.clock.time())
+        job_id, store, start_ms = c.job_id, self.store.of(c.job_id), ms(self.clock.time())
         try:
             record, (fn_name, args, kwargs, enqueue_try, enqueued_ms) = decode_record(
                 c, self.deserialize, store.keys, self.config.max_payload_bytes
@@ -135,10 +136,9 @@ class Executor:
             self._waited(c, "<unknown>", start_ms)
             await self._give_up(c, run, bad, start_ms)
             return
-        job, plan, max_tries = task.job, task.plan, task.max_tries
-        job_try = c.try_
-        if enqueue_try and enqueue_try > job_try:
-            job_try = enqueue_try
+        job, plan, max_tries = task.job, task.plan.for_id(job_id), task.max_tries
+        job_try = max(c.try_, enqueue_try or 0)
+        if job_try > c.try_:  # enqueued with a higher try: it counts from there
             await store.raise_try(job_id, job_try, RETRY_TTL_MS)
         queue_key = store.keys.queue_of(c.queue)
         result_for = ResultFor(fn_name, args, kwargs, job_try, enqueued_ms, job_id, queue_key)
@@ -146,15 +146,15 @@ class Executor:
             reason = f"max {max_tries} retries exceeded"
             await self._give_up(c, run, BadJob(reason, "retries"), start_ms, result_for)
             return
-        if plan.admit and not await self._admitted(plan, job, c, run):
-            return  # deferred: it waits (for a slot, say), its try given back
+        gate = plan.admit or _XA in record or _CG in record  # most jobs: none (see flow)
+        if gate and not await self._admitted(task, c, run, record, result_for, start_ms):
+            return  # expired, or deferred: it waits (a slot, its key's run), its try given back
         self._waited(c, fn_name, start_ms)
         timeout, keep = task.timeout_s, task.keep_s
         ctx = self._context(plan, c, run, job_try, enqueued_ms, store)
         ctx.make_progress = partial(Progress, store, job_id, ms(timeout + keep), self.clock)
-        hooked = JobRun(job, job_id, c.queue, job_try, ctx, record) if plan.runs else None
-        if hooked is not None:
-            await plan.started(hooked)
+        hooked = JobRun(job, job_id, c.queue, job_try, ctx, record) if plan.hooked else None
+        run.aborted |= hooked is not None and not await self.held.started(plan, hooked)
         started = self.clock.monotonic()
         outcome: Outcome = "success"
         error: BaseException | None = None
@@ -180,9 +180,8 @@ class Executor:
             if run.aborted:  # however it ended, it ends aborted
                 outcome = self._cancelled(c, run, result_for, start_ms, keep)
             elif is_retry(exc):  # run again, deferred as asked
-                now_ms = ms(self.clock.time())
+                now_ms, outcome = ms(self.clock.time()), "retry"
                 self._end(c, run, "retry", score_ms=retry_score(exc, job, job_try, now_ms, c))
-                outcome = "retry"
                 self.totals["retried"] += 1
             else:
                 status: Status = "timeout" if scope.expired() else "failed"
@@ -195,10 +194,13 @@ class Executor:
             self.totals["complete"] += 1
         finally:
             took = await self._over(plan, job, ctx, outcome, started)
+        end = (outcome, error, result, scope.expired(), took)
+        if hooked is not None and plan.settles:
+            await self.held.settle(c, run, plan, hooked, *end)
         if plan.ends:
             await plan.ended(job_id, args, outcome)
         if hooked is not None:
-            await plan.finished(hooked, outcome, error, result, scope.expired(), took)
+            await plan.finished(hooked, *end)
 
     async def _over(
         self, plan: HookPlan, job: JobDef, ctx: JobContext, outcome: Outcome, started: float
@@ -223,17 +225,27 @@ class Executor:
             label = task if task in self._tasks else "<unknown>"
             self.figures.waits.append((c.queue, label, max(0, start_ms - c.score_ms) / 1000))
 
-    async def _admitted(self, plan: HookPlan, job: JobDef, c: Claimed, run: Run) -> bool:
-        """Every hook lets the job start; else it is deferred to the time the first refusing
-        hook named, and the hooks that had let it start give back what they took."""
-        for i, hook in enumerate(plan.admit):
-            due_ms = await hook.admit(job, c.job_id)
-            if due_ms is not None:
-                for earlier in plan.admit[:i]:
-                    await earlier.release(job, c.job_id)
-                self._end(c, run, "defer", score_ms=due_ms)
-                return False
-        return True
+    async def _admitted(
+        self, task: _Task, c: Claimed, run: Run, record: dict[str, Any], rf: ResultFor, at: int
+    ) -> bool:
+        """Its flow (:mod:`worker.consumer.flow`: else expired, or waiting) and every hook let
+        it start; else deferred to when the first refusing hook said (the others give back)."""
+        store = self.store.of(c.job_id)
+        verdict = await start_verdict(record, rf.function, c.job_id, store, at)
+        if verdict == "expired":
+            out = expired_end(record, self._facts(c, rf, at), rf, task.keep_s, at, self)
+            self._end(c, run, "failed", out.data, ms(task.keep_s), failure=out.failure)
+            self.totals["failed"] += 1
+            made = partial(self._context, task.plan, c, run, rf.job_try, rf.enqueued_ms, store)
+            await tell_expired(task.plan, task.job, c, record, rf, out.error, made)
+            return False
+        if verdict is not None:  # its start gate holds it (keep_last, throttle) until then
+            self._end(c, run, "defer", score_ms=verdict)
+            return False
+        due_ms = await task.plan.admitted(task.job, c.job_id, record)
+        if due_ms is not None:  # a hook held it back (a slot, say): it waits, its try given back
+            self._end(c, run, "defer", score_ms=due_ms)
+        return due_ms is None
 
     def _context(
         self, plan: HookPlan, c: Claimed, run: Run, job_try: int, enqueued_ms: int, store: Store
@@ -266,7 +278,7 @@ class Executor:
             kind, c.job_id, run.token, data, keep_ms, score_ms=score_ms, queue=c.queue,
             failure=failure, failure_ttl_ms=failure_ttl, task=run.function, run_ms=run_ms,
         )  # fmt: skip
-        self.completer.end(finish)
+        self.held.end(finish)
 
     def _facts(self, c: Claimed, rf: ResultFor | None, start_ms: int) -> RunFacts:
         """What a failure record says of the run besides its error."""

@@ -27,7 +27,7 @@ LOG_TRACEBACK_BYTES = 8 * 1024
 #: Longest ``repr`` of a job's arguments kept in its failure record.
 ARGS_CHARS = 1024
 
-Status = Literal["failed", "timeout", "cancelled", "dead"]
+Status = Literal["failed", "timeout", "cancelled", "dead", "expired"]
 
 
 def log_traceback(tb: str) -> str:

@@ -9,6 +9,9 @@ consumer.
   jobs run, so a SIGKILLed consumer's slots come back when their short lease expires.
 - ``rate="N/s"`` (``/m``, ``/h``): a generic cell rate algorithm (one timestamp in Redis):
   N starts per period, bursts of up to N.
+- ``max_concurrency_per_key=N``, ``rate_per_key="N/s"``: the same, one slots set and one
+  timestamp per flow key of the task (``<prefix>limit:<task>:key:<flow key>:…``); a job without
+  a flow key has no per-key limit. A job takes its per-key rate before the task's.
 
 A job over a limit is deferred (put back, its try given back), never failed: the consumer
 asks :class:`LimitsHook` (registered in ``worker/runtime/roles.py``) before each job starts.
@@ -19,10 +22,13 @@ from __future__ import annotations
 import contextlib
 import random
 import re
+from collections.abc import Mapping
+from typing import Any
 
+from worker.core import codec
 from worker.core.clock import Clock, ms
 from worker.core.errors import ConfigError
-from worker.core.jobdefs import JobDef, JobHook
+from worker.core.jobdefs import NO_RECORD, JobDef, JobHook
 from worker.storage.store import Store
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*(s|sec|second|m|min|minute|h|hour)s?\s*$")
@@ -45,47 +51,63 @@ def parse_rate(text: str) -> tuple[int, float]:
 
 
 class LimitsHook(JobHook):
-    """Consumer hook: a limited task's job takes its concurrency slot and rate allowance before
-    it starts (deferred, its try given back, while either is not free), renews its slot while it
-    runs, and gives the slot back when it ends."""
+    """Consumer hook: a limited task's job takes its concurrency slots and rate allowances
+    (the task's, and its flow key's) before it starts (deferred, its try given back, while one
+    is not free), renews its slots while it runs, and gives them back when it ends."""
 
     def __init__(self, store: Store, clock: Clock, *, slot_lease_s: float = SLOT_LEASE_S) -> None:
         self.store = store
         self.clock = clock
         self.slot_lease_s = slot_lease_s
-        self.slots: dict[str, str] = {}  # job id -> task, concurrency slots held
+        #: job id -> (task, the scopes of its slots: None the task's, else its flow key's)
+        self.slots: dict[str, tuple[str, list[str | None]]] = {}
 
     def concerns(self, job: JobDef) -> bool:
-        return bool(job.max_concurrency or job.rate)
+        return bool(
+            job.max_concurrency or job.rate or job.max_concurrency_per_key or job.rate_per_key
+        )
 
-    async def admit(self, job: JobDef, job_id: str) -> int | None:
-        if not (job.max_concurrency or job.rate):
-            return None
+    async def admit(
+        self, job: JobDef, job_id: str, record: Mapping[str, Any] = NO_RECORD
+    ) -> int | None:
+        flow = codec.job_flow(record).flow_key  # a job without one has no per-key limit
         now = ms(self.clock.time())
-        wait = 0
-        if job.max_concurrency:
-            lease = ms(self.slot_lease_s)
-            wait = await self.store.take_slot(job.name, job_id, now, lease, job.max_concurrency)
-            if not wait:
-                self.slots[job_id] = job.name
-        if not wait and job.rate:
-            wait = await self.store.take_rate(job.name, now, *job.rate)
-            if wait and self.slots.pop(job_id, None) is not None:
-                await self.store.release_slot(job.name, job_id)  # not starting after all
+        lease = ms(self.slot_lease_s)
+        slots: list[tuple[str | None, int | None]] = [(None, job.max_concurrency)]
+        rates: list[tuple[str | None, tuple[int, float] | None]] = [(None, job.rate)]
+        if flow is not None:
+            slots.append((flow, job.max_concurrency_per_key))
+            rates.insert(0, (flow, job.rate_per_key))
+        wait, taken = 0, []
+        for scope, most in slots:
+            if most and not wait:
+                wait = await self.store.take_slot(job.name, job_id, now, lease, most, scope)
+                taken += [] if wait else [scope]
+        for scope, rate in rates:
+            if rate and not wait:
+                wait = await self.store.take_rate(job.name, now, *rate, scope)
+        if taken and not wait:
+            self.slots[job_id] = (job.name, taken)
+        elif taken:  # not starting after all
+            for scope in taken:
+                await self.store.release_slot(job.name, job_id, scope)
         if not wait:
             return None
         return now + min(wait, 1000) + random.randint(0, 50)  # look again soon; spread the herd
 
     async def release(self, job: JobDef, job_id: str) -> None:
-        if self.slots.pop(job_id, None) is not None:
+        held = self.slots.pop(job_id, None)
+        if held is not None:
             with contextlib.suppress(Exception):
-                await self.store.release_slot(job.name, job_id)
+                for scope in held[1]:
+                    await self.store.release_slot(job.name, job_id, scope)
 
     async def renew(self) -> None:
         """Keep the concurrency slots of running jobs."""
         if not self.slots:
             return
-        by_task: dict[str, list[str]] = {}
-        for job_id, task in self.slots.items():
-            by_task.setdefault(task, []).append(job_id)
-        await self.store.renew_slots(by_task, ms(self.clock.time() + self.slot_lease_s))
+        by_scope: dict[tuple[str, str | None], list[str]] = {}
+        for job_id, (task, scopes) in self.slots.items():
+            for scope in scopes:
+                by_scope.setdefault((task, scope), []).append(job_id)
+        await self.store.renew_slots(by_scope, ms(self.clock.time() + self.slot_lease_s))

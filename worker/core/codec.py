@@ -4,6 +4,8 @@ per-job key names and the expiry a queued job gets.
 The records are maps serialized by the app's serializer (``WORKER_SERIALIZER``)::
 
     job     {"t": try or None, "f": function, "a": [args], "k": {kwargs}, "et": enqueued ms}
+            and, only when set, the framework's own: "fk": flow key, "xa": deadline ms,
+            "cg": the start gate of a coalescing mode (arq ignores them)
     result  the job's fields, and "s": success, "r": result or error, "st": started ms,
             "ft": finished ms, "q": queue, "id": job id
 
@@ -36,6 +38,7 @@ __all__ = [
     "RESULT_KEY_PREFIX",
     "RETRY_KEY_PREFIX",
     "DeserializationError",
+    "JobFlow",
     "JobInfo",
     "JobResult",
     "JobStatus",
@@ -44,6 +47,7 @@ __all__ = [
     "decode_result",
     "encode_job",
     "encode_result",
+    "job_flow",
     "job_record",
     "ms_to_datetime",
 ]
@@ -73,6 +77,14 @@ STARTED = "st"
 FINISHED = "ft"
 QUEUE = "q"
 JOB_ID = "id"
+# -- the framework's own job fields (arq ignores unknown fields; absent when unset, so a job
+# without them is byte for byte arq's) ---------------------------------------------------------
+#: the job's flow key (``enqueue(..., flow_key=...)``)
+FLOW_KEY = "fk"
+#: the job's deadline: epoch ms on the Redis server's clock (``expires_in`` / ``expires_at``)
+DEADLINE = "xa"
+#: the start gate of ``coalesce="keep_last"`` / ``"throttle"``: ``[mode, key, period ms]``
+GATE = "cg"
 #: The job record's fields, in arq's order.
 JOB_FIELDS = (TRY, FUNCTION, ARGS, KWARGS, ENQUEUED)
 #: The result record's fields, in arq's order.
@@ -189,9 +201,10 @@ def job_record(
     job_try: int | None = None,
     *,
     extra: Mapping[str, Any] | None = None,
+    flow: JobFlow | None = None,
 ) -> dict[str, Any]:
     """The job record's map; ``extra``: more fields, which arq ignores (the trace context of
-    :mod:`worker.tracing`)."""
+    :mod:`worker.tracing`); ``flow``: the framework's own fields, each only when set."""
     record: dict[str, Any] = {
         TRY: job_try,
         FUNCTION: function,
@@ -201,7 +214,39 @@ def job_record(
     }
     if extra:
         record.update(extra)
+    if flow is not None:
+        if flow.flow_key is not None:
+            record[FLOW_KEY] = flow.flow_key
+        if flow.deadline_ms is not None:
+            record[DEADLINE] = flow.deadline_ms
+        if flow.gate is not None:
+            record[GATE] = list(flow.gate)
     return record
+
+
+class JobFlow(NamedTuple):
+    """The framework's own fields of a job record (``None``: absent)."""
+
+    flow_key: str | None = None
+    deadline_ms: int | None = None
+    #: ``(mode, coalescing key, period ms)``: a ``keep_last`` or ``throttle`` job's start gate
+    gate: tuple[str, str, int] | None = None
+
+
+def job_flow(record: Mapping[str, Any]) -> JobFlow:
+    """The framework's own fields of a decoded job record, checked (a malformed value reads
+    as absent)."""
+    fk, xa, cg = record.get(FLOW_KEY), record.get(DEADLINE), record.get(GATE)
+    gate = None
+    if isinstance(cg, list | tuple) and len(cg) == 3:
+        mode, key, period = cg
+        if isinstance(mode, str) and isinstance(key, str) and type(period) is int:
+            gate = (mode, key, period)
+    return JobFlow(
+        fk if isinstance(fk, str) else None,
+        xa if isinstance(xa, int) and not isinstance(xa, bool) else None,
+        gate,
+    )
 
 
 def encode_job(
@@ -213,10 +258,12 @@ def encode_job(
     job_try: int | None = None,
     *,
     extra: Mapping[str, Any] | None = None,
+    flow: JobFlow | None = None,
 ) -> bytes:
     """A job record's bytes, as ``arq.jobs.serialize_job`` lays them out (see
     :func:`job_record`)."""
-    return serialize(job_record(function, args, kwargs, enqueue_time_ms, job_try, extra=extra))
+    record = job_record(function, args, kwargs, enqueue_time_ms, job_try, extra=extra, flow=flow)
+    return serialize(record)
 
 
 def encode_result(

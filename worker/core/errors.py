@@ -51,6 +51,12 @@ class PayloadTooLarge(WorkerError, ValueError):
         self.limit = limit
 
 
+class JobExpired(WorkerError):
+    """A job not started by its deadline (``enqueue(..., expires_in=...)``): it never ran.
+    What its result record holds (``success`` false) and what ``on_job_end`` hooks see
+    (``JobOutcome.status == "expired"``)."""
+
+
 class LeadershipLost(WorkerError):
     """A fenced write was refused: this process no longer holds the leader lock."""
 

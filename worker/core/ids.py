@@ -71,6 +71,21 @@ def check_id(value: str, what: str) -> None:
             )
 
 
+#: The longest flow key (it names Redis keys of the fair and per-key limit bookkeeping).
+MAX_FLOW_KEY = 200
+
+
+def check_flow_key(value: str | None) -> str | None:
+    """``value`` when it is a usable flow key (or ``None``); :class:`InvalidId` when it is not
+    a non-empty string of at most :data:`MAX_FLOW_KEY` printable characters."""
+    if value is None:
+        return None
+    check_id(value, "flow_key")
+    if not value or len(value) > MAX_FLOW_KEY:
+        raise InvalidId(f"flow_key must be 1 to {MAX_FLOW_KEY} characters, not {len(value)}")
+    return value
+
+
 def hash_tag(prefix: str) -> str | None:
     """The Redis Cluster hash tag a key prefix starts with (``{shop}:`` -> ``shop``), or
     ``None``: an empty ``{}`` is no tag (Redis hashes the whole key then)."""

@@ -95,11 +95,30 @@ class Metrics:
             ["periodic"],
             registry=r,
         )
+        self.outbox_rows = Counter(
+            "worker_outbox_rows",
+            "Outbox rows the leader's relay handled, by outcome: moved (one job each), "
+            "duplicate (moved before: its id found), refused (its job could not be encoded).",
+            ["outcome"],
+            registry=r,
+        )
+        self.outbox_lag = Gauge(
+            "worker_outbox_lag_seconds",
+            "Age of the oldest outbox row the relay read in its last round (since its "
+            "enqueue, on the database's clock); 0 when the outbox was empty.",
+            registry=r,
+        )
         self.dispatched = Counter(
             "worker_poll_items",
             "Poll items by outcome: dispatched, in_flight (deferred), duplicate, swept (put back "
             "by the leader after a job that ended unreported).",
             ["poller", "outcome"],
+            registry=r,
+        )
+        self.workflows = Counter(
+            "worker_workflows",
+            "Workflows ended, by state: done, failed (counted by the consumer that ended them).",
+            ["state"],
             registry=r,
         )
         self.init_items = Counter(
@@ -142,6 +161,12 @@ class Metrics:
         )
         self.dead = Counter(
             "worker_jobs_dead", "Jobs set aside in the dead-letter set.", ["reason"], registry=r
+        )
+        self.jobs_expired = Counter(
+            "worker_jobs_expired",
+            "Jobs not started by their deadline (enqueue(..., expires_in=...)): they never ran.",
+            ["queue", "task"],
+            registry=r,
         )
         self.dead_dropped = Counter(
             "worker_dead_letters_dropped",

@@ -14,7 +14,9 @@ Needless wake-ups are avoided: a job its producer announced is claimed within mi
 a claimed one is parked at its claim's expiry, so the head of a queue drained normally is never
 late; a late head is announced once (the same job still there at the next look means every
 consumer is busy or none serves its queue, and a consumer with room looks by itself when a
-run ends), so a backlog costs at most one announcement per look and shard.
+run ends), so a backlog costs at most one announcement per look and shard. A late duty lane
+job (one a consumer that died had claimed) goes to the shard's duty marker, where a consumer
+whose shared slots are all busy takes it too.
 
 The leader also relays the plain announcements: consumers wait on each shard's wake marker
 (:mod:`worker.storage.wake`), not on the pub/sub channel, so a due time published there alone
@@ -33,6 +35,7 @@ import structlog
 
 from worker.core.clock import Clock, ms
 from worker.core.component import LoopComponent
+from worker.core.jobdefs import is_duty_lane
 from worker.storage.store import Store
 from worker.storage.wake import MARKED
 
@@ -107,14 +110,14 @@ class UnannouncedJobs(LoopComponent):
         began = self.clock.monotonic()
         late_ms = ms(self.clock.time()) - ms(self.interval_s / 2)
         for shard, store in enumerate(self.shards):
-            due = [
-                head
-                for queue, head in zip(self.queues, await store.heads(self.queues), strict=True)
-                if head is not None and head[1] <= late_ms and self._new(shard, queue, head)
-            ]
-            if due:
-                await store.announce(min(score for _, score in due))
-                self._announced(shard, due)
+            due: dict[bool, list[tuple[str, int]]] = {False: [], True: []}
+            for queue, head in zip(self.queues, await store.heads(self.queues), strict=True):
+                if head is not None and head[1] <= late_ms and self._new(shard, queue, head):
+                    due[is_duty_lane(queue)].append(head)
+            for duty, heads in due.items():  # a duty lane's on the duty marker
+                if heads:
+                    await store.announce(min(score for _, score in heads), duty=duty)
+                    self._announced(shard, heads)
         return max(0.0, self.interval_s - (self.clock.monotonic() - began))
 
     def _new(self, shard: int, queue: str, head: tuple[str, int]) -> bool:

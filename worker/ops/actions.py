@@ -122,14 +122,11 @@ class Operations:
         if d is not None and await self._foreign(job_id, d):
             return await self._record(self._not_ours("cancel", job_id))
         if d is None or d.state not in ("queued", "scheduled", "running"):
-            what = "unknown" if d is None else d.state
-            return await self._record(
-                Outcome("cancel", job_id, ok=False, message=f"{job_id}: {what}; nothing to cancel")
-            )
+            msg = f"{job_id}: {'unknown' if d is None else d.state}; nothing to cancel"
+            return await self._record(Outcome("cancel", job_id, ok=False, message=msg))
         now = await self._now_ms()
-        result = (
-            await self._cancelled_result(job_id, d.queue, now) if d.state != "running" else None
-        )
+        running = d.state == "running"
+        result = None if running else await self._cancelled_result(job_id, d.queue, now)
         found = await self.client.shards.of(job_id).cancel_queued(
             job_id,
             self.app.queue_names(),
@@ -146,6 +143,12 @@ class Operations:
         return await self._record(
             Outcome("cancel", job_id, ok=found > 0, message=message, details={"state": state})
         )
+
+    async def cancel_workflow(self, workflow_id: str) -> Outcome:
+        """Cancel a workflow (:meth:`Client.cancel_workflow`): no step of it starts any more."""
+        ok = await self.client.cancel_workflow(workflow_id)
+        msg = f"{workflow_id}: {'cancelled' if ok else 'not running; nothing to cancel'}"
+        return await self._record(Outcome("cancel-workflow", workflow_id, ok=ok, message=msg))
 
     async def _foreign(self, job_id: str, d: jobsview.JobDetail) -> bool:
         """Whether ``job_id`` is another app's job on the same server, whose per-job keys
@@ -204,7 +207,7 @@ class Operations:
         d = await self.detail(job_id)
         if d is not None and await self._foreign(job_id, d):
             return await self._record(self._not_ours("retry", job_id))
-        if d is None or d.state not in ("failed", "timeout", "cancelled", "dead"):
+        if d is None or d.state not in ("failed", "timeout", "cancelled", "dead", "expired"):
             what = "unknown" if d is None else d.state
             hint = "" if d is None else "; retry re-runs a failed or dead job"
             return await self._record(

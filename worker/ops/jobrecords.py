@@ -18,9 +18,11 @@ from worker.storage.keys import DEFAULT_QUEUE
 
 #: What ``job_detail`` can find a job to be (a listing's states, and the ends).
 DetailState = Literal[
-    "queued", "scheduled", "running", "done", "failed", "timeout", "cancelled", "dead"
+    "queued", "scheduled", "running", "done", "failed", "timeout", "cancelled", "dead", "expired"
 ]
-ENDS = ("failed", "timeout", "cancelled", "dead")
+ENDS = ("failed", "timeout", "cancelled", "dead", "expired")
+#: A failed result's error type -> the end it names (else ``failed``).
+ENDED_BY = {"CancelledError": "cancelled", "TimeoutError": "timeout", "JobExpired": "expired"}
 #: Characters kept of an args/kwargs/result repr (detail) and of args in a listing.
 REPR_CHARS = 2000
 SUMMARY_REPR_CHARS = 120
@@ -155,7 +157,7 @@ def ended_state(result: dict[str, Any], state: str) -> str:
     if not result or result.get("success") is not False:  # None: a cut record's, not found
         return state
     kind = (error_of(result) or {}).get("type")
-    return {"CancelledError": "cancelled", "TimeoutError": "timeout"}.get(str(kind), "failed")
+    return ENDED_BY.get(str(kind), "failed")
 
 
 def decode_result(
@@ -281,11 +283,7 @@ def detail_state(
         if result.get("success") or (result.get("success") is None and "task" in result):
             return "done"  # (a cut record without its outcome: a failure record says more)
         kind = (error_of(result) or {}).get("type")
-        if kind == "CancelledError":
-            return "cancelled"
-        if kind == "TimeoutError":
-            return "timeout"
-        return "failed"
+        return ENDED_BY.get(str(kind), "failed")
     if letter is not None:
         return "dead"
     return None

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar
 
+from worker.core.jobdefs import DEFAULT_QUEUE, with_lanes
 from worker.core.jobhead import DETAIL_READ, LISTING_READ
 from worker.core.serializer import Deserialize, msgpack_loads
 from worker.ops.jobrecords import (
@@ -35,7 +36,6 @@ from worker.ops.jobrecords import (
     short,
 )
 from worker.storage.inspect_jobs import JobRecord
-from worker.storage.keys import DEFAULT_QUEUE
 from worker.storage.sharded import Shards
 from worker.storage.store import Store
 
@@ -132,7 +132,7 @@ async def list_jobs(
     if state not in STATES:
         raise ValueError(f"unknown state {state!r}; one of: {', '.join(STATES)}")
     limit = max(1, min(limit, MAX_LIMIT))
-    names = [queue] if queue is not None else list(queues)
+    names = [queue] if queue is not None else list(with_lanes(queues))  # and the duty lanes
     if now_ms is None:
         now_ms = round(await store.server_time_ms())
     view = _Lister(store, deserialize, task, search, limit, names, now_ms, shards)
@@ -350,7 +350,7 @@ async def job_detail(
     if now_ms is None:
         now_ms = round(await store.server_time_ms())
     rec = (await store.job_records([job_id], results=True, **DETAIL_READ))[0]
-    place = await store.job_place(job_id, queues)
+    place = await store.job_place(job_id, with_lanes(queues))  # and the duty lanes
     letter = await store.dead_record(job_id) if place.dead_ms is not None else None
     if letter is not None:
         letter.pop("payload_b64", None)
@@ -365,7 +365,7 @@ async def job_detail(
         state = f["status"]
     if state is None:
         return None
-    error = error_of(result) if state in ("failed", "cancelled", "timeout") else None
+    error = error_of(result) if state in ("failed", "cancelled", "timeout", "expired") else None
     if f:
         error = {
             "type": f.get("error_type"),

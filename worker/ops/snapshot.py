@@ -22,6 +22,7 @@ from typing import Any
 from worker.app import App
 from worker.core.clock import Clock, ms, on_server_time
 from worker.core.ids import LockValue
+from worker.core.jobdefs import duty_lane
 from worker.core.schedule_spec import ScheduleSpec
 from worker.duties import kinds
 from worker.storage.server import read_attached, read_eviction_policy, read_slot_owners
@@ -65,6 +66,19 @@ class QueueState:
 
 
 @dataclass(frozen=True)
+class FlowState:
+    """A fair queue's flow keys: how many are active (jobs waiting to be moved into the queue)
+    and the backlog of the next :data:`FLOWS_SHOWN` to be served, over every shard."""
+
+    active: int
+    backlog: dict[str, int]
+
+
+#: Flow keys of a fair queue whose backlog a snapshot reads (in the order they are served).
+FLOWS_SHOWN = 20
+
+
+@dataclass(frozen=True)
 class ShardState:
     """One queue shard: its ``index`` (0: the home), key ``prefix``, hash ``slot``, the
     ``node`` (``host:port``) serving that slot on a Redis Cluster (``None``: not a cluster, or
@@ -102,6 +116,8 @@ class ClusterSnapshot:
     queues: list[QueueState]
     dead_letters: int
     paused: set[str] = field(default_factory=set)
+    #: each fair queue's flow keys (``@app.task(fair=True)``), see :mod:`worker.storage.fair`
+    flows: dict[str, FlowState] = field(default_factory=dict)
     #: each duty kind's state (kind name -> what its ``Kind.read`` returned), see
     #: :mod:`worker.duties.kinds`
     duties: dict[str, Any] = field(default_factory=dict)
@@ -156,6 +172,7 @@ async def read(
     assert now_ms is not None
     keys = store.keys
     names = app.queue_names()
+    names += [duty_lane(q) for q in names]  # then each queue's duty lane (ticks, poll jobs)
     per_shard = [await _queues(s, names, now_ms) for s in shards] if len(shards) > 1 else []
     queues = _merged(per_shard) if per_shard else (await _queues(store, names, now_ms))[0]
     lock, pttl = await store.read_lock()
@@ -174,6 +191,7 @@ async def read(
         queues=queues,
         dead_letters=sum(d for _, d in per_shard) if per_shard else await store.dead_count(),
         paused=await store.paused(),
+        flows={q: await _flows(shards or [store], q) for q in app.fair_queues()},
         duties={kind.name: await kind.read(store, app, now_ms) for kind in kinds.KINDS},
     )
     if checks:
@@ -199,6 +217,17 @@ async def _queues(store: Store, names: list[str], now_ms: int) -> tuple[list[Que
         for n, (due, all_), head in zip(names, depths, heads, strict=True)
     ]
     return queues, await store.dead_count()
+
+
+async def _flows(stores: Sequence[Store], queue: str) -> FlowState:
+    """Fair ``queue``'s flow keys over every shard (a key's jobs are in its shard)."""
+    active, backlog = 0, dict[str, int]()
+    for store in stores:
+        n, shown = await store.fair_backlog(queue, FLOWS_SHOWN)
+        active += n
+        for flow in shown:
+            backlog[flow.flow_key] = backlog.get(flow.flow_key, 0) + flow.jobs
+    return FlowState(active, backlog)
 
 
 def _merged(per_shard: list[tuple[list[QueueState], int]]) -> list[QueueState]:

@@ -38,6 +38,15 @@ async def collect(
     return view(snap, app, allow_eviction=allow_eviction)
 
 
+def _flows(snap: ClusterSnapshot, queue: str) -> dict[str, Any]:
+    """A fair queue's flow keys: ``{"flows": {"active": n, "backlog": {key: jobs}}}`` (the
+    next ones served; a job without a flow key waits under ``""``); nothing for another."""
+    flows = snap.flows.get(queue)
+    if flows is None:
+        return {}
+    return {"flows": {"active": flows.active, "backlog": flows.backlog}}
+
+
 def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> dict[str, Any]:
     """``status``'s document (``--json``; the console's ``cluster``) of one snapshot (pure)."""
     now, paused = snap.now_ms, paused_queues(snap.paused, (q.name for q in snap.queues))
@@ -49,6 +58,7 @@ def view(snap: ClusterSnapshot, app: App, *, allow_eviction: bool = False) -> di
             "due": q.due,
             "oldest_due_age_s": lag(q.head_ms, now),
             "paused": q.name in paused,
+            **_flows(snap, q.name),
         }
         for q in snap.queues
     ]
@@ -194,6 +204,10 @@ def _summary(status: dict[str, Any]) -> list[str]:
     for q in status.get("queues") or [status["queue"]]:
         pause = " PAUSED (no job starts; enqueues go on)" if q.get("paused") else ""
         out.append(f"queue {q['name']}: {q['depth']} jobs ({q['due']} due){pause}")
+        if "flows" in q:  # a fair queue: its flow keys' jobs, not moved into it yet
+            f = q["flows"]
+            shown = ", ".join(f"{k or '(none)'}: {n}" for k, n in f["backlog"].items())
+            out.append(f"  flow keys: {f['active']} active, waiting: {shown or '-'}")
     return [*out, f"dead letters: {status['dead_letters']}", ""]
 
 

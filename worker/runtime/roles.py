@@ -15,7 +15,7 @@ elector, whose listener (:class:`~worker.leadership.maintainer.LeaderWork`) star
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from redis.asyncio import Redis
@@ -30,7 +30,7 @@ from worker.context import Context
 from worker.core.clock import Clock, ms
 from worker.core.component import Backoff, Component, Group
 from worker.core.hooks import UserHooks
-from worker.core.jobdefs import JobHook
+from worker.core.jobdefs import JobHook, duty_lane, with_lanes
 from worker.core.metrics import Metrics
 from worker.core.serializer import Deserialize, Serialize
 from worker.core.views import ProcessView
@@ -42,6 +42,8 @@ from worker.duties.checks import NAME as CHECKS_NAME
 from worker.duties.checks import HealthChecks
 from worker.duties.initializer import Initializer, InitializerDef
 from worker.duties.keyed import KeyedService
+from worker.duties.outbox import NAME as OUTBOX_NAME
+from worker.duties.outbox import OutboxRelay
 from worker.duties.periodic import NAME as PERIODIC_NAME
 from worker.duties.periodic import PeriodicEnqueuer, TickHook
 from worker.duties.poller import InflightHook, PollingScheduler
@@ -52,6 +54,7 @@ from worker.duties.schedules import ScheduleEnqueuer
 from worker.duties.services import Service, ServiceDef
 from worker.duties.unannounced import NAME as UNANNOUNCED_NAME
 from worker.duties.unannounced import UnannouncedJobs
+from worker.duties.workflows import WorkflowHook
 from worker.leadership.base import NAME as LEADER_NAME
 from worker.leadership.base import Leadership, LeaderTiming
 from worker.leadership.elector import LeaderElector
@@ -197,6 +200,7 @@ def _consumer(w: Wiring, _: Any) -> Component:
     s = w.settings
     config = ConsumerConfig(
         concurrency=s.concurrency,
+        duty_slots=s.duty_slots,
         poll_delay_s=s.poll_delay_s,
         idle_poll_max_s=s.idle_poll_max_s,
         idle_poll_subscribed_s=s.idle_poll_subscribed_s,
@@ -207,6 +211,8 @@ def _consumer(w: Wiring, _: Any) -> Component:
         holds_ttl_s=max(s.job_timeout_s + 60, s.orphan_stale_s * 3),
         max_payload_bytes=s.max_payload_bytes,
         queues=consumer_queues(w.app, s),
+        fair=tuple(q for q in w.app.fair_queues() if q in consumer_queues(w.app, s)),
+        flow_weights=tuple(w.app.flow_weights.items()),
         # well inside the orphan bound: a consumer doubts its claims before they can be reaped
         doubt_s=max(0.2, min(5.0, s.orphan_stale_s / 2)),
         burst=w.burst,
@@ -221,6 +227,14 @@ def _consumer(w: Wiring, _: Any) -> Component:
         SyncThreadsHook(w.context.threads, w.clock),  # first to admit: it needs no Redis
         LimitsHook(store, w.clock),
         TickHook(w.store, list(w.app.periodics), w.clock, instance_id=w.instance_id),
+        WorkflowHook(
+            store,
+            w.app.jobs(),
+            w.serializer,
+            w.clock,
+            keep_result_s=s.keep_result_s,
+            metrics=w.metrics,
+        ),
     ]
     if w.app.pollers:
         hooks.append(InflightHook(w.store, w.app.pollers, w.clock))
@@ -311,14 +325,19 @@ def _initializer(w: Wiring, init: InitializerDef) -> Component:
 
 def _poller(w: Wiring, p: PollerDef) -> Component:
     queue = w.app.queue_of(p.task)
+    if w.settings.duty_slots:
+        queue = duty_lane(queue)  # poll jobs wait for no user job (the consumers' duty slots)
     return PollingScheduler(
         p, w.store, w.fence(), w.serializer[0], w.clock, w.metrics, queue, tracing=w.tracing
     )
 
 
 def _periodic(w: Wiring, _: Any) -> Component:
+    jobs = list(w.app.periodics.values())
+    if w.settings.duty_slots:  # ticks wait for no user job: each goes to its queue's duty lane
+        jobs = [replace(p, queue=duty_lane(p.queue)) for p in jobs]
     return PeriodicEnqueuer(
-        list(w.app.periodics.values()),
+        jobs,
         w.store,
         w.fence(),
         w.serializer[0],
@@ -334,6 +353,14 @@ def _schedules(w: Wiring, _: Any) -> Component:
     return ScheduleEnqueuer(queues, fenced.store, fenced, w.serializer[0], w.clock, w.metrics)
 
 
+def _outbox(w: Wiring, _: Any) -> Component:
+    queues = {task: w.app.queue_of(task) for task in w.app.tasks}
+    dsn = w.settings.outbox_dsn
+    assert dsn is not None
+    put = (w.store, w.fence(), queues, w.serializer[0], w.clock, w.metrics)
+    return OutboxRelay(dsn.get_secret_value(), *put)
+
+
 def _reaper(w: Wiring, _: Any) -> Component:
     s = w.settings
     return OrphanReaper(
@@ -345,7 +372,7 @@ def _reaper(w: Wiring, _: Any) -> Component:
         # (idle-cheap, long) heartbeat interval
         interval_s=min(s.heartbeat_interval_s, REAP_EVERY_S),
         metrics=w.metrics,
-        queues=w.app.queue_names(),
+        queues=with_lanes(w.app.queue_names()),
         witness=w.writes,
         # the other queue shards, fenced by token (the lease is in another hash slot)
         shards=[FencedStore(shard, w.fence().leader) for shard in w.client.shards.stores[1:]],
@@ -361,7 +388,7 @@ def _backlog(w: Wiring, _: Any) -> Component:
 def _unannounced(w: Wiring, _: Any) -> Component:
     return UnannouncedJobs(
         w.client.shards.stores,
-        w.app.queue_names(),
+        with_lanes(w.app.queue_names()),  # a lane job parked by a consumer that died, too
         w.clock,
         interval_s=w.settings.unannounced_look_s,
     )
@@ -405,6 +432,7 @@ SPECS: tuple[Spec, ...] = (
     ),
     Spec(LEADERS, "singletons", one(PERIODIC_NAME, lambda a, s: bool(a.periodics)), _periodic),
     Spec(LEADERS, "singletons", one(SCHEDULES_NAME, lambda a, s: bool(a.tasks)), _schedules),
+    Spec(LEADERS, "singletons", one(OUTBOX_NAME, lambda a, s: bool(s.outbox_dsn)), _outbox),
     Spec(LEADERS, "singletons", one("orphan-reaper"), _reaper),
     Spec(LEADERS, "singletons", one(BACKLOG_NAME), _backlog),
     Spec(

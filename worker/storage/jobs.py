@@ -222,11 +222,12 @@ FINISH_TRANSITIONS = """
 -- "done" / "failed": the result kept (if any), a failure record kept (PX) and noted for the
 -- index, the job, marker and try counter deleted, off its queue (and the abort requests),
 -- counted. "retry" / "defer": the marker deleted, the job back at the given score ("" for
--- where it is; the earliest is announced), "defer" giving back its try.
+-- where it is; the earliest is announced: per kind of queue, 1 a queue, 2 a duty lane), "defer"
+-- giving back its try.
 local done, retried, refused = 0, 0, 0
 local ids, dels = {}, {}
 local finished = {}
-local earliest = nil
+local earliest = {}
 for i = 14, #ARGV, 10 do
   local op, id, token, data, ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local q = tonumber(ARGV[i + 5])
@@ -258,8 +259,9 @@ for i = 14, #ARGV, 10 do
     end
     if data ~= '' then
       redis.call('ZADD', queue, 'XX', data, id)
-      if earliest == nil or tonumber(data) < earliest then
-        earliest = tonumber(data)
+      local lane = string.sub(queue, -5) == ':duty' and 2 or 1
+      if earliest[lane] == nil or tonumber(data) < earliest[lane] then
+        earliest[lane] = tonumber(data)
       end
     end
     retried = retried + 1
@@ -301,11 +303,13 @@ FINISH = (
 -- KEYS[5..4+n] -> the queues the jobs are in
 -- KEYS[5+n..4+2n] -> each queue's throughput hash for the current hour (same order)
 -- KEYS[5+2n] -> the per-task counters' hash for the current hour (Keys.task_stats)
+-- KEYS[6+2n], KEYS[7+2n] -> the wake marker, the duty lanes' marker (a job put back is
+--                          announced like a new one: one consumer takes it, ZADD LT)
 -- ARGV[1] -> arq job key prefix
 -- ARGV[2] -> arq in-progress key prefix
 -- ARGV[3] -> arq retry key prefix
 -- ARGV[4] -> arq result key prefix
--- ARGV[5] -> wake channel (a job put back is announced like a new one)
+-- ARGV[5] -> wake channel (consumers of earlier versions hear a job put back, '+' marked)
 -- ARGV[6] -> the current minute (epoch ms // 60000): the counters' field prefix
 -- ARGV[7] -> n, the number of queues
 -- ARGV[8] -> the counters' TTL in ms
@@ -330,8 +334,11 @@ write_counts()
 if #ids > 0 then
   redis.call('SREM', KEYS[1], unpack(ids))
 end
-if earliest ~= nil then
-  redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
+for lane, due in pairs(earliest) do
+  redis.call('ZADD', KEYS[#KEYS - 2 + lane], 'LT', due, 'wake')
+end
+if earliest[1] ~= nil then
+  redis.call('PUBLISH', ARGV[5], '+' .. string.format('%d', earliest[1]))
 end
 return {done, retried, refused}
 """
@@ -411,6 +418,8 @@ class JobOps(StoreBase):
                 *(self.keys.queue_of(q) for q in queues),
                 *(self.keys.stats(q, hour) for q in queues),
                 self.keys.task_stats(hour),
+                self.keys.wake_marker,
+                self.keys.wake_duty_marker,
             ],
             args,
             probe=resend,

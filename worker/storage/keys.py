@@ -38,8 +38,6 @@ ARQ_IN_PROGRESS = codec.IN_PROGRESS_KEY_PREFIX
 ARQ_RETRY = codec.RETRY_KEY_PREFIX
 ARQ_ABORT = codec.ABORT_JOBS_SS
 
-#: The queue jobs go to unless their task names another.
-
 #: Prefix of the error a fenced script answers with when the caller no longer holds the lock.
 FENCE_ERROR = "FENCED"
 
@@ -55,10 +53,8 @@ TASK_SLOT_MIN = 10
 
 
 def channel_scope(db: int) -> str:
-    """What the framework's pub/sub channel names end with for an app in database ``db``:
-    nothing in database 0 (a Redis Cluster has only that one), ``@db<n>`` in any other.
-    Pub/Sub is server-wide, not per database: two apps with one key prefix in two databases
-    of one server would otherwise hear each other's messages."""
+    """What the framework's pub/sub channel names end with in database ``db``: ``@db<n>``, or
+    nothing in 0 (Pub/Sub is server-wide: two databases' apps would hear each other)."""
     return f"@db{db}" if db else ""
 
 
@@ -109,16 +105,14 @@ class Keys:
 
     @property
     def leader_state(self) -> str:
-        """Hash about the current lease: ``epoch``, ``renewed_ms`` (server time of the last
-        acquire/renew) and ``released`` (the epoch released cleanly), so an acquisition knows
-        how long the previous holder may still believe it leads."""
+        """Hash about the lease: ``epoch``, ``renewed_ms`` (server time of the last renew) and
+        ``released`` (the epoch released cleanly): how long a previous holder may lead."""
         return f"{self.prefix}leader:state"
 
     @property
     def leader_history(self) -> str:
-        """List of the last :data:`HISTORY_KEEP` leadership changes, newest first, each
-        ``<epoch>|<server ms>|<reason>|<instance>`` (written by ACQUIRE and RELEASE; parsed by
-        ``Store.leader_history``)."""
+        """The last :data:`HISTORY_KEEP` leadership changes, newest first, each ``<epoch>|<server
+        ms>|<reason>|<instance>`` (written by ACQUIRE and RELEASE; read by ``leader_history``)."""
         return f"{self.prefix}leader:history"
 
     @property
@@ -156,9 +150,8 @@ class Keys:
 
     @property
     def abort(self) -> str:
-        """The app's sorted set of abort requests (``Client.abort``): ``<prefix>abort``, not
-        arq's shared ``arq:abort`` (``Job.abort()``), which holds every app's job ids and which a
-        Redis user limited to the app's keys cannot (and must not) reach."""
+        """The app's sorted set of abort requests (``Client.abort``), not arq's shared
+        ``arq:abort``, which a Redis user limited to the app's keys cannot reach."""
         return f"{self.prefix}abort"
 
     @property
@@ -179,6 +172,10 @@ class Keys:
         """One-member sorted set scored with the earliest due time announced: announcements
         ``ZADD … LT`` it, one idle consumer takes it (``BZPOPMIN``) and passes it on."""
         return f"{self.prefix}wakeup"
+
+    @property
+    def wake_duty_marker(self) -> str:
+        return f"{self.prefix}wakeup:duty"  # the duty lanes' (set by the leader's duties)
 
     # -- periodic jobs ------------------------------------------------------------------------
     @property
@@ -238,12 +235,9 @@ class Keys:
 
     # -- pollers ------------------------------------------------------------------------------
     def poll_shard(self, poller: str, shard: int) -> str:
-        """Sorted set of items due for polling, scored by due time (epoch ms).
-
-        The poller name is a Redis Cluster hash tag so one poller's shards, its in-flight hash
-        and a dispatch script's keys could share a slot; spreading pollers across a cluster
-        would give each shard its own tag (see docs/deployment.md, "Scale").
-        """
+        """Sorted set of items due for polling, scored by due time (epoch ms). The poller name
+        is a Cluster hash tag so one poller's shards, its in-flight hash and a dispatch script's
+        keys could share a slot (docs/deployment.md, "Scale")."""
         return f"{self.prefix}poll:{{{poller}}}:{shard}"
 
     def poll_inflight(self, poller: str) -> str:
@@ -324,21 +318,28 @@ class Keys:
     def once(self, name: str) -> str:
         return f"{self.prefix}once:{name}"
 
-    # -- cluster-wide limits ------------------------------------------------------------------
-    def limit_slots(self, task: str) -> str:
-        """Sorted set: job id -> lease expiry (ms) of each run holding a concurrency slot."""
-        return f"{self.prefix}limit:{task}:slots"
+    def coalesce(self, task: str, key: str) -> str:
+        """Hash: a coalescing key's state (``p``, ``f``, ``t``, ``r``; see storage/coalesce.py)."""
+        return f"{self.prefix}coalesce:{task}:{key}"
 
-    def limit_rate(self, task: str) -> str:
+    # -- cluster-wide limits: a task's, or with ``flow`` one flow key's of the task -----------
+    def limit_slots(self, task: str, flow: str | None = None) -> str:
+        """Sorted set: job id -> lease expiry (ms) of each run holding a concurrency slot."""
+        return f"{self.prefix}limit:{task}:{'' if flow is None else f'key:{flow}:'}slots"
+
+    def limit_rate(self, task: str, flow: str | None = None) -> str:
         """The rate limiter's theoretical arrival time (ms) for ``task``."""
-        return f"{self.prefix}limit:{task}:rate"
+        return f"{self.prefix}limit:{task}:{'' if flow is None else f'key:{flow}:'}rate"
+
+    def fair(self, queue: str, flow: str | None = None) -> str:
+        """A fair queue's ring (flow key -> pass); with ``flow``, that key's queue (id -> due)."""
+        return f"{self.prefix}fair:{queue}" + ("" if flow is None else f":{flow}")
 
     # -- throughput and the operators' log ------------------------------------------------------
     def stats(self, queue: str, hour: int) -> str:
         """Hash of one queue's finished runs in one hour (``hour`` = epoch ms // 3,600,000):
-        ``<minute>:done`` and ``<minute>:failed`` -> count, ``minute`` = epoch ms // 60,000.
-        Written by FINISH (one HINCRBY per batch and outcome); expires
-        :data:`STATS_TTL_MS` after its last write, so each hour's key goes by itself."""
+        ``<minute>:done`` / ``:failed`` -> count, ``minute`` = epoch ms // 60,000; by FINISH
+        (one HINCRBY per batch and outcome), expiring :data:`STATS_TTL_MS` after its last."""
         return f"{self.prefix}stats:{queue}:{hour}"
 
     def task_stats(self, hour: int) -> str:
@@ -358,9 +359,9 @@ class Keys:
     # -- job records: failures, completions, progress -----------------------------------------
     def failure(self, job_id: str) -> str:
         """JSON of the last final failure of a job (status ``failed`` | ``timeout`` |
-        ``cancelled`` | ``dead``, error type, message, capped traceback, try, instance, times,
-        capped args): written by FINISH with the job's end, kept ``keep_result_s`` and at least
-        as long as the job is in :attr:`failures` (deleted when trimmed from it)."""
+        ``cancelled`` | ``dead`` | ``expired``, error, capped traceback, try, instance, times,
+        capped args): by FINISH with the job's end, kept ``keep_result_s`` and while in
+        :attr:`failures`."""
         return f"{self.prefix}failure:{job_id}"
 
     @property

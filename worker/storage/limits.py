@@ -50,29 +50,41 @@ return 0
 
 
 class LimitOps(StoreBase):
-    """Cluster-wide concurrency slots and rate limits of tasks."""
+    """Cluster-wide concurrency slots and rate limits of tasks, and of one flow key of a task
+    (``flow``: ``max_concurrency_per_key``, ``rate_per_key``)."""
 
-    async def take_slot(self, task: str, job_id: str, now_ms: int, lease_ms: int, most: int) -> int:
-        """Take (or keep) a concurrency slot of ``task``: 0, or ms until one may free up."""
+    async def take_slot(
+        self, task: str, job_id: str, now_ms: int, lease_ms: int, most: int, flow: str | None = None
+    ) -> int:
+        """Take (or keep) a concurrency slot of ``task`` (of its flow key ``flow``): 0, or ms
+        until one may free up."""
         wait = await self._script(SLOT_TAKE)(
-            keys=[self.keys.limit_slots(task)], args=[job_id, now_ms, now_ms + lease_ms, most]
+            keys=[self.keys.limit_slots(task, flow)],
+            args=[job_id, now_ms, now_ms + lease_ms, most],
         )
         return int(wait)
 
-    async def renew_slots(self, slots: Mapping[str, Sequence[str]], until_ms: int) -> None:
-        """Extend the leases of the slots held (task -> job ids) to ``until_ms``."""
+    async def renew_slots(
+        self, slots: Mapping[tuple[str, str | None], Sequence[str]], until_ms: int
+    ) -> None:
+        """Extend the leases of the slots held ((task, flow key or None) -> job ids) to
+        ``until_ms``."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for task, job_ids in slots.items():
-                pipe.zadd(self.keys.limit_slots(task), dict.fromkeys(job_ids, until_ms), xx=True)
+            for (task, flow), job_ids in slots.items():
+                key = self.keys.limit_slots(task, flow)
+                pipe.zadd(key, dict.fromkeys(job_ids, until_ms), xx=True)
             await pipe.execute()
 
-    async def release_slot(self, task: str, job_id: str) -> None:
-        await self.redis.zrem(self.keys.limit_slots(task), job_id)
+    async def release_slot(self, task: str, job_id: str, flow: str | None = None) -> None:
+        await self.redis.zrem(self.keys.limit_slots(task, flow), job_id)
 
-    async def take_rate(self, task: str, now_ms: int, jobs: int, per_s: float) -> int:
-        """Count one start under ``jobs`` per ``per_s``: 0, or ms to wait."""
+    async def take_rate(
+        self, task: str, now_ms: int, jobs: int, per_s: float, flow: str | None = None
+    ) -> int:
+        """Count one start under ``jobs`` per ``per_s`` (of flow key ``flow``): 0, or ms to wait."""
         interval = per_s * 1000 / jobs
         wait = await self._script(RATE_TAKE)(
-            keys=[self.keys.limit_rate(task)], args=[now_ms, interval, per_s * 1000 - interval]
+            keys=[self.keys.limit_rate(task, flow)],
+            args=[now_ms, interval, per_s * 1000 - interval],
         )
         return int(wait)

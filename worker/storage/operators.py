@@ -175,15 +175,17 @@ class OperatorOps(StoreBase):
         return bool(await self.redis.srem(self.keys.paused, duty))
 
     async def resume_queue(self, entry: str, now_ms: int) -> bool:
-        """Take a queue's entry (``queue:<name>``, ``queue:*``) out of the paused set and
-        announce ``now_ms`` as an enqueue does (the wake marker and the channel, see
-        :meth:`~worker.storage.wake.WakeOps.announce`), so an idle consumer claims its due jobs
-        at once; ``True`` if it was paused."""
+        """Take a queue's entry (``queue:<name>``, ``queue:<name>:duty``, ``queue:*``) out of
+        the paused set and announce ``now_ms`` as an enqueue does (the wake marker and the
+        channel, see :meth:`~worker.storage.wake.WakeOps.announce`) and on the duty lanes'
+        marker (which a consumer whose shared slots are all busy waits on), so a consumer claims
+        its due jobs at once; ``True`` if it was paused."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.srem(self.keys.paused, entry)
             pipe.zadd(self.keys.wake_marker, {WAKE_MEMBER: now_ms}, lt=True)
+            pipe.zadd(self.keys.wake_duty_marker, {WAKE_MEMBER: now_ms}, lt=True)
             pipe.publish(self.keys.wake, f"{MARKED}{now_ms}")
-            removed, _, _ = await pipe.execute()
+            removed, *_ = await pipe.execute()
         return bool(removed)
 
     async def paused(self) -> set[str]:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from worker.core import budget as B
 from worker.core import malformed as M
+from worker.core.jobdefs import is_duty_lane
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s
 from worker.storage.fenced import FENCE, FencedBase
@@ -76,17 +77,18 @@ ENQUEUE_TICKS = (
 -- unless it is at or before the job's recorded last tick, its id already has a job or a
 -- result, or the job is paused (its ticks are skipped, not caught up on resume); then record
 -- each job's newest due tick (planned: enqueued or skipped) and newest enqueued tick, and wake
--- idle consumers.
+-- one consumer (the earliest tick enqueued to the wake marker, ZADD LT).
 -- KEYS[1] -> leader lock
 -- KEYS[2] -> periodic state hash (name -> newest planned tick ms)
 -- KEYS[3] -> paused set ("periodic:<name>", "poller:<name>")
 -- KEYS[4] -> enqueued hash (name -> newest tick enqueued as a job, ms)
--- KEYS[5..] -> the queues the jobs go to
+-- KEYS[5..] -> the queues the jobs go to, then last the wake marker (the duty marker when
+--              every queue is a duty lane)
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix ("arq:job:")
 -- ARGV[3] -> arq result key prefix ("arq:result:")
 -- ARGV[4] -> job key TTL in ms
--- ARGV[5] -> wake channel
+-- ARGV[5] -> wake channel, '' for none (duty lanes: consumers of earlier versions read none)
 -- ARGV[6..] -> per periodic job: name, newest due tick (recorded as last even if the policy
 --              skipped it), its queue's index in KEYS, the last tick the caller knows is
 --              recorded (-1 if none), n, then n triples (tick ms, job id, serialized arq job),
@@ -147,7 +149,10 @@ while i <= #ARGV do
   i = i + 5 + 3 * n
 end
 if earliest ~= nil then
-  redis.call('PUBLISH', ARGV[5], string.format('%d', earliest))
+  redis.call('ZADD', KEYS[#KEYS], 'LT', earliest, 'wake')
+  if ARGV[5] ~= '' then
+    redis.call('PUBLISH', ARGV[5], '+' .. string.format('%d', earliest))
+  end
 end
 if #records > 0 then
   redis.call('HSET', KEYS[2], unpack(records))
@@ -230,11 +235,15 @@ class FencedPeriodicOps(FencedBase):
     async def enqueue_ticks(self, due: Sequence[DueTicks], ttl_ms: int) -> list[TickOutcome]:
         """Enqueue the ticks of several periodic jobs in one step (``periodic.ENQUEUE_TICKS``); a
         job whose recorded last tick is behind ``known_last`` comes back ``rolled_back``."""
-        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, self.keys.wake]
         queues: list[str] = []
-        for name, advance_to, ticks, queue, known_last in due:
+        for _, _, _, queue, _ in due:
             if queue not in queues:
                 queues.append(queue)
+        # ticks in duty lanes only: on the duty marker, which consumers whose shared slots are
+        # all busy wait on too; no pub/sub (consumers of earlier versions read no lanes)
+        duty = all(map(is_duty_lane, queues))
+        args: list[Any] = [K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, "" if duty else self.keys.wake]
+        for name, advance_to, ticks, queue, known_last in due:
             args += [name, advance_to, queues.index(queue) + 5, known_last, len(ticks)]
             for t in ticks:
                 args += [t.score_ms, t.job_id, t.payload]
@@ -243,6 +252,7 @@ class FencedPeriodicOps(FencedBase):
             self.keys.paused,
             self.keys.periodic_enqueued,
             *(self.keys.queue_of(q) for q in queues),
+            self.keys.wake_duty_marker if duty else self.keys.wake_marker,
         ]
         raw = await self._run(ENQUEUE_TICKS, keys, args)
         return [

@@ -9,6 +9,7 @@ from typing import Any
 from redis.asyncio.client import Pipeline
 
 from worker.core import malformed as M
+from worker.core.jobdefs import is_duty_lane
 from worker.storage import keys as K
 from worker.storage.base import StoreBase, _s, _score
 from worker.storage.fenced import FENCE, FencedBase
@@ -119,13 +120,14 @@ DISPATCH = (
 -- KEYS[3] -> arq queue
 -- KEYS[4] -> shard sorted set (item -> due ms)
 -- KEYS[5] -> paused set (a paused poller dispatches nothing: "poller:<name>")
+-- KEYS[6] -> wake marker (the duty marker for a duty lane; ZADD LT: one consumer claims)
 -- ARGV[1] -> caller's lock value
 -- ARGV[2] -> arq job key prefix
 -- ARGV[3] -> arq result key prefix
 -- ARGV[4] -> job key TTL in ms
 -- ARGV[5] -> now in ms (items scored above it are not due)
 -- ARGV[6] -> push-back delay in ms for items still in flight
--- ARGV[7] -> wake channel
+-- ARGV[7] -> wake channel, '' for none (a duty lane: consumers of earlier versions read none)
 -- ARGV[8] -> poller name
 -- ARGV[9..] -> triples: item, job id, serialized arq job
 -- Returns: {dispatched, still_in_flight, duplicate_ids, no_longer_due}
@@ -160,7 +162,10 @@ for i = 9, #ARGV, 3 do
   end
 end
 if sent > 0 then
-  redis.call('PUBLISH', ARGV[7], ARGV[5])
+  redis.call('ZADD', KEYS[6], 'LT', ARGV[5], 'wake')
+  if ARGV[7] ~= '' then
+    redis.call('PUBLISH', ARGV[7], '+' .. ARGV[5])
+  end
 end
 return {sent, busy, dup, gone}
 """
@@ -312,8 +317,10 @@ class FencedPollerOps(FencedBase):
         queue: str = K.DEFAULT_QUEUE,
     ) -> DispatchOutcome:
         """Move due ``items`` of one shard into ``queue``, one job each (``poller.DISPATCH``)."""
+        duty = is_duty_lane(queue)  # on the duty marker alone (no consumer before reads lanes)
         args: list[Any] = [
-            K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms, self.keys.wake, poller,
+            K.ARQ_JOB, K.ARQ_RESULT, ttl_ms, now_ms, busy_defer_ms,
+            "" if duty else self.keys.wake, poller,
         ]  # fmt: skip
         for item, job in items:
             args += [item, job.job_id, job.payload]
@@ -322,6 +329,7 @@ class FencedPollerOps(FencedBase):
             self.keys.queue_of(queue),
             shard_key,
             self.keys.paused,
+            self.keys.wake_duty_marker if duty else self.keys.wake_marker,
         ]
         sent, busy, dup, gone = await self._run(DISPATCH, keys, args)
         return DispatchOutcome(int(sent), int(busy), int(dup), int(gone))

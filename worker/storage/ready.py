@@ -29,7 +29,9 @@ async def wait_for_redis(redis: Any, url: str, timeout_s: float, clock: Clock) -
     said = -1.0
     while True:
         try:
-            await server.ping(redis, 5)
+            # an attempt may take what is left (at least 5 s): a slow link's handshake (redis-py
+            # 8 sends HELLO, CLIENT SETNAME and SETINFO, a health PING, then ours) may need it
+            await server.ping(redis, max(5.0, deadline - clock.monotonic()))
             return
         except Exception as exc:
             auth = auth_failure(url, exc)

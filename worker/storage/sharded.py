@@ -102,6 +102,13 @@ class Shards:
         found = [h for h in heads if isinstance(h, int)]
         return min(found) if found else None
 
+    async def fair_waiting(self, queues: Sequence[str]) -> bool:
+        """Whether a shard's fair ``queues`` hold jobs not moved yet (``fair.FAIR_MOVE``)."""
+        for store in self.stores:
+            if await store.fair_waiting(queues):
+                return True
+        return False
+
     async def finish(
         self,
         instance_id: str,

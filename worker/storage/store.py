@@ -10,17 +10,20 @@ from redis.asyncio import Redis
 from worker.core.redisurl import Replication
 from worker.storage.broadcast import BroadcastOps
 from worker.storage.claims import ClaimOps
+from worker.storage.coalesce import CoalesceOps
 from worker.storage.dataset import DatasetOps
 from worker.storage.dead import DeadOps
 from worker.storage.election import ElectionOps
 from worker.storage.enqueue import EnqueueOps
 from worker.storage.failures import RecordOps
+from worker.storage.fair import FairOps
 from worker.storage.initializer import FencedInitializerOps, InitializerOps
 from worker.storage.inspect_jobs import InspectJobOps
 from worker.storage.jobs import JobOps
 from worker.storage.keys import Keys
 from worker.storage.limits import LimitOps
 from worker.storage.operators import OperatorOps
+from worker.storage.outbox import FencedOutboxOps
 from worker.storage.periodic import FencedPeriodicOps, PeriodicOps
 from worker.storage.poller import FencedPollerOps, PollerOps
 from worker.storage.registry import FencedRegistryOps, RegistryOps
@@ -28,6 +31,7 @@ from worker.storage.schedules import FencedScheduleOps, ScheduleOps
 from worker.storage.shards import shard_prefixes
 from worker.storage.subscriptions import SubscriptionOps
 from worker.storage.wake import WakeOps
+from worker.storage.workflows import WorkflowOps
 
 
 class Store(
@@ -35,7 +39,9 @@ class Store(
     DatasetOps,
     ClaimOps,
     JobOps,
+    WorkflowOps,  # before EnqueueOps: it enqueues the steps through it
     EnqueueOps,
+    FairOps,
     RecordOps,
     PeriodicOps,
     PollerOps,
@@ -49,6 +55,7 @@ class Store(
     SubscriptionOps,
     ScheduleOps,
     WakeOps,
+    CoalesceOps,
 ):
     """Every unfenced Redis operation of the framework, one part per concern (see
     :mod:`worker.storage`); build it with :func:`open_store`."""
@@ -60,6 +67,7 @@ class FencedStore(
     FencedInitializerOps,
     FencedRegistryOps,
     FencedScheduleOps,
+    FencedOutboxOps,
 ):
     """The writes only the leader may make, over a :class:`Store` and a
     :class:`~worker.core.views.LeaderView` (see :mod:`worker.storage.fenced`)."""

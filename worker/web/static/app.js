@@ -414,10 +414,16 @@ function backlogChart(queues) {
   return svg;
 }
 
+// a fair queue's flow keys: how many are active, the backlog of the next ones served
+function flowsLine(f) {
+  const shown = Object.entries(f.backlog).map(([k, n]) => (k || "(none)") + ": " + n);
+  return "flow keys: " + f.active + " active" + (shown.length ? " — " + shown.join(", ") : "");
+}
+
 function renderQueues(c, now) {
   fill("queues", c.queues.map((q) => el("tr", { "data-queue": q.queue,
     class: q.paused ? "paused" : "" },
-    el("td", {}, q.queue),
+    el("td", {}, q.queue, q.flows ? el("div", { class: "flows" }, flowsLine(q.flows)) : null),
     el("td", { class: "num depth" }, q.depth),
     el("td", { class: "num" }, q.due),
     el("td", { class: q.oldest_due_age_s > 60 ? "warn" : "" },
@@ -668,7 +674,7 @@ async function openJob(jobId) {
     shown("job-error", e ? (e.type || "error") + ": " + (e.message || "") +
       (e.traceback ? "\n\n" + e.traceback : "") : "");
     shown("job-result", r.result);
-    $("job-retry").disabled = !["failed", "timeout", "cancelled", "dead"].includes(r.state);
+    $("job-retry").disabled = !["failed", "timeout", "cancelled", "dead", "expired"].includes(r.state);
     $("job-cancel").disabled = !["queued", "scheduled", "running"].includes(r.state);
     for (const row of document.querySelectorAll("#jobs tbody tr[data-job]")) {
       row.classList.toggle("chosen", row.dataset.job === jobId);
