@@ -9,6 +9,7 @@
 - :mod:`harness.records`: what the processes and apps wrote (the ledger app's counts, …);
 - :mod:`harness.leases`: :class:`FixedLease`, a leader view with a fixed lock value;
 - :mod:`harness.timings`: the fast leadership timings the processes run with;
+- :mod:`harness.settled`: a fake clock whose steps wait for the Redis replies in flight;
 - the scenarios the suite runs short and ``bench/`` runs long (:mod:`harness.soak`,
   :mod:`harness.failover_scenario`, :mod:`harness.shard_failover`).
 

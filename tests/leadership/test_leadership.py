@@ -8,7 +8,7 @@ The singleton group a leader starts and stops is a :class:`Probe` that records w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ import structlog
 from redis.asyncio.connection import Connection as AsyncConnection
 
 from harness import eventually
+from harness.settled import SettledClock, counting
 from worker.core.clock import Clock, FakeClock, SystemClock
 from worker.core.component import Component, Group
 from worker.core.ids import LockValue
@@ -32,13 +33,16 @@ from worker.storage.store import Store
 
 KEYS = K.Keys("t:")
 FAST = LeaderTiming(ttl_s=1.0, renew_interval_s=0.2, renew_deadline_s=0.6, poll_interval_s=0.1)
+#: on real time (a SystemClock): a renew slowed by a loaded box must not cost the lease
+REAL = LeaderTiming(ttl_s=4.0, renew_interval_s=0.5, renew_deadline_s=2.0, poll_interval_s=0.1)
 
 
-async def drive(clock: FakeClock, seconds: float, step: float = 0.01) -> None:
-    """Advance fake time in small steps, letting real I/O (Redis round trips) keep up."""
-    for _ in range(round(seconds / step)):
-        clock.advance(step)
-        await asyncio.sleep(0.001)
+@pytest.fixture(autouse=True)
+def _settled() -> Iterator[None]:
+    """Fake time waits for the Redis replies (:class:`harness.settled.SettledClock`): a round
+    trip slowed by a loaded box costs no fake time, so no lease runs out during one."""
+    with counting():
+        yield
 
 
 class Probe(Component):
@@ -115,9 +119,10 @@ def start(
     runs: list[Run],
     *,
     clock: Clock | None = None,
-    timing: LeaderTiming = FAST,
+    timing: LeaderTiming | None = None,
     stop_delay: float = 0.0,
 ) -> Run:
+    timing = timing or (REAL if clock is None else FAST)
     clock = clock or SystemClock()
     probe = Probe(clock, stop_delay)
     group = Group("singletons", [probe])
@@ -157,7 +162,7 @@ async def test_becomes_leader_with_consistent_state(
     assert lead.health.extra["is_leader"] is True
     assert lead.health.extra["epoch"] == lead.epoch
     pttl = rsync.pttl(KEYS.leader)
-    ttl_s = FAST.ttl_s if kind == "elector" else lead.ttl_s  # type: ignore[attr-defined]
+    ttl_s = REAL.ttl_s if kind == "elector" else lead.ttl_s  # type: ignore[attr-defined]
     assert 0 < pttl <= ttl_s * 1000  # the static lease expires too
 
 
@@ -231,7 +236,7 @@ async def test_lost_while_not_leading_is_ignored(kind: str, clients: Any) -> Non
 async def test_two_electors_exactly_one_leader(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis
 ) -> None:
-    clock = FakeClock()
+    clock = SettledClock()
     a = start("elector", clients(), runs, clock=clock)
     b = start("elector", clients(), runs, clock=clock)
     await eventually(lambda: a.leader.is_leading() or b.leader.is_leading(), clock=clock)
@@ -245,12 +250,34 @@ async def test_two_electors_exactly_one_leader(
     assert a.probe.count("stop") == b.probe.count("stop") == 0
 
 
+async def test_replies_slowed_by_a_loaded_box_cost_no_fake_time(
+    clients: Any, runs: list[Run], rsync: redis_sync.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every reply 50 ms late (a box at load 20): the lease (1 s TTL, 0.6 s renew deadline of
+    fake time) is kept over 60 renews; fake time waits for each round trip."""
+    real_read = AsyncConnection.read_response
+
+    async def late_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return await real_read(self, *args, **kwargs)
+
+    clock = SettledClock()
+    a = start("elector", clients(), runs, clock=clock)
+    await eventually(lambda: a.leader.is_leading(), clock=clock, what="a leads")
+    monkeypatch.setattr(AsyncConnection, "read_response", late_read)
+    epoch = a.leader.epoch
+    for _ in range(60):  # 60 renew intervals of fake time
+        await clock.run_for(FAST.renew_interval_s, step=0.05)
+        assert a.leader.is_leading() and a.leader.epoch == epoch
+    assert a.probe.count("start") == 1 and a.probe.count("stop") == 0
+
+
 async def test_standby_takes_over_at_once_on_release(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis
 ) -> None:
     # The standby's poll interval is 5 s of fake time that the test never lets pass, so only
     # the release notification can explain the takeover.
-    clock = FakeClock()
+    clock = SettledClock()
     slow_poll = LeaderTiming(ttl_s=10, renew_interval_s=2, renew_deadline_s=6, poll_interval_s=5)
     a = start("elector", clients(), runs, clock=clock, timing=slow_poll)
     await eventually(lambda: a.leader.is_leading())
@@ -271,7 +298,7 @@ async def test_standby_takes_over_at_once_on_release(
 async def test_overwritten_lock_makes_holder_step_down_on_next_renew(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis
 ) -> None:
-    clock = FakeClock()
+    clock = SettledClock()
     a = start("elector", clients(), runs, clock=clock)
     await eventually(lambda: a.leader.is_leading())
     t0 = clock.monotonic()
@@ -292,7 +319,7 @@ async def test_overwritten_lock_makes_holder_step_down_on_next_renew(
 async def test_hanging_renew_steps_down_by_the_deadline(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis
 ) -> None:
-    clock = FakeClock()
+    clock = SettledClock()
     store = clients()
     real_renew = store.renew_lock
     ok_sent: list[float] = []
@@ -335,7 +362,7 @@ async def test_standby_issues_one_command_per_holder_ttl_or_per_poll_when_unsubs
         await real_send(self, command, check_health)
 
     monkeypatch.setattr(AsyncConnection, "send_packed_command", counting_send)
-    clock = FakeClock()
+    clock = SettledClock()
     b = start("elector", clients(), runs, clock=clock)
     await eventually(lambda: b.leader.subscribed, what="the release channel", clock=clock)
     await eventually(lambda: b.leader.health.iterations >= 2, what="a campaign", clock=clock)
@@ -393,7 +420,7 @@ async def test_another_acquisition_makes_the_leader_look_and_step_down_at_once(
 ) -> None:
     """The announcement is a hint: the leader renews at once, and the renew (its own database)
     proves the lease gone."""
-    clock = FakeClock()  # never advanced below: a renew can not be what noticed
+    clock = SettledClock()  # never advanced below: a renew can not be what noticed
     slow = LeaderTiming(ttl_s=10, renew_interval_s=2, renew_deadline_s=6, poll_interval_s=5)
     a = start("elector", clients(), runs, clock=clock, timing=slow)
     await eventually(lambda: a.probe.count("start") == 1, what="a leads")
@@ -415,7 +442,7 @@ async def test_another_acquisition_makes_the_leader_look_and_step_down_at_once(
 async def test_a_lease_taken_after_an_unclean_end_settles_after_the_bound(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis
 ) -> None:
-    clock = FakeClock()
+    clock = SettledClock()
     a = start("elector", clients(), runs, clock=clock)
     await eventually(lambda: a.leader.is_leading() and a.leader.health.iterations >= 2, clock=clock)
     stop = asyncio.Event()
@@ -433,16 +460,16 @@ async def test_a_lease_taken_after_an_unclean_end_settles_after_the_bound(
     await asyncio.sleep(0.01)
     assert not waiting.done()
     bound = FAST.renew_deadline_s + 2  # stop grace 2 s in start()
-    await drive(clock, bound - 1.0)
+    await clock.run_for(bound - 1.0)
     assert not waiting.done()
-    await drive(clock, 1.2)
+    await clock.run_for(1.2)
     assert await asyncio.wait_for(waiting, 1) is True
 
 
 async def test_is_leading_turns_false_past_the_deadline_even_if_the_loop_never_ran(
     clients: Any, runs: list[Run]
 ) -> None:
-    clock = FakeClock()
+    clock = SettledClock()
     a = start("elector", clients(), runs, clock=clock)
     await eventually(lambda: a.leader.is_leading(), clock=clock)
     clock.advance(FAST.renew_deadline_s + 0.01)  # a freeze: nothing ran meanwhile
@@ -453,7 +480,7 @@ async def test_is_leading_turns_false_past_the_deadline_even_if_the_loop_never_r
 async def test_epochs_never_go_backwards_across_a_redis_data_loss(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis
 ) -> None:
-    clock = FakeClock()
+    clock = SettledClock()
     a = start("elector", clients(), runs, clock=clock)
     b = start("elector", clients(), runs, clock=clock)
     for _ in range(3):  # a few handovers push the epoch up
@@ -478,7 +505,7 @@ async def test_a_standby_learns_the_current_epoch_from_every_refused_campaign(
 ) -> None:
     # pub/sub announcements can be missed (a reconnect); the campaign's answer cannot
     rsync.set(KEYS.leader, "41:other", px=60_000)
-    clock = FakeClock()
+    clock = SettledClock()
     b = start("elector", clients(), runs, clock=clock)
     await eventually(lambda: b.leader.health.iterations >= 1, clock=clock)
     assert b.leader.floor == 41 and not b.leader.is_leading()
@@ -490,21 +517,21 @@ async def test_a_planned_handoff_moves_the_lease_to_a_standby(
     a = start("elector", clients(), runs)
     await eventually(lambda: a.leader.is_leading(), what="a leads")
     b = start("elector", clients(), runs)
-    await asyncio.sleep(3 * FAST.poll_interval_s)
+    await asyncio.sleep(3 * REAL.poll_interval_s)
     assert not b.leader.is_leading()
     first = a.leader.epoch
     assert first is not None
     assert await clients().request_handoff(5_000) == first
     # the request is heard on pub/sub (or at the next renew): a stops its singletons and
     # releases; b takes over without waiting for an expiry, and a stays a standby meanwhile
-    await eventually(lambda: b.leader.is_leading(), within=2 * FAST.ttl_s, what="b leads")
+    await eventually(lambda: b.leader.is_leading(), within=2 * REAL.ttl_s, what="b leads")
     assert a.probe.events[-1][0] == "stop" and not a.leader.is_leading()
     assert (b.leader.epoch or 0) > first
     history = await clients().leader_history()
     assert [h.reason for h in history[:2]] == ["after handoff", "handoff"]
     assert a.leader.health.extra["last_loss"] == "handoff requested"
     assert rsync.exists(KEYS.leader_handoff) == 0
-    await asyncio.sleep(a.leader.handoff_pause_s + 3 * FAST.poll_interval_s)  # type: ignore[attr-defined]
+    await asyncio.sleep(a.leader.handoff_pause_s + 3 * REAL.poll_interval_s)  # type: ignore[attr-defined]
     assert b.leader.is_leading() and not a.leader.is_leading()  # a campaigns again, and loses
 
 
