@@ -24,12 +24,8 @@ from redis.asyncio.client import Redis
 
 from worker.core.clock import FakeClock
 
+#: commands sent on an asyncio Redis client whose reply has not come back (inside counting())
 _in_flight = 0
-
-
-def in_flight() -> int:
-    """Commands sent on an asyncio Redis client whose reply has not come back."""
-    return _in_flight
 
 
 def _counted(execute: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ import ast
 import runpy
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 
 from harness import ROOT
 
@@ -162,3 +163,29 @@ def test_the_layout_rule_fires() -> None:
         "misc/test_x.py: not in a wing folder (python tools/move_tests.py places it)",
         "test_flat.py: not in a wing folder (python tools/move_tests.py places it)",
     ]
+
+
+def test_the_move_script_places_a_file_no_table_names_or_stops_naming_it(tmp_path: Path) -> None:
+    """A flat test file the WINGS table does not know goes to the one wing holding a module of
+    its name, or to system/ when it starts real processes; else the run stops, naming it."""
+    script = runpy.run_path(str(ROOT / "tools" / "move_tests.py"))
+    for module in ("storage/fairness.py", "storage/twice.py", "duties/twice.py", "outbox/a.py"):
+        (tmp_path / "worker" / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "worker" / module).write_text("")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    flat = {
+        "test_fairness.py": "from worker.storage import fairness\n",
+        "test_outbox.py": "def test_x(spawn): ...\n",
+        "test_twice.py": "def test_x(spawn): ...\n",
+        "test_misc.py": "from worker.core import ids\nfrom worker.client import Client\n",
+    }
+    for name, text in flat.items():
+        (tests / name).write_text(text)
+    moves, unknown = script["plan"](tests)
+    assert {p.name: wing for p, wing in moves.items()} == {
+        "test_fairness.py": "storage",  # worker/storage/fairness.py
+        "test_outbox.py": "outbox",  # a wing of that name
+        "test_twice.py": "system",  # two wings hold twice.py; it spawns workers
+    }
+    assert unknown == ["test_misc.py (imports from the wings: core, face)"]
