@@ -10,6 +10,7 @@
 - :mod:`harness.leases`: :class:`FixedLease`, a leader view with a fixed lock value;
 - :mod:`harness.timings`: the fast leadership timings the processes run with;
 - :mod:`harness.settled`: a fake clock whose steps wait for the Redis replies in flight;
+- :mod:`harness.xdist_group`: the `xdist_group` marks kept on the pytest this runs on;
 - the scenarios the suite runs short and ``bench/`` runs long (:mod:`harness.soak`,
   :mod:`harness.failover_scenario`, :mod:`harness.shard_failover`).
 

@@ -29,6 +29,8 @@ _LINE = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s+(setup|call|teardown)\s+(\S.*?)\s*$"
 def key(nodeid: str) -> str:
     """``tests/core/test_x.py::test_y[a]`` -> ``test_x.py::test_y[a]``."""
     path, sep, rest = nodeid.partition("::")
+    if "@" in rest and rest.rfind("@") > rest.rfind("]"):
+        rest = rest[: rest.rfind("@")]  # an xdist group's suffix (harness/xdist_group.py)
     return path.rsplit("/", 1)[-1] + sep + rest
 
 

@@ -14,7 +14,7 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from harness import durations
+from harness import durations, xdist_group
 from harness.postgres import Postgres, binaries
 from harness.procs import CliRun, Spawn, WorkerProc, cli_runner, spawner
 from harness.realredis import RealRedis
@@ -97,8 +97,9 @@ def spawn(redis_url: str, tmp_path: Path, key_prefix: str) -> Iterator[Spawn]:
         p.close()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The order tests start in.
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own marking of the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The order tests start in, and the xdist groups kept together.
 
     Spread over pytest-xdist workers (the README's command): longest first, by the durations
     recorded in tests/durations.json (a ``slow`` test not in it counts 10 s), so no long test
@@ -113,6 +114,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             return recorded.get(durations.key(item.nodeid), default)
 
         items.sort(key=lambda i: -seconds(i))
+        if config.getoption("loadgroup", False):
+            for item in items:
+                xdist_group.mark(item)
     else:
         items.sort(key=lambda i: 1 if i.get_closest_marker("slow") else 0)
 

@@ -5,10 +5,15 @@ package imports neither the tests nor pytest. Each rule is shown firing on a sma
 from __future__ import annotations
 
 import ast
+import os
 import runpy
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+
+import pytest
 
 from harness import ROOT
 
@@ -189,3 +194,38 @@ def test_the_move_script_places_a_file_no_table_names_or_stops_naming_it(tmp_pat
         "test_twice.py": "system",  # two wings hold twice.py; it spawns workers
     }
     assert unknown == ["test_misc.py (imports from the wings: core, face)"]
+
+
+GROUPED = """
+import os, time, pytest
+
+@pytest.mark.xdist_group("one")
+@pytest.mark.parametrize("n", range(4))
+def test_grouped(n, tmp_path_factory):
+    time.sleep(0.3)
+    with open(os.environ["GROUP_OUT"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+@pytest.mark.parametrize("n", range(4))
+def test_free(n):
+    time.sleep(0.3)
+"""
+
+
+@pytest.mark.slow
+def test_an_xdist_group_runs_on_one_worker(tmp_path: Path) -> None:
+    """The README's command relies on ``xdist_group`` (the bench smoke tests, the fault tests
+    that must not share the box): tests/conftest.py keeps the mark working on this pytest."""
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    out = tmp_path / "workers.txt"
+    env = {**os.environ, "GROUP_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest",
+         "-c", os.devnull, "--rootdir", str(tmp_path), "-n", "2", "--dist", "loadgroup", "-q",
+         str(tmp_path / "test_grouped.py")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    workers = out.read_text().split()
+    assert len(workers) == 4 and len(set(workers)) == 1, workers

@@ -13,7 +13,9 @@ from harness.realredis import RealRedis
 from harness.shard_failover import ShardKill
 from harness.topology import Cluster
 
-pytestmark = pytest.mark.slow
+# a primary killed and a replica promoted on time bounds (Sentinel down-after, Cluster node
+# timeout): the failover tests take their turns on one xdist worker, not four at once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 
 #: the shards of the app and the one whose primary is killed: not the home (the lease and
 #: the singleton state stay up, the queue loses a third of its shards for the failover); the

@@ -55,7 +55,9 @@ from harness.topology import Cluster, SentinelSet
 from worker.client import Client
 from worker.core.durability import LOST_GRACE_S
 
-pytestmark = pytest.mark.slow
+# a primary killed and a replica promoted on time bounds (Sentinel down-after, Cluster node
+# timeout): the failover tests take their turns on one xdist worker, not four at once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 
 #: Failure detection (2 s) + promotion + the workers' own recovery (lease TTL 3 s): generous
 #: for a loaded CI machine; bench/RESULTS.md has the measured distribution.

@@ -18,7 +18,9 @@ from tests.outbox.test_outbox import env_for, order, outbox_rows, prepare, recei
 from tests.system.test_poll_failover import redis_url, sentinels
 
 __all__ = ["redis_url", "sentinels"]  # the fixtures: 1 replica, Sentinels, a 2 s detection
-pytestmark = pytest.mark.slow
+# a primary killed and a replica promoted on time bounds (Sentinel down-after, Cluster node
+# timeout): the failover tests take their turns on one xdist worker, not four at once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 
 APP = "outbox.app:app"
 #: Orders committed, one every ``EVERY_S``: the kill lands in the middle.

@@ -30,7 +30,9 @@ from tests.system.test_refused_writes import (
     starts,
 )
 
-pytestmark = pytest.mark.slow
+# a primary killed and a replica promoted on time bounds (Sentinel down-after, Cluster node
+# timeout): the failover tests take their turns on one xdist worker, not four at once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 
 __all__ = ["ospawn"]  # a fixture used here
 

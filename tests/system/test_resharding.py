@@ -31,7 +31,9 @@ from tests.system.test_cluster import cluster, key_prefix, redis_url
 from worker.client import Client
 from worker.storage.shards import shard_prefixes
 
-pytestmark = pytest.mark.slow
+# a primary killed and a replica promoted on time bounds (Sentinel down-after, Cluster node
+# timeout): the failover tests take their turns on one xdist worker, not four at once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 
 __all__ = ["cluster", "key_prefix", "redis_url"]  # fixtures used here
 
