@@ -35,12 +35,17 @@ def bob(rsync: redis_sync.Redis) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_a_wrong_password_exits_2_at_once_naming_authentication(cli: CliRun, bob: str) -> None:
-    """Before: a worker waited WORKER_REDIS_CONNECT_TIMEOUT_S (10 s) and said "cannot reach
-    Redis"; a one-shot command said "cannot use Redis"."""
-    env = {"WORKER_REDIS_URL": bob, "WORKER_APP": "harness.apps.ledger:app"}
+    """Before: a worker waited WORKER_REDIS_CONNECT_TIMEOUT_S and said "cannot reach Redis";
+    a one-shot command said "cannot use Redis". The timeout is 120 s here, so waiting it out
+    cannot pass for a slow start-up on a loaded box (8.9 s measured at load 16)."""
+    env = {
+        "WORKER_REDIS_URL": bob,
+        "WORKER_APP": "harness.apps.ledger:app",
+        "WORKER_REDIS_CONNECT_TIMEOUT_S": "120",
+    }
     for args in (("status",), ("run", "--role", "consumer")):
         start = time.monotonic()
-        out = cli(*args, env=env, timeout=60)
+        out = cli(*args, env=env, timeout=180)
         took = time.monotonic() - start
         assert out.returncode == 2, (args, out.stderr)
         lines = [ln for ln in out.stderr.splitlines() if "error" in ln]
@@ -48,7 +53,7 @@ def test_a_wrong_password_exits_2_at_once_naming_authentication(cli: CliRun, bob
         assert f"WORKER_REDIS_URL: authentication failed for user '{USER}'" in lines[0], lines
         assert "cannot reach" not in out.stderr and "Traceback" not in out.stderr
         assert "wrong" not in out.stderr.replace("wrong password", "")  # masked
-        assert took < 8, f"{args}: {took:.1f}s (the connect timeout is 10 s)"
+        assert took < 60, f"{args}: {took:.1f}s (the connect timeout is 120 s)"
 
 
 @pytest.mark.slow

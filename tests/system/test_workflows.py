@@ -135,7 +135,9 @@ def test_a_cancelled_workflow_starts_no_step(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("all", name="w1", app=APP)
-    flow = chain(Job("nap", 30), group(Job("double", 1), Job("double", 2)), Job("collect"))
+    # a nap far longer than the test: only the abort can end it (and the cancels are sure to
+    # come while it runs, however slow the box)
+    flow = chain(Job("nap", 240), group(Job("double", 1), Job("double", 2)), Job("collect"))
     wid = _start(redis_url, prefix, flow)
     wait_until(lambda: _runs(rsync, prefix, "nap"), 30, what="the first step to start")
     assert _call(redis_url, prefix, lambda c: c.cancel_workflow(wid)) is True
@@ -143,10 +145,10 @@ def test_a_cancelled_workflow_starts_no_step(
     info = _info(redis_url, prefix, wid)
     assert info.state == "cancelled"
     assert [s.state for s in info.steps] == ["cancelled"] * 4
-    # the running step is aborted (as Client.abort does): it ends well before its 30 s
+    # the running step is aborted (as Client.abort does): it ends well before its 240 s
     nap = info.steps[0].job_id
     result = _call(redis_url, prefix, lambda c: c.job(nap).result_info())
-    wait_until(lambda: _call(redis_url, prefix, lambda c: c.job(nap).result_info()), 20,
+    wait_until(lambda: _call(redis_url, prefix, lambda c: c.job(nap).result_info()), 60,
                what="the running step to end aborted")  # fmt: skip
     result = _call(redis_url, prefix, lambda c: c.job(nap).result_info())
     assert result.success is False
@@ -208,7 +210,9 @@ def test_the_command_line_shows_lists_and_cancels_workflows(
     env = {"WORKER_REDIS_URL": redis_url, "WORKER_KEY_PREFIX": prefix, "WORKER_APP": APP}
     done = _start(redis_url, prefix, chain(Job("add", 1, 2), Job("double")))
     _ended(redis_url, prefix, done)
-    slow = _start(redis_url, prefix, chain(Job("nap", 30), Job("double")))
+    # running until cancelled: the three commands before the cancel took 37 s at load 16,
+    # and a 30 s nap had ended (the cancel then found nothing running)
+    slow = _start(redis_url, prefix, chain(Job("nap", 240), Job("double")))
     wait_until(lambda: _runs(rsync, prefix, "nap"), 30, what="the nap to start")
 
     shown = cli("workflow", done, "--json", env=env)
