@@ -25,7 +25,11 @@ _cursor: int | None = None
 
 
 def worker_index() -> int:
-    """The xdist worker's number (``gw3`` → 3), ``BLOCKS - 1`` outside xdist."""
+    """``HARNESS_PORT_BLOCK`` when set (a process a test starts, given a block of its own);
+    else the xdist worker's number (``gw3`` → 3), ``BLOCKS - 1`` outside xdist."""
+    given = os.environ.get("HARNESS_PORT_BLOCK", "")
+    if given.isdigit():
+        return int(given) % BLOCKS
     name = os.environ.get("PYTEST_XDIST_WORKER", "")
     if name.startswith("gw") and name[2:].isdigit():
         return int(name[2:]) % (BLOCKS - 1)

@@ -15,6 +15,7 @@ from the network: ~1 min each the first time).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -80,12 +81,18 @@ PARALLEL = 3
 #: one subcommand's bound (they take 5-60 s on a quiet box; 3 at a time beside the suite's
 #: other workers on 2 shared cores, several minutes)
 RUN_TIMEOUT_S = 420
+#: subcommands started so far (their port blocks go round 8-15)
+_STARTED = itertools.count()
 
 
 def _run(name: str) -> tuple[int, str, str, float]:
     args, _ = SMOKE[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "PYTEST_XDIST"))}
     env["BENCH_PERIODIC_N"] = "50"  # leader, web: 50 periodic jobs, not 1,000
+    # a port block of its own (harness/ports.py), none of the -n 4 workers' (0-3) nor the one
+    # every process outside xdist shares: three benches at once drew from that one and one
+    # server's port was taken between the check and its bind ('Failed listening on port')
+    env["HARNESS_PORT_BLOCK"] = str(8 + next(_STARTED) % 8)  # < 8 run at once: all differ
     t0 = time.monotonic()
     try:
         out = subprocess.run(
