@@ -4,7 +4,7 @@
     python .ci/release_check.py v0.2.0   # ... the tag names that version, its entry is dated
 
 The release workflow (.github/workflows/release.yml) runs it with the pushed tag before it
-builds anything; tests/test_release.py runs it on every test run. Prints one line and exits 0,
+builds anything; tests/house/test_release.py runs it on every test run. Prints one line and exits 0,
 or one line per problem on stderr and exits 1. Standard library only (it runs before any
 install).
 """

@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 import psutil
 import redis as redis_sync
 
-from worker.core.ids import LockValue
-from worker.runtime.embedded import EmbeddedServer, find_server_binary, free_port
+from harness.leases import FixedLease
+from harness.ports import free_port
+from worker.runtime.embedded import EmbeddedServer, find_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -250,29 +251,36 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: flo
         time.sleep(interval)
 
 
-class FixedLease:
-    """A LeaderView holding a fixed lock value (benchmarks run singleton components directly)."""
-
-    def __init__(self, value: str) -> None:
-        self.lock = LockValue.parse(value)
-
-    @property
-    def epoch(self) -> int | None:
-        return self.lock.epoch if self.lock is not None else None
-
-    def is_leading(self) -> bool:
-        return self.lock is not None
-
-    async def settled(self, stop: asyncio.Event) -> bool:
-        return not stop.is_set()
-
-    def lost(self, reason: str) -> None:
-        raise RuntimeError(f"benchmark lost its fixed lease: {reason}")
-
-
 def have_arq() -> bool:
     """Whether arq is installed (``fenced-worker[arq]``): the benches' arq baselines need it;
     without it they run our side alone and say so."""
     import importlib.util
 
     return importlib.util.find_spec("arq") is not None
+
+
+class BenchLease(FixedLease):
+    """:class:`harness.leases.FixedLease` that raises on a loss: a benchmark never runs on past
+    a refused write (benchmarks run singleton components directly)."""
+
+    def __init__(self, value: str) -> None:
+        super().__init__(value, strict=True)
+
+
+def fill_noop_queue(r: redis_sync.Redis, prefix: str, n: int, due_ms: int) -> None:
+    """``n`` no-op jobs in ``prefix``'s queue, ids starting with the prefix (its slot)."""
+    from worker.core.codec import EXPIRES_EXTRA_MS as expires_extra_ms
+    from worker.core.codec import JOB_KEY_PREFIX as job_key_prefix
+    from worker.core.serializer import get_serializer, job_payload
+
+    ser, _ = get_serializer("msgpack")
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        job_id = f"{prefix}j{i:07d}"
+        pipe.set(
+            job_key_prefix + job_id, job_payload("noop", (i,), {}, due_ms, ser), px=expires_extra_ms
+        )
+        pipe.zadd(f"{prefix}queue", {job_id: due_ms})
+        if i % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()

@@ -18,7 +18,7 @@ for comparison, one plain server. Every key of an app shares one hash slot (its 
 The box has 2 cores shared by the nodes, the consumers and the harness, so total jobs/s says
 little; per-node load and commands per job are the figures. ``python -m bench cluster``
 (``--n``, ``--rounds``, ``--consumers``); ``--failover KILLS``: instead, a shard's primary
-SIGKILLed mid-drain KILLS times (tests/shard_failover.py; ``--backlog``).
+SIGKILLed mid-drain KILLS times (harness/shard_failover.py; ``--backlog``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from bench._common import (
     child_env,
     commandstats,
     delta,
+    fill_noop_queue,
     fmt_breakdown,
     machine,
     median,
@@ -53,26 +54,7 @@ from bench._common import (
     table,
     wait_until,
 )
-from tests.topology import Cluster
-
-
-def fill(r: redis_sync.Redis, prefix: str, n: int, due_ms: int) -> None:
-    """``n`` no-op jobs in ``prefix``'s queue, ids starting with the prefix (its slot)."""
-    from worker.core.codec import EXPIRES_EXTRA_MS as expires_extra_ms
-    from worker.core.codec import JOB_KEY_PREFIX as job_key_prefix
-    from worker.core.serializer import get_serializer, job_payload
-
-    ser, _ = get_serializer("msgpack")
-    pipe = r.pipeline(transaction=False)
-    for i in range(n):
-        job_id = f"{prefix}j{i:07d}"
-        pipe.set(
-            job_key_prefix + job_id, job_payload("noop", (i,), {}, due_ms, ser), px=expires_extra_ms
-        )
-        pipe.zadd(f"{prefix}queue", {job_id: due_ms})
-        if i % 2000 == 1999:
-            pipe.execute()
-    pipe.execute()
+from harness.topology import Cluster
 
 
 def prefixes_on(cluster: Cluster, count: int) -> list[tuple[str, int]]:
@@ -116,7 +98,7 @@ def drain(
         time.sleep(0.5)
         due = int((time.time() + 1.0 + len(apps) * n / 40_000) * 1000)
         for prefix, r in apps:
-            fill(r, prefix, n, due)
+            fill_noop_queue(r, prefix, n, due)
         time.sleep(max(0.0, due / 1000 - time.time()))
         before = [commandstats(c) for c in nodes]
         cpu0 = [server_cpu(c) for c in nodes]

@@ -1,6 +1,6 @@
 """``python -m bench cluster``'s sharded queue parts: one app whose queue is split over 3 shards
 (``WORKER_QUEUE_SHARDS=3``) on a 3-primary cluster against the same app with one shard, and the
-shard primaries SIGKILLed mid-drain (``--failover``, tests/shard_failover.py).
+shard primaries SIGKILLed mid-drain (``--failover``, harness/shard_failover.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from bench._common import (
     child_env,
     commandstats,
     delta,
+    fill_noop_queue,
     median,
     proc_cpu,
     python,
@@ -27,9 +28,9 @@ from bench._common import (
     table,
     wait_until,
 )
-from tests.realredis import RealRedis
-from tests.shard_failover import KillOutcome, ShardKill
-from tests.topology import Cluster
+from harness.realredis import RealRedis
+from harness.shard_failover import KillOutcome, ShardKill
+from harness.topology import Cluster
 from worker.storage.shards import shard_prefixes, slot_of_prefix
 
 #: the app of the sharded runs (its home slot decides where its shards land)
@@ -42,8 +43,6 @@ def drain_sharded(
     """``consumers`` consumer processes of one app with ``shards`` queue shards drain ``n``
     no-op jobs (``n / shards`` in each shard's queue); per primary: the app's commands and
     server CPU during the drain; the replicas' CPU summed."""
-    from bench.cluster import fill
-
     prefixes = shard_prefixes(PREFIX, shards)
     masters = cluster.masters
     owner_idx = [masters.index(cluster.owner(slot_of_prefix(p))) for p in prefixes]
@@ -73,7 +72,7 @@ def drain_sharded(
         due = int((time.time() + 1.0 + n / 40_000) * 1000)
         per_shard = [n // shards + (1 if i < n % shards else 0) for i in range(shards)]
         for p, i, count in zip(prefixes, owner_idx, per_shard, strict=True):
-            fill(nodes[i], p, count, due)
+            fill_noop_queue(nodes[i], p, count, due)
         time.sleep(max(0.0, due / 1000 - time.time()))
         before = [commandstats(c) for c in nodes]
         cpu0 = [server_cpu(c) for c in nodes]

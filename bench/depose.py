@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from bench._common import machine, print_machine, table
-from tests.topology import SentinelSet
+from harness.topology import SentinelSet
 
 VARIANTS = {"wait1": (1, None), "wait2": (2, None), "paused": (1, 10_000)}
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis as redis_sync
 
 from bench._common import (
-    FixedLease,
+    BenchLease,
     child_env,
     commandstats,
     delta,
@@ -86,7 +86,7 @@ def fill(r: redis_sync.Redis, poller: PollerDef, n: int) -> None:
 async def drain_ours(redis: Any, poller: PollerDef) -> None:
     store = Store(redis, KEYS)
     sched = PollingScheduler(
-        poller, store, FencedStore(store, FixedLease(LOCK_VALUE)), SERIALIZE, SystemClock()
+        poller, store, FencedStore(store, BenchLease(LOCK_VALUE)), SERIALIZE, SystemClock()
     )
     for shard in range(poller.shards):
         while await sched.dispatch_shard(shard):

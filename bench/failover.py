@@ -1,7 +1,7 @@
 """A primary failover under real workers, many times: what it costs (time to the first tick)
 and what it breaks (duplicates, misses, lost acknowledged enqueues, singleton overlaps).
 
-Each run is tests/failover_scenario.py (the CI test tests/test_failover.py runs it once per
+Each run is harness/failover_scenario.py (the CI test tests/system/test_failover.py runs it once per
 topology): a primary + 2 replicas + 3 Sentinels (failure detected after 1 s), or a Redis
 Cluster of 3 primaries with 2 replicas each (node timeout 1 s; the app's slot's primary is the
 one killed); 3 ``leader`` + 2 ``consumer`` processes, a client enqueueing all along; the
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import loadavg, machine, median, print_machine, table
-from tests.failover_scenario import Outcome, Scenario
-from tests.realredis import RealRedis
-from tests.topology import Cluster, SentinelSet
+from harness.failover_scenario import Outcome, Scenario
+from harness.realredis import RealRedis
+from harness.topology import Cluster, SentinelSet
 from worker.runtime.embedded import death_signal_hook
 
 

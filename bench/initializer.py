@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis as redis_sync
 
 from bench._common import (
-    FixedLease,
+    BenchLease,
     child_env,
     commandstats,
     delta,
@@ -97,7 +97,7 @@ async def child(kind: str, url: str, n: int, batch: int, shards: int) -> dict[st
     rss0 = rss_mb()
     t0 = time.perf_counter()
     if kind == "ours":
-        fenced = FencedStore(Store(redis, KEYS), FixedLease(LOCK_VALUE))
+        fenced = FencedStore(Store(redis, KEYS), BenchLease(LOCK_VALUE))
         init = Initializer(idef, poller, ctx, fenced, SystemClock())
         await init.run(asyncio.Event())
     else:

@@ -8,7 +8,7 @@ end of the queue (a bounded scan: 10 x limit entries, then a cursor) and the nex
 command line itself (``python -m worker jobs --limit 50``, Python start-up included) is
 timed too.
 
-Cancel: a real consumer process (``tests.apps.ledger``, default settings) runs ``slow_job(60)``;
+Cancel: a real consumer process (``harness.apps.ledger``, default settings) runs ``slow_job(60)``;
 each round enqueues one, waits until it started, asks ``Operations.cancel_job`` and times the
 request -> the job's detail no longer running (it shows as cancelled).
 
@@ -95,7 +95,7 @@ async def listing(url: str) -> None:
         r.close()
         await client.close()
     env = {**os.environ, "WORKER_REDIS_URL": url, "WORKER_KEY_PREFIX": PREFIX,
-           "WORKER_APP": "tests.apps.ledger:app", "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "WORKER_APP": "harness.apps.ledger:app", "PYTHONPATH": str(ROOT)}  # fmt: skip
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "worker", "jobs", "--limit", "50"], env=env,  # noqa: ASYNC221
                    check=True, capture_output=True)  # fmt: skip
@@ -109,14 +109,14 @@ async def cancels(url: str, rounds: int, busy: int) -> None:
     prefix = f"bc{busy}:"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
            "WORKER_REDIS_URL": url, "WORKER_KEY_PREFIX": prefix, "WORKER_HEALTH_PORT": "0",
-           "WORKER_APP": "tests.apps.ledger:app", "PYTHONPATH": str(ROOT),
+           "WORKER_APP": "harness.apps.ledger:app", "PYTHONPATH": str(ROOT),
            "WORKER_DRAIN_DELAY_S": "0",
            "WORKER_CONCURRENCY": str(busy or 100)}  # fmt: skip
     proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before the timing
         [sys.executable, "-m", "worker", "run", "--role", "consumer"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    from tests.apps.ledger import app
+    from harness.apps.ledger import app
 
     client = await Client.connect(url, key_prefix=prefix, app=app)
     ops = Operations(client, app, Actor("bench", "cli"))

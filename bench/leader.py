@@ -38,7 +38,7 @@ os.environ.setdefault("BENCH_PERIODIC_N", "1000")
 import redis as redis_sync
 
 from bench._common import (
-    FixedLease,
+    BenchLease,
     child_env,
     machine,
     pct,
@@ -116,7 +116,7 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     enqueuer = PeriodicEnqueuer(
         list(apps.many_periodic_app.periodics.values()),
         store,
-        FencedStore(store, FixedLease(LOCK)),
+        FencedStore(store, BenchLease(LOCK)),
         ser,
         SystemClock(),
     )

@@ -33,10 +33,10 @@ from bench._common import (
     table,
     wait_until,
 )
+from harness.ports import free_port
 from worker.client import Client
-from worker.runtime.embedded import free_port
 
-APP = "tests.apps.ledger:app"
+APP = "harness.apps.ledger:app"
 
 
 def status_of(port: int, path: str) -> int:
@@ -167,7 +167,7 @@ def main() -> None:
 
 
 async def _enqueue(url: str, prefix: str, trial: int) -> str:
-    from tests.apps.ledger import app
+    from harness.apps.ledger import app
 
     client = await Client.connect(url, app=app, key_prefix=prefix)
     try:

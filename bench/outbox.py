@@ -1,7 +1,7 @@
 """The outbox's latency: a job enqueued in a PostgreSQL transaction (``worker.outbox``), from
 the enqueue call (its commit right after) to the job's start, with real ``python -m worker``
 processes: one ``all`` process (the relay and a consumer), ``WORKER_OUTBOX_DSN`` set, framework
-defaults otherwise. A throwaway PostgreSQL (``tests/postgres.py``) and the embedded server.
+defaults otherwise. A throwaway PostgreSQL (``harness/postgres.py``) and the embedded server.
 
 ONE: one row per transaction every 150 ms on an idle fleet (the relay wakes on the commit's
 NOTIFY). BURST: 1,000 rows in one transaction: each row's enqueue-to-start, the last one's
@@ -41,7 +41,7 @@ from bench._common import (
     table,
     wait_until,
 )
-from tests.postgres import Postgres, binaries
+from harness.postgres import Postgres, binaries
 
 PREFIX = "bench:"
 

@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     a = ap.parse_args()
     sys.path.insert(0, str(HERE.parent))
-    from tests.realredis import RealRedis
+    from harness.realredis import RealRedis
 
     srv = RealRedis()
     srv.start()

@@ -1,5 +1,5 @@
 """The long versions of the suite's shortened multi-process scenarios: the same tests, run
-with ``BENCH_SOAK=1`` (tests/soak.py), i.e. at their original sizes.
+with ``BENCH_SOAK=1`` (harness/soak.py), i.e. at their original sizes.
 
 The suite keeps each scenario short enough for a 2-core CI machine (fewer ticks, rounds,
 deletions, a shorter block) at a size that still fails without the behaviour it pins; this
@@ -8,7 +8,7 @@ runs the very same test code longer and prints what each counted and how long it
 - the steady run, 3 leaders + 2 consumers, every tick once: 60 ticks (suite: 20);
 - the leader lock DELeted under a singleton service at random moments: 10 times (suite: 5);
 - a task blocking the leader's event loop after a tick: for 25 s (suite: 12 s);
-- the primary failovers of tests/test_failover.py with the poll items spread over 20 s
+- the primary failovers of tests/system/test_failover.py with the poll items spread over 20 s
   (suite: 8 s, 14 s where the dispatch kill is the only fault) and each killed Sentinel node,
   restarted, made a replica by the Sentinels at their next INFO refresh, up to 10 s on (suite:
   by the harness at once);
@@ -34,17 +34,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The tests whose sizes come from tests/soak.py ``size(suite, soak)``.
+#: The tests whose sizes come from harness/soak.py ``size(suite, soak)``.
 TESTS = (
-    "tests/test_faults.py::test_three_leaders_two_consumers_every_tick_once_over_a_steady_run",
-    "tests/test_edges.py::test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_vanishes",
-    "tests/test_edges.py::test_graceful_sigterm_never_runs_a_job_twice",
-    "tests/test_edges.py::test_paused_consumer_never_completes_jobs_handed_to_another",
-    "tests/test_edges.py::test_redis_data_loss_never_reruns_a_finished_tick_or_sends_epochs_back",
-    "tests/test_edges.py::test_redis_going_back_under_a_kept_lease_never_loses_a_tick",
-    "tests/test_edges.py::test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer",
-    "tests/test_watchdog.py::test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop",
-    "tests/test_failover.py",
+    "tests/system/test_faults.py::test_three_leaders_two_consumers_every_tick_once_over_a_steady_run",
+    "tests/system/test_edges.py::test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_vanishes",
+    "tests/system/test_edges.py::test_graceful_sigterm_never_runs_a_job_twice",
+    "tests/system/test_edges.py::test_paused_consumer_never_completes_jobs_handed_to_another",
+    "tests/system/test_edges.py::test_redis_data_loss_never_reruns_a_finished_tick_or_sends_epochs_back",
+    "tests/system/test_edges.py::test_redis_going_back_under_a_kept_lease_never_loses_a_tick",
+    "tests/system/test_edges.py::test_malformed_jobs_are_dead_lettered_and_never_crash_the_consumer",
+    "tests/runtime/test_watchdog.py::test_a_finished_tick_never_runs_again_when_its_process_then_blocks_the_loop",
+    "tests/system/test_failover.py",
 )
 
 

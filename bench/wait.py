@@ -45,8 +45,9 @@ from bench._common import (
     wait_until,
 )
 from bench.consumer import OUR_QUEUE, PREFIX, fill
+from harness.ports import free_port
 from worker.client import Client
-from worker.runtime.embedded import EmbeddedServer, free_port
+from worker.runtime.embedded import EmbeddedServer
 
 VARIANTS = {"wait-0": 0, "wait-1": 1}
 

@@ -28,7 +28,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from bench._common import (
     table,
     wait_until,
 )
+from harness.ports import free_port
 
 PREFIX = "bench:"
 TOKEN = "bench-console-token-0123456789"
@@ -116,12 +116,6 @@ def seed(r: redis_sync.Redis, periodic_names: list[str]) -> None:
         p.hset(key, mapping={f"{m}:done": 55_000 + m % 7 * 1000, f"{m}:failed": m % 5})
         p.pexpire(key, 7_200_000)
     p.execute()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fetch(url: str) -> tuple[float, int]:

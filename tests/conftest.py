@@ -3,15 +3,9 @@ and a spawner for real ``python -m worker`` processes with fault injection."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,67 +14,15 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from tests.postgres import Postgres, started
-from tests.realredis import RealRedis
-from tests.timings import FAST_ENV
-from worker.client import Client
-from worker.core.ids import LockValue
+from harness import durations, xdist_group
+from harness.postgres import Postgres, binaries
+from harness.procs import CliRun, Spawn, WorkerProc, cli_runner, spawner
+from harness.realredis import RealRedis
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class FixedLease:
-    """A :class:`worker.core.views.LeaderView` with a fixed lock value: components under test
-    "lead" with it; refusals reported through :meth:`lost` are recorded."""
-
-    def __init__(self, value: str | None) -> None:
-        self.value = value
-        self.losses: list[str] = []
-
-    @property
-    def lock(self) -> LockValue | None:
-        return LockValue.parse(self.value)
-
-    @property
-    def epoch(self) -> int | None:
-        return self.lock.epoch if self.lock is not None else None
-
-    def is_leading(self) -> bool:
-        return self.lock is not None
-
-    def lost(self, reason: str) -> None:
-        self.losses.append(reason)
-
-    async def settled(self, stop: asyncio.Event) -> bool:
-        return self.is_leading() and not stop.is_set()
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1, what: str = ""
-) -> Any:
-    """Poll ``predicate`` until truthy; fail the test with ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
-
-
-def client_call(url: str, prefix: str, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Run one :class:`worker.Client` call from a synchronous test, on a fresh connection:
-    ``client_call(url, prefix, "broadcast", "pricing", data)``, ``…, "enqueue", "task", 1)``."""
-
-    async def call() -> Any:
-        client = await Client.connect(url, key_prefix=prefix)
-        try:
-            return await getattr(client, method)(*args, **kwargs)
-        finally:
-            await client.close()
-
-    return asyncio.run(call())
+#: seconds per test in a full run, for the order of a parallel run (harness/durations.py)
+DURATIONS = Path(__file__).with_name("durations.json")
+#: the app the edge-case processes run (tests/system/test_edges.py and the fault tests beside it)
+EDGES_APP = "harness.apps.edges:app"
 
 
 @pytest.fixture(autouse=True)
@@ -138,159 +80,114 @@ async def fake_arq() -> Any:
     await client.aclose()
 
 
-class WorkerProc:
-    """A real ``python -m worker`` process whose output goes to a log file."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, name: str) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", *args],
-            env=env,
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            os.kill(self.proc.pid, sig)
-
-    def terminate(self, timeout: float = 30.0) -> int:
-        self.signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def pause(self) -> None:
-        self.signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self.signal(signal.SIGCONT)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def events(self) -> list[dict[str, Any]]:
-        """The JSON log lines (non-JSON lines skipped)."""
-        out = []
-        for line in self.log().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def close(self) -> None:
-        if self.alive():
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
-
-
-Spawn = Callable[..., WorkerProc]
-
-
 @pytest.fixture
 def key_prefix() -> str:
-    """The key prefix of the processes :func:`spawn` starts (tests/test_cluster.py makes it a
+    """The key prefix of the processes :func:`spawn` starts (tests/system/test_cluster.py makes it a
     hash tag, ``{t…}:``, to run the same tests on a Redis Cluster)."""
     return f"t{uuid.uuid4().hex[:6]}:"
 
 
 @pytest.fixture
 def spawn(redis_url: str, tmp_path: Path, key_prefix: str) -> Iterator[Spawn]:
-    """Start worker processes: ``spawn("leader", name="l1", app=..., **env_overrides)``."""
+    """Start worker processes: ``spawn("leader", name="l1", app=..., **env_overrides)``
+    (:func:`harness.procs.spawner`); they are killed when the test ends."""
     procs: list[WorkerProc] = []
-    prefix = key_prefix
-
-    def start(
-        role: str,
-        *,
-        name: str | None = None,
-        app: str = "tests.apps.ledger:app",
-        command: str = "run",
-        env: dict[str, str | None] | None = None,
-    ) -> WorkerProc:
-        name = name or f"{role}-{len(procs) + 1}"
-        full = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-            **FAST_ENV,
-            "WORKER_REDIS_URL": redis_url,
-            "WORKER_KEY_PREFIX": prefix,
-            "WORKER_APP": app,
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
-        full = {k: v for k, v in full.items() if v is not None}  # None: unset it
-        # run takes --role/--instance-name; another command (web) gets them from the env
-        args = [command, "--role", role, "--instance-name", name] if command == "run" else [command]
-        if command != "run":
-            full.setdefault("WORKER_INSTANCE_NAME", name)
-        p = WorkerProc(args, full, tmp_path / f"{name}.log", name)
-        procs.append(p)
-        return p
-
-    start.prefix = prefix  # type: ignore[attr-defined]
-    yield start
+    yield spawner(redis_url, tmp_path, key_prefix, procs)
     for p in procs:
         p.close()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the slow multi-process tests last so unit failures show first."""
-    items.sort(key=lambda i: 1 if i.get_closest_marker("slow") else 0)
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own marking of the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The order tests start in, and the xdist groups kept together.
+
+    Spread over pytest-xdist workers (the README's command): longest first, by the durations
+    recorded in tests/durations.json (a ``slow`` test not in it counts 10 s), so no long test
+    starts last and holds up the end of the run. In one process (``-n 0``): the slow
+    multi-process tests last, so unit failures show first.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        recorded = durations.load(DURATIONS)
+
+        def seconds(item: pytest.Item) -> float:
+            default = durations.SLOW_DEFAULT_S if item.get_closest_marker("slow") else 0.0
+            return recorded.get(durations.key(item.nodeid), default)
+
+        items.sort(key=lambda i: -seconds(i))
+        if config.getoption("loadgroup", False):
+            for item in items:
+                xdist_group.mark(item)
+    else:
+        items.sort(key=lambda i: 1 if i.get_closest_marker("slow") else 0)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: multi-process or fault-injection test")
 
 
-CliRun = Callable[..., "subprocess.CompletedProcess[str]"]
+@pytest.fixture
+def cli() -> CliRun:
+    """Run ``python -m worker ARGS`` to completion (:func:`harness.procs.cli_runner`)."""
+    return cli_runner()
+
+
+# -- the edge-case processes' ledger (tests/system/test_edges.py, the fault tests beside it) --
+
+
+@pytest.fixture(scope="session")
+def ledger_server() -> Iterator[RealRedis]:
+    """A second real server for the test app's ledger; no test ever faults it (so its AOF
+    need not be fsynced on every write)."""
+    server = RealRedis(extra_args=("--appendfsync", "everysec"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
-    """A throwaway PostgreSQL server per test module (:mod:`tests.postgres`)."""
-    yield from started()
+    """A throwaway PostgreSQL server per test module (:mod:`harness.postgres`): skipped
+    without PostgreSQL's binaries, failed in CI."""
+    bindir = binaries()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
+        pytest.skip("PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)")
+    server = Postgres(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
-def cli() -> CliRun:
-    """Run ``python -m worker ARGS`` to completion: ``cli("plan", "--role", "leader", env={})``.
+def ledger_url(ledger_server: RealRedis) -> str:
+    """The ledger server's URL, emptied before each test."""
+    if not ledger_server.running:
+        ledger_server.start()
+    ledger_server.flushall()
+    return ledger_server.url
 
-    The environment is this one minus every ``WORKER_*`` variable, plus ``env``; stdout and
-    stderr are captured separately (text).
-    """
 
-    def run(
-        *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
-    ) -> subprocess.CompletedProcess[str]:
-        full = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-            "PYTHONPATH": str(ROOT),
-            **(env or {}),
-        }
-        return subprocess.run(
-            [sys.executable, "-m", "worker", *args],
-            env=full,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+@pytest.fixture
+def lsync(ledger_url: str) -> Iterator[redis_sync.Redis]:
+    """A synchronous client on the ledger server."""
+    client = redis_sync.Redis.from_url(ledger_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def espawn(spawn: Spawn, ledger_url: str) -> Spawn:
+    """``spawn`` for the edges app, with the ledger server's URL in the environment."""
+
+    def start(role: str, *, name: str | None = None, env: dict[str, str] | None = None) -> Any:
+        return spawn(
+            role, name=name, app=EDGES_APP, env={"EDGE_LEDGER_URL": ledger_url, **(env or {})}
         )
 
-    return run
+    start.prefix = spawn.prefix  # type: ignore[attr-defined]
+    return start

@@ -5,7 +5,7 @@ stand-in for a call to another service). Each row is written in one transaction 
 update of its ``fence`` row, ``WHERE token <= <this leader's token>``: a leader paused past
 its lease (a GC pause, SIGSTOP, a stalled VM) that wakes up mid-round still holds its old,
 lower token, so the fence refuses its write once a newer leader has written, and it steps down.
-docs/fencing.md explains the recipe; tests/test_fencing_postgres.py runs this file with two
+docs/fencing.md explains the recipe; tests/system/test_fencing_postgres.py runs this file with two
 leaders and a real server.
 
 Run it (PostgreSQL and Redis at hand)::

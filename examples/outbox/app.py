@@ -4,7 +4,7 @@
 ``send_receipt`` on the same psycopg connection, in one transaction. If the transaction rolls
 back, there is no order and no job; if it commits, the leader's outbox relay
 (``WORKER_OUTBOX_DSN``) moves the job to Redis, once, and a consumer runs it. The task records
-each run in ``receipts`` so you (and tests/test_outbox.py) can count them.
+each run in ``receipts`` so you (and tests/outbox/test_outbox.py) can count them.
 
 Run it (PostgreSQL and Redis at hand)::
 

@@ -13,9 +13,9 @@ Per-job keys: ``arq:job:<id>`` (the record; it expires :data:`EXPIRES_EXTRA_MS` 
 is due), ``arq:in-progress:<id>`` (claimed), ``arq:retry:<id>`` (tries counter) and
 ``arq:result:<id>`` (the result record). Queues are sorted sets of job ids scored by due time
 in milliseconds. arq's own ``Worker`` and ``ArqRedis.enqueue_job`` read and write the same
-bytes, so either side can enqueue and either side can run (tests/test_contract_arq.py).
+bytes, so either side can enqueue and either side can run (tests/face/test_contract_arq.py).
 
-No other module names a record's fields (tests/test_layering.py): they use the constants and
+No other module names a record's fields (tests/house/test_layering.py): they use the constants and
 functions below. No Redis I/O and no settings here.
 """
 
