@@ -15,9 +15,9 @@ from harness import Spawn, wait_until
 from harness.postgres import Postgres
 from harness.topology import SentinelSet
 from tests.outbox.test_outbox import env_for, order, outbox_rows, prepare, receipts
-from tests.system.test_poll_failover import redis_url, sentinels
+from tests.system.sentinel_url import on_sentinels, sentinels
 
-__all__ = ["redis_url", "sentinels"]  # the fixtures: 1 replica, Sentinels, a 2 s detection
+__all__ = ["on_sentinels", "sentinels"]  # the fixtures: 1 replica, Sentinels, a 2 s detection
 # a primary killed and a replica promoted on time bounds (Sentinel down-after, Cluster node
 # timeout): the failover tests take their turns on one xdist worker, not four at once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]

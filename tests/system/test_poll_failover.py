@@ -10,7 +10,6 @@ leader's sweep put them back ``failure_delay_s`` (60 s) later.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_sync
@@ -18,6 +17,7 @@ import redis as redis_sync
 from harness import Spawn, wait_until
 from harness.probes import http_get, problem_report
 from harness.topology import SentinelSet
+from tests.system.sentinel_url import on_sentinels, sentinels
 from tests.system.test_refused_writes import (
     BACK_WITHIN_S,
     ITEMS,
@@ -34,22 +34,7 @@ from tests.system.test_refused_writes import (
 # timeout): the failover tests take their turns on one xdist worker, not four at once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 
-__all__ = ["ospawn"]  # a fixture used here
-
-
-@pytest.fixture
-def sentinels() -> Iterator[SentinelSet]:
-    """1 primary + 1 replica + 3 Sentinels, failure detected after 2 s
-    (tests/system/test_failover.py:
-    1 s judged a loaded CI machine's live primary down)."""
-    with SentinelSet(replicas=1, down_after_ms=2000, failover_timeout_ms=3000) as s:
-        yield s
-
-
-@pytest.fixture
-def redis_url(sentinels: SentinelSet) -> str:
-    """Overrides conftest's: ``spawn`` starts its processes on the Sentinel set."""
-    return sentinels.url()
+__all__ = ["on_sentinels", "ospawn", "sentinels"]  # a fixture used here
 
 
 def test_poll_jobs_mid_flight_ride_out_a_sentinel_failover(

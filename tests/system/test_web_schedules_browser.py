@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from harness import Spawn, wait_until
+from harness import Spawn, free_port, wait_until
 from tests.web.test_web_browser import (  # noqa: F401 (fixtures)
     TOKEN,
     Page,
     _audit,
-    _free_port,
     _instances,
     browser,
     browser_paths,
@@ -46,7 +45,7 @@ def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("all", name="w1", app="harness.apps.ledger:app", env={"WORKER_LOG_LEVEL": "WARNING"})
-    port = _free_port()
+    port = free_port()
     web = spawn(
         "all",
         name="web",

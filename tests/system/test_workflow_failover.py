@@ -18,6 +18,7 @@ import redis as redis_sync
 
 from harness import Spawn, wait_until
 from harness.topology import SentinelSet
+from tests.system.sentinel_url import on_sentinels
 from worker import Job, Workflow, WorkflowInfo, chord, group
 from worker.client import Client
 
@@ -27,17 +28,14 @@ APP = "harness.apps.flows:app"
 MEMBERS = 200
 
 
+__all__ = ["on_sentinels"]  # a fixture used here (as redis_url)
+
+
 @pytest.fixture
 def sentinels() -> Iterator[SentinelSet]:
     """1 primary + 2 replicas + 3 Sentinels, failure detected after 2 s."""
     with SentinelSet(replicas=2, down_after_ms=2000, failover_timeout_ms=3000) as s:
         yield s
-
-
-@pytest.fixture
-def redis_url(sentinels: SentinelSet) -> str:
-    """Overrides conftest's: ``spawn`` starts its processes on the Sentinel set."""
-    return sentinels.url()
 
 
 def _call(url: str, prefix: str, use: Any) -> Any:

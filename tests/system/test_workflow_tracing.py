@@ -1,7 +1,8 @@
 """OpenTelemetry links between a workflow's steps (the SDK's in-memory exporter, as
 ``tests/consumer/test_tracing.py``): each step's CONSUMER span links to its parents' spans, a
 root's to none, a group's callback to every member's; without tracing a step's result keeps no
-context; and in a real ``python -m worker`` process (``harness/apps/traced.py``, spans to a file)."""
+context; and in a real ``python -m worker`` process (``harness/apps/traced.py``, spans to a
+file)."""
 
 from __future__ import annotations
 
