@@ -246,7 +246,10 @@ def test_trigger_pause_and_resume_act_on_the_running_cluster(
 
     unknown = cli("pause", "nope", env=env)
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
-    assert "no periodic job or poller 'nope'" in unknown.stderr and "tick" in unknown.stderr
+    assert (
+        "no periodic job, poller or outbox relay 'nope'" in unknown.stderr
+        and "tick" in unknown.stderr
+    )
 
 
 def _burst(redis_url: str, prefix: str, *extra: str) -> subprocess.CompletedProcess[str]:

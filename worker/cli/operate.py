@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from worker.app import App
 from worker.cli.common import admin_target, run_async
 from worker.client import Client
-from worker.core.dutykinds import Kind
+from worker.core.dutykinds import Kind, either
 from worker.core.errors import ConfigError
 from worker.core.ids import ALL_QUEUES, parse_duty
 from worker.core.jobdefs import with_lanes
@@ -52,7 +52,7 @@ def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
             known = [(k, k.declared(ops.app)) for k in kinds.triggerable()]
             job = next((d[args.job] for _, d in known if args.job in d), None)
             if job is None:
-                nouns = " or ".join(k.noun for k, _ in known)
+                nouns = either([k.noun for k, _ in known])
                 names = ", ".join(n for _, d in known for n in d)
                 raise ConfigError(
                     f"trigger: app {ops.app.name!r} has no {nouns} {args.job!r}; it has: "
@@ -138,7 +138,7 @@ def _duty(app: App, name: str, what: str) -> tuple[Kind, str]:
             f"{what}: {name!r} is a {' and a '.join(k.noun for k in found)}; write "
             + " or ".join(f"{k.name}:{name}" for k in found)
         )
-    nouns = " or ".join(k.noun for k in pausable)
+    nouns = either([k.noun for k in pausable])
     listed = "; ".join(f"{k.plural}: {', '.join(k.declared(app)) or 'none'}" for k in pausable)
     raise ConfigError(f"{what}: app {app.name!r} has no {nouns} {name!r}; {listed}")
 

@@ -137,5 +137,10 @@ def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     ]
 
 
+def either(words: list[str]) -> str:
+    """``a, b or c``: the kinds' nouns in a sentence."""
+    return " or ".join(w for w in (", ".join(words[:-1]), words[-1] if words else "") if w)
+
+
 def by_name(kinds: tuple[Kind, ...], name: str) -> Kind | None:
     return next((k for k in kinds if k.name == name), None)

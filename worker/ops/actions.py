@@ -25,6 +25,7 @@ from worker.client import Client
 from worker.consumer import dead
 from worker.core import codec
 from worker.core.clock import ms, on_server_time
+from worker.core.dutykinds import either
 from worker.core.ids import ALL_QUEUES, duty, paused_queue
 from worker.core.serializer import Deserialize, Serialize, msgpack_dumps, msgpack_loads
 from worker.duties import kinds
@@ -275,7 +276,7 @@ class Operations(ScheduleActions):
         """Run duty ``name`` once now (of a kind with a ``trigger``)."""
         kind = next((k for k in kinds.triggerable() if name in k.declared(self.app)), None)
         if kind is None or kind.trigger is None:
-            nouns = " or ".join(k.noun for k in kinds.triggerable())
+            nouns = either([k.noun for k in kinds.triggerable()])
             return await self._record(
                 Outcome("trigger", name, ok=False, message=f"no {nouns} {name!r}")
             )
