@@ -67,7 +67,12 @@ class Postgres:
             "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync", "-E",
             "UTF8",
         )  # fmt: skip
-        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
+        # max_connections: the example apps open a connection per job, and after a Redis
+        # failover two workers run the backlog at once (100, the default, ran out under load)
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
+            " -c max_connections=400"
+        )
         log = str(self.dir / "server.log")
         self._run(
             "pg_ctl", "-D", str(self.data), "-l", log, "-o", options, "-w", "-t", "60", "start"
