@@ -27,6 +27,7 @@ import redis as redis_sync
 
 from harness.leases import FixedLease
 from harness.ports import free_port
+from worker.core.errors import ConfigError
 from worker.runtime.embedded import EmbeddedServer, find_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,10 +38,17 @@ HARNESS_COMMANDS = frozenset({"info", "config|resetstat", "client|setinfo", "hel
 
 
 def start_server(extra_args: Iterable[str] = ()) -> tuple[EmbeddedServer, str]:
-    """A fresh valkey-server on a free loopback port (no persistence, noeviction)."""
-    server = EmbeddedServer(port=free_port(), unix_socket=False, extra_args=tuple(extra_args))
-    url = server.start()
-    return server, url
+    """A fresh valkey-server on a free loopback port (no persistence, noeviction). A port free
+    when picked can be taken before the server binds it (other processes pick too): another
+    port then, up to 5 tries."""
+    for attempt in range(5):
+        server = EmbeddedServer(port=free_port(), unix_socket=False, extra_args=tuple(extra_args))
+        try:
+            return server, server.start()
+        except ConfigError as exc:
+            if "Failed listening" not in str(exc) or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 def server_version(url: str) -> str:
