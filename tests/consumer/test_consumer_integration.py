@@ -406,8 +406,11 @@ def test_a_consumer_sigkilled_mid_batch_loses_no_job_and_duplicates_only_its_own
     def victim_holds_a_batch() -> bool:
         ids = [m.decode() for m in rsync.zrange(keys.instances, 0, -1)]
         victim_id = next((i for i in ids if i.startswith("victim-")), None)
-        running = rsync.scard(keys.holds(victim_id)) if victim_id else 0
-        return running >= 10 and len(ledger(rsync, prefix, "slow-done")) >= 100
+        held = {m.decode() for m in rsync.smembers(keys.holds(victim_id))} if victim_id else set()
+        # held AND started: a batch claimed an instant ago has not started a job yet (killed
+        # then, its jobs run once, on the survivor, and the kill interrupted nothing)
+        running = held & ledger(rsync, prefix, "slow-started").keys()
+        return len(running) >= 10 and len(ledger(rsync, prefix, "slow-done")) >= 100
 
     wait_until(victim_holds_a_batch, 60, interval=0.01, what="the victim mid-batch")
     victim.kill()
