@@ -4,7 +4,8 @@ the worker's own Redis cannot take the evidence with it. Every ledger key is
 ``<WORKER_KEY_PREFIX>ledger:<name>``.
 
 - ``tick`` (every 1 s, catch-up ``all``): HINCRBY ``ticks`` <tick ms> 1; HSETNX ``tick-at``
-  <tick ms> <wall time of the first run>.
+  <tick ms> <wall time of the first run>; RPUSH ``tick-runs`` {tick, job id, try, pid, time} (the
+  evidence when a tick runs twice: the same job twice, or two jobs).
 - poller ``items`` (``handle_item``): HINCRBY ``items`` <item> 1 and ``item-jobs`` <job id> 1.
 - ``record(n)``: HINCRBY ``jobs`` <job id> 1 (a client enqueues these during the faults).
 - initializer ``seed`` (``FAILOVER_INIT_ITEMS`` items in batches of ``FAILOVER_INIT_BATCH``,
@@ -62,6 +63,18 @@ async def tick(ctx: JobContext) -> None:
     async with ledger().pipeline(transaction=False) as pipe:
         pipe.hincrby(_k(ctx, "ticks"), tick_ms, 1)
         pipe.hsetnx(_k(ctx, "tick-at"), tick_ms, repr(time.time()))
+        pipe.rpush(
+            _k(ctx, "tick-runs"),
+            json.dumps(
+                {
+                    "tick": tick_ms,
+                    "job": ctx.job_id,
+                    "try": ctx.get("job_try"),
+                    "pid": os.getpid(),
+                    "at": time.time(),
+                }
+            ),
+        )
         await pipe.execute()
 
 

@@ -325,6 +325,37 @@ async def test_reaper_reaps_nobody_while_its_own_heartbeat_is_refused(r: Any) ->
     assert await r.zrange(KEYS.instances, 0, -1) == []
 
 
+async def test_reaper_gives_a_silent_peer_its_own_recent_stall(r: Any) -> None:
+    """On a starved box (the CI's two cores under four test workers) the leader's loop and a
+    consumer's heartbeat are held up together: a consumer silent a little past the bound right
+    after the reaper itself came 1.5 s late is spared; once the reaper's stall is two bounds
+    old, the same silence is judged. Before the slack, the consumer's jobs ran twice."""
+    clock = FakeClock(NOW_S)
+    await r.set(KEYS.leader, "5:me")
+    reaper = new_reaper(
+        r, FixedLease("5:me"), clock, stale_s=10, interval_s=2, settle_s=0,
+    )  # fmt: skip
+    await reaper.tick()
+    clock.advance(2 + 1.5)  # the reaper's own tick comes 1.5 s late (below the freeze bound)
+    await r.zadd(KEYS.instances, {"starved": await server_ms(r) - 11_000})
+    await r.sadd(KEYS.holds("starved"), "j")
+    await r.set(K.ARQ_IN_PROGRESS + "j", "starved/1")
+    await r.zadd(KEYS.queue, {"j": await server_ms(r) + 300_000})
+    await reaper.tick()
+    assert reaper.slack_s(clock.monotonic()) == 1.5
+    assert await r.zrange(KEYS.instances, 0, -1) == [b"starved"]  # 11 s < 10 + 1.5
+    assert await r.get(K.ARQ_IN_PROGRESS + "j") == b"starved/1"
+    await r.zadd(KEYS.instances, {"dead": await server_ms(r) - 12_000})
+    await reaper.tick()  # silent past the bound and the stall: judged
+    assert await r.zrange(KEYS.instances, 0, -1) == [b"starved"]
+    for _ in range(11):  # 22 s of punctual ticks: the stall is forgotten
+        clock.advance(2)
+        await reaper.tick()
+    assert reaper.slack_s(clock.monotonic()) == 0
+    assert await r.zrange(KEYS.instances, 0, -1) == []
+    assert await r.get(K.ARQ_IN_PROGRESS + "j") is None
+
+
 async def test_reaper_not_leading_writes_nothing(r: Any) -> None:
     await r.zadd(KEYS.instances, {"dead": 1})
     await r.set(KEYS.leader, "6:someone-else")

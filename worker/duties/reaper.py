@@ -5,6 +5,7 @@ while this process's own writes are accepted (:class:`~worker.duties.registry.Wr
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 import structlog
@@ -22,6 +23,9 @@ log = structlog.get_logger("worker.registry")
 #: The orphan reaper looks for stale instances at least this often (the heartbeat interval
 #: when shorter): a dead consumer's jobs are due again within ``orphan_stale_s`` plus this.
 REAP_EVERY_S = 2.0
+#: A tick or read of the reaper's this late counts as a stall of this process (see
+#: :meth:`OrphanReaper.slack_s`).
+STALL_MIN_S = 0.1
 
 
 class OrphanReaper(LoopComponent):
@@ -37,6 +41,13 @@ class OrphanReaper(LoopComponent):
     (whose finishes are on their way) to others: a second run. A witness's unbroken run may
     predate the reaper's start: a standby elected because the leader died reaps the dead
     leader's jobs as soon as its heartbeat is stale, as any dead consumer's.
+
+    A silent peer is given this process's own recent stall on top of ``stale_s``: when the
+    reaper's own ticks or reads came late (a starved CPU, a slow Redis) within the last two
+    stale bounds, its peers' heartbeats were most likely held up just as long, so a peer is
+    judged only once it has been silent for ``stale_s`` plus the longest such stall (capped
+    at ``stale_s``: a dead process is still reaped within twice the bound). A busy box costs a
+    dead consumer's jobs a little latency instead of a live consumer's jobs a second run.
     """
 
     def __init__(
@@ -72,6 +83,21 @@ class OrphanReaper(LoopComponent):
         self.shards = list(shards)
         #: shards whose fence is above this leadership's epoch though the lease is ours
         self._fenced_out: set[str] = set()
+        #: this process's own recent stalls: (monotonic time, seconds late)
+        self._stalls: deque[tuple[float, float]] = deque(maxlen=64)
+        self._sparing = False
+
+    def _stalled(self, at: float, late_s: float) -> None:
+        """Note that this process was ``late_s`` late at ``at`` (ignored below 0.1 s)."""
+        if late_s >= STALL_MIN_S:
+            self._stalls.append((at, late_s))
+
+    def slack_s(self, now: float) -> float:
+        """The extra silence a peer is given: this process's longest stall within the last
+        two stale bounds, at most ``stale_s``."""
+        while self._stalls and now - self._stalls[0][0] > 2 * self.stale_s:
+            self._stalls.popleft()
+        return min(self.stale_s, max((late for _, late in self._stalls), default=0.0))
 
     async def setup(self) -> None:
         # With a witness, silence is judged from the unbroken run of this process's own
@@ -82,6 +108,7 @@ class OrphanReaper(LoopComponent):
         self._reachable_since = -math.inf if self.witness else self.clock.monotonic()
         self._last_tick = None
         self._fenced_out.clear()
+        self._stalls.clear()
         await self._raise_fences(self.shards)
 
     async def _raise_fences(self, shards: Sequence[FencedStore]) -> None:
@@ -134,15 +161,33 @@ class OrphanReaper(LoopComponent):
 
     async def tick(self) -> float:
         now = self.clock.monotonic()
-        if self._last_tick is not None and now - self._last_tick > self.interval_s * 2 + 1:
-            # This process was frozen, or its Redis calls hung (a failover): the others may
-            # have been cut off just as long. Silence counts only from now.
-            self._reachable_since = now
+        if self._last_tick is not None:
+            if now - self._last_tick > self.interval_s * 2 + 1:
+                # This process was frozen, or its Redis calls hung (a failover): the others
+                # may have been cut off just as long. Silence counts only from now.
+                self._reachable_since = now
+            self._stalled(now, now - self._last_tick - self.interval_s)
         if self._fenced_out:
             await self._raise_fences([s for s in self.shards if s.keys.prefix in self._fenced_out])
+        sent = self.clock.monotonic()
         server_ms = round(await self.store.server_time_ms())
         stale_instances = await self.store.stale_instances(server_ms - ms(self.stale_s))
         self._last_tick = self.clock.monotonic()
+        self._stalled(self._last_tick, self._last_tick - sent)
+        slack = self.slack_s(self._last_tick)
+        if slack:
+            spared = [
+                s for s in stale_instances if s.heartbeat_ms > server_ms - ms(self.stale_s + slack)
+            ]
+            if spared and not self._sparing:
+                log.info(
+                    "orphan reaper gives silent instances this process's own recent stall "
+                    "before judging them",
+                    spared=len(spared),
+                    stall_s=round(slack, 2),
+                )
+            self._sparing = bool(spared)
+            stale_instances = [s for s in stale_instances if s not in spared]
         writable_s = self._writable_for(self._last_tick)
         if writable_s is None or writable_s < self.settle_s:
             # too soon after a (re)start, an outage or a refused heartbeat to judge anyone
