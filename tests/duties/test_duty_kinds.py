@@ -135,3 +135,20 @@ async def test_a_kind_listed_in_the_kinds_is_read_shown_judged_and_paused(
     (row,) = table["rows"]
     assert (row["name"], row["paused"]) == ("tidy", True)
     assert row["cells"][1] == {"text": "7", "class": "num", "title": ""}
+
+
+def test_per_key_services_have_a_console_table() -> None:
+    """Each per_key service is a row of the console's duties: its processes and how many keys
+    run, which instance runs each key in the cell's hover title (before: no table at all)."""
+    from worker.web import api
+
+    doc = {
+        "per_key_services": [{"name": "feeds", "processes": 3, "keys": {"b": "w-2", "a": "w-1"}}]
+    }
+    (table,) = [t for t in api.duty_tables(doc, 0) if t["kind"] == "per_key"]
+    assert table["headers"] == ["service", "processes", "keys running"]
+    assert not table["pausable"] and not table["triggerable"]
+    (row,) = table["rows"]
+    assert row["name"] == "feeds"
+    assert row["cells"][1]["text"] == "3"
+    assert row["cells"][2] == {"text": "2", "class": "num", "title": "a on w-1, b on w-2"}

@@ -31,6 +31,7 @@ import structlog
 from worker.core.clock import Clock, ms
 from worker.core.component import Backoff, Component, supervise
 from worker.core.dutykinds import Kind, RowContext, table
+from worker.core.kindcolumns import Cell, Column
 from worker.core.views import ContextView
 from worker.duties.services import ServiceDef, run_service
 from worker.storage.store import Store
@@ -249,6 +250,26 @@ def _render(rows: list[dict[str, Any]], at: str) -> list[str]:
     return out
 
 
+#: Keys named in the hover title of the console's "keys running" cell, at most.
+TITLE_KEYS = 50
+
+
+def _keys_cell(row: dict[str, Any], now_ms: int) -> Cell:
+    keys = sorted(row["keys"].items())
+    more = len(keys) - TITLE_KEYS
+    title = ", ".join(f"{k} on {o}" for k, o in keys[:TITLE_KEYS]) + (
+        f" and {more} more" if more > 0 else ""
+    )
+    return Cell(len(keys), "", title)
+
+
+COLUMNS = (
+    Column("service", lambda r, now: r["name"]),
+    Column("processes", lambda r, now: r["processes"], "num"),
+    Column("keys running", _keys_cell, "num"),
+)
+
+
 KIND = Kind(
     name="per_key",
     noun="per_key service",
@@ -258,4 +279,5 @@ KIND = Kind(
     read=_read,
     rows=_rows,
     render=_render,
+    columns=COLUMNS,
 )
