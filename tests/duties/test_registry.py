@@ -356,6 +356,33 @@ async def test_reaper_gives_a_silent_peer_its_own_recent_stall(r: Any) -> None:
     assert await r.get(K.ARQ_IN_PROGRESS + "j") is None
 
 
+async def test_a_just_elected_reaper_gives_peers_the_stall_its_heartbeat_shows(r: Any) -> None:
+    """A standby elected right after its process thawed from a 2.7 s freeze has no look of its
+    own to judge its stall by: the heartbeat's witness has (the beat overdue now, and late beats
+    before this leadership). A consumer frozen with it, silent 5.1 s against a 5 s bound, is
+    spared; one silent past the bound and the stall is reaped. Before, a freshly elected leader
+    reaped the consumer the instant its own loop ran again."""
+    clock = FakeClock(NOW_S)
+    await r.set(KEYS.leader, "5:me")
+    witness = WriteWitness(max_gap_s=5, interval_s=0.5)
+    witness.ok(clock.monotonic())
+    clock.advance(0.5)
+    witness.ok(clock.monotonic())
+    clock.advance(2.7)  # frozen: no beat since; the reaper's first look comes now
+    now_ms = await server_ms(r)
+    await r.zadd(KEYS.instances, {"frozen-too": now_ms - 5_100, "dead": now_ms - 8_000})
+    reaper = new_reaper(
+        r, FixedLease("5:me"), clock, stale_s=5, interval_s=0.5, settle_s=0, witness=witness,
+    )  # fmt: skip
+    await reaper.setup()
+    await reaper.tick()
+    assert reaper.slack_s(clock.monotonic()) == pytest.approx(2.2)
+    assert await r.zrange(KEYS.instances, 0, -1) == [b"frozen-too"]
+    clock.advance(0.1)
+    witness.ok(clock.monotonic())  # the thawed heartbeat: 2.3 s late, remembered
+    assert witness.stall_s(clock.monotonic(), 10) == pytest.approx(2.3)
+
+
 async def test_reaper_not_leading_writes_nothing(r: Any) -> None:
     await r.zadd(KEYS.instances, {"dead": 1})
     await r.set(KEYS.leader, "6:someone-else")

@@ -219,6 +219,44 @@ def test_singleton_never_overlaps_and_fenced_writes_stay_ordered_when_the_lock_v
     assert not problems, problem_report("singleton after the lock vanished", problems, figures)
 
 
+def test_a_frozen_leaders_singleton_takes_no_step_when_it_thaws(
+    espawn: Spawn, lsync: redis_sync.Redis
+) -> None:
+    """The leader running the singleton is SIGSTOPped (every thread: a starved or suspended
+    process) past its lease; a standby is elected and, after the gap, starts its own run; then
+    the old leader is SIGCONTed. Its thawed loop must not run the service's next step: the
+    service's last step stays before the new run's start. Before: the thawed loop ran the
+    service's next step (its wait had timed out) before the elector stepped down, so both
+    acted at once (seen on a loaded box as a 0.47 s overlap in a cluster failover test)."""
+    prefix = espawn.prefix  # type: ignore[attr-defined]
+    intervals_key = led_key(prefix, "intervals")
+    env = {"EDGE_SINGLETON": "1"}
+    leaders = [espawn("leader", name="leader-a", env=env)]
+    wait_until(lambda: lsync.llen(intervals_key), 45, what="the singleton service to start")
+    leaders.append(espawn("leader", name="leader-b", env=env))
+    time.sleep(2.0)  # the standby campaigns
+    (first,) = read_intervals(lsync, prefix)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: lsync.llen(intervals_key) >= 2, 60, what="the standby's run")
+        time.sleep(0.5)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    time.sleep(3.0)  # the thawed process steps down (and its stale run ends)
+    for p in leaders:
+        p.signal(signal.SIGTERM)
+    exits = [p.proc.wait(40) for p in leaders]
+    runs = read_intervals(lsync, prefix)
+    old, new = runs[0], runs[1]
+    assert old.pid == first.pid and new.pid != first.pid, runs
+    last_step = float(lsync.hget(led_key(prefix, "alive"), old.rid) or old.start)
+    assert last_step < new.start, (
+        f"the thawed singleton took a step {last_step - new.start:.3f} s after the new run began"
+    )
+    assert all(r.pid != first.pid for r in runs[1:]), runs  # it did not lead again meanwhile
+    assert exits == [0, 0], exits
+
+
 # -- 2. Redis data loss -----------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from worker.core.clock import Clock, ms
 from worker.core.component import LoopComponent
 from worker.core.errors import LeadershipLost, ShardFenced
 from worker.core.metrics import Metrics
-from worker.duties.registry import WriteWitness
+from worker.duties.registry import STALL_MIN_S, WriteWitness
 from worker.storage.keys import DEFAULT_QUEUE
 from worker.storage.store import FencedStore, Store, same_store
 
@@ -23,9 +23,6 @@ log = structlog.get_logger("worker.registry")
 #: The orphan reaper looks for stale instances at least this often (the heartbeat interval
 #: when shorter): a dead consumer's jobs are due again within ``orphan_stale_s`` plus this.
 REAP_EVERY_S = 2.0
-#: A tick or read of the reaper's this late counts as a stall of this process (see
-#: :meth:`OrphanReaper.slack_s`).
-STALL_MIN_S = 0.1
 
 
 class OrphanReaper(LoopComponent):
@@ -94,10 +91,16 @@ class OrphanReaper(LoopComponent):
 
     def slack_s(self, now: float) -> float:
         """The extra silence a peer is given: this process's longest stall within the last
-        two stale bounds, at most ``stale_s``."""
-        while self._stalls and now - self._stalls[0][0] > 2 * self.stale_s:
+        two stale bounds, at most ``stale_s`` — the reaper's own late looks, and the
+        heartbeat's late beats (the witness: they go back before this leadership, and a beat
+        overdue right now shows a freeze the reaper's first look just woke from)."""
+        window = 2 * self.stale_s
+        while self._stalls and now - self._stalls[0][0] > window:
             self._stalls.popleft()
-        return min(self.stale_s, max((late for _, late in self._stalls), default=0.0))
+        late = max((s for _, s in self._stalls), default=0.0)
+        if self.witness is not None:
+            late = max(late, self.witness.stall_s(now, window))
+        return min(self.stale_s, late)
 
     async def setup(self) -> None:
         # With a witness, silence is judged from the unbroken run of this process's own

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
@@ -57,6 +58,9 @@ CLOCK_SYNC_S = 60.0
 #: after 2.5 such periods: what ``doctor`` reads as gone), and at the next beat when
 #: what it says changed; the beats in between only move the heartbeat score, one command each.
 RECORD_EVERY_S = 20.0
+#: A beat (or a reaper's look) this late counts as a stall of this process: the orphan reaper
+#: gives silent peers that much more (:meth:`WriteWitness.stall_s`).
+STALL_MIN_S = 0.1
 #: A host wall clock that moved this much more or less than its monotonic clock since the last
 #: ``TIME`` read jumped: the next beat reads ``TIME`` again (the offset ``doctor`` judges).
 CLOCK_JUMP_S = 0.5
@@ -73,19 +77,31 @@ class WriteWitness:
     refused (``maxmemory``), cut off with everyone (an outage) or mid-failover.
 
     ``ok_since`` (monotonic) is ``None`` after a failed write; a gap longer than ``max_gap_s``
-    between two accepted writes (the heartbeat hung, the process froze) starts it again."""
+    between two accepted writes (the heartbeat hung, the process froze) starts it again.
+    It also remembers how late this process's own beats came (:meth:`stall_s`): the reaper
+    gives a silent peer that much more, whether or not it led when the stall happened."""
 
     max_gap_s: float = float("inf")
     ok_since: float | None = None
     last_ok: float | None = None
+    #: the heartbeat's interval (set by it): a beat later than this after the last came late
+    interval_s: float = 0.0
+    #: (monotonic time, seconds late) of this process's late beats, the newest last
+    stalls: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64))
+    _failed: bool = False
 
     def ok(self, now: float) -> None:
+        if self.last_ok is not None and self.interval_s and not self._failed:
+            late = now - self.last_ok - self.interval_s
+            if late >= STALL_MIN_S:
+                self.stalls.append((now, late))
         if self.ok_since is None or self.last_ok is None or now - self.last_ok > self.max_gap_s:
             self.ok_since = now
-        self.last_ok = now
+        self.last_ok, self._failed = now, False
 
     def failed(self) -> None:
         self.ok_since = None
+        self._failed = True
 
     def since(self, now: float) -> float | None:
         """When the current unbroken run of accepted writes began, or ``None`` if there is
@@ -93,6 +109,17 @@ class WriteWitness:
         if self.last_ok is None or now - self.last_ok > self.max_gap_s:
             return None
         return self.ok_since
+
+    def stall_s(self, now: float, window_s: float) -> float:
+        """How late this process's beats came within the last ``window_s``, the beat overdue
+        now included (a process just thawed from a freeze has not beaten since): the
+        longest."""
+        while self.stalls and now - self.stalls[0][0] > window_s:
+            self.stalls.popleft()
+        late = max((s for _, s in self.stalls), default=0.0)
+        if self.last_ok is not None and self.interval_s and not self._failed:
+            late = max(late, now - self.last_ok - self.interval_s)
+        return late if late >= STALL_MIN_S else 0.0
 
 
 class Heartbeat(LoopComponent):
@@ -119,6 +146,7 @@ class Heartbeat(LoopComponent):
         self.host, self.server_clock = host_clock(clock), clock
         self.witness = witness if witness is not None else WriteWitness()
         self.witness.max_gap_s = interval_s * 2 + 1
+        self.witness.interval_s = interval_s
         self.max_backoff_s = interval_s  # back within an interval after an outage (see reaper)
         self.store = store
         self.process = process

@@ -39,6 +39,32 @@ ServiceFn = Callable[..., Any]
 ServiceKeys = Iterable[str] | Callable[[Any], Any]
 
 
+class LeaseStop(asyncio.Event):
+    """A singleton service's ``stop``: set when the component is stopped, and it *reads* as
+    set (``is_set()``) the moment its lease is no longer certainly valid by this process's
+    own clock (the renew deadline passed). After a freeze longer than the lease (a starved
+    CPU, a blocked loop, ``SIGSTOP``) the thawed loop may run the service's next step before
+    the elector's step-down; the service's own check, ``while not stop.is_set()``, then ends
+    it instead of acting beside the next holder. What it saw stands: the leadership is
+    declared lost at once (``LeaderView.lost``), so the lease never counts again."""
+
+    def __init__(self, leader: LeaderView, epoch: int) -> None:
+        super().__init__()
+        self._leader = leader
+        self._epoch = epoch
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        leader = self._leader
+        if leader.epoch != self._epoch:
+            return True  # another lease (or none): this one's group is being stopped
+        if leader.is_leading():
+            return False
+        leader.lost("the lease's renew deadline passed (seen by a singleton service)")
+        return True
+
+
 @dataclass(frozen=True)
 class ServiceDef:
     """A long-running loop. ``singleton``: ``fn(ctx, stop)`` on the leader only;
@@ -108,6 +134,22 @@ class Service(Component):
             if epoch is None:
                 return
             context = context.under(epoch)
+            bound = LeaseStop(self.leader, epoch)
+            relay = asyncio.ensure_future(_follow(stop, bound))
+            try:
+                await self._run(context, bound)
+            finally:
+                relay.cancel()
+            return
+        await self._run(context, stop)
+
+    async def _run(self, context: ContextView, stop: asyncio.Event) -> None:
         self.health.started = self.clock.monotonic()
         self.alive()
         await run_service(self.service.fn, context, stop)
+
+
+async def _follow(stop: asyncio.Event, bound: asyncio.Event) -> None:
+    """Set ``bound`` once ``stop`` is set (a stopped component's waiters wake)."""
+    await stop.wait()
+    bound.set()
