@@ -64,9 +64,9 @@ from bench._common import (
     announce,
     child_env,
     fill_queue,
-    fmt_breakdown,
     machine,
     median,
+    print_breakdowns,
     print_machine,
     python,
     result_count,
@@ -334,9 +334,7 @@ def main() -> None:
                 one = median([x["rate"] for x in results[f"ours{job}"]])
                 many = median([x["rate"] for x in results[f"ours{job}-x{args.processes}"]])
                 print(f"--processes {args.processes}, ours{job}: {many / one:.2f}x one process")
-        for name in variants:
-            last = results[name][-1]
-            print(f"commands/job {name}: {fmt_breakdown(last['breakdown'], last['n'])}")
+        print_breakdowns(results, "commands/job")
     finally:
         server.stop()
 

@@ -37,10 +37,10 @@ from bench._common import (
     BenchLease,
     commandstats,
     delta,
-    fmt_breakdown,
     have_arq,
     machine,
     median,
+    print_breakdowns,
     print_machine,
     result_count,
     rotated,
@@ -269,10 +269,7 @@ def main() -> None:
             gather = median([float(x["rate"]) for x in results["gather"]])  # type: ignore[arg-type]
             print(f"target: >= 50,000 items/s and >= 10x gathered enqueue_job -> "
                   f"{ours_rate:,.0f}/s, {ours_rate / gather:.1f}x")  # fmt: skip
-        for name in names:
-            last = results[name][-1]
-            print(f"commands/item {name}: "
-                  f"{fmt_breakdown(last['breakdown'], float(last['n']))}")  # type: ignore[arg-type]  # fmt: skip
+        print_breakdowns({name: results[name] for name in names}, "commands/item")
         hlen, mem = results["ours"][-1]["inflight"]  # type: ignore[misc]
         print(f"after our last round (jobs still queued): in-flight hash holds {hlen} entries "
               f"({mem / 1e6:.1f} MB)")  # fmt: skip
