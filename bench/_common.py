@@ -14,6 +14,7 @@ import asyncio
 import datetime as dt
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -275,20 +276,123 @@ class BenchLease(FixedLease):
         super().__init__(value, strict=True)
 
 
-def fill_noop_queue(r: redis_sync.Redis, prefix: str, n: int, due_ms: int) -> None:
-    """``n`` no-op jobs in ``prefix``'s queue, ids starting with the prefix (its slot)."""
-    from worker.core.codec import EXPIRES_EXTRA_MS as expires_extra_ms
-    from worker.core.codec import JOB_KEY_PREFIX as job_key_prefix
-    from worker.core.serializer import get_serializer, job_payload
+def fill_queue(
+    r: redis_sync.Redis, queue: str, n: int, due_ms: int, payload: Callable[[int], bytes],
+    id_prefix: str = "",
+) -> None:  # fmt: skip
+    """``n`` jobs due at ``due_ms`` in ``queue``, written as the framework writes them (the job
+    record, then its id in the queue), ``payload(i)`` the i-th job's record; pipelined."""
+    from worker.core.codec import EXPIRES_EXTRA_MS, JOB_KEY_PREFIX
 
-    ser, _ = get_serializer("msgpack")
     pipe = r.pipeline(transaction=False)
     for i in range(n):
-        job_id = f"{prefix}j{i:07d}"
-        pipe.set(
-            job_key_prefix + job_id, job_payload("noop", (i,), {}, due_ms, ser), px=expires_extra_ms
-        )
-        pipe.zadd(f"{prefix}queue", {job_id: due_ms})
+        job_id = f"{id_prefix}j{i:07d}"
+        pipe.set(JOB_KEY_PREFIX + job_id, payload(i), px=EXPIRES_EXTRA_MS)
+        pipe.zadd(queue, {job_id: due_ms})
         if i % 2000 == 1999:
             pipe.execute()
     pipe.execute()
+
+
+def fill_noop_queue(r: redis_sync.Redis, prefix: str, n: int, due_ms: int) -> None:
+    """``n`` no-op jobs in ``prefix``'s queue, ids starting with the prefix (its slot)."""
+    from worker.core.serializer import get_serializer, job_payload
+
+    ser, _ = get_serializer("msgpack")
+    fill_queue(
+        r, f"{prefix}queue", n, due_ms, lambda i: job_payload("noop", (i,), {}, due_ms, ser), prefix
+    )
+
+
+def announce(r: redis_sync.Redis, prefix: str, due_ms: int) -> None:
+    """A batch's due time on ``prefix``'s wake marker, as the framework's enqueue sets it."""
+    from worker.storage.keys import Keys
+
+    r.zadd(Keys(prefix).wake_marker, {"wake": due_ms}, lt=True)
+
+
+def worker_env(url: str, app: str, prefix: str = "bench:", **extra: str) -> dict[str, str]:
+    """A bench's ``python -m worker`` child: ``app`` on ``url`` under ``prefix``, no health
+    port, no drain delay (stopping is not measured), JSON logs; ``extra`` on top of those."""
+    base = {
+        "WORKER_REDIS_URL": url,
+        "WORKER_APP": app,
+        "WORKER_KEY_PREFIX": prefix,
+        "WORKER_HEALTH_PORT": "0",
+        "WORKER_DRAIN_DELAY_S": "0",
+        "WORKER_LOG_FORMAT": "json",
+    }
+    return child_env(**{**base, **extra})
+
+
+def spawn_worker(
+    role: str, env: Mapping[str, str], log_path: Path, *args: str, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """``python -m worker run --role <role> [args]`` with output to ``log_path``."""
+    return spawn([python(), "-m", "worker", "run", "--role", role, *args], env, log_path, cwd)
+
+
+def stop_procs(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    """SIGTERM to every process still running, then wait for each (killed after ``timeout``)."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def result_count(r: redis_sync.Redis) -> int:
+    """How many job results (``arq:result:*``) the server holds."""
+    return sum(1 for _ in r.scan_iter("arq:result:*", count=5000))
+
+
+def print_breakdowns(results: Mapping[str, list[dict[str, Any]]], what: str) -> None:
+    """Each variant's last run: its commands per job (``what``: per what), the busiest first."""
+    for name, runs in results.items():
+        last = runs[-1]
+        print(f"{what} {name}: {fmt_breakdown(last['breakdown'], last['n'])}")
+
+
+def measure_drain(
+    nodes: list[redis_sync.Redis],
+    queues: list[tuple[int, str]],
+    procs: Iterable[subprocess.Popen[bytes]],
+    due_ms: int,
+    what: str,
+    replicas: Iterable[redis_sync.Redis] = (),
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """From ``due_ms`` until every queue (``(index in nodes, key)``) is empty: the seconds, per
+    node its commands (the harness's ZCARD polls left out) and server CPU seconds, the
+    ``replicas``' CPU seconds summed and the worker processes' CPU seconds summed."""
+    ps = [psutil.Process(p.pid) for p in procs]
+    time.sleep(max(0.0, due_ms / 1000 - time.time()))
+    before = [commandstats(c) for c in nodes]
+    cpu0, rcpu0 = [server_cpu(c) for c in nodes], sum(server_cpu(c) for c in replicas)
+    wcpu0 = sum(proc_cpu(p) for p in ps)
+    t0 = time.perf_counter()
+    polls = 0
+    while sum([int(nodes[i].zcard(q)) for i, q in queues]):  # every queue, always
+        polls += 1
+        time.sleep(0.01)
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"{what}: not drained")
+    secs = time.perf_counter() - t0
+    cpu1, rcpu1 = [server_cpu(c) for c in nodes], sum(server_cpu(c) for c in replicas)
+    wcpu1 = sum(proc_cpu(p) for p in ps)
+    per_node = []
+    for i, c in enumerate(nodes):
+        d = {k: v for k, v in delta(commandstats(c), before[i]).items() if v > 0}
+        d["zcard"] = max(0, d.get("zcard", 0) - (polls + 1) * sum(j == i for j, _ in queues))
+        per_node.append({"cmds": sum(d.values()), "cpu_s": cpu1[i] - cpu0[i], "breakdown": d})
+    return {
+        "secs": secs,
+        "per_node": per_node,
+        "replica_cpu_s": rcpu1 - rcpu0,
+        "worker_cpu_s": wcpu1 - wcpu0,
+    }

@@ -24,35 +24,28 @@ SIGKILLed mid-drain KILLS times (harness/shard_failover.py; ``--backlog``).
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import redis as redis_sync
 from redis.crc import key_slot
 
 from bench import cluster_shards as shards
 from bench._common import (
-    HARNESS_COMMANDS,
-    child_env,
-    commandstats,
-    delta,
     fill_noop_queue,
     fmt_breakdown,
     machine,
+    measure_drain,
     median,
     print_machine,
-    proc_cpu,
-    python,
-    server_cpu,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 from harness.topology import Cluster
 
@@ -72,75 +65,38 @@ def prefixes_on(cluster: Cluster, count: int) -> list[tuple[str, int]]:
 
 
 def drain(
-    url: str, nodes: list[redis_sync.Redis], apps: list[tuple[str, redis_sync.Redis]], n: int,
-    logdir: Path, tag: str,
+    url: str, nodes: list[redis_sync.Redis], apps: list[tuple[str, int]], n: int, logdir: Path,
+    tag: str,
 ) -> dict[str, Any]:  # fmt: skip
-    """Start one consumer per app, fill ``n`` jobs each, time until every queue is empty;
-    per node: commands and server CPU during the drain."""
+    """Start one consumer per app (``(prefix, index of its node in nodes)``), fill ``n`` jobs
+    each, time until every queue is empty; per node: commands and server CPU during the drain."""
     procs = []
     for i, (prefix, _) in enumerate(apps):
-        env = child_env(
-            WORKER_REDIS_URL=url,
-            WORKER_APP="bench.apps:noop_app",
-            WORKER_KEY_PREFIX=prefix,
-            WORKER_HEALTH_PORT="0",
-            WORKER_DRAIN_DELAY_S="0",
-            WORKER_LOG_FORMAT="json",
-            WORKER_LOG_LEVEL="WARNING",
-        )
-        procs.append(
-            spawn([python(), "-m", "worker", "run", "--role", "consumer"], env,
-                  logdir / f"{tag}-{i}.log")
-        )  # fmt: skip
+        env = worker_env(url, "bench.apps:noop_app", prefix, WORKER_LOG_LEVEL="WARNING")
+        procs.append(spawn_worker("consumer", env, logdir / f"{tag}-{i}.log"))
     try:
-        for prefix, r in apps:
-            wait_until(lambda p=prefix, c=r: c.zcard(f"{p}instances") >= 1, 30, "consumer start")
+        for prefix, i in apps:
+            wait_until(
+                lambda p=prefix, c=nodes[i]: c.zcard(f"{p}instances") >= 1, 30, "consumer start"
+            )
         time.sleep(0.5)
         due = int((time.time() + 1.0 + len(apps) * n / 40_000) * 1000)
-        for prefix, r in apps:
-            fill_noop_queue(r, prefix, n, due)
-        time.sleep(max(0.0, due / 1000 - time.time()))
-        before = [commandstats(c) for c in nodes]
-        cpu0 = [server_cpu(c) for c in nodes]
-        wcpu0 = [proc_cpu(psutil.Process(p.pid)) for p in procs]
-        t0 = time.perf_counter()
-        polls = 0
-        while sum([int(r.zcard(f"{prefix}queue")) for prefix, r in apps]):  # each app, always
-            polls += 1
-            time.sleep(0.01)
-            if time.perf_counter() - t0 > 600:
-                raise TimeoutError(f"{tag}: not drained (logs in {logdir})")
-        secs = time.perf_counter() - t0
-        cpu1 = [server_cpu(c) for c in nodes]
-        wcpu1 = [proc_cpu(psutil.Process(p.pid)) for p in procs]
-        per_node = []
-        for i, c in enumerate(nodes):
-            d = delta(commandstats(c), before[i])
-            d = {k: v for k, v in d.items() if k not in HARNESS_COMMANDS and v > 0}
-            port = c.connection_pool.connection_kwargs["port"]
-            mine = [r for _, r in apps if r.connection_pool.connection_kwargs["port"] == port]
-            d["zcard"] = max(0, d.get("zcard", 0) - (polls + 1) * len(mine))
-            per_node.append({"cmds": sum(d.values()), "cpu_s": cpu1[i] - cpu0[i], "breakdown": d})
+        for prefix, i in apps:
+            fill_noop_queue(nodes[i], prefix, n, due)
+        queues = [(i, f"{prefix}queue") for prefix, i in apps]
+        res = measure_drain(nodes, queues, procs, due, f"{tag} (logs in {logdir})")
         total = len(apps) * n
+        per_node = res["per_node"]
         return {
-            "secs": secs,
-            "rate": total / secs,
+            "secs": res["secs"],
+            "rate": total / res["secs"],
             "per_node": per_node,
             "cmds_per_job": sum(p["cmds"] for p in per_node) / total,
             "server_us_per_job": sum(p["cpu_s"] for p in per_node) / total * 1e6,
-            "worker_us_per_job": sum(b - a for a, b in zip(wcpu0, wcpu1, strict=True))
-            / total
-            * 1e6,
+            "worker_us_per_job": res["worker_cpu_s"] / total * 1e6,
         }
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        stop_procs(procs, 20)
 
 
 def main() -> None:
@@ -175,17 +131,14 @@ def main() -> None:
             plain.flushall()
             for c in nodes:
                 c.flushall()
-            s = drain(single_url, [plain], [("bench:", plain)], args.n, logdir, f"single-{rnd}")
+            s = drain(single_url, [plain], [("bench:", 0)], args.n, logdir, f"single-{rnd}")
             results["single"].append(s)
             p0, i0 = apps[0]
-            one = drain(cluster.url(), nodes, [(p0, nodes[i0])], args.n, logdir, f"one-{rnd}")
+            one = drain(cluster.url(), nodes, [(p0, i0)], args.n, logdir, f"one-{rnd}")
             results["one"].append(one)
             for c in nodes:
                 c.flushall()
-            three = drain(
-                cluster.url(), nodes, [(p, nodes[i]) for p, i in apps], args.n, logdir,
-                f"three-{rnd}",
-            )  # fmt: skip
+            three = drain(cluster.url(), nodes, apps, args.n, logdir, f"three-{rnd}")
             results["three"].append(three)
             print(f"round {rnd + 1}: single {s['rate']:,.0f} jobs/s {s['cmds_per_job']:.2f} "
                   f"cmds/job; cluster one app {one['rate']:,.0f} jobs/s "

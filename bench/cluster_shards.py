@@ -5,28 +5,20 @@ shard primaries SIGKILLed mid-drain (``--failover``, harness/shard_failover.py).
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench._common import (
-    HARNESS_COMMANDS,
-    child_env,
-    commandstats,
-    delta,
     fill_noop_queue,
+    measure_drain,
     median,
-    proc_cpu,
-    python,
-    server_cpu,
-    spawn,
+    spawn_worker,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 from harness.realredis import RealRedis
 from harness.shard_failover import KillOutcome, ShardKill
@@ -50,21 +42,11 @@ def drain_sharded(
     replicas = [r.client() for r in cluster.replicas]
     for c in nodes:
         c.flushall()
-    env = child_env(
-        WORKER_REDIS_URL=cluster.url(),
-        WORKER_APP="bench.apps:noop_app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_QUEUE_SHARDS=str(shards),
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",
-        WORKER_LOG_FORMAT="json",
+    env = worker_env(
+        cluster.url(), "bench.apps:noop_app", PREFIX, WORKER_QUEUE_SHARDS=str(shards),
         WORKER_LOG_LEVEL="WARNING",
-    )
-    procs = [
-        spawn([python(), "-m", "worker", "run", "--role", "consumer"], env,
-              logdir / f"{tag}-{i}.log")
-        for i in range(consumers)
-    ]  # fmt: skip
+    )  # fmt: skip
+    procs = [spawn_worker("consumer", env, logdir / f"{tag}-{i}.log") for i in range(consumers)]
     home = nodes[owner_idx[0]]
     try:
         wait_until(lambda: home.zcard(f"{PREFIX}instances") >= consumers, 60, "consumers start")
@@ -73,29 +55,9 @@ def drain_sharded(
         per_shard = [n // shards + (1 if i < n % shards else 0) for i in range(shards)]
         for p, i, count in zip(prefixes, owner_idx, per_shard, strict=True):
             fill_noop_queue(nodes[i], p, count, due)
-        time.sleep(max(0.0, due / 1000 - time.time()))
-        before = [commandstats(c) for c in nodes]
-        cpu0 = [server_cpu(c) for c in nodes]
-        rcpu0 = sum(server_cpu(c) for c in replicas)
-        wcpu0 = [proc_cpu(psutil.Process(p.pid)) for p in procs]
-        t0 = time.perf_counter()
-        polls = 0
-        queues = [(nodes[i], f"{p}queue") for p, i in zip(prefixes, owner_idx, strict=True)]
-        while sum([int(c.zcard(q)) for c, q in queues]):  # every shard, always
-            polls += 1
-            time.sleep(0.01)
-            if time.perf_counter() - t0 > 600:
-                raise TimeoutError(f"{tag}: not drained (logs in {logdir})")
-        secs = time.perf_counter() - t0
-        cpu1 = [server_cpu(c) for c in nodes]
-        rcpu1 = sum(server_cpu(c) for c in replicas)
-        wcpu1 = [proc_cpu(psutil.Process(p.pid)) for p in procs]
-        per_node = []
-        for i, c in enumerate(nodes):
-            d = delta(commandstats(c), before[i])
-            d = {k: v for k, v in d.items() if k not in HARNESS_COMMANDS and v > 0}
-            d["zcard"] = max(0, d.get("zcard", 0) - (polls + 1) * owner_idx.count(i))
-            per_node.append({"cmds": sum(d.values()), "cpu_s": cpu1[i] - cpu0[i]})
+        queues = [(i, f"{p}queue") for p, i in zip(prefixes, owner_idx, strict=True)]
+        res = measure_drain(nodes, queues, procs, due, f"{tag} (logs in {logdir})", replicas)
+        per_node, secs = res["per_node"], res["secs"]
         total_cmds = sum(p["cmds"] for p in per_node)
         return {
             "secs": secs,
@@ -104,19 +66,12 @@ def drain_sharded(
             "shares": [p["cmds"] / total_cmds for p in per_node],
             "cmds_per_job": total_cmds / n,
             "server_us_per_job": sum(p["cpu_s"] for p in per_node) / n * 1e6,
-            "replica_us_per_job": (rcpu1 - rcpu0) / n * 1e6,
-            "worker_us_per_job": sum(b - a for a, b in zip(wcpu0, wcpu1, strict=True)) / n * 1e6,
+            "replica_us_per_job": res["replica_cpu_s"] / n * 1e6,
+            "worker_us_per_job": res["worker_cpu_s"] / n * 1e6,
             "owners": owner_idx,
         }
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        stop_procs(procs, 20)
         for c in nodes + replicas:
             c.close()
 

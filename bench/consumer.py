@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,18 +60,25 @@ import psutil
 import redis as redis_sync
 
 from bench._common import (
+    ROOT,
+    announce,
     child_env,
-    fmt_breakdown,
+    fill_queue,
     machine,
     median,
+    print_breakdowns,
     print_machine,
     python,
+    result_count,
     rotated,
     spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     time_drain,
     wait_until,
+    worker_env,
 )
 
 PREFIX = "bench:"
@@ -157,20 +163,12 @@ def start_worker(
     _, kind, max_jobs, poll_delay, loop, processes, _, tracing, root = spec
     log = logdir / f"{name}-{rnd}.log"
     if kind == "ours":
-        env = child_env(
-            WORKER_REDIS_URL=url,
-            WORKER_APP="bench.apps:traced_noop_app" if tracing else "bench.apps:noop_app",
-            WORKER_TRACING="otel" if tracing else "off",
-            WORKER_KEY_PREFIX=PREFIX,
-            WORKER_HEALTH_PORT="0",
-            WORKER_DRAIN_DELAY_S="0",
-            WORKER_LOG_FORMAT="json",
-        )
-        args = [python(), "-m", "worker", "run", "--role", "consumer"]
+        app = "bench.apps:traced_noop_app" if tracing else "bench.apps:noop_app"
+        env = worker_env(url, app, PREFIX, WORKER_TRACING="otel" if tracing else "off")
         if root:  # the other checkout first on the path, and the cwd (python -m puts it first)
             env["PYTHONPATH"] = root
-            return spawn([*args, "--processes", str(processes)], env, log, cwd=Path(root))
-        return spawn([*args, "--processes", str(processes)], env, log)
+        cwd = Path(root) if root else ROOT
+        return spawn_worker("consumer", env, log, "--processes", str(processes), cwd=cwd)
     args = [python(), __file__, "--child-arq", url, str(max_jobs), str(poll_delay), loop]
     return spawn(args, child_env(), log)
 
@@ -179,12 +177,6 @@ def health_key_exists(r: redis_sync.Redis, kind: str, processes: int = 1) -> boo
     if kind == "ours":  # one per consumer process
         return sum(1 for _ in r.scan_iter(f"{PREFIX}arq-health:*")) >= processes
     return bool(r.exists(f"{ARQ_QUEUE}:health-check"))
-
-
-def wake_marker() -> str:
-    from worker.storage.keys import Keys
-
-    return Keys(PREFIX).wake_marker
 
 
 def subscribed(r: redis_sync.Redis, processes: int, root: str = "") -> bool:
@@ -199,38 +191,26 @@ def subscribed(r: redis_sync.Redis, processes: int, root: str = "") -> bool:
     return len(waiting) >= markers * processes
 
 
-def announce(r: redis_sync.Redis, due_ms: int) -> None:
-    """The batch's due time on the wake marker, as the framework's enqueue sets it."""
-    r.zadd(wake_marker(), {"wake": due_ms}, lt=True)
-
-
 def fill(
     r: redis_sync.Redis, kind: str, n: int, due_ms: int, cpu_ms: float = 0.0, traced: bool = False
 ) -> None:
-    from worker.core.codec import EXPIRES_EXTRA_MS as expires_extra_ms
-    from worker.core.codec import JOB_KEY_PREFIX as job_key_prefix
     from worker.core.serializer import get_serializer, job_payload
 
     ser, _ = get_serializer("msgpack")
-    queue = OUR_QUEUE if kind == "ours" else ARQ_QUEUE
-    pipe = r.pipeline(transaction=False)
-    for i in range(n):
-        job_id = f"j{i:07d}"
+
+    def payload(i: int) -> bytes:
         if kind == "ours":
             fn, args = ("burn", (cpu_ms,)) if cpu_ms else ("noop", (i,))
             extra = (
                 {"otel": {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}} if traced else None
             )
-            payload = job_payload(fn, args, {}, due_ms, ser, extra=extra)
-        else:  # arq's own Worker reads its default, pickle (the bench's arq variants need arq)
-            from arq.jobs import serialize_job
+            return job_payload(fn, args, {}, due_ms, ser, extra=extra)
+        # arq's own Worker reads its default, pickle (the bench's arq variants need arq)
+        from arq.jobs import serialize_job
 
-            payload = serialize_job("noop", (i,), {}, None, due_ms, serializer=None)
-        pipe.set(job_key_prefix + job_id, payload, px=expires_extra_ms)
-        pipe.zadd(queue, {job_id: due_ms})
-        if i % 2000 == 1999:
-            pipe.execute()
-    pipe.execute()
+        return serialize_job("noop", (i,), {}, None, due_ms, serializer=None)
+
+    fill_queue(r, OUR_QUEUE if kind == "ours" else ARQ_QUEUE, n, due_ms, payload)
 
 
 def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int) -> dict[str, Any]:
@@ -250,20 +230,15 @@ def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int)
         due_ms = int(t0_wall * 1000)
         fill(r, kind, n, due_ms, spec.cpu_ms, spec.tracing)
         if kind == "ours":
-            announce(r, due_ms)
+            announce(r, PREFIX, due_ms)
         if time.time() >= t0_wall:
             raise RuntimeError("filling took longer than the lead time; raise it")
         ps = psutil.Process(proc.pid)  # CPU of its children too (--processes N)
         # arq removes a job from the queue when it finishes: an empty queue is "all done"
         res = time_drain(r, ps, n, t0_wall, lambda: int(r.zcard(queue)), {"zcard": 1}, name)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    done = sum(1 for _ in r.scan_iter("arq:result:*", count=5000))
+        stop_procs([proc], 15)
+    done = result_count(r)
     r.close()
     if done != n:
         raise AssertionError(f"{name}: {done} results for {n} jobs (see {logdir})")
@@ -359,9 +334,7 @@ def main() -> None:
                 one = median([x["rate"] for x in results[f"ours{job}"]])
                 many = median([x["rate"] for x in results[f"ours{job}-x{args.processes}"]])
                 print(f"--processes {args.processes}, ours{job}: {many / one:.2f}x one process")
-        for name in variants:
-            last = results[name][-1]
-            print(f"commands/job {name}: {fmt_breakdown(last['breakdown'], last['n'])}")
+        print_breakdowns(results, "commands/job")
     finally:
         server.stop()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import tempfile
 import time
@@ -36,22 +35,23 @@ import redis as redis_sync
 
 from bench._common import (
     BenchLease,
-    child_env,
     commandstats,
     delta,
-    fmt_breakdown,
     have_arq,
     machine,
     median,
+    print_breakdowns,
     print_machine,
-    python,
+    result_count,
     rotated,
     run_async,
     server_cpu,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 from worker.client import connect_redis
 from worker.core.clock import SystemClock, ms
@@ -190,21 +190,17 @@ async def inflight_after_jobs_finish(url: str, n: int = 1000) -> str:
     await redis.aclose()
     key = KEYS.poll_inflight(poller.name)
     dispatched = int(r.hlen(key))
-    env = child_env(
-        WORKER_REDIS_URL=url, WORKER_APP="bench.apps:leakcheck_app", WORKER_KEY_PREFIX=KEYS.prefix,
-        WORKER_HEALTH_PORT="0", WORKER_DRAIN_DELAY_S="0", WORKER_LOG_FORMAT="json",
-    )  # fmt: skip
+    env = worker_env(url, "bench.apps:leakcheck_app", KEYS.prefix)
     logdir = Path(tempfile.mkdtemp(prefix="bench-dispatch-"))
-    proc = spawn([python(), "-m", "worker", "run", "--role", "consumer"], env, logdir / "c.log")
+    proc = spawn_worker("consumer", env, logdir / "c.log")
     try:
         wait_until(lambda: not r.zcard(KEYS.queue) and not r.hlen(key), 60 + n / 100,
                    f"the consumer to run {n} poll jobs (log in {logdir})")  # fmt: skip
     except TimeoutError:
         pass  # reported below: what is left is the finding
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(15)
-    results = sum(1 for _ in r.scan_iter("arq:result:*", count=5000))
+        stop_procs([proc], 15)
+    results = result_count(r)
     out = (
         f"in-flight check: dispatched {n} items ({dispatched} in-flight entries), a real "
         f"consumer process ran them (queue left {r.zcard(KEYS.queue)}, result keys {results}); "
@@ -273,10 +269,7 @@ def main() -> None:
             gather = median([float(x["rate"]) for x in results["gather"]])  # type: ignore[arg-type]
             print(f"target: >= 50,000 items/s and >= 10x gathered enqueue_job -> "
                   f"{ours_rate:,.0f}/s, {ours_rate / gather:.1f}x")  # fmt: skip
-        for name in names:
-            last = results[name][-1]
-            print(f"commands/item {name}: "
-                  f"{fmt_breakdown(last['breakdown'], float(last['n']))}")  # type: ignore[arg-type]  # fmt: skip
+        print_breakdowns({name: results[name] for name in names}, "commands/item")
         hlen, mem = results["ours"][-1]["inflight"]  # type: ignore[misc]
         print(f"after our last round (jobs still queued): in-flight hash holds {hlen} entries "
               f"({mem / 1e6:.1f} MB)")  # fmt: skip

@@ -34,19 +34,18 @@ import psutil
 import redis as redis_sync
 
 from bench._common import (
-    child_env,
     fmt_breakdown,
     loadavg,
     machine,
     median,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
     table,
     time_drain,
     wait_until,
+    worker_env,
 )
 from bench.apps import fair_app
 from worker.bulk import JobSpec
@@ -58,17 +57,8 @@ KEYS = Keys(PREFIX)
 
 
 def start_consumer(url: str, log: Path, **env: str) -> Any:
-    e = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP="bench.apps:fair_app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",
-        WORKER_LOG_FORMAT="json",
-        WORKER_KEEP_RESULT_S="0",
-        **env,
-    )
-    return spawn([python(), "-m", "worker", "run", "--role", "consumer"], e, log)
+    e = worker_env(url, "bench.apps:fair_app", PREFIX, WORKER_KEEP_RESULT_S="0", **env)
+    return spawn_worker("consumer", e, log)
 
 
 def waiting(r: redis_sync.Redis) -> bool:

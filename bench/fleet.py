@@ -39,17 +39,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis as redis_sync
 
 from bench._common import (
-    child_env,
     commandstats,
     loadavg,
     machine,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 
 PREFIX = "bench:"
@@ -59,18 +59,8 @@ HARNESS = frozenset({"info", "client|list"})
 
 
 def start(role: str, url: str, log: Path, name: str) -> Any:
-    env = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP=APP,
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_HEALTH_PORT="0",
-        WORKER_LOG_FORMAT="json",
-        WORKER_LOG_LEVEL="WARNING",
-        WORKER_DRAIN_DELAY_S="0",
-        WORKER_QUEUES="default",
-    )
-    args = [python(), "-m", "worker", "run", "--role", role, "--instance-name", name]
-    return spawn(args, env, log)
+    env = worker_env(url, APP, PREFIX, WORKER_LOG_LEVEL="WARNING", WORKER_QUEUES="default")
+    return spawn_worker(role, env, log, "--instance-name", name)
 
 
 def window(r: redis_sync.Redis, seconds: float) -> tuple[dict[str, int], float]:
@@ -134,14 +124,7 @@ def main() -> None:
         alive = sum(p.poll() is None for p in procs)
         starts_ms = sorted(float(x) for x in r.lrange(STARTS, 0, -1))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(60)
-            except Exception:
-                p.kill()
+        stop_procs(procs, 60)
         r.close()
         server.stop()
 

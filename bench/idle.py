@@ -51,18 +51,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis as redis_sync
 
 from bench._common import (
-    child_env,
     commandstats,
     fmt_breakdown,
     loadavg,
     machine,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 
 PREFIX = "bench:"
@@ -89,29 +89,8 @@ FAST = {
 def start(
     role: str, url: str, log: Path, name: str, env: Mapping[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    full = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP=APP,
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_HEALTH_PORT="0",
-        WORKER_LOG_FORMAT="json",
-        WORKER_DRAIN_DELAY_S="0",
-        **(env or {}),
-    )
-    args = [python(), "-m", "worker", "run", "--role", role, "--instance-name", name]
-    return spawn(args, full, log)
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+    full = worker_env(url, APP, PREFIX, **(env or {}))
+    return spawn_worker(role, full, log, "--instance-name", name)
 
 
 def requests(r: redis_sync.Redis, harness: set[int]) -> int:
@@ -181,7 +160,7 @@ def cost(window_s: float, settle_s: float, logdir: Path) -> dict[str, dict[str, 
             }
     finally:
         renewer.close()
-        stop(list(procs.values()))
+        stop_procs(list(procs.values()))
         for role, r in clients.items():
             r.close()
             servers[role][0].stop()
@@ -227,7 +206,7 @@ def wake(spells: int, spell_s: float, logdir: Path) -> list[float]:
         asyncio.run(_enqueue_after_spells(url, spells, spell_s))
         return [float(v) for v in r.lrange(WAKE, 0, -1)]
     finally:
-        stop([proc])
+        stop_procs([proc])
         r.close()
         server.stop()
 
@@ -255,7 +234,7 @@ def reap(env: Mapping[str, str], logdir: Path) -> float:
         assert again
         return float(r.lindex(HOLD, 1).decode().split(":")[1]) - killed  # type: ignore[union-attr]
     finally:
-        stop(procs)
+        stop_procs(procs)
         r.close()
         server.stop()
 
@@ -293,7 +272,7 @@ def takeover(
             leader = standby
         return times
     finally:
-        stop(procs)
+        stop_procs(procs)
         r.close()
         server.stop()
 

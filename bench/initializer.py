@@ -38,9 +38,9 @@ from bench._common import (
     child_env,
     commandstats,
     delta,
-    fmt_breakdown,
     machine,
     median,
+    print_breakdowns,
     print_machine,
     python,
     rotated,
@@ -218,9 +218,7 @@ def main() -> None:
         print(f"target: 1M items in <= 30 s with bounded memory -> {n:,} in {secs:.1f} s "
               f"(1M pro rata {secs * 1_000_000 / n:.1f} s)")  # fmt: skip
         print(f"server used_memory after {n:,} items: {results['ours'][-1]['server_mb']:.0f} MB")
-        for kind in VARIANTS:
-            last = results[kind][-1]
-            print(f"commands/item {kind}: {fmt_breakdown(last['breakdown'], last['n'])}")
+        print_breakdowns(results, "commands/item")
     finally:
         server.stop()
 

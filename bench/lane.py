@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,15 +41,15 @@ import redis as redis_sync
 
 from bench._common import (
     ROOT,
-    child_env,
     machine,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 
 PREFIX = "bench:"
@@ -58,28 +57,11 @@ ITEMS = 100
 
 
 def start(role: str, url: str, log: Path, root: Path) -> subprocess.Popen[bytes]:
-    env = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP="lane_app:app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",
-        WORKER_SHUTDOWN_TIMEOUT_S="1",
-        WORKER_LOG_FORMAT="json",
-        WORKER_LOG_LEVEL="WARNING",
+    env = worker_env(
+        url, "lane_app:app", PREFIX, WORKER_SHUTDOWN_TIMEOUT_S="1", WORKER_LOG_LEVEL="WARNING"
     )
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(ROOT / "bench")])
-    return spawn([python(), "-m", "worker", "run", "--role", role], env, log, cwd=root)
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    return spawn_worker(role, env, log, cwd=root)
 
 
 async def fill(url: str, jobs: int) -> None:
@@ -132,7 +114,7 @@ def backlog(url: str, jobs: int, seconds: float, logdir: Path, root: Path) -> li
         ticks = [late for _, late in _pairs(r, "bench:lane:tick")]
         polls = _pairs(r, "bench:lane:poll")
     finally:
-        stop(procs)
+        stop_procs(procs)
         r.close()
     runs: dict[str, int] = {}
     for item, _ in polls:
@@ -167,7 +149,7 @@ def fanout(url: str, n: int, logdir: Path, root: Path, *, client: bool = False) 
         ticks = [late for at, late in _pairs(r, "bench:lane:tick") if float(at) / 1000 >= t0]
         done = n - r.zcard(f"{PREFIX}queue")
     finally:
-        stop(procs)
+        stop_procs(procs)
         r.close()
     text = log.read_text(errors="replace")
     blocked = text.count("event loop blocked")

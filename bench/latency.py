@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,40 +32,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis as redis_sync
 
 from bench._common import (
-    child_env,
     machine,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 
 PREFIX = "bench:"
 
 
 def start(role: str, url: str, log: Path) -> subprocess.Popen[bytes]:
-    env = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP="bench.apps:latency_app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",  # (stopping is not measured)
-        WORKER_LOG_FORMAT="json",
-    )
-    return spawn([python(), "-m", "worker", "run", "--role", role], env, log)
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    return spawn_worker(role, worker_env(url, "bench.apps:latency_app", PREFIX), log)
 
 
 async def enqueue_stamps(url: str, n: int, announced: bool) -> None:
@@ -101,7 +82,7 @@ def wake(url: str, n: int, logdir: Path, announced: bool) -> list[float]:
         wait_until(lambda: r.llen("bench:wake") >= n, 30, "every stamp")
         return [float(v) for v in r.lrange("bench:wake", 0, -1)]
     finally:
-        stop([proc])
+        stop_procs([proc])
         r.close()
 
 
@@ -115,7 +96,7 @@ def ticks(url: str, n: int, logdir: Path) -> list[float]:
         wait_until(lambda: r.llen("bench:tick") >= n, n + 30, f"{n} ticks", interval=0.5)
         return [float(v) for v in r.lrange("bench:tick", 0, -1)]
     finally:
-        stop(procs)
+        stop_procs(procs)
         r.close()
 
 

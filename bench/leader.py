@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -39,14 +38,14 @@ import redis as redis_sync
 
 from bench._common import (
     BenchLease,
-    child_env,
     machine,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
+    worker_env,
 )
 
 PREFIX = "bench:"
@@ -95,19 +94,8 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     n = len(apps.many_periodic_app.periodics)
     r = redis_sync.Redis.from_url(url)
     r.flushall()
-    env = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP="bench.apps:many_periodic_app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",  # (stopping is not measured)
-        WORKER_LOG_FORMAT="json",
-        BENCH_PERIODIC_N=str(n),
-    )
-    consumers = [
-        spawn([python(), "-m", "worker", "run", "--role", "consumer"], env, logdir / f"c{i}.log")
-        for i in range(2)
-    ]
+    env = worker_env(url, "bench.apps:many_periodic_app", PREFIX, BENCH_PERIODIC_N=str(n))
+    consumers = [spawn_worker("consumer", env, logdir / f"c{i}.log") for i in range(2)]
     keys = K.Keys(PREFIX)
     ser, _ = get_serializer("msgpack")
     redis = connect_redis(url, queue_name=keys.queue, client_name="bench-enqueuer")
@@ -140,10 +128,7 @@ async def periodic(url: str, window: float, logdir: Path) -> dict[str, Any]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
-        for p in consumers:
-            p.send_signal(signal.SIGTERM)
-        for p in consumers:
-            p.wait(30)
+        stop_procs(consumers)
         await redis.aclose(close_connection_pool=True)
     runs = {int(k): int(v) for k, v in r.hgetall("bench:runs").items()}
     instants = list(range(first, last + 1, 1000))

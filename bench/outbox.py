@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,15 +30,15 @@ import redis as redis_sync
 
 import worker
 from bench._common import (
-    child_env,
     machine,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     wait_until,
+    worker_env,
 )
 from harness.postgres import Postgres, binaries
 
@@ -47,17 +46,10 @@ PREFIX = "bench:"
 
 
 def start(url: str, dsn: str, log: Path) -> subprocess.Popen[bytes]:
-    env = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP="bench.apps:latency_app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_OUTBOX_DSN=dsn,
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",
-        WORKER_LOG_FORMAT="json",
-        WORKER_LOG_LEVEL="WARNING",
+    env = worker_env(
+        url, "bench.apps:latency_app", PREFIX, WORKER_OUTBOX_DSN=dsn, WORKER_LOG_LEVEL="WARNING"
     )
-    return spawn([python(), "-m", "worker", "run", "--role", "all"], env, log)
+    return spawn_worker("all", env, log)
 
 
 def stamps(r: redis_sync.Redis, n: int) -> list[float]:
@@ -125,8 +117,7 @@ def main() -> None:
         print(f"load after: {os.getloadavg()}")
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            stop_procs([proc])
         pg.stop()
         server.stop()
     rows = [

@@ -56,10 +56,10 @@ import redis as redis_sync
 from bench import consumer, enqueue_phase
 from bench._common import (
     ROOT,
-    fmt_breakdown,
     loadavg,
     machine,
     median,
+    print_breakdowns,
     print_machine,
     rotated,
     start_server,
@@ -504,9 +504,7 @@ def main() -> None:
         "are left unconfigured (warnings only), so their per-job INFO lines cost nothing "
         "here; every system runs on uvloop (saq's and streaq's CLIs would use asyncio)."
     )
-    for s in measured:
-        last = out[s].runs[-1]
-        print(f"commands/job {s}: {fmt_breakdown(last['breakdown'], last['n'])}")
+    print_breakdowns({s: out[s].runs for s in measured}, "commands/job")
 
 
 if __name__ == "__main__":

@@ -38,18 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis as redis_sync
 
 from bench._common import (
-    child_env,
     commandstats,
     delta,
     machine,
     median,
     pct,
     print_machine,
-    python,
-    spawn,
+    spawn_worker,
     start_server,
     table,
     wait_until,
+    worker_env,
 )
 
 PREFIX = "bench:"
@@ -79,25 +78,16 @@ class Fleet:
         self.logdir = logdir
         self.r = redis_sync.Redis.from_url(url, decode_responses=True)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.env = child_env(
-            WORKER_REDIS_URL=url,
-            WORKER_ROLE="leader",
-            WORKER_APP="bench.apps:periodic_app",
-            WORKER_KEY_PREFIX=PREFIX,
-            WORKER_HEALTH_PORT="0",
-            WORKER_DRAIN_DELAY_S="0",
-            WORKER_LOG_FORMAT="json",
-            WORKER_LOG_LEVEL="INFO",
+        self.env = worker_env(
+            url, "bench.apps:periodic_app", PREFIX, WORKER_ROLE="leader", WORKER_LOG_LEVEL="INFO"
         )
         self.n = 0
 
     def start(self) -> int:
         """Start one leader-role process; return once its instance record exists (+ margin)."""
         self.n += 1
-        p = spawn(
-            [python(), "-m", "worker", "run", "--role", "leader", "--instance-name", f"l{self.n}"],
-            self.env,
-            self.logdir / f"l{self.n}.log",
+        p = spawn_worker(
+            "leader", self.env, self.logdir / f"l{self.n}.log", "--instance-name", f"l{self.n}"
         )
         self.procs[p.pid] = p
         wait_until(lambda: p.pid in self.records(), 30, f"instance record of pid {p.pid}")

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +24,6 @@ import psutil
 import redis as redis_sync
 
 from bench._common import (
-    child_env,
     commandstats,
     delta,
     fmt_breakdown,
@@ -34,15 +31,17 @@ from bench._common import (
     median,
     pct,
     print_machine,
-    python,
+    result_count,
     rotated,
     run_async,
     server_cpu,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     time_drain,
     wait_until,
+    worker_env,
 )
 from bench.consumer import OUR_QUEUE, PREFIX, fill
 from harness.ports import free_port
@@ -77,18 +76,8 @@ def consumer_round(
 ) -> dict[str, Any]:
     r = redis_sync.Redis.from_url(url)
     r.flushall()
-    env = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP="bench.apps:noop_app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",
-        WORKER_LOG_FORMAT="json",
-        WORKER_REDIS_WAIT_REPLICAS=str(replicas),
-    )
-    proc = spawn(
-        [python(), "-m", "worker", "run", "--role", "consumer"], env, logdir / f"{name}-{rnd}.log"
-    )
+    env = worker_env(url, "bench.apps:noop_app", PREFIX, WORKER_REDIS_WAIT_REPLICAS=str(replicas))
+    proc = spawn_worker("consumer", env, logdir / f"{name}-{rnd}.log")
     try:
         wait_until(lambda: any(True for _ in r.scan_iter(f"{PREFIX}arq-health:*")), 30, "start")
         time.sleep(0.5)
@@ -99,13 +88,8 @@ def consumer_round(
             {"zcard": 1}, name,
         )  # fmt: skip
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    done = sum(1 for _ in r.scan_iter("arq:result:*", count=5000))
+        stop_procs([proc], 15)
+    done = result_count(r)
     r.close()
     if done != n:
         raise AssertionError(f"{name}: {done} results for {n} jobs (see {logdir})")

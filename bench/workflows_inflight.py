@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import subprocess
 import tempfile
 import time
@@ -37,18 +36,20 @@ import psutil
 import redis as redis_sync
 
 from bench._common import (
-    child_env,
+    announce,
+    fill_noop_queue,
     loadavg,
     machine,
     median,
     print_machine,
-    python,
     rotated,
-    spawn,
+    spawn_worker,
     start_server,
+    stop_procs,
     table,
     time_drain,
     wait_until,
+    worker_env,
 )
 from worker import App, Job, JobContext, chain
 from worker.storage.keys import Keys
@@ -79,26 +80,12 @@ async def hop(ctx: JobContext, left: int) -> None:
 
 
 def _consumer(url: str, queue: str, log: Path, concurrency: int) -> subprocess.Popen[bytes]:
-    env = child_env(
-        WORKER_REDIS_URL=url,
-        WORKER_APP="bench.workflows_inflight:app",
-        WORKER_KEY_PREFIX=PREFIX,
-        WORKER_QUEUES=queue,
-        WORKER_CONCURRENCY=str(concurrency),
-        WORKER_HEALTH_PORT="0",
-        WORKER_DRAIN_DELAY_S="0",
+    env = worker_env(
+        url, "bench.workflows_inflight:app", PREFIX, WORKER_QUEUES=queue,
+        WORKER_CONCURRENCY=str(concurrency), WORKER_LOG_FORMAT="console",
         WORKER_LOG_LEVEL="WARNING",
-    )
-    return spawn([python(), "-m", "worker", "run", "--role", "consumer"], env, log)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    )  # fmt: skip
+    return spawn_worker("consumer", env, log)
 
 
 async def _start(url: str, n: int, hops: bool) -> None:
@@ -122,24 +109,6 @@ def _running(r: redis_sync.Redis) -> int:
     return sum(1 for s in pipe.execute() if s == b"running")
 
 
-def _fill(r: redis_sync.Redis, n: int, due_ms: int) -> None:
-    from worker.core.codec import EXPIRES_EXTRA_MS, JOB_KEY_PREFIX
-    from worker.core.serializer import get_serializer, job_payload
-
-    ser, _ = get_serializer("msgpack")
-    pipe = r.pipeline(transaction=False)
-    for i in range(n):
-        job_id = f"j{i:07d}"
-        pipe.set(
-            JOB_KEY_PREFIX + job_id, job_payload("noop", (i,), {}, due_ms, ser), px=EXPIRES_EXTRA_MS
-        )
-        pipe.zadd(KEYS.queue, {job_id: due_ms})
-        if i % 2000 == 1999:
-            pipe.execute()
-    pipe.execute()
-    r.zadd(KEYS.wake_marker, {"wake": due_ms}, lt=True)
-
-
 def run_once(
     variant: str, url: str, n: int, logdir: Path, rnd: int, flows: int = WORKFLOWS
 ) -> dict[str, Any]:
@@ -155,15 +124,15 @@ def run_once(
                    30, "the consumers to start")  # fmt: skip
         time.sleep(1.0)
         t0_wall = time.time() + 1.0 + n / 10_000
-        _fill(r, n, int(t0_wall * 1000))
+        fill_noop_queue(r, PREFIX, n, int(t0_wall * 1000))
+        announce(r, PREFIX, int(t0_wall * 1000))
         ps = psutil.Process(procs[0].pid)
         queue = KEYS.queue
         res = time_drain(r, ps, n, t0_wall, lambda: int(r.zcard(queue)), {"zcard": 1}, variant)
         res["running"] = _running(r) if variant in ("parked", "moving") else 0
         res["busy"] = int(r.zcard(KEYS.queue_of("flows")))  # its jobs queued or running
     finally:
-        for p in procs:
-            _stop(p)
+        stop_procs(procs, 15)
     r.close()
     return res
 

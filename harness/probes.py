@@ -16,7 +16,7 @@ from typing import Any
 import redis as redis_sync
 
 from harness.arqfmt import expires_extra_ms
-from harness.procs import WorkerProc
+from harness.procs import Spawn, WorkerProc
 from harness.waiting import wait_until
 from worker.core.serializer import get_serializer, job_payload
 from worker.storage import keys as K
@@ -94,6 +94,22 @@ def http_get(port: int, path: str, timeout: float = 3.0) -> tuple[int | None, st
         return exc.code, exc.read().decode()
     except OSError as exc:
         return None, str(exc)
+
+
+def start_consumers(
+    spawn: Spawn, r: redis_sync.Redis, names: Sequence[str], app: str, env: dict[str, str]
+) -> list[WorkerProc]:
+    """A consumer process per name (``app``, ``env``), once every one has registered (its
+    instance id starts with its name)."""
+    procs = [spawn("consumer", name=n, app=app, env=env) for n in names]
+    keys = K.Keys(spawn.prefix)  # type: ignore[attr-defined]
+
+    def registered() -> bool:
+        live = [m.decode() for m in r.zrange(keys.instances, 0, -1)]
+        return all(any(m.startswith(f"{n}-") for m in live) for n in names)
+
+    wait_until(registered, 30, what=f"{list(names)} to register")
+    return procs
 
 
 def wait_ready(proc: WorkerProc, port: int, timeout: float = 45) -> None:

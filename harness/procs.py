@@ -92,6 +92,12 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
 
 
+def repo_env(**extra: str) -> dict[str, str]:
+    """A child's environment: this one minus every ``WORKER_*`` variable, the repository on
+    ``PYTHONPATH``, ``extra`` on top."""
+    return {**clean_env(), "PYTHONPATH": str(ROOT), **extra}
+
+
 def spawner(redis_url: str, log_dir: Path, prefix: str, procs: list[WorkerProc]) -> Spawn:
     """Start worker processes on ``redis_url`` with key prefix ``prefix`` and :data:`FAST_ENV`:
     ``spawn("leader", name="l1", app=..., env={...})`` (a ``None`` value unsets a variable);

@@ -91,6 +91,12 @@ class RealRedis:
         with self.client() as c:
             c.flushall()
 
+    def fresh_url(self) -> str:
+        """Its URL, the server running (started again if a test stopped it) and emptied."""
+        self.start()
+        self.flushall()
+        return self.url
+
     def close(self) -> None:
         """Stop the server and remove the data dir."""
         self.stop()

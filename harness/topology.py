@@ -50,6 +50,16 @@ def sentinel_state(reply: Any) -> dict[str, Any]:
     return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
+def stop_nodes(nodes: list[Node], root: Path) -> None:
+    """Stop every node (one that will not stop left as it is) and remove ``root``, their
+    directory, unless ``WORKER_TOPOLOGY_KEEP`` is set (to read the nodes' logs)."""
+    for node in nodes:
+        with contextlib.suppress(Exception):
+            node.stop()
+    if not os.environ.get("WORKER_TOPOLOGY_KEEP"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
 class Node:
     """One data node (primary or replica, or a cluster node) with a fixed port and directory,
     restartable in place."""
@@ -248,11 +258,7 @@ class SentinelSet:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
-        for node in self.nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
-        if not os.environ.get("WORKER_TOPOLOGY_KEEP"):  # keep the nodes' logs to read
-            shutil.rmtree(self.root, ignore_errors=True)
+        stop_nodes(self.nodes, self.root)
 
     def __enter__(self) -> SentinelSet:
         return self.start()
@@ -456,11 +462,7 @@ class Cluster:
         return True
 
     def close(self) -> None:
-        for node in self.nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
-        if not os.environ.get("WORKER_TOPOLOGY_KEEP"):  # keep the nodes' logs to read
-            shutil.rmtree(self.root, ignore_errors=True)
+        stop_nodes(self.nodes, self.root)
 
     def __enter__(self) -> Cluster:
         return self.start()

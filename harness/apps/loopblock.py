@@ -17,26 +17,15 @@ import asyncio
 import os
 import time
 
-import redis.asyncio as aioredis
-
+from harness.clients import ledger_client
 from worker import App, JobContext
 
 app = App("loopblock")
 
-_ledger: aioredis.Redis | None = None
 _blockers: set[asyncio.Task[None]] = set()
 
 
-def ledger() -> aioredis.Redis:
-    global _ledger
-    if _ledger is None:
-        _ledger = aioredis.Redis.from_url(
-            os.environ["EDGE_LEDGER_URL"],
-            socket_timeout=10,
-            socket_connect_timeout=5,
-            max_connections=2**31,  # uncapped, as in redis-py 5 (6+ caps at 100)
-        )
-    return _ledger
+ledger = ledger_client("EDGE_LEDGER_URL")
 
 
 async def _block(seconds: float) -> None:

@@ -18,8 +18,7 @@ import json
 import os
 import time
 
-import redis.asyncio as aioredis
-
+from harness.clients import ledger_client
 from worker import App, JobContext
 
 app = App("outage")
@@ -28,20 +27,8 @@ WORK_S = float(os.environ.get("OUTAGE_WORK_S", "1"))
 EVERY_S = float(os.environ.get("OUTAGE_EVERY_S", "1"))
 items = app.poller("items", task="poll_item", shards=2, interval_s=0.2)
 
-_ledger: aioredis.Redis | None = None
 
-
-def ledger() -> aioredis.Redis:
-    """This process's client on the ledger server (created on first use)."""
-    global _ledger
-    if _ledger is None:
-        _ledger = aioredis.Redis.from_url(
-            os.environ["OUTAGE_LEDGER_URL"],
-            socket_timeout=10,
-            socket_connect_timeout=5,
-            max_connections=2**31,  # uncapped, as in redis-py 5 (6+ caps at 100)
-        )
-    return _ledger
+ledger = ledger_client("OUTAGE_LEDGER_URL")
 
 
 def _k(ctx: JobContext, name: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 
 from harness import ROOT, CliRun, wait_until
 from harness.ports import free_port
+from harness.procs import repo_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -152,9 +153,7 @@ def _events(path: Path) -> list[dict[str, Any]]:
 @pytest.mark.slow
 def test_role_all_with_embedded_server(tmp_path: Path) -> None:
     """No WORKER_REDIS_URL + ``--role all``: a private server, the demo app, clean SIGTERM."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
-    env.update(
-        PYTHONPATH=str(ROOT),
+    env = repo_env(
         WORKER_HEALTH_PORT="0",
         WORKER_DRAIN_DELAY_S="0",
         WORKER_LOG_FORMAT="json",
@@ -204,11 +203,7 @@ def test_role_all_with_embedded_server(tmp_path: Path) -> None:
 
 def _first_line_then_close(args: list[str], env: dict[str, str]) -> tuple[str, int, str]:
     """Run ``python -m worker ARGS`` into a real pipe, read one line, close the pipe."""
-    full = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-        "PYTHONPATH": str(ROOT),
-        **env,
-    }
+    full = repo_env(**env)
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", *args],
         env=full,

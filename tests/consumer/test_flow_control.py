@@ -11,8 +11,8 @@ import redis as redis_sync
 
 from harness import CliRun, Spawn, WorkerProc, wait_until
 from harness.apps.flow import app as flow_app
+from harness.probes import start_consumers
 from worker.client import Client
-from worker.storage import keys as K
 
 APP = "harness.apps.flow:app"
 #: how long after ``pause`` returns a job of the paused queue may still start: a claim in
@@ -52,15 +52,7 @@ def _summary(rsync: redis_sync.Redis, prefix: str, at: float) -> dict[str, int]:
 
 def _consumers(spawn: Spawn, rsync: redis_sync.Redis, names: list[str]) -> list[WorkerProc]:
     env = {"WORKER_CONCURRENCY": "2", "FLOW_STEP_S": "0.2"}
-    procs = [spawn("consumer", name=n, app=APP, env=env) for n in names]
-    keys = K.Keys(spawn.prefix)  # type: ignore[attr-defined]
-
-    def registered() -> bool:
-        live = [m.decode() for m in rsync.zrange(keys.instances, 0, -1)]
-        return all(any(m.startswith(f"{n}-") for m in live) for n in names)
-
-    wait_until(registered, 30, what=f"{names} to register")
-    return procs
+    return start_consumers(spawn, rsync, names, APP, env)
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import signal
 import time
 import warnings
@@ -27,6 +26,7 @@ import redis as redis_sync
 from harness import ROOT, CliRun, WorkerProc
 from harness.arqfmt import require_arq
 from harness.docpages import python_block
+from harness.procs import repo_env
 from harness.timings import FAST_ENV
 from worker import App, ConfigError, JobOutcome, from_arq
 from worker.arqcompat import arq_environ, redis_url
@@ -56,13 +56,7 @@ def _ticks(r: redis_sync.Redis) -> dict[int, int]:
 async def test_arq_demo_runs_unchanged_on_three_processes(
     redis_url: str, rsync: redis_sync.Redis, tmp_path: Path
 ) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-        **FAST_ENV,
-        "WORKER_REDIS_URL": redis_url,
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = repo_env(**FAST_ENV, WORKER_REDIS_URL=redis_url, PYTHONUNBUFFERED="1")
     procs = [
         WorkerProc(
             ["--role", "all", "--arq-settings", SPEC, "--instance-name", f"arq-{i}"],
@@ -124,13 +118,7 @@ async def test_side_by_side_with_an_arq_worker(
 
     from harness.apps.arq_demo import WorkerSettings
 
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-        **FAST_ENV,
-        "WORKER_REDIS_URL": redis_url,
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = repo_env(**FAST_ENV, WORKER_REDIS_URL=redis_url, PYTHONUNBUFFERED="1")
     args = ["--role", "consumer", "--arq-settings", SPEC, "--instance-name", "new"]
     ours = WorkerProc(args, env, tmp_path / "new.log", "new")
     settings = {k: v for k, v in vars(WorkerSettings).items() if not k.startswith("_")}

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from harness import ROOT, Spawn, free_port, wait_until
+from harness.procs import repo_env
 from worker.settings import Settings, env_names
 
 EXAMPLE = ROOT / "examples" / "fastapi"
@@ -73,13 +74,12 @@ class Api:
 
 @pytest.fixture
 def api(redis_url: str, spawn: Spawn, tmp_path: Path) -> Iterator[Api]:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-        "WORKER_REDIS_URL": redis_url,
-        "WORKER_KEY_PREFIX": spawn.prefix,  # type: ignore[attr-defined]
-        "PYTHONPATH": PYTHONPATH,
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = repo_env(
+        WORKER_REDIS_URL=redis_url,
+        WORKER_KEY_PREFIX=spawn.prefix,  # type: ignore[attr-defined]
+        PYTHONPATH=PYTHONPATH,
+        PYTHONUNBUFFERED="1",
+    )
     server = Api(env, tmp_path / "api.log")
     try:
         yield server

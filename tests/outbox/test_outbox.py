@@ -9,9 +9,11 @@ rows, past its lease, cannot publish them again once a new leader moved them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import time
+from collections.abc import AsyncIterator, Iterable
 from types import ModuleType
 from typing import Any
 
@@ -158,17 +160,40 @@ async def relay_of(dsn: str, r: aioredis.Redis, lock: str = LOCK) -> tuple[Outbo
     return relay, lease
 
 
+def outbox_db(pg: Postgres, name: str, receipts: Iterable[tuple[Any, str | None]] = ()) -> str:
+    """Database ``name`` with the outbox installed, holding a ``send_receipt(arg)`` row per
+    ``(arg, job id or None)`` of ``receipts``."""
+    dsn = pg.database(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        worker.outbox.install(conn)
+        for arg, job_id in receipts:
+            worker.outbox.enqueue(conn, "send_receipt", arg, job_id=job_id)
+    return dsn
+
+
+@contextlib.asynccontextmanager
+async def relay_on(
+    dsn: str, redis_url: str
+) -> AsyncIterator[tuple[OutboxRelay, FixedLease, aioredis.Redis]]:
+    """A relay set up on ``dsn`` (:func:`relay_of`), its lease and its Redis client; torn down
+    and closed after."""
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        relay, lease = await relay_of(dsn, r)
+        try:
+            yield relay, lease, r
+        finally:
+            await relay.teardown()
+    finally:
+        await r.aclose()
+
+
 async def test_a_row_moved_twice_is_one_job_and_a_stale_relay_is_refused(
     postgres: Postgres, redis_url: str
 ) -> None:
-    dsn = postgres.database("outbox_relay")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        worker.outbox.install(conn)
-        for n in range(3):
-            worker.outbox.enqueue(conn, "send_receipt", n, job_id=f"tob:order:{n}" if n else None)
-    r = aioredis.Redis.from_url(redis_url)
-    relay, lease = await relay_of(dsn, r)
-    try:
+    receipts = [(n, f"tob:order:{n}" if n else None) for n in range(3)]
+    dsn = outbox_db(postgres, "outbox_relay", receipts)
+    async with relay_on(dsn, redis_url) as (relay, lease, r):
         assert relay.conn is not None
         rows = await relay.read(relay.conn)
         ids = [row[0] for row in rows]
@@ -195,22 +220,13 @@ async def test_a_row_moved_twice_is_one_job_and_a_stale_relay_is_refused(
         await r.set(KEYS.leader, "1700000000001:relay-b")
         with pytest.raises(LeadershipLost):
             await relay.move(rows)
-    finally:
-        await relay.teardown()
-        await r.aclose()
 
 
 async def test_a_row_the_serializer_refuses_stays_and_the_others_move(
     postgres: Postgres, redis_url: str
 ) -> None:
-    dsn = postgres.database("outbox_poison")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        worker.outbox.install(conn)
-        worker.outbox.enqueue(conn, "send_receipt", 2**70)  # msgpack takes no such integer
-        worker.outbox.enqueue(conn, "send_receipt", 1)
-    r = aioredis.Redis.from_url(redis_url)
-    relay, _ = await relay_of(dsn, r)
-    try:
+    dsn = outbox_db(postgres, "outbox_poison", [(2**70, None), (1, None)])  # msgpack: no 2**70
+    async with relay_on(dsn, redis_url) as (relay, _, r):
         assert await relay.tick() == 0.001
         assert await r.zcard(KEYS.queue) == 1
         assert relay.metrics is not None
@@ -220,9 +236,6 @@ async def test_a_row_the_serializer_refuses_stays_and_the_others_move(
         assert await relay.tick() == 0.0  # only the refused row left: it waits for a commit
         assert time.monotonic() - started >= 0.9
         assert [rows_counted(relay, o) for o in ("moved", "refused")] == [1, 1]  # logged once
-    finally:
-        await relay.teardown()
-        await r.aclose()
 
 
 # -- real processes -----------------------------------------------------------------------------

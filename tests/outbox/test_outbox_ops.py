@@ -14,10 +14,9 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-import worker
 from harness import CliRun
 from harness.postgres import Postgres
-from tests.outbox.test_outbox import KEYS, outbox_rows, relay_of
+from tests.outbox.test_outbox import KEYS, outbox_db, outbox_rows, relay_of, relay_on
 from worker import App
 from worker.client import Client
 from worker.core.clock import SystemClock
@@ -38,15 +37,9 @@ def ops_of(r: aioredis.Redis) -> Operations:
 async def test_the_relay_reports_waiting_rows_and_paused_it_moves_none(
     postgres: Postgres, redis_url: str
 ) -> None:
-    dsn = postgres.database("outbox_ops")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        worker.outbox.install(conn)
-        for n in range(2):
-            worker.outbox.enqueue(conn, "send_receipt", n)
-    r = aioredis.Redis.from_url(redis_url)
-    relay, _ = await relay_of(dsn, r)
-    ops = ops_of(r)
-    try:
+    dsn = outbox_db(postgres, "outbox_ops", [(0, None), (1, None)])
+    async with relay_on(dsn, redis_url) as (relay, _, r):
+        ops = ops_of(r)
         paused = await ops.pause("outbox", "relay")
         assert paused.ok and paused.target == "outbox:relay"
         assert await relay.tick() == relay.interval_s  # paused: nothing moved
@@ -70,9 +63,6 @@ async def test_the_relay_reports_waiting_rows_and_paused_it_moves_none(
         assert [(a["action"], a["target"]) for a in audit] == [
             ("pause", "outbox:relay"), ("resume", "outbox:relay"),
         ]  # fmt: skip
-    finally:
-        await relay.teardown()
-        await r.aclose()
 
 
 async def test_an_unreachable_outbox_database_fails_the_doctor(

@@ -31,12 +31,8 @@ PASSWORD = "Pre-flight-pw-91c2"
 @pytest.fixture(scope="module")
 def evicting() -> Iterator[RealRedis]:
     """A dedicated server with ``maxmemory-policy allkeys-lru`` (the audit's setting)."""
-    server = RealRedis(extra_args=("--maxmemory-policy", "allkeys-lru"))
-    server.start()
-    try:
+    with RealRedis(extra_args=("--maxmemory-policy", "allkeys-lru")) as server:
         yield server
-    finally:
-        server.close()
 
 
 def _user_url(server_url: str, user: str) -> str:

@@ -22,6 +22,7 @@ import redis as redis_sync
 from harness import ROOT, CliRun, Spawn, WorkerProc, free_ports, wait_until
 from harness.fakes import RecordingBackoff
 from harness.probes import instance_records
+from harness.procs import repo_env
 from tests.system.test_faults import (
     assert_each_tick_once,
     lock_epoch,
@@ -498,9 +499,7 @@ def test_children_exit_when_the_parent_is_sigkilled(spawn: Spawn, rsync: redis_s
 
 @pytest.mark.slow
 def test_role_all_without_a_url_shares_one_embedded_server(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
-    env.update(
-        PYTHONPATH=str(ROOT),
+    env = repo_env(
         WORKER_HEALTH_PORT="0",
         WORKER_DRAIN_DELAY_S="0",
         WORKER_LOG_FORMAT="json",

@@ -47,12 +47,8 @@ BLOCK_S = size(12.0, 25.0)
 
 @pytest.fixture
 def ledger_url() -> Iterator[str]:
-    server = RealRedis(extra_args=("--appendfsync", "everysec"))
-    server.start()
-    try:
+    with RealRedis(extra_args=("--appendfsync", "everysec")) as server:
         yield server.url
-    finally:
-        server.close()
 
 
 @pytest.mark.slow

@@ -31,10 +31,8 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def ledger() -> Iterator[str]:
-    server = RealRedis()
-    server.start()
-    yield server.url
-    server.close()
+    with RealRedis() as server:
+        yield server.url
 
 
 def test_a_shard_primary_killed_mid_drain_loses_no_acknowledged_job_and_no_tick(

@@ -19,6 +19,7 @@ import redis as redis_sync
 
 from harness import Spawn, wait_until
 from harness.apps.coalesce import app as co_app
+from harness.probes import start_consumers
 from worker.client import Client
 from worker.storage import keys as K
 
@@ -49,15 +50,7 @@ def _runs(rsync: redis_sync.Redis, prefix: str, key: str) -> list[Run]:
 
 
 def _consumers(spawn: Spawn, rsync: redis_sync.Redis, names: list[str], **env: str) -> list[Any]:
-    procs = [spawn("consumer", name=n, app=APP, env={"CO_STEP_S": "0.1", **env}) for n in names]
-    keys = K.Keys(spawn.prefix)  # type: ignore[attr-defined]
-
-    def registered() -> bool:
-        live = [m.decode() for m in rsync.zrange(keys.instances, 0, -1)]
-        return all(any(m.startswith(f"{n}-") for m in live) for n in names)
-
-    wait_until(registered, 30, what=f"{names} to register")
-    return procs
+    return start_consumers(spawn, rsync, names, APP, {"CO_STEP_S": "0.1", **env})
 
 
 def _every_enqueue_gets_a_later_run(sent: list[tuple[int, float]], runs: list[Run]) -> None:

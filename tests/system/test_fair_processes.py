@@ -12,6 +12,7 @@ import redis as redis_sync
 
 from harness import Spawn, WorkerProc, wait_until
 from harness.apps.fairflow import app as fair_app
+from harness.probes import start_consumers
 from worker.bulk import JobSpec
 from worker.client import Client
 from worker.consumer.limits import SLOT_LEASE_S
@@ -38,15 +39,7 @@ def _runs(rsync: redis_sync.Redis, prefix: str) -> dict[str, list[str]]:
 
 
 def _consumers(spawn: Spawn, rsync: redis_sync.Redis, names: list[str]) -> list[WorkerProc]:
-    procs = [spawn("consumer", name=n, app=APP, env={"WORKER_CONCURRENCY": "10"}) for n in names]
-    keys = K.Keys(spawn.prefix)  # type: ignore[attr-defined]
-
-    def registered() -> bool:
-        live = [m.decode() for m in rsync.zrange(keys.instances, 0, -1)]
-        return all(any(m.startswith(f"{n}-") for m in live) for n in names)
-
-    wait_until(registered, 30, what=f"{names} to register")
-    return procs
+    return start_consumers(spawn, rsync, names, APP, {"WORKER_CONCURRENCY": "10"})
 
 
 def _holder(rsync: redis_sync.Redis, prefix: str, job_id: str) -> str:

@@ -97,6 +97,22 @@ def wait_ticks_settled(r: redis_sync.Redis, prefix: str, first: int, timeout: fl
 STEADY_TICKS = size(20, 60)
 
 
+def two_leaders_ticking(
+    spawn: Spawn, rsync: redis_sync.Redis, ticks: int, *, consumer: bool = True,
+    env: dict[str, str | None] | None = None,
+) -> tuple[list[WorkerProc], int, WorkerProc, int]:  # fmt: skip
+    """Two leader-role processes (``env`` on top of the spawner's) and a consumer, once
+    ``ticks`` ticks ran: the leaders, the first tick, the leading process and its epoch."""
+    prefix = spawn.prefix  # type: ignore[attr-defined]
+    leaders = [spawn("leader", name=f"leader-{i}", env=env) for i in range(2)]
+    if consumer:
+        spawn("consumer", name="consumer")
+    wait_until(lambda: len(tick_ledger(rsync, prefix)) >= ticks, 30, what=f"{ticks} ticks")
+    first = min(tick_ledger(rsync, prefix))
+    leader, epoch = wait_until(lambda: active_leader(rsync, prefix, leaders), what="the leader")
+    return leaders, first, leader, epoch
+
+
 def test_three_leaders_two_consumers_every_tick_once_over_a_steady_run(
     spawn: Spawn, rsync: redis_sync.Redis
 ) -> None:
@@ -138,11 +154,7 @@ def test_sigkill_leader_new_epoch_and_missed_ticks_caught_up(
     spawn: Spawn, rsync: redis_sync.Redis
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    leaders = [spawn("leader", name=f"leader-{i}") for i in range(2)]
-    spawn("consumer", name="consumer")
-    wait_until(lambda: len(tick_ledger(rsync, prefix)) >= 3, timeout=30, what="3 ticks")
-    first = min(tick_ledger(rsync, prefix))
-    old, epoch = wait_until(lambda: active_leader(rsync, prefix, leaders), what="leader")
+    leaders, first, old, epoch = two_leaders_ticking(spawn, rsync, 3)
 
     stop_between_jobs(rsync, prefix, old.pid)
     old.kill()
@@ -169,10 +181,7 @@ def test_sigterm_leader_hands_off_without_waiting_for_ttl(
     prefix = spawn.prefix  # type: ignore[attr-defined]
     # A long TTL makes the point: takeover well under it can only come from the release.
     env = {"WORKER_LEADER_TTL_S": "30"}
-    leaders = [spawn("leader", name=f"leader-{i}", env=env) for i in range(2)]
-    wait_until(lambda: tick_ledger(rsync, prefix), timeout=30, what="first tick")
-    first = min(tick_ledger(rsync, prefix))
-    old, epoch = wait_until(lambda: active_leader(rsync, prefix, leaders), what="leader")
+    _, first, old, epoch = two_leaders_ticking(spawn, rsync, 1, consumer=False, env=env)
 
     old.signal(15)
     sent = time.monotonic()
@@ -190,11 +199,7 @@ def test_sigstop_leader_past_ttl_is_fenced_and_steps_down(
     spawn: Spawn, rsync: redis_sync.Redis
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    leaders = [spawn("leader", name=f"leader-{i}") for i in range(2)]
-    spawn("consumer", name="consumer")
-    wait_until(lambda: len(tick_ledger(rsync, prefix)) >= 2, timeout=30, what="ticks")
-    first = min(tick_ledger(rsync, prefix))
-    paused, epoch = wait_until(lambda: active_leader(rsync, prefix, leaders), what="leader")
+    _, first, paused, epoch = two_leaders_ticking(spawn, rsync, 2)
 
     stop_between_jobs(rsync, prefix, paused.pid)
     try:

@@ -15,7 +15,6 @@ processes, a real server, the command line and the HTTP probes.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -29,18 +28,14 @@ import pytest
 import redis as redis_sync
 
 from harness import FAST_ENV, ROOT, CliRun, Spawn, WorkerProc, client_call, wait_until
+from harness.procs import repo_env
 
 pytestmark = pytest.mark.slow
 
 
 def _user_env(**extra: str) -> dict[str, str]:
     """A newcomer's environment: no WORKER_* variables (plus ``extra``)."""
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-        **extra,
-    }
+    return repo_env(PYTHONUNBUFFERED="1", **extra)
 
 
 def _events(proc: WorkerProc) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from tests.system.test_faults import (
     assert_each_tick_once,
     lock_epoch,
     tick_ledger,
+    two_leaders_ticking,
     wait_ticks_settled,
 )
 
@@ -25,11 +26,7 @@ def test_handoff_moves_the_lease_and_keeps_every_tick_once(
     spawn: Spawn, cli: CliRun, redis_url: str, rsync: redis_sync.Redis
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
-    leaders = [spawn("leader", name=f"leader-{i}") for i in range(2)]
-    spawn("consumer", name="consumer")
-    wait_until(lambda: len(tick_ledger(rsync, prefix)) >= 3, timeout=30, what="3 ticks")
-    first = min(tick_ledger(rsync, prefix))
-    old, epoch = wait_until(lambda: active_leader(rsync, prefix, leaders), what="the leader")
+    leaders, first, old, epoch = two_leaders_ticking(spawn, rsync, 3)
     other = next(p for p in leaders if p is not old)
     wait_until(
         lambda: other.name in {r.get("name") for r in instance_records(rsync, prefix)},

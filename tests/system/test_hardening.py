@@ -23,6 +23,7 @@ import redis as redis_sync
 
 from harness import ROOT, Spawn, WorkerProc, wait_until
 from harness.ports import free_port
+from harness.procs import repo_env
 from worker.storage import keys as K
 
 pytestmark = pytest.mark.slow
@@ -235,12 +236,7 @@ def test_dead_prints_stored_escape_sequences_escaped_on_a_terminal(
 def _on_a_tty(args: list[str], env: dict[str, str]) -> str:
     """Run ``python -m worker ARGS`` with stdout on a pseudo-terminal; its output."""
     leader, follower = pty.openpty()
-    full = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-        "PYTHONPATH": str(ROOT),
-        "WORKER_APP": "harness.apps.ledger:app",
-        **env,
-    }
+    full = repo_env(WORKER_APP="harness.apps.ledger:app", **env)
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", *args],
         env=full, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,

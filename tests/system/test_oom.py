@@ -37,21 +37,14 @@ MAXMEMORY = ("--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
 @pytest.fixture(scope="module")
 def oom_server() -> Iterator[RealRedis]:
     """A server at 64 MiB ``noeviction`` (what the README asks for), for this module only."""
-    server = RealRedis(extra_args=("--appendfsync", "everysec", *MAXMEMORY))
-    server.start()
-    try:
+    with RealRedis(extra_args=("--appendfsync", "everysec", *MAXMEMORY)) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
 def redis_url(oom_server: RealRedis) -> str:
     """Overrides conftest's: ``spawn`` starts its processes on the OOM server."""
-    if not oom_server.running:
-        oom_server.start()
-    oom_server.flushall()
-    return oom_server.url
+    return oom_server.fresh_url()
 
 
 def fill_memory(r: redis_sync.Redis, n: int = 0) -> int:

@@ -21,6 +21,7 @@ from harness import ROOT, CliRun, Spawn, ledger, wait_until
 from harness.apps.ledger import app as ledger_app
 from harness.ports import free_port
 from harness.probes import http_get, wait_ready
+from harness.procs import repo_env
 from worker.client import Client
 from worker.storage import keys as K
 
@@ -188,11 +189,7 @@ async def _schedule_items(url: str, prefix: str, items: list[str]) -> None:
 
 def run_on_tty(args: list[str], env: dict[str, str], timeout: float = 30) -> tuple[int, str]:
     """Run ``python -m worker ARGS`` with stdout on a pseudo-terminal (the human view)."""
-    full = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("WORKER_")},
-        "PYTHONPATH": str(ROOT),
-        **env,
-    }
+    full = repo_env(**env)
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", *args],

@@ -52,21 +52,14 @@ def server() -> Iterator[RealRedis]:
         "--maxmemory", "64mb", "--maxmemory-policy", "noeviction",
         "--save", "3600 1", "--enable-protected-configs", "yes",
     )  # fmt: skip
-    s = RealRedis(extra_args=args)
-    s.start()
-    try:
+    with RealRedis(extra_args=args) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture
 def redis_url(server: RealRedis) -> str:
     """Overrides conftest's: ``spawn`` starts its processes on this module's server."""
-    if not server.running:
-        server.start()
-    server.flushall()
-    return server.url
+    return server.fresh_url()
 
 
 @pytest.fixture
@@ -110,6 +103,52 @@ def starts(lsync: redis_sync.Redis, prefix: str) -> list[tuple[str, float]]:
     return [tuple(json.loads(x)) for x in lsync.lrange(f"{prefix}outage:starts", 0, -1)]  # type: ignore[misc]
 
 
+def every_item_cycling(r: redis_sync.Redis, lsync: redis_sync.Redis, prefix: str) -> None:
+    """Every item scheduled (:func:`schedule_items` on ``r``) and run at least once."""
+    schedule_items(r, prefix)
+    wait_until(
+        lambda: len({i for i, _ in starts(lsync, prefix)}) == len(ITEMS), 20, what="every item ran"
+    )
+
+
+def items_back(
+    lsync: redis_sync.Redis, prefix: str, t: float, within_s: float = BACK_WITHIN_S + 1
+) -> dict[str, float]:
+    """Each item's first start after ``t`` (seconds after it), once every item started again
+    or ``within_s`` passed."""
+    settle = t + within_s
+    while time.time() < settle and len(first_start_after(lsync, prefix, t)) < len(ITEMS):
+        time.sleep(0.2)
+    return first_start_after(lsync, prefix, t)
+
+
+def assert_rode_it_out(
+    ospawn: Spawn, title: str, ports: dict[str, int], caught: set[str], back: dict[str, float],
+    fault: str, after: str, figures: dict[str, object],
+) -> None:  # fmt: skip
+    """The verdict of a poll-jobs-through-a-fault test: some job was mid-flight ``fault`` (else
+    the test proves nothing), every item ran again within :data:`BACK_WITHIN_S` of ``after``,
+    every process live at the end; ``figures`` printed with the verdict's own."""
+    late = sorted(set(ITEMS) - {i for i, s in back.items() if s <= BACK_WITHIN_S})
+    figures = {
+        f"items mid-flight {fault}": len(caught),
+        f"items back within 15 s of {after}": len(ITEMS) - len(late),
+        f"slowest item back (s after {after})": round(max(back.values(), default=-1), 2),
+        "'could not settle poll item' lines": logged(ospawn, "could not settle poll item"),
+        **figures,
+    }
+    problems = []
+    if late:
+        problems.append(f"{len(late)} items not run within 15 s of {after}: {late[:8]}")
+    if not caught:
+        problems.append(f"no poll job was mid-flight {fault} (test is vacuous)")
+    not_live = [n for n, port in ports.items() if http_get(port, "/healthz")[0] != 200]
+    if not_live:
+        problems.append(f"/healthz not 200 at the end on {not_live}")
+    print(problem_report(title, problems, figures))
+    assert not problems, problem_report(title, problems, figures)
+
+
 def first_start_after(lsync: redis_sync.Redis, prefix: str, t: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for item, at in starts(lsync, prefix):
@@ -139,10 +178,7 @@ def test_poll_jobs_mid_flight_ride_out_redis_out_of_memory(
     ports = start_processes(
         ospawn, {"leader": "leader", "consumer": "consumer"}, {"WORKER_CONCURRENCY": "60"}
     )
-    schedule_items(rsync, prefix)
-    wait_until(
-        lambda: len({i for i, _ in starts(lsync, prefix)}) == len(ITEMS), 20, what="every item ran"
-    )
+    every_item_cycling(rsync, lsync, prefix)
     time.sleep(1.0)  # into the cycle: jobs start all the time
     filled = fill_memory(rsync)
     oom_at = time.time()
@@ -152,28 +188,11 @@ def test_poll_jobs_mid_flight_ride_out_redis_out_of_memory(
             filled = fill_memory(rsync, filled)  # freed by someone's delete: fill again
         time.sleep(0.1)
     free_memory(rsync, filled)
-    freed_at = time.time()
-    settle = freed_at + BACK_WITHIN_S + 1
-    while time.time() < settle and len(first_start_after(lsync, prefix, freed_at)) < len(ITEMS):
-        time.sleep(0.2)
-    back = first_start_after(lsync, prefix, freed_at)
-    late = sorted(set(ITEMS) - {i for i, s in back.items() if s <= BACK_WITHIN_S})
-    figures = {
-        "items mid-flight when writes were refused": len(caught),
-        "items back within 15 s of memory freed": len(ITEMS) - len(late),
-        "slowest item back (s)": round(max(back.values(), default=-1), 2),
-        "'could not settle poll item' lines": logged(ospawn, "could not settle poll item"),
-    }
-    problems = []
-    if late:
-        problems.append(f"{len(late)} items not run within 15 s of memory freed: {late[:8]}")
-    if not caught:
-        problems.append("no poll job was mid-flight when writes were refused (test is vacuous)")
-    not_live = [n for n, port in ports.items() if http_get(port, "/healthz")[0] != 200]
-    if not_live:
-        problems.append(f"/healthz not 200 after the outage on {not_live}")
-    print(problem_report("poll jobs under Redis out of memory", problems, figures))
-    assert not problems, problem_report("poll jobs under Redis out of memory", problems, figures)
+    back = items_back(lsync, prefix, time.time())
+    assert_rode_it_out(
+        ospawn, "poll jobs under Redis out of memory", ports, caught, back,
+        fault="when writes were refused", after="memory freed", figures={},
+    )  # fmt: skip
 
 
 def break_saves(r: redis_sync.Redis) -> None:
@@ -226,10 +245,7 @@ def test_misconf_keeps_every_process_live_and_unready_then_everything_resumes(
     prefix = ospawn.prefix  # type: ignore[attr-defined]
     roles = {"leader": "leader", "consumer": "consumer", "all": "all"}
     ports = start_processes(ospawn, roles, {"WORKER_CONCURRENCY": "30", "OUTAGE_TICKS": "1"})
-    schedule_items(rsync, prefix)
-    wait_until(
-        lambda: len({i for i, _ in starts(lsync, prefix)}) == len(ITEMS), 20, what="every item ran"
-    )
+    every_item_cycling(rsync, lsync, prefix)
     before = {name: restarts(port) for name, port in ports.items()}
     break_saves(rsync)
     refused_at = time.time()
@@ -250,10 +266,7 @@ def test_misconf_keeps_every_process_live_and_unready_then_everything_resumes(
         return all(http_get(port, "/readyz", timeout=1.0)[0] == 200 for port in ports.values())
 
     ready_in = wait_until(ready, 10, 0.2, what="every process ready") and time.time() - repaired_at
-    settle = repaired_at + BACK_WITHIN_S
-    while time.time() < settle and len(first_start_after(lsync, prefix, repaired_at)) < len(ITEMS):
-        time.sleep(0.2)
-    back = first_start_after(lsync, prefix, repaired_at)
+    back = items_back(lsync, prefix, repaired_at, BACK_WITHIN_S)
     ticks = [int(t) / 1000 for t in lsync.hkeys(f"{prefix}outage:ticks")]
     grew = {name: grown(before[name], during[name]) for name in ports}
     figures = {

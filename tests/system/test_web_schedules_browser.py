@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from harness import Spawn, free_port, wait_until
+from harness import Spawn, wait_until
 from tests.web.test_web_browser import (  # noqa: F401 (fixtures)
-    TOKEN,
     Page,
     _audit,
     _instances,
     browser,
     browser_paths,
+    start_console,
 )
 
 pytestmark = pytest.mark.slow
@@ -45,25 +45,12 @@ def test_the_console_creates_edits_pauses_runs_and_removes_a_schedule(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("all", name="w1", app="harness.apps.ledger:app", env={"WORKER_LOG_LEVEL": "WARNING"})
-    port = free_port()
-    web = spawn(
-        "all",
-        name="web",
-        app="harness.apps.ledger:app",
-        command="web",
-        env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port)},
-    )
-    url = f"http://127.0.0.1:{port}/"
-    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
+    url = start_console(spawn, "harness.apps.ledger:app")
     wait_until(lambda: len(_instances(rsync, prefix)) == 1, 30, what="the worker")
 
     page = Page(browser, url, tmp_path / "screens")
     browser.get(url)
-    page.until(lambda: page.one("#login").is_displayed(), "the sign-in form")
-    page.one("#token").send_keys(TOKEN)
-    page.one("#operator").send_keys("ada")
-    page.click("#login-submit")
-    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+    page.sign_in()
     page.tab("schedules")
 
     # -- create through the form: listed beside the code schedule ------------------------------

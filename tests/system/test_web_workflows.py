@@ -14,11 +14,11 @@ from urllib.parse import quote
 import pytest
 import redis as redis_sync
 
-from harness import Spawn, client_call, free_port, wait_until
+from harness import Spawn, client_call, wait_until
 from tests.web.test_web import AUTH, _http
 from tests.web.test_web import TOKEN as WEB_TOKEN
 from tests.web.test_web import client as client  # fixture
-from tests.web.test_web_browser import TOKEN, Page, _audit, _instances
+from tests.web.test_web_browser import Page, _audit, _instances, start_console
 from tests.web.test_web_browser import browser as browser  # fixtures
 from tests.web.test_web_browser import browser_paths as browser_paths
 from worker import Job, Workflow, chain
@@ -83,11 +83,7 @@ def test_the_workflows_view_lists_shows_the_graph_links_steps_and_cancels(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("all", name="w1", app=APP, env={"WORKER_LOG_LEVEL": "WARNING"})
-    port = free_port()
-    web = spawn("all", name="web", app=APP, command="web",
-                env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port)})  # fmt: skip
-    url = f"http://127.0.0.1:{port}/"
-    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
+    url = start_console(spawn, APP)
     wait_until(lambda: len(_instances(rsync, prefix)) == 1, 30, what="the worker")
     wf = Workflow()
     a = wf.add(Job("add", 5))
@@ -104,11 +100,7 @@ def test_the_workflows_view_lists_shows_the_graph_links_steps_and_cancels(
 
     page = Page(browser, url, tmp_path / "screens")
     browser.get(url)
-    page.until(lambda: page.one("#login").is_displayed(), "the sign-in form")
-    page.one("#token").send_keys(TOKEN)
-    page.one("#operator").send_keys("ada")
-    page.click("#login-submit")
-    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+    page.sign_in()
 
     # -- the list, by state ---------------------------------------------------------------------
     page.tab("workflows")

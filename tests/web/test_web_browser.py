@@ -167,6 +167,15 @@ class Page:
         except NoAlertPresentException:
             return None
 
+    def sign_in(self, operator: str = "ada", token: str = TOKEN) -> None:
+        """Sign in through the console's form (the page open); ``operator`` left empty if ``""``."""
+        self.until(lambda: self.one("#login").is_displayed(), "the sign-in form")
+        self.one("#token").send_keys(token)
+        if operator:
+            self.one("#operator").send_keys(operator)
+        self.click("#login-submit")
+        self.until(lambda: not self.one("#login").is_displayed(), "signed in")
+
     def tab(self, name: str) -> None:
         self.click(f'#tabs a[data-tab="{name}"]')
         self.until(lambda: self.one(f'.view[data-view="{name}"]').is_displayed(), f"view {name}")
@@ -193,6 +202,18 @@ class Page:
         return int(self.d.execute_async_script(script, path, body, token))
 
 
+def start_console(spawn: Spawn, app: str, env: dict[str, str] | None = None) -> str:
+    """A ``python -m worker web`` process for ``app`` guarded by :data:`TOKEN`: its URL, once it
+    listens."""
+    port = free_port()
+    web = spawn(
+        "all", name="web", app=app, command="web",
+        env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port), **(env or {})},
+    )  # fmt: skip
+    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
+    return f"http://127.0.0.1:{port}/"
+
+
 def _audit(r: redis_sync.Redis, prefix: str) -> list[dict[str, Any]]:
     return [json.loads(e) for e in r.lrange(f"{prefix}audit", 0, -1)]
 
@@ -214,16 +235,7 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     env = {**DEMO_ENV, "WORKER_LOG_LEVEL": "WARNING"}
     a1 = spawn("all", name="a1", app="worker.demo:app", env=env)
     spawn("all", name="a2", app="worker.demo:app", env=env)
-    port = free_port()
-    web = spawn(
-        "all",
-        name="web",
-        app="worker.demo:app",
-        command="web",
-        env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port)},
-    )
-    url = f"http://127.0.0.1:{port}/"
-    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
+    url = start_console(spawn, "worker.demo:app")
     wait_until(lambda: LockValue.parse(rsync.get(f"{prefix}leader")), 30, what="a leader")
     wait_until(lambda: len(_instances(rsync, prefix)) == 2, 30, what="two instances")
     wait_until(lambda: rsync.hget(f"{prefix}init:load_cards", "done") == b"1", 60, what="cards")
@@ -239,10 +251,7 @@ def test_the_console_shows_the_cluster_and_acts_on_it(
     page.one("#token").send_keys("wrong-token-000000")
     page.click("#login-submit")
     page.until(lambda: page.text("#login-error"), "a refusal")
-    page.one("#token").send_keys(TOKEN)
-    page.one("#operator").send_keys("ada")
-    page.click("#login-submit")
-    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+    page.sign_in()
     page.until(lambda: page.css("#instances tbody tr[data-instance]"), "instance rows")
     load_s = time.monotonic() - started
 
@@ -428,16 +437,7 @@ def test_the_jobs_view_lists_details_retries_and_cancels(
 ) -> None:
     prefix = spawn.prefix  # type: ignore[attr-defined]
     spawn("all", name="w1", app="harness.apps.ledger:app", env={"WORKER_LOG_LEVEL": "WARNING"})
-    port = free_port()
-    web = spawn(
-        "all",
-        name="web",
-        app="harness.apps.ledger:app",
-        command="web",
-        env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port)},
-    )
-    url = f"http://127.0.0.1:{port}/"
-    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
+    url = start_console(spawn, "harness.apps.ledger:app")
     wait_until(lambda: len(_instances(rsync, prefix)) == 1, 30, what="the worker")
     dead = client_call(redis_url, prefix, "enqueue", "no_such_task", HOSTILE)
     done = client_call(redis_url, prefix, "enqueue", "record", "fine")
@@ -448,11 +448,7 @@ def test_the_jobs_view_lists_details_retries_and_cancels(
 
     page = Page(browser, url, tmp_path / "screens")
     browser.get(url)
-    page.until(lambda: page.one("#login").is_displayed(), "the sign-in form")
-    page.one("#token").send_keys(TOKEN)
-    page.one("#operator").send_keys("ada")
-    page.click("#login-submit")
-    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+    page.sign_in()
 
     # -- failed: listed, searched, in detail (escaped), retried -----------------------------
     page.tab("jobs")
@@ -526,14 +522,7 @@ def test_ids_with_braces_open_and_spoofing_characters_show_escaped(
     from worker.core.serializer import get_serializer, job_payload
 
     prefix = "{b" + uuid.uuid4().hex[:6] + "}:"
-    port = free_port()
-    web = spawn(
-        "all",
-        name="web",
-        app="harness.apps.ledger:app",
-        command="web",
-        env={"WORKER_WEB_TOKEN": TOKEN, "WORKER_WEB_PORT": str(port), "WORKER_KEY_PREFIX": prefix},
-    )
+    url = start_console(spawn, "harness.apps.ledger:app", {"WORKER_KEY_PREFIX": prefix})
     braced = f"{prefix}braced-1"
     spoof = f"{prefix}dup\n\nThis only cancels the duplicate test job\u202e"
     ser, _ = get_serializer("msgpack")
@@ -541,14 +530,9 @@ def test_ids_with_braces_open_and_spoofing_characters_show_escaped(
     for jid in (braced, spoof):
         rsync.set(f"arq:job:{jid}", job_payload("record", ("x",), {}, due - 600_000, ser))
         rsync.zadd(f"{prefix}queue", {jid: due})
-    url = f"http://127.0.0.1:{port}/"
-    wait_until(lambda: "console listening" in web.log(), 30, what="the console")
     page = Page(browser, url, tmp_path / "screens")
     browser.get(url)
-    page.until(lambda: page.one("#login").is_displayed(), "the sign-in form")
-    page.one("#token").send_keys(TOKEN)
-    page.click("#login-submit")
-    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+    page.sign_in(operator="")
     page.tab("jobs")
     page.click('#job-states button[data-state="scheduled"]')
     page.until(lambda: len(page.css("#jobs a[data-open-job]")) == 2, "both jobs listed")

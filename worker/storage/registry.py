@@ -90,6 +90,33 @@ return 0
 """
 
 
+#: What REAP and REAP_SHARD both do, as a Lua function: ``release_held(holds, first, due)``
+#: drops the in-progress marker (prefix ARGV[2]) of each job of the ``holds`` set that is still
+#: in one of the queues KEYS[first..] and still claimed by instance ARGV[3] (its claim tokens
+#: start with "<instance id>/"), makes it due at ``due``, deletes ``holds`` and returns how
+#: many it released.
+RELEASE_HELD = """
+local function release_held(holds, first, due)
+  local released = 0
+  local prefix = ARGV[3] .. '/'
+  for _, id in ipairs(redis.call('SMEMBERS', holds)) do
+    for q = first, #KEYS do
+      if redis.call('ZSCORE', KEYS[q], id) then
+        local claim = redis.call('GET', ARGV[2] .. id)
+        if claim and string.sub(claim, 1, #prefix) == prefix then
+          released = released + redis.call('DEL', ARGV[2] .. id)
+          redis.call('ZADD', KEYS[q], 'XX', due, id)
+        end
+        break
+      end
+    end
+  end
+  redis.call('DEL', holds)
+  return released
+end
+"""
+
+
 #: Run by :meth:`FencedRegistryOps.reap` (below).
 REAP = (
     """
@@ -111,26 +138,13 @@ REAP = (
 -- Returns: number of jobs released, or -1 if the instance heartbeated meanwhile.
 """
     + FENCE
+    + RELEASE_HELD
     + """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[3])
 if score and tonumber(score) > tonumber(ARGV[4]) then
   return -1
 end
-local released = 0
-local prefix = ARGV[3] .. '/'
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  for q = 4, #KEYS do
-    if redis.call('ZSCORE', KEYS[q], id) then
-      local claim = redis.call('GET', ARGV[2] .. id)
-      if claim and string.sub(claim, 1, #prefix) == prefix then
-        released = released + redis.call('DEL', ARGV[2] .. id)
-        redis.call('ZADD', KEYS[q], 'XX', ARGV[5], id)
-      end
-      break
-    end
-  end
-end
-redis.call('DEL', KEYS[2])
+local released = release_held(KEYS[2], 4, ARGV[5])
 redis.call('ZREM', KEYS[3], ARGV[3])
 if released > 0 then
   redis.call('PUBLISH', ARGV[6], ARGV[5])
@@ -157,22 +171,9 @@ REAP_SHARD = (
 -- Returns: number of jobs released
 """
     + TOKEN_FENCE
+    + RELEASE_HELD
     + """
-local released = 0
-local prefix = ARGV[3] .. '/'
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  for q = 3, #KEYS do
-    if redis.call('ZSCORE', KEYS[q], id) then
-      local claim = redis.call('GET', ARGV[2] .. id)
-      if claim and string.sub(claim, 1, #prefix) == prefix then
-        released = released + redis.call('DEL', ARGV[2] .. id)
-        redis.call('ZADD', KEYS[q], 'XX', ARGV[4], id)
-      end
-      break
-    end
-  end
-end
-redis.call('DEL', KEYS[2])
+local released = release_held(KEYS[2], 3, ARGV[4])
 if released > 0 then
   redis.call('PUBLISH', ARGV[5], ARGV[4])
 end
