@@ -74,6 +74,7 @@ from bench._common import (
     time_drain,
     wait_until,
 )
+from bench._profile import python_us
 
 PREFIX = "bench:"
 OUR_QUEUE = f"{PREFIX}queue"
@@ -152,7 +153,7 @@ def child_arq(url: str, max_jobs: int, poll_delay: float, loop: str) -> None:
 
 # -- parent ------------------------------------------------------------------------------------
 def start_worker(
-    name: str, spec: Variant, url: str, logdir: Path, rnd: int
+    name: str, spec: Variant, url: str, logdir: Path, rnd: int, profile: Path | None = None
 ) -> subprocess.Popen[bytes]:
     _, kind, max_jobs, poll_delay, loop, processes, _, tracing, root = spec
     log = logdir / f"{name}-{rnd}.log"
@@ -167,6 +168,8 @@ def start_worker(
             WORKER_LOG_FORMAT="json",
         )
         args = [python(), "-m", "worker", "run", "--role", "consumer"]
+        if profile:  # the CPU of the timed drain, per function (see bench/_profile.py)
+            args[1:1] = [str(Path(__file__).with_name("_profile.py")), str(profile)]
         if root:  # the other checkout first on the path, and the cwd (python -m puts it first)
             env["PYTHONPATH"] = root
             return spawn([*args, "--processes", str(processes)], env, log, cwd=Path(root))
@@ -233,12 +236,15 @@ def fill(
     pipe.execute()
 
 
-def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int) -> dict[str, Any]:
+def run_once(
+    name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int, profile: bool = False
+) -> dict[str, Any]:
     kind, processes = spec.kind, spec.processes
+    prof = logdir / f"{name}-{rnd}.prof" if profile and kind == "ours" else None
     queue = OUR_QUEUE if kind == "ours" else ARQ_QUEUE
     r = redis_sync.Redis.from_url(url)
     r.flushall()
-    proc = start_worker(name, spec, url, logdir, rnd)
+    proc = start_worker(name, spec, url, logdir, rnd, prof)
     try:
         wait_until(lambda: health_key_exists(r, kind, processes), 30, f"{name} to start polling")
         if kind == "ours":
@@ -254,8 +260,15 @@ def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int)
         if time.time() >= t0_wall:
             raise RuntimeError("filling took longer than the lead time; raise it")
         ps = psutil.Process(proc.pid)  # CPU of its children too (--processes N)
+        if prof is not None:
+            proc.send_signal(signal.SIGUSR1)
         # arq removes a job from the queue when it finishes: an empty queue is "all done"
         res = time_drain(r, ps, n, t0_wall, lambda: int(r.zcard(queue)), {"zcard": 1}, name)
+        if prof is not None:
+            proc.send_signal(signal.SIGUSR2)
+            wait_until(prof.exists, 30, f"{name}'s profile")
+            time.sleep(0.5)  # written
+            res["py_us"], res["c_us"], res["top"] = python_us(prof, n)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -292,6 +305,11 @@ def main() -> None:
         help="compare ours with ours run from another checkout (repeat for several)",
     )
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(VARIANTS)}")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="ours under cProfile during the drain: Python us/job (bench/_profile.py)",
+    )
     args = ap.parse_args()
     variants = scaling_variants(args.processes, args.cpu_ms) if args.processes else VARIANTS
     if args.tracing:
@@ -324,11 +342,17 @@ def main() -> None:
             for name in order:
                 jobs = n_default if name == "arq-default" else n
                 jobs = jobs // 4 if variants[name].cpu_ms else jobs
-                res = run_once(name, variants[name], url, jobs, logdir, rnd)
+                res = run_once(name, variants[name], url, jobs, logdir, rnd, args.profile)
                 results[name].append(res)
                 print(f"round {rnd + 1} {name:16s} {res['n']:6d} jobs in {res['secs']:6.2f} s = "
                       f"{res['rate']:7.0f} jobs/s, {res['cmds']:.1f} cmds/job, "
                       f"worker CPU {res['worker_ms']:.3f} ms/job", flush=True)  # fmt: skip
+                if "py_us" in res:
+                    print(
+                        f"  profiled: Python {res['py_us']:.1f} us/job + C called from Python "
+                        f"{res['c_us']:.1f} us/job (cProfile: an upper bound)"
+                    )
+                    print("\n".join(f"    {line}" for line in res["top"]), flush=True)
 
         print()
         title = "--processes scaling" if args.processes else "No-op job throughput"
