@@ -45,7 +45,8 @@ def main() -> None:
 def python_us(path: Path, n: int, top: int = 15) -> tuple[float, float, list[str]]:
     """(µs per job in Python functions' own code, µs per job in the C functions they call,
     the ``top`` entries by own time) from the stats at ``path``."""
-    stats: Any = pstats.Stats(str(path)).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    read: Any = pstats.Stats(str(path))
+    stats = read.stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
     py = c = 0.0
     rows = []
     for (file, line, name), (_, calls, tt, _ct, _) in stats.items():
