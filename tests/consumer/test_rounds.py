@@ -130,7 +130,11 @@ async def test_a_claim_reply_lost_beside_a_flush_on_its_way_runs_nothing_twice(
 
     store.claim = claim  # type: ignore[method-assign]
     store.finish = finish  # type: ignore[method-assign]
-    ids = [await client.enqueue("note", n) for n in range(40)]
+    ids: list[str] = []
+    for n in range(40):
+        job_id = await client.enqueue("note", n)
+        assert job_id is not None
+        ids.append(job_id)
     stop = asyncio.Event()
     task = asyncio.create_task(consumer.run(stop))
     try:
