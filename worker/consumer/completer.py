@@ -62,6 +62,7 @@ class Completer:
         #: the flush sent ahead (:meth:`send_ahead`), at most one; :meth:`settle` collects it
         self.ahead: asyncio.Task[None] | None = None
         self.first_at = 0.0  # when the oldest end in :attr:`ended` came (monotonic)
+        self.resent_ahead = False  # the last flush ahead sent ends again (one try per round)
         self._lock = threading.Lock()
 
     @property
@@ -146,6 +147,7 @@ class Completer:
             self.ahead = asyncio.get_running_loop().create_task(self._ahead(enough))
 
     async def _ahead(self, enough: int) -> None:
+        self.resent_ahead = bool(self.resend)
         if self.resend or len(self.ended) >= enough:
             await self.flush()
 

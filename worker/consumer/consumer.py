@@ -194,9 +194,10 @@ class Consumer(Component):
         young = self.clock.monotonic() - completer.first_at < self.config.poll_delay_s
         if flowing and (young or not completer.ended):
             return claimed
+        ahead = completer.ahead is not None
         await completer.settle(wait=True)
-        if completer.pending:
-            await completer.flush()
+        if completer.pending and not (ahead and completer.resent_ahead and completer.resend):
+            await completer.flush()  # (ends the replicas did not confirm: tried once a round)
         return claimed
 
     def _count_figures(self) -> None:
