@@ -38,6 +38,12 @@ a trace context (a CONSUMER span with a remote parent per run), rounds interleav
 
     python bench/consumer.py --tracing        # 20k jobs, 3 rounds: overhead in us/job
 
+--profile runs OURS under cProfile for the timed drain only (``bench/_profile.py``: switched on
+and off by signals) and prints the Python time per job and the functions that take it (wall
+time, profiler overhead included: an upper bound, for where the time goes):
+
+    python bench/consumer.py --only ours --profile --rounds 1
+
 --against DIR compares OURS with OURS run from another checkout (``git archive <commit> | tar
 -x -C DIR``: a regression check), rounds interleaved the same way; repeat it to compare with
 several checkouts in one run (``ours-against-1``, ``ours-against-2``, ...).
