@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from redis.asyncio.sentinel import SentinelManagedSSLConnection
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -252,16 +251,10 @@ async def test_a_command_is_sent_before_the_tasks_ready_then_take_their_step(
         await task
         assert order == ["sent", "task"]
         conn = await r.connection_pool.get_connection()
-        # the check the pool asks: can_read (redis-py 8), can_read_destructive (5-7)
-        check = (
-            conn.can_read
-            if int(redis.__version__.split(".")[0]) >= 8
-            else conn.can_read_destructive
-        )
         try:
-            assert not await check()
+            assert not await conn.can_read_destructive()
             conn._reader.feed_data(b"$5\r\nstale\r\n")  # a reply nobody read
-            assert await check()  # seen: the pool renews that connection
+            assert await conn.can_read_destructive()  # seen: the pool renews that connection
         finally:
             await conn.disconnect()
             await r.connection_pool.release(conn)

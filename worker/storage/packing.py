@@ -34,11 +34,12 @@ class Packing(AbstractConnection):
             return super().pack_command(*args)
         return _PACKER.pack(*args)  # type: ignore[no-any-return]
 
-    def _nothing_unread(self) -> bool:
-        """Whether the stream and the hiredis reader hold no bytes and no reply is expected
-        (then no reply can wait unread: see the module doc)."""
+    async def can_read_destructive(self) -> bool:
+        """No reply waits unread: answered without yielding when the stream and the hiredis
+        reader hold no bytes and no reply is expected (see the module doc); else redis-py's
+        socket poll."""
         stream, parser = self._reader, self._parser
-        return (
+        if (
             stream is not None
             and isinstance(parser, _AsyncHiredisParser)
             and parser._connected
@@ -48,20 +49,9 @@ class Packing(AbstractConnection):
             and parser._reader is not None
             and not parser._reader.has_data()
             and not getattr(self, "_unread", None)  # a cluster slot's replies still expected
-        )
-
-    async def can_read_destructive(self) -> bool:
-        """No reply waits unread: answered without yielding when nothing is buffered (redis-py
-        5-7's pool asks this); else redis-py's socket poll."""
-        if self._nothing_unread():
+        ):
             return False
         return await super().can_read_destructive()  # type: ignore[no-untyped-call,no-any-return,unused-ignore]
-
-    async def can_read(self) -> bool:
-        """:meth:`can_read_destructive` under the name redis-py 8's pool asks."""
-        if self._nothing_unread():
-            return False
-        return await super().can_read()  # type: ignore[misc,no-any-return,unused-ignore]
 
 
 C = TypeVar("C", bound=AbstractConnection)
