@@ -38,12 +38,6 @@ a trace context (a CONSUMER span with a remote parent per run), rounds interleav
 
     python bench/consumer.py --tracing        # 20k jobs, 3 rounds: overhead in us/job
 
---profile runs OURS under cProfile for the timed drain only (``bench/_profile.py``: switched on
-and off by signals) and prints the Python time per job and the functions that take it (wall
-time, profiler overhead included: an upper bound, for where the time goes):
-
-    python bench/consumer.py --only ours --profile --rounds 1
-
 --against DIR compares OURS with OURS run from another checkout (``git archive <commit> | tar
 -x -C DIR``: a regression check), rounds interleaved the same way; repeat it to compare with
 several checkouts in one run (``ours-against-1``, ``ours-against-2``, ...).
@@ -53,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import subprocess
 import sys
 import tempfile
@@ -87,7 +80,6 @@ from bench._common import (
     wait_until,
     worker_env,
 )
-from bench._profile import python_us
 
 PREFIX = "bench:"
 OUR_QUEUE = f"{PREFIX}queue"
@@ -166,7 +158,7 @@ def child_arq(url: str, max_jobs: int, poll_delay: float, loop: str) -> None:
 
 # -- parent ------------------------------------------------------------------------------------
 def start_worker(
-    name: str, spec: Variant, url: str, logdir: Path, rnd: int, profile: Path | None = None
+    name: str, spec: Variant, url: str, logdir: Path, rnd: int
 ) -> subprocess.Popen[bytes]:
     _, kind, max_jobs, poll_delay, loop, processes, _, tracing, root = spec
     log = logdir / f"{name}-{rnd}.log"
@@ -176,10 +168,6 @@ def start_worker(
         if root:  # the other checkout first on the path, and the cwd (python -m puts it first)
             env["PYTHONPATH"] = root
         cwd = Path(root) if root else ROOT
-        if profile:  # the CPU of the timed drain, per function (see bench/_profile.py)
-            args = [python(), str(Path(__file__).with_name("_profile.py")), str(profile)]
-            args += ["-m", "worker", "run", "--role", "consumer", "--processes", str(processes)]
-            return spawn(args, env, log, cwd)
         return spawn_worker("consumer", env, log, "--processes", str(processes), cwd=cwd)
     args = [python(), __file__, "--child-arq", url, str(max_jobs), str(poll_delay), loop]
     return spawn(args, child_env(), log)
@@ -225,15 +213,12 @@ def fill(
     fill_queue(r, OUR_QUEUE if kind == "ours" else ARQ_QUEUE, n, due_ms, payload)
 
 
-def run_once(
-    name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int, profile: bool = False
-) -> dict[str, Any]:
+def run_once(name: str, spec: Variant, url: str, n: int, logdir: Path, rnd: int) -> dict[str, Any]:
     kind, processes = spec.kind, spec.processes
-    prof = logdir / f"{name}-{rnd}.prof" if profile and kind == "ours" else None
     queue = OUR_QUEUE if kind == "ours" else ARQ_QUEUE
     r = redis_sync.Redis.from_url(url)
     r.flushall()
-    proc = start_worker(name, spec, url, logdir, rnd, prof)
+    proc = start_worker(name, spec, url, logdir, rnd)
     try:
         wait_until(lambda: health_key_exists(r, kind, processes), 30, f"{name} to start polling")
         if kind == "ours":
@@ -249,15 +234,8 @@ def run_once(
         if time.time() >= t0_wall:
             raise RuntimeError("filling took longer than the lead time; raise it")
         ps = psutil.Process(proc.pid)  # CPU of its children too (--processes N)
-        if prof is not None:
-            proc.send_signal(signal.SIGUSR1)
         # arq removes a job from the queue when it finishes: an empty queue is "all done"
         res = time_drain(r, ps, n, t0_wall, lambda: int(r.zcard(queue)), {"zcard": 1}, name)
-        if prof is not None:
-            proc.send_signal(signal.SIGUSR2)
-            wait_until(prof.exists, 30, f"{name}'s profile")
-            time.sleep(0.5)  # written
-            res["py_us"], res["c_us"], res["top"] = python_us(prof, n)
     finally:
         stop_procs([proc], 15)
     done = result_count(r)
@@ -289,11 +267,6 @@ def main() -> None:
         help="compare ours with ours run from another checkout (repeat for several)",
     )
     ap.add_argument("--only", help=f"comma-separated subset of {','.join(VARIANTS)}")
-    ap.add_argument(
-        "--profile",
-        action="store_true",
-        help="ours under cProfile during the drain: Python us/job (bench/_profile.py)",
-    )
     args = ap.parse_args()
     variants = scaling_variants(args.processes, args.cpu_ms) if args.processes else VARIANTS
     if args.tracing:
@@ -326,17 +299,11 @@ def main() -> None:
             for name in order:
                 jobs = n_default if name == "arq-default" else n
                 jobs = jobs // 4 if variants[name].cpu_ms else jobs
-                res = run_once(name, variants[name], url, jobs, logdir, rnd, args.profile)
+                res = run_once(name, variants[name], url, jobs, logdir, rnd)
                 results[name].append(res)
                 print(f"round {rnd + 1} {name:16s} {res['n']:6d} jobs in {res['secs']:6.2f} s = "
                       f"{res['rate']:7.0f} jobs/s, {res['cmds']:.1f} cmds/job, "
                       f"worker CPU {res['worker_ms']:.3f} ms/job", flush=True)  # fmt: skip
-                if "py_us" in res:
-                    print(
-                        f"  profiled: Python {res['py_us']:.1f} us/job + C called from Python "
-                        f"{res['c_us']:.1f} us/job (cProfile: an upper bound)"
-                    )
-                    print("\n".join(f"    {line}" for line in res["top"]), flush=True)
 
         print()
         title = "--processes scaling" if args.processes else "No-op job throughput"

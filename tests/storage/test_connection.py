@@ -224,44 +224,6 @@ def test_every_pool_packs_commands_in_c_into_the_same_bytes() -> None:
         fast.pack_command("SET", "k", True)
 
 
-async def test_a_command_is_sent_before_the_tasks_ready_then_take_their_step(
-    redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A pool hands a connection out without yielding to the event loop when nothing waits
-    unread on it: the command leaves before the tasks ready at that moment run (a consumer's
-    claim overlaps the runs it just started); a reply left unread on it is still caught."""
-    r = connect_redis(redis_url, queue_name="q")
-    try:
-        await r.set("k", "v")  # a connection in the pool
-        cls = r.connection_pool.connection_class
-        real = cls.send_packed_command
-        order: list[str] = []
-
-        async def spy(self: Any, command: Any, check_health: bool = True) -> None:
-            order.append("sent")
-            await real(self, command, check_health)
-
-        monkeypatch.setattr(cls, "send_packed_command", spy)
-
-        async def ready() -> None:
-            order.append("task")
-
-        task = asyncio.get_running_loop().create_task(ready())
-        assert await r.get("k") == b"v"
-        await task
-        assert order == ["sent", "task"]
-        conn = await r.connection_pool.get_connection()
-        try:
-            assert not await conn.can_read_destructive()
-            conn._reader.feed_data(b"$5\r\nstale\r\n")  # a reply nobody read
-            assert await conn.can_read_destructive()  # seen: the pool renews that connection
-        finally:
-            await conn.disconnect()
-            await r.connection_pool.release(conn)
-    finally:
-        await r.aclose()
-
-
 # -- a real Sentinel set ------------------------------------------------------------------------
 
 

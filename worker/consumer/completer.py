@@ -6,16 +6,10 @@ confirm (or whose round trip failed) moves to :attr:`Completer.resend` and is se
 the same claim tokens, until one is confirmed: a new primary that lost it still holds our
 claims, finishes the jobs, and never hands them to another consumer. While the event loop is
 blocked the loop watchdog's thread flushes the ends instead (:meth:`Completer.loop_blocked`).
-
-A flush may be *sent ahead* (:meth:`Completer.send_ahead`): a task started before the round's
-``CLAIM``, which runs after the runs started before it and sends their ends while the claim's
-round trip is on its way; the ends it carries stay :meth:`known` (:attr:`Completer.sending`)
-until its reply, so a lost claim reply's release never gives their jobs back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import structlog
@@ -57,12 +51,6 @@ class Completer:
         self.ended: list[Finish] = []
         #: ends sent without a confirmation (or whose round trip failed): sent again until one is
         self.resend: list[Finish] = []
-        #: ends in a FINISH on its way (no reply yet): their claims are still ours
-        self.sending: list[Finish] = []
-        #: the flush sent ahead (:meth:`send_ahead`), at most one; :meth:`settle` collects it
-        self.ahead: asyncio.Task[None] | None = None
-        self.first_at = 0.0  # when the oldest end in :attr:`ended` came (monotonic)
-        self.resent_ahead = False  # the last flush ahead sent ends again (one try per round)
         self._lock = threading.Lock()
 
     @property
@@ -71,8 +59,8 @@ class Completer:
         return bool(self.ended or self.resend)
 
     def known(self) -> set[str]:
-        """Job ids whose end waits here or is on its way: their claims are still ours."""
-        return {f.job_id for f in (*self.ended, *self.resend, *self.sending)}
+        """Job ids whose end waits here: their claims are still ours."""
+        return {f.job_id for f in (*self.ended, *self.resend)}
 
     def end(self, finish: Finish) -> None:
         """A run ended: its end goes into the next flush."""
@@ -80,8 +68,6 @@ class Completer:
         if run is not None:
             run.ended = True
         with self._lock:
-            if not self.ended:
-                self.first_at = self.clock.monotonic()
             self.ended.append(finish)
 
     async def flush(self) -> None:
@@ -104,7 +90,6 @@ class Completer:
                 del self.resend[: len(resend)]
         with self._lock:
             ended, self.ended = self.ended, []
-            self.sending = ended
         if not ended:
             return
         sent = self.clock.monotonic()
@@ -112,19 +97,16 @@ class Completer:
             out = await self.store.finish(
                 self.instance_id, ended, now_ms=ms(self.clock.time()), retention=self.retention
             )
-        except BaseException:
+        except Exception:
             # It may or may not have been applied (the reply was lost): send the same ends again
             # (the claims still hold) until a round trip is confirmed.
             with self._lock:
                 self.resend += ended
-                self.sending = []
             raise
         self.guard.confirmed(sent)
-        with self._lock:
-            self.sending = []
-            if not out.replicated:
-                self.resend += ended
         if not out.replicated:
+            with self._lock:
+                self.resend += ended
             log.warning(
                 "job ends not confirmed by the replicas (WORKER_REDIS_WAIT_REPLICAS); sending "
                 "them again until they are",
@@ -138,27 +120,6 @@ class Completer:
                 "job runs ended after their claims were taken over; nothing written",
                 refused=out.refused,
             )
-
-    def send_ahead(self, enough: int) -> None:
-        """Start a flush as a task (unless one is on its way): it runs after the runs started
-        before it and sends the ends once ``enough`` wait, or ends to send again; fewer wait for
-        the loop (:meth:`settle`, then :meth:`flush`): one ``FINISH`` per ``enough`` runs."""
-        if self.ahead is None:
-            self.ahead = asyncio.get_running_loop().create_task(self._ahead(enough))
-
-    async def _ahead(self, enough: int) -> None:
-        self.resent_ahead = bool(self.resend)
-        if self.resend or len(self.ended) >= enough:
-            await self.flush()
-
-    async def settle(self, *, wait: bool) -> None:
-        """Collect the flush sent ahead (its failure raised here): awaited if ``wait``, else
-        only once it is done."""
-        task = self.ahead
-        if task is None or not (wait or task.done()):
-            return
-        self.ahead = None
-        await task
 
     async def flush_quietly(self) -> None:
         """:meth:`flush`, logging a failure (the claims expire and orphan recovery re-queues)."""

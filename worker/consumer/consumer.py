@@ -38,13 +38,7 @@ from redis.exceptions import RedisError
 
 from worker.consumer.claims import Claims, Run
 from worker.consumer.completer import Completer
-from worker.consumer.config import (
-    FINAL_FLUSH_S,
-    HEALTH_EVERY_S,
-    MAX_CLAIM,
-    SUMMARY_EVERY_S,
-    ConsumerConfig,
-)
+from worker.consumer.config import FINAL_FLUSH_S, HEALTH_EVERY_S, SUMMARY_EVERY_S, ConsumerConfig
 from worker.consumer.dead import DeadLetters
 from worker.consumer.executor import Executor
 from worker.consumer.fetch import Fetcher
@@ -121,8 +115,6 @@ class Consumer(Component):
         self._health_at = -HEALTH_EVERY_S
         #: the last "cannot reach Redis" line (monotonic) and the failed rounds since
         self._warned_at, self._retries = -1.0, 0
-        #: ends one ``FINISH`` carries while batches come full (see :meth:`_round`)
-        self._enough = min(2 * config.concurrency, MAX_CLAIM)
         #: Burst mode: set once the queues had nothing due and nothing ran (then it drains).
         self.emptied = asyncio.Event()
 
@@ -148,9 +140,10 @@ class Consumer(Component):
             while not stop.is_set():
                 self.wakeups.event.clear()
                 try:
-                    await completer.settle(wait=False)  # the last flush sent ahead, if done
-                    claimed = await self._round()
+                    claimed = await fetch.claim_round() if await fetch.should_claim() else 0
                     self._count_figures()
+                    if completer.pending:
+                        await completer.flush()
                     now = self.clock.monotonic()
                     self.health.ok(now)
                     await self._housekeeping(now)
@@ -176,29 +169,6 @@ class Consumer(Component):
                 await asyncio.gather(checker, listener, return_exceptions=True)
                 with contextlib.suppress(Exception):
                     await self.store.clear_health(self.instance_id)
-
-    async def _round(self) -> int:
-        """One round: the ``CLAIM`` is sent before the runs started last round take their step,
-        so they run while it is on its way (a claim takes at most half the slots: the other
-        half's runs overlap it), and their ends go in a flush sent ahead as a task behind them.
-        While batches come full (the next round follows at once) the ends gather up to
-        :attr:`_enough` (one ``FINISH`` for that many runs), none longer than ``poll_delay_s``."""
-        fetch, completer = self.fetch, self.completer
-        claiming = await fetch.should_claim()
-        if claiming:
-            completer.send_ahead(self._enough)
-        claimed = await fetch.claim_round() if claiming else 0
-        if completer.ahead is None and not completer.pending:
-            return claimed
-        flowing = fetch.full and self.wakeups.event.is_set() and not completer.resend
-        young = self.clock.monotonic() - completer.first_at < self.config.poll_delay_s
-        if flowing and (young or not completer.ended):
-            return claimed
-        ahead = completer.ahead is not None
-        await completer.settle(wait=True)
-        if completer.pending and not (ahead and completer.resent_ahead and completer.resend):
-            await completer.flush()  # (ends the replicas did not confirm: tried once a round)
-        return claimed
 
     def _count_figures(self) -> None:
         """The runs' figures noted since the last round, into the metrics (once a round)."""
@@ -237,8 +207,6 @@ class Consumer(Component):
         log.info("consumer draining", in_flight=self.in_flight, timeout_s=timeout)
         self.fetch.give_back_unconfirmed()
         completer, running = self.completer, self.claims.running
-        with contextlib.suppress(Exception):  # a failed one left its ends to send again
-            await completer.settle(wait=True)
         deadline = self.clock.monotonic() + timeout
         while running and self.clock.monotonic() < deadline:
             tasks = [r.task for r in running.values() if r.task is not None]

@@ -78,11 +78,6 @@ class Fetcher:
         #: runs of duty lane jobs in :attr:`running` (they fill the duty slots first)
         self.duty_running = 0
         self._lanes_looked = -1.0  # the last lanes-only look, a marker unreadable (monotonic)
-        #: most jobs one claim takes into the shared slots: half of them (the runs of one
-        #: batch overlap the next claim's round trip: see :meth:`Consumer._round`)
-        self.batch = min(MAX_CLAIM, max(1, (config.concurrency + 1) // 2))
-        #: the last claim into the shared slots filled its batch (more may be due)
-        self.full = False
 
     def shared_free(self) -> int:
         """Shared slots free: ``concurrency`` less the user runs and the duty runs beyond the
@@ -144,7 +139,6 @@ class Fetcher:
         each round (a full first shard does not starve the others)."""
         if self.claims.in_doubt:
             await self.claims.release_unknown(self._known())
-        self.full = False
         if self.unconfirmed:
             return await self._confirm_claims()
         started, failed = 0, None
@@ -165,7 +159,7 @@ class Fetcher:
         """One shard's claims: into the shared slots (lanes first), then, while a duty job
         announced due was left unclaimed, its lanes alone into the duty slots."""
         started, now, drained = 0, ms(self.clock.time()), False
-        free = min(self.shared_free(), self.batch)
+        free = min(self.shared_free(), MAX_CLAIM)
         if free > 0:
             n = await self._claim(store, free, self.queues)
             started += n
@@ -253,7 +247,6 @@ class Fetcher:
             return 0
         self.start(claims.jobs, token)
         if claims.jobs and len(claims.jobs) == free and queues is not self.lanes:
-            self.full = True
             self._full(store)
         if claims.aborts_pending:
             await self.claims.abort_requested()
