@@ -253,8 +253,11 @@ async def test_two_electors_exactly_one_leader(
 async def test_replies_slowed_by_a_loaded_box_cost_no_fake_time(
     clients: Any, runs: list[Run], rsync: redis_sync.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every reply 50 ms late (a box at load 20): the lease (1 s TTL, 0.6 s renew deadline of
-    fake time) is kept over 60 renews; fake time waits for each round trip."""
+    """Every reply 50 ms late (a box at load 20): the lease (0.6 s renew deadline of fake
+    time) is kept over 60 renews; fake time waits for each round trip. The lock's TTL is the
+    one figure Redis counts in real time: 30 s here, so a starved box whose fake renew
+    interval took over a second of real time (the default 1 s TTL) cannot let the lock
+    expire under a live lease (seen once in a loaded rehearsal: a new epoch 3.6 s in)."""
     real_read = AsyncConnection.read_response
 
     async def late_read(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -262,7 +265,8 @@ async def test_replies_slowed_by_a_loaded_box_cost_no_fake_time(
         return await real_read(self, *args, **kwargs)
 
     clock = SettledClock()
-    a = start("elector", clients(), runs, clock=clock)
+    timing = LeaderTiming(ttl_s=30, renew_interval_s=0.2, renew_deadline_s=0.6, poll_interval_s=0.1)
+    a = start("elector", clients(), runs, clock=clock, timing=timing)
     await eventually(lambda: a.leader.is_leading(), clock=clock, what="a leads")
     monkeypatch.setattr(AsyncConnection, "read_response", late_read)
     epoch = a.leader.epoch
