@@ -553,3 +553,22 @@ def test_ids_with_braces_open_and_spoofing_characters_show_escaped(
     assert alert.text == f"Cancel {prefix}dup\\x0a\\x0a{shown}\\u202e?", alert.text
     alert.dismiss()
     assert rsync.zscore(f"{prefix}queue", spoof) is not None  # dismissed: nothing done
+
+
+def test_the_sign_in_form_keeps_what_is_typed_while_the_page_polls(
+    spawn: Spawn, browser: Any, tmp_path: Path
+) -> None:
+    """The page goes on polling behind the sign-in form (every 2 s, each refused): a refusal
+    while the operator types must not wipe the name typed (every action then said
+    "anonymous": seen as a flaky audit in the schedules test)."""
+    url = start_console(spawn, "harness.apps.ledger:app")
+    page = Page(browser, url, tmp_path / "screens")
+    browser.get(url)
+    page.until(lambda: page.one("#login").is_displayed(), "the sign-in form")
+    page.one("#operator").send_keys("grace")
+    time.sleep(4.5)  # two refused polls come while the form is filled in
+    page.one("#token").send_keys(TOKEN)
+    page.click("#login-submit")
+    page.until(lambda: not page.one("#login").is_displayed(), "signed in")
+    stored = browser.execute_script("return window.sessionStorage.getItem('worker.operator')")
+    assert stored == "grace"

@@ -162,6 +162,7 @@ async function act(path, body, confirmText) {
 // -- sign-in ------------------------------------------------------------------------------------
 function showLogin(why) {
   $("login-why").textContent = why || "This console needs its token (WORKER_WEB_TOKEN).";
+  if (!$("login").hidden) return;  // already shown (a poll refused again): leave what is typed
   $("login").hidden = false;
   $("operator").value = state.operator;
   $("token").focus();
