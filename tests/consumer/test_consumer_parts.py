@@ -191,6 +191,35 @@ async def test_the_completer_writes_a_rounds_ends_in_one_finish(r: Any) -> None:
     assert await r.get(K.ARQ_RESULT + "not-ours") is None
 
 
+async def test_ends_on_their_way_stay_known_and_a_cut_flush_sends_them_again(r: Any) -> None:
+    """While a ``FINISH`` is in flight its runs' claims are still ours (a lost claim's give-back
+    must not release them); a flush cut short (the drain bounds its last flushes with a
+    timeout, which cancels it) keeps its ends and the next flush writes them."""
+    parts = Parts(r, noop_app())
+    ids = [str(await parts.client.enqueue("noop", i)) for i in range(2)]
+    got = await parts.claim()
+    for c, run in got:
+        parts.completer.end(Finish("done", c.job_id, run.token, b"r", 60_000, task="noop"))
+    shards, sent = parts.completer.store, asyncio.Event()
+    real_finish = shards.finish
+
+    async def stuck(*args: Any, **kwargs: Any) -> Any:
+        sent.set()
+        await asyncio.Event().wait()  # the reply never comes
+
+    shards.finish = stuck  # type: ignore[method-assign]
+    flush = asyncio.create_task(parts.completer.flush())
+    await asyncio.wait_for(sent.wait(), 5)
+    assert not parts.completer.ended and parts.completer.known() == set(ids)
+    flush.cancel()
+    await asyncio.gather(flush, return_exceptions=True)
+    assert parts.completer.known() == set(ids) and parts.completer.pending
+    shards.finish = real_finish  # type: ignore[method-assign]
+    await parts.completer.flush()
+    assert not parts.completer.pending
+    assert [await r.get(K.ARQ_RESULT + j) for j in ids] == [b"r", b"r"]
+
+
 # -- the fetcher alone --------------------------------------------------------------------------
 
 

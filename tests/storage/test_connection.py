@@ -220,6 +220,11 @@ def test_every_pool_packs_commands_in_c_into_the_same_bytes() -> None:
     packed = fast.pack_command(*args)
     assert b"".join(packed) == b"".join(Connection(host="h").pack_command(*args))
     assert b"".join(fast.pack_command("CONFIG GET", "x")).startswith(b"*3\r\n")
+    # the one-word name packed in one call, and the types only the serializer converts
+    for more in [args[:-1], ("SET", "k", bytearray(b"ba")), ("GET", memoryview(b"k"))]:
+        assert b"".join(fast.pack_command(*more)) == b"".join(
+            Connection(host="h").pack_command(*more)
+        ), more
     with pytest.raises(DataError):
         fast.pack_command("SET", "k", True)
 

@@ -1137,6 +1137,28 @@ async def test_claim_every_path_in_one_round(r: Any) -> None:
     assert 0 < await r.pttl(K.ARQ_RETRY + "{t}:free") <= 60_000
 
 
+async def test_claim_counts_tries_as_arq_does(r: Any) -> None:
+    """A first try sets the counter to 1 with its TTL (one ``SET NX PX``: arq's ``INCR`` and
+    ``EXPIRE``); a later one increments it, its TTL kept; a counter a deferral gave back to 0
+    counts 1 again with its TTL renewed."""
+    store = Store(r, K.Keys("c:"))
+    for jid in ("new", "third", "deferred"):
+        await r.zadd("c:queue", {jid: T - 1})
+        await r.set(K.ARQ_JOB + jid, b"p")
+    await r.set(K.ARQ_RETRY + "third", 2, px=5_000)
+    await r.set(K.ARQ_RETRY + "deferred", 0, px=5_000)
+    got = await _claim(store, queues=("default",))
+    assert {j.job_id: j.try_ for j in got.jobs} == {"new": 1, "third": 3, "deferred": 1}
+    assert await r.mget([K.ARQ_RETRY + j for j in ("new", "third", "deferred")]) == [
+        b"1",
+        b"3",
+        b"1",
+    ]
+    assert 5_000 < await r.pttl(K.ARQ_RETRY + "new") <= 60_000
+    assert 0 < await r.pttl(K.ARQ_RETRY + "third") <= 5_000  # kept
+    assert 5_000 < await r.pttl(K.ARQ_RETRY + "deferred") <= 60_000  # renewed at 1
+
+
 async def test_claim_reads_past_at_most_claim_skips_held_jobs(r: Any) -> None:
     store = Store(r, KEYS)
     held = {f"h{i:04}": T - 2000 + i for i in range(claims_lua.CLAIM_SKIPS)}

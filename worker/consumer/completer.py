@@ -51,6 +51,8 @@ class Completer:
         self.ended: list[Finish] = []
         #: ends sent without a confirmation (or whose round trip failed): sent again until one is
         self.resend: list[Finish] = []
+        #: ends on their way (a ``FINISH`` in flight): their claims are still ours
+        self.sending: list[Finish] = []
         self._lock = threading.Lock()
 
     @property
@@ -60,7 +62,7 @@ class Completer:
 
     def known(self) -> set[str]:
         """Job ids whose end waits here: their claims are still ours."""
-        return {f.job_id for f in (*self.ended, *self.resend)}
+        return {f.job_id for f in (*self.ended, *self.resend, *self.sending)}
 
     def end(self, finish: Finish) -> None:
         """A run ended: its end goes into the next flush."""
@@ -93,16 +95,19 @@ class Completer:
         if not ended:
             return
         sent = self.clock.monotonic()
+        self.sending = ended
         try:
             out = await self.store.finish(
                 self.instance_id, ended, now_ms=ms(self.clock.time()), retention=self.retention
             )
-        except Exception:
+        except BaseException:
             # It may or may not have been applied (the reply was lost): send the same ends again
             # (the claims still hold) until a round trip is confirmed.
             with self._lock:
                 self.resend += ended
             raise
+        finally:
+            self.sending = []
         self.guard.confirmed(sent)
         if not out.replicated:
             with self._lock:

@@ -60,13 +60,15 @@ class Deadlines:
                 runs.pop(run.job_id, None)
 
     def _arm(self, run: Run, timeout_s: float) -> int:
-        loop = asyncio.get_running_loop()
+        task = run.task or asyncio.current_task()  # the fetcher's task
+        # the task's loop: ``get_running_loop`` makes a getpid() system call each time
+        loop = task.get_loop() if task is not None else asyncio.get_running_loop()
         slot = math.ceil((loop.time() + timeout_s) / GRID_S)
         runs = self._slots.get(slot)
         if runs is None:
             runs = self._slots[slot] = {}
             loop.call_at(slot * GRID_S, self._expire, slot)
-        runs[run.job_id] = (run, run.task or asyncio.current_task())  # the fetcher's task
+        runs[run.job_id] = (run, task)
         return slot
 
     def _expire(self, slot: int) -> None:

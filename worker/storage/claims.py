@@ -140,14 +140,21 @@ end
 """
 
 #: CLAIM's read of a claimed job: ``read`` counts the try, reads at most ARGV[6] + 1 bytes of
-#: the payload and reports the job.
+#: the payload and reports the job. A first try is one ``SET NX PX`` (the counter is new: what
+#: arq's ``INCR`` and ``EXPIRE`` make, in one command); a later one ``INCR``.
 CLAIM_READ = """
 local function read(q, id, score)
-  local ok, try = pcall(redis.call, 'INCR', ARGV[9] .. id)
-  if not ok then
-    try = -1
-  elseif try == 1 then
-    redis.call('PEXPIRE', ARGV[9] .. id, ARGV[10])
+  local counter = ARGV[9] .. id
+  local ok, try = pcall(redis.call, 'SET', counter, 1, 'NX', 'PX', ARGV[10])
+  if ok and try then
+    try = 1
+  else
+    ok, try = pcall(redis.call, 'INCR', counter)
+    if not ok then
+      try = -1
+    elseif try == 1 then
+      redis.call('PEXPIRE', counter, ARGV[10])
+    end
   end
   local okp, payload = pcall(redis.call, 'GETRANGE', ARGV[7] .. id, 0, max)
   if not okp then
