@@ -289,6 +289,33 @@ async def test_a_plain_tasks_run_calls_no_feature_it_does_not_use(fake_arq: Any)
     assert "limits.py:admit" in limited and "limits.py:release" in limited
 
 
+async def test_a_no_op_job_costs_about_five_redis_commands(redis_url: str) -> None:
+    """The per-job cost on the server, counted by the real server's commandstats over one claim
+    round and one ``FINISH`` of 100 no-op jobs: its marker, its try counter (one command on a
+    first try), its payload's read, the marker's check and the result's write; the scripts'
+    per-batch work shared by the 100 (``bench/RESULTS.md`` §17c: 5.2 a job)."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        parts = Parts(r, noop_app())
+        await parts.client.enqueue_many([("noop", (i,), {}) for i in range(100)])
+
+        async def calls() -> int:
+            stats = await r.info("commandstats")
+            return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+        before = await calls()
+        assert await parts.fetcher.claim_round() == 100
+        await asyncio.gather(*(run.task for run in parts.claims.running.values() if run.task))
+        await parts.completer.flush()
+        per_job = (await calls() - before) / 100
+        assert parts.totals["complete"] == 100
+        assert per_job <= 5.5, f"{per_job:.2f} Redis commands per no-op job"
+    finally:
+        await r.aclose()
+
+
 # -- timeouts -----------------------------------------------------------------------------------
 
 
