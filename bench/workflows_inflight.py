@@ -119,7 +119,10 @@ def run_once(
         if variant != "none":
             asyncio.run(_start(url, flows, hops=variant == "hops"))
         if variant in ("moving", "hops"):
-            procs.append(_consumer(url, "flows", logdir / f"flows-{rnd}.log", 200))
+            # 200 slots for 1,000 workflows: their 8 steps keep them moving ~12 s, past the
+            # drain; fewer workflows (the suite's tiny run) get fewer slots for as long
+            slots = max(1, min(200, flows // 5))
+            procs.append(_consumer(url, "flows", logdir / f"flows-{rnd}.log", slots))
         wait_until(lambda: sum(1 for _ in r.scan_iter(f"{PREFIX}arq-health:*")) >= len(procs),
                    30, "the consumers to start")  # fmt: skip
         time.sleep(1.0)

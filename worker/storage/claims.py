@@ -96,12 +96,8 @@ CLAIM_FOREIGN = """
 local function foreign(q, id, score)
   redis.call('ZREM', KEYS[q], id)
   left = left - 1
-  out[#out + 1] = id
-  out[#out + 1] = score
-  out[#out + 1] = -1
-  out[#out + 1] = -2
-  out[#out + 1] = q
-  out[#out + 1] = 0
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] = id, score, -1, -2, q, 0
 end
 local function denied(err)
   local text = type(err) == 'table' and tostring(err.err) or tostring(err)
@@ -140,8 +136,7 @@ end
 """
 
 #: CLAIM's read of a claimed job: ``read`` counts the try, reads at most ARGV[6] + 1 bytes of
-#: the payload and reports the job. A first try is one ``SET NX PX`` (the counter is new: what
-#: arq's ``INCR`` and ``EXPIRE`` make, in one command); a later one ``INCR``.
+#: the payload and reports the job (a first try: one ``SET NX PX``, arq's ``INCR`` + ``EXPIRE``).
 CLAIM_READ = """
 local function read(q, id, score)
   local counter = ARGV[9] .. id
@@ -164,12 +159,9 @@ local function read(q, id, score)
   elseif #payload > max then
     payload = redis.call('STRLEN', ARGV[7] .. id)
   end
-  out[#out + 1] = id
-  out[#out + 1] = score
-  out[#out + 1] = try
-  out[#out + 1] = payload
-  out[#out + 1] = q
-  out[#out + 1] = (asked and redis.call('ZSCORE', KEYS[2], id)) and 1 or 0
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, score, try, payload, q
+  out[n + 6] = (asked and redis.call('ZSCORE', KEYS[2], id)) and 1 or 0
 end
 """
 
