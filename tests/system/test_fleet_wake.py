@@ -186,4 +186,6 @@ def test_a_plain_announcement_is_relayed_by_the_leader_at_once(
         waited = starts(rsync, prefix, i + 1, 10)
         time.sleep(0.3)
     print(f"plain announcements relayed: enqueue to start {waited}")
-    assert max(waited) < 0.2, waited
+    # relayed: milliseconds; found by the look instead, each at least 0.25 s late. The median
+    # tells them apart, and one start held up by a loaded box (seen: 0.2 s) does not fail it
+    assert sorted(waited)[len(waited) // 2] < 0.2 and max(waited) < 1.0, waited
